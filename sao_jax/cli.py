@@ -1,0 +1,52 @@
+"""`sao-jax` command line: train and eval."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from sao_jax.config import ConfigError
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog="sao-jax", description=__doc__)
+  sub = p.add_subparsers(dest="command", required=True)
+  t = sub.add_parser("train", help="train from a config file (SFT warm start, then RL)")
+  t.add_argument("--config", required=True,
+                 help="Python config file, optionally with :variant (e.g. ...arith.py:tiny)")
+  t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                 help="override a config value, e.g. --set rl.optim.lr=1e-4 (repeatable)")
+  t.add_argument("--workdir", required=True, help="where metrics, checkpoints and summary go")
+  t.add_argument("--no-progress", action="store_true", help="no progress bar")
+  e = sub.add_parser("eval", help="held-out greedy accuracy of a workdir's latest checkpoint")
+  e.add_argument("--workdir", required=True)
+  e.add_argument("--num", type=int, default=None, help="number of test problems")
+  return p
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = _parser().parse_args(argv)
+  # Imported late so that `--help` and config errors answer without loading JAX.
+  from sao_jax import config as config_lib
+  try:
+    if args.command == "train":
+      cfg = config_lib.load_config(args.config, overrides=args.set)
+      from sao_jax.runners import train
+      summary = train.run(cfg, args.workdir, show_progress=not args.no_progress)
+      keep = {k: summary[k] for k in ("sft", "start", "rl", "wall_s") if k in summary}
+      for v in keep.values():
+        if isinstance(v, dict):
+          v.pop("eval_curve", None)
+      print(json.dumps(keep, indent=2))
+      print(f"results: {args.workdir}/summary.json, metrics.jsonl, tb/")
+    elif args.command == "eval":
+      from sao_jax.runners import train
+      print(json.dumps(train.eval_workdir(args.workdir, args.num), indent=2))
+  except (ConfigError, FileNotFoundError) as err:
+    print(f"sao-jax: error: {err}", file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,262 @@
+"""Typed, self-validating run configuration.
+
+A config is a tree of frozen dataclasses. Experiment configs are Python files that define
+``get_config(variant: str = "default") -> Config``; command-line overrides use dotted keys
+(``--set rl.lr=1e-4``). Unknown keys and ill-typed values are errors, never ignored.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+import json
+import pathlib
+import typing
+from typing import Any
+
+class ConfigError(ValueError):
+  """A config key or value is wrong; the message says which."""
+
+
+def _check(ok: bool, msg: str):
+  if not ok:
+    raise ConfigError(msg)
+
+
+# Logical axis -> mesh axis rules. Model code names only logical axes (design card, style 3).
+DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("mlp", "tensor"),
+    ("vocab", "tensor"),
+    ("length", None),
+    ("act_embed", None),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Decoder-only transformer. `vocab_size` 0 means: take it from the tokenizer."""
+
+  vocab_size: int = 0
+  width: int = 128
+  depth: int = 2
+  heads: int = 4
+  mlp_ratio: int = 4
+  max_len: int = 128
+  memory_slots: int = 0
+  memory_dim: int = 0
+  dtype: str = "float32"
+
+  def __post_init__(self):
+    _check(self.width > 0 and self.depth > 0 and self.heads > 0, "model sizes must be positive")
+    _check(self.width % self.heads == 0, f"model.width {self.width} not divisible by heads {self.heads}")
+    _check(self.max_len > 0, "model.max_len must be positive")
+    _check(self.memory_slots >= 0 and self.memory_dim >= 0, "memory sizes must be >= 0")
+    _check(self.dtype in ("float32", "bfloat16"), f"model.dtype {self.dtype!r} not float32/bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """Device mesh. One axis may be -1 (takes the remaining devices)."""
+
+  axes: tuple[str, ...] = ("data", "fsdp", "tensor")
+  shape: tuple[int, ...] = (-1, 1, 1)
+  rules: tuple[tuple[str, Any], ...] = DEFAULT_RULES
+
+  def __post_init__(self):
+    _check(len(self.axes) == len(self.shape), "mesh.axes and mesh.shape differ in length")
+    _check(sum(s == -1 for s in self.shape) <= 1, "at most one mesh axis may be -1")
+    _check(all(s == -1 or s > 0 for s in self.shape), f"bad mesh.shape {self.shape}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+  """Generated arithmetic word problems (see sao_jax.envs.arithmetic)."""
+
+  family: str = "arithmetic"
+  n_ops: int = 2
+  max_operand: int = 9
+  ops: str = "+-"
+  reverse_digits: bool = False
+  num_train: int = 20000
+  num_test: int = 500
+  seed: int = 0
+  data_dir: str = ""
+
+  def __post_init__(self):
+    _check(self.family == "arithmetic", f"task.family {self.family!r} unknown; known: arithmetic")
+    _check(self.num_train > 0 and self.num_test > 0, "task sizes must be positive")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+  lr: float = 1e-3
+  warmup_steps: int = 50
+  weight_decay: float = 0.0
+  grad_clip: float = 1.0
+  b2: float = 0.98
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+  """Supervised warm start on worked solutions. Stops at `steps` or `max_seconds` (0: none)."""
+
+  steps: int = 0
+  batch_size: int = 64
+  max_seconds: float = 0.0
+  optim: OptimConfig = OptimConfig()
+
+  def __post_init__(self):
+    _check(self.steps >= 0 and self.batch_size > 0, "sft.steps >= 0 and sft.batch_size > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+  """Policy-gradient phase. `algorithm` 'grpo' is the synchronous group baseline."""
+
+  algorithm: str = "grpo"
+  steps: int = 0
+  max_seconds: float = 0.0
+  prompts_per_step: int = 16
+  group_size: int = 8
+  max_new_tokens: int = 32
+  temperature: float = 1.0
+  advantage: str = "group_norm"
+  loss: str = "ppo_clip"
+  loss_agg: str = "token_mean"
+  clip_eps: float = 0.2
+  kl_coef: float = 0.0
+  ppo_epochs: int = 1
+  optim: OptimConfig = OptimConfig(lr=1e-4, warmup_steps=10)
+
+  def __post_init__(self):
+    _check(self.algorithm == "grpo", f"rl.algorithm {self.algorithm!r} unknown; known: grpo")
+    _check(self.group_size >= 1 and self.prompts_per_step >= 1, "rl sizes must be >= 1")
+    _check(self.temperature > 0, "rl.temperature must be > 0")
+    _check(0 < self.clip_eps < 1, "rl.clip_eps must be in (0, 1)")
+    _check(self.kl_coef >= 0 and self.ppo_epochs >= 1, "rl.kl_coef >= 0, rl.ppo_epochs >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  num_problems: int = 500
+  batch_size: int = 250
+  every_seconds: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  name: str = "run"
+  seed: int = 0
+  tokenizer: str = "char"
+  model: ModelConfig = ModelConfig()
+  mesh: MeshConfig = MeshConfig()
+  task: TaskConfig = TaskConfig()
+  sft: SFTConfig = SFTConfig()
+  rl: RLConfig = RLConfig()
+  eval: EvalConfig = EvalConfig()
+  log_every: int = 10
+  checkpoint_every: int = 100
+  init_from: str = ""
+
+  def __post_init__(self):
+    _check(self.log_every > 0 and self.checkpoint_every > 0, "log/checkpoint intervals > 0")
+    _check(self.eval.num_problems <= self.task.num_test,
+           f"eval.num_problems {self.eval.num_problems} > task.num_test {self.task.num_test}")
+
+
+def override(cfg, key: str, value: Any):
+  """Returns `cfg` with dotted `key` replaced by `value` (type-checked)."""
+  head, _, rest = key.partition(".")
+  fields = {f.name: f for f in dataclasses.fields(cfg)}
+  if head not in fields:
+    raise ConfigError(f"unknown config key {head!r} in {type(cfg).__name__}; "
+                      f"known: {', '.join(sorted(fields))}")
+  current = getattr(cfg, head)
+  if rest:
+    if not dataclasses.is_dataclass(current):
+      raise ConfigError(f"config key {head!r} is a value, not a section (got {key!r})")
+    return dataclasses.replace(cfg, **{head: override(current, rest, value)})
+  hint = typing.get_type_hints(type(cfg))[head]
+  return dataclasses.replace(cfg, **{head: _coerce(value, hint, head)})
+
+
+def _coerce(value: Any, hint, name: str):
+  if isinstance(value, str) and hint is not str:
+    try:
+      value = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      raise ConfigError(f"cannot parse {value!r} for {name}") from None
+  origin = typing.get_origin(hint) or hint
+  if origin is float and isinstance(value, int) and not isinstance(value, bool):
+    value = float(value)
+  if origin is tuple and isinstance(value, list):
+    value = tuple(value)
+  if origin in (int, float, str, bool, tuple) and not isinstance(value, origin):
+    raise ConfigError(f"{name} expects {origin.__name__}, got {value!r}")
+  if origin is int and isinstance(value, bool):
+    raise ConfigError(f"{name} expects int, got {value!r}")
+  return value
+
+
+def apply_overrides(cfg: Config, pairs: list[str]) -> Config:
+  for pair in pairs:
+    key, sep, value = pair.partition("=")
+    if not sep:
+      raise ConfigError(f"--set expects key=value, got {pair!r}")
+    cfg = override(cfg, key.strip(), value.strip())
+  return cfg
+
+
+def load_config(path: str, variant: str = "default", overrides: list[str] = ()) -> Config:
+  """Loads `get_config(variant)` from a Python config file, then applies overrides.
+
+  `path` may carry the variant after a colon: ``experiments/configs/arith.py:tiny``.
+  """
+  if ":" in path and not pathlib.Path(path).exists():
+    path, variant = path.rsplit(":", 1)
+  file = pathlib.Path(path)
+  if not file.is_file():
+    raise ConfigError(f"config file {path!r} not found")
+  spec = importlib.util.spec_from_file_location(f"sao_jax_config_{file.stem}", file)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not hasattr(module, "get_config"):
+    raise ConfigError(f"{path} defines no get_config(variant)")
+  cfg = module.get_config(variant)
+  if not isinstance(cfg, Config):
+    raise ConfigError(f"{path}:get_config returned {type(cfg).__name__}, not Config")
+  return apply_overrides(cfg, list(overrides))
+
+
+def to_dict(cfg) -> dict:
+  return dataclasses.asdict(cfg)
+
+
+def from_dict(d: dict, cls=Config):
+  """Rebuilds a config from `to_dict` output (e.g. from a checkpoint); unknown keys fail."""
+  hints = typing.get_type_hints(cls)
+  kwargs = {}
+  for k, v in d.items():
+    if k not in hints:
+      raise ConfigError(f"unknown config key {k!r} in {cls.__name__}")
+    hint = hints[k]
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+      kwargs[k] = from_dict(v, hint)
+    else:
+      kwargs[k] = _freeze(v)
+  return cls(**kwargs)
+
+
+def _freeze(v):
+  if isinstance(v, list):
+    return tuple(_freeze(x) for x in v)
+  return v
+
+
+def to_json(cfg) -> str:
+  return json.dumps(to_dict(cfg), indent=2, sort_keys=True)
+

@@ -1,0 +1,138 @@
+"""Learner state and the pure update functions `update(state, batch) -> (state, metrics)`.
+
+Nothing here is jitted; `sao_jax.runners.compiled` applies `jax.jit` with shardings.
+
+Batches share one layout with the sampler: a left-padded prompt [B, P] followed by a
+completion [B, T] (for SFT the completion is the worked solution plus EOS).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+
+from sao_jax.config import ModelConfig, OptimConfig, RLConfig
+from sao_jax.models.transformer import TransformerLM
+from sao_jax.rl import advantages as adv_lib
+from sao_jax.rl import losses as loss_lib
+from sao_jax.sampling import completion_logprobs
+
+Batch = dict[str, jax.Array]
+Metrics = dict[str, jax.Array]
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  rng: jax.Array
+  ref_params: Any = None  # frozen reference policy for the KL penalty (None: no KL)
+
+
+def make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
+  """clip_by_global_norm -> AdamW with linear warm-up, then constant."""
+  del total_steps  # constant after warm-up: runs are stopped by wall-clock as often as by steps
+  warmup = max(cfg.warmup_steps, 1)
+  schedule = optax.linear_schedule(cfg.lr / warmup, cfg.lr, warmup)
+  return optax.chain(
+      optax.clip_by_global_norm(cfg.grad_clip),
+      optax.adamw(schedule, b2=cfg.b2, weight_decay=cfg.weight_decay))
+
+
+def init_state_fn(model: TransformerLM, tx: optax.GradientTransformation, prompt_len: int,
+                  with_ref: bool) -> Callable[[jax.Array], TrainState]:
+  """Returns rng -> TrainState with logically-annotated (boxed) params, for eval_shape/jit."""
+  cfg: ModelConfig = model.cfg
+
+  def init(rng):
+    init_rng, state_rng = jax.random.split(rng)
+    tokens = jnp.zeros((1, prompt_len), jnp.int32)
+    valid = jnp.ones((1, prompt_len), bool)
+    mask = valid[:, None, :] & jnp.tril(jnp.ones((prompt_len, prompt_len), bool))[None]
+    memory = None
+    if cfg.memory_slots:
+      memory = jnp.zeros((1, 0, cfg.memory_dim or cfg.width))
+    params = model.init(init_rng, tokens, jnp.zeros_like(tokens), mask, memory)["params"]
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                      rng=state_rng, ref_params=params if with_ref else None)
+  return init
+
+
+def _apply_grads(state: TrainState, tx, grads, metrics: Metrics) -> tuple[TrainState, Metrics]:
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = dict(metrics, grad_norm=optax.global_norm(grads))
+  return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def make_sft_update(model: TransformerLM, tx) -> Callable[[TrainState, Batch], tuple]:
+  """Cross-entropy on completion tokens (the worked solution and its EOS)."""
+
+  def update(state: TrainState, batch: Batch):
+    def loss_fn(params):
+      logp_bt = completion_logprobs(model, params, batch["prompt"], batch["prompt_valid"],
+                                    batch["tokens"], batch["valid"])
+      mask_bt = batch["valid"].astype(jnp.float32)
+      n_tok = jnp.maximum(jnp.sum(mask_bt), 1.0)
+      loss = -jnp.sum(logp_bt) / n_tok
+      return loss, {"loss": loss, "tokens": jnp.sum(mask_bt)}
+
+    grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params)
+    return _apply_grads(state, tx, grads, metrics)
+  return update
+
+
+def make_rl_update(model: TransformerLM, tx, cfg: RLConfig) -> Callable[[TrainState, Batch], tuple]:
+  """Group-based policy-gradient update (synchronous GRPO with `cfg.group_size` rows/prompt).
+
+  batch: prompt [B,P], prompt_valid [B,P], tokens [B,T], valid [B,T], logp [B,T] (behaviour
+  log-probs recorded by the sampler), rewards [B]. Rows of one prompt are consecutive.
+  """
+  loss_fn_tok = loss_lib.LOSSES.get(cfg.loss)
+  use_kl = cfg.kl_coef > 0
+
+  def update(state: TrainState, batch: Batch):
+    adv_b = adv_lib.grouped(cfg.advantage, batch["rewards"], cfg.group_size)
+    mask_bt = batch["valid"]
+    ref_logp_bt = None
+    if use_kl:
+      ref_logp_bt = jax.lax.stop_gradient(completion_logprobs(
+          model, state.ref_params, batch["prompt"], batch["prompt_valid"], batch["tokens"],
+          mask_bt, temperature=cfg.temperature))
+
+    def loss_fn(params):
+      logp_bt, ent_bt = completion_logprobs(
+          model, params, batch["prompt"], batch["prompt_valid"], batch["tokens"], mask_bt,
+          temperature=cfg.temperature, with_entropy=True)
+      tok_loss_bt, clipped_bt = jax.vmap(loss_fn_tok, in_axes=(0, 0, 0, 0, None))(
+          logp_bt, batch["logp"], adv_b, mask_bt, cfg.clip_eps)
+      pg_loss = loss_lib.aggregate(tok_loss_bt, mask_bt, cfg.loss_agg)
+      n_tok = jnp.maximum(jnp.sum(mask_bt), 1)
+      metrics = {
+          "pg_loss": pg_loss,
+          "clip_frac": jnp.sum(clipped_bt) / n_tok,
+          "entropy": jnp.sum(ent_bt) / n_tok,
+"kl_behaviour": jnp.sum(jnp.where(mask_bt, loss_lib.kl_k3(logp_bt, batch["logp"]), 0.0))
+                          / n_tok,
+          "ratio_dev": jnp.sum(jnp.where(mask_bt, jnp.abs(jnp.exp(logp_bt - batch["logp"]) - 1),
+                                         0.0)) / n_tok,
+      }
+      loss = pg_loss
+      if use_kl:
+        kl_bt = jnp.where(mask_bt, loss_lib.kl_k3(logp_bt, ref_logp_bt), 0.0)
+        kl = loss_lib.aggregate(kl_bt, mask_bt, cfg.loss_agg)
+        loss = loss + cfg.kl_coef * kl
+        metrics["kl_ref"] = kl
+      metrics["loss"] = loss
+      return loss, metrics
+
+    grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params)
+    metrics["adv_abs"] = jnp.mean(jnp.abs(adv_b))
+    metrics["reward"] = jnp.mean(batch["rewards"])
+    return _apply_grads(state, tx, grads, metrics)
+  return update
+

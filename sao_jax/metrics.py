@@ -1,0 +1,74 @@
+"""Run metrics: one JSON line per logged step, TensorBoard events, a console progress bar,
+and a final summary.json. Everything a plot or a notebook needs is in the workdir."""
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import resource
+import time
+from typing import Any
+
+import numpy as np
+import tqdm
+from tensorboardX import SummaryWriter
+
+
+def peak_memory_mb() -> float:
+  """Peak resident memory of this process (Linux ru_maxrss is in KiB)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _plain(v: Any):
+  if isinstance(v, (np.generic, np.ndarray)) or hasattr(v, "__array__"):
+    v = np.asarray(v)
+    return v.item() if v.ndim == 0 else v.tolist()
+  return v
+
+
+class MetricsWriter:
+  """Appends to `workdir/metrics.jsonl` and `workdir/tb/`; resumes by appending."""
+
+  def __init__(self, workdir: str | pathlib.Path, *, total: int | None = None, desc: str = "",
+               show_progress: bool = True):
+    self.workdir = pathlib.Path(workdir)
+    self.workdir.mkdir(parents=True, exist_ok=True)
+    self._jsonl = open(self.workdir / "metrics.jsonl", "a", buffering=1)
+    self._tb = SummaryWriter(str(self.workdir / "tb"))
+    self._bar = tqdm.tqdm(total=total, desc=desc, disable=not show_progress, dynamic_ncols=True)
+    self.t0 = time.time()
+
+  def progress(self, desc: str, total: int | None):
+    self._bar.reset(total=total)
+    self._bar.set_description(desc)
+
+  def write(self, step: int, metrics: dict[str, Any], *, phase: str, advance: int = 1):
+    row = {"phase": phase, "step": int(step), "wall_s": round(time.time() - self.t0, 3)}
+    row.update({k: _plain(v) for k, v in metrics.items()})
+    self._jsonl.write(json.dumps(row) + "\n")
+    for k, v in row.items():
+      if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        self._tb.add_scalar(f"{phase}/{k}", v, step)
+    shown = {k: row[k] for k in ("loss", "reward", "accuracy") if k in row}
+    self._bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items()}, refresh=False)
+    self._bar.update(advance)
+
+  def tick(self, n: int = 1):
+    self._bar.update(n)
+
+  def close(self):
+    self._bar.close()
+    self._tb.close()
+    self._jsonl.close()
+
+
+def write_summary(workdir: str | pathlib.Path, summary: dict[str, Any]) -> pathlib.Path:
+  path = pathlib.Path(workdir) / "summary.json"
+  path.write_text(json.dumps({k: _plain(v) for k, v in summary.items()}, indent=2,
+                             sort_keys=True))
+  return path
+
+
+def read_jsonl(path: str | pathlib.Path) -> list[dict]:
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,148 @@
+"""Decoder-only transformer LM with an explicit KV cache and optional memory prefix.
+
+Layout of one row (all shapes fixed, so sampling and training compile once):
+
+    [ memory slots (M) | prompt, left-padded (P) | completion (T) ]
+
+Memory slots are prefix vectors (the compressed context of long-horizon tasks); they are
+projected to the model width and attended to like tokens. Which slots exist is given by
+`valid_bs`; a query attends to valid keys at or before its own slot. Token positions count
+valid tokens only, so left padding does not shift them.
+
+Parameters carry logical axis names (batch, embed, heads, kv, mlp, vocab); the mesh rules
+in the config map them to mesh axes.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from sao_jax.config import ModelConfig
+
+_NEG_INF = -1e30
+
+
+class KVCache(NamedTuple):
+  """Per-layer keys and values: tuples of [B, S, H, Dh] arrays."""
+
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
+
+
+def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=jnp.float32) -> KVCache:
+  shape = (batch, length, cfg.heads, cfg.width // cfg.heads)
+  zeros = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.depth))
+  return KVCache(k=zeros, v=zeros)
+
+
+def _dense(features, axes, name, dtype, axis=-1):
+  return nn.DenseGeneral(
+      features=features, axis=axis, use_bias=False, dtype=dtype, name=name,
+      kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), axes))
+
+
+class Attention(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_btd, mask_bts, cache_kv=None, index=None):
+    cfg = self.cfg
+    dtype = jnp.dtype(cfg.dtype)
+    head_dim = cfg.width // cfg.heads
+    qkv = [_dense((cfg.heads, head_dim), ("embed", "heads", "kv"), n, dtype)(x_btd)
+           for n in ("query", "key", "value")]
+    q_bthd, k_bthd, v_bthd = qkv
+    new_kv = None
+    if cache_kv is not None:
+      k_cache, v_cache = cache_kv
+      k_bthd = jax.lax.dynamic_update_slice(k_cache, k_bthd.astype(k_cache.dtype), (0, index, 0, 0))
+      v_bthd = jax.lax.dynamic_update_slice(v_cache, v_bthd.astype(v_cache.dtype), (0, index, 0, 0))
+      new_kv = (k_bthd, v_bthd)
+    logits_bhts = jnp.einsum("bthd,bshd->bhts", q_bthd, k_bthd).astype(jnp.float32)
+    logits_bhts = logits_bhts / jnp.sqrt(head_dim).astype(jnp.float32)
+    logits_bhts = jnp.where(mask_bts[:, None], logits_bhts, _NEG_INF)
+    probs_bhts = jax.nn.softmax(logits_bhts, axis=-1).astype(dtype)
+    out_bthd = jnp.einsum("bhts,bshd->bthd", probs_bhts, v_bthd)
+    out_btd = _dense(cfg.width, ("heads", "kv", "embed"), "out", dtype, axis=(-2, -1))(out_bthd)
+    return out_btd, new_kv
+
+
+class Block(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_btd, mask_bts, cache_kv=None, index=None):
+    cfg = self.cfg
+    dtype = jnp.dtype(cfg.dtype)
+    h_btd, new_kv = Attention(cfg, name="attn")(
+        nn.RMSNorm(dtype=dtype, name="norm_attn")(x_btd), mask_bts, cache_kv, index)
+    x_btd = x_btd + h_btd
+    h_btd = nn.RMSNorm(dtype=dtype, name="norm_mlp")(x_btd)
+    h_btf = _dense(cfg.width * cfg.mlp_ratio, ("embed", "mlp"), "mlp_in", dtype)(h_btd)
+    h_btd = _dense(cfg.width, ("mlp", "embed"), "mlp_out", dtype)(nn.gelu(h_btf))
+    x_btd = nn.with_logical_constraint(x_btd + h_btd, ("batch", "length", "act_embed"))
+    return x_btd, new_kv
+
+
+class TransformerLM(nn.Module):
+  """Returns next-token logits [B, t, V] for the t new token slots, and the updated cache.
+
+  Args (of __call__):
+    tokens_bt: int32 token ids of the new token slots.
+    positions_bt: int32 position of each token (counting valid tokens of its row).
+    mask_bts: bool, query t may attend key slot s (s spans the cache, or the full row
+      when no cache is used).
+    memory_bmd: optional [B, M, memory_dim] prefix vectors, placed before the tokens.
+    cache: optional KVCache; new keys/values are written at slot `index`.
+  """
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, tokens_bt, positions_bt, mask_bts, memory_bmd=None, cache=None, index=0):
+    cfg = self.cfg
+    dtype = jnp.dtype(cfg.dtype)
+    embed = nn.Embed(cfg.vocab_size, cfg.width, dtype=dtype, name="embed",
+                     embedding_init=nn.with_logical_partitioning(
+                         nn.initializers.normal(0.02), ("vocab", "embed")))
+    pos_embed = self.param("pos_embed", nn.with_logical_partitioning(
+        nn.initializers.normal(0.02), (None, "embed")), (cfg.max_len, cfg.width))
+    x_btd = embed(tokens_bt) + jnp.take(pos_embed, positions_bt, axis=0).astype(dtype)
+    n_mem = 0
+    if cfg.memory_slots:
+      # Memory must be given whenever the model has memory slots (init included), so that its
+      # projection always exists; rows without memory pass all-invalid slots.
+      mem_dim = cfg.memory_dim or cfg.width
+      if memory_bmd is None:
+        memory_bmd = jnp.zeros((tokens_bt.shape[0], 0, mem_dim), dtype)
+      mem_btd = _dense(cfg.width, (None, "embed"), "memory_in", dtype)(memory_bmd.astype(dtype))
+      n_mem = mem_btd.shape[1]
+      x_btd = jnp.concatenate([mem_btd, x_btd], axis=1)
+    elif memory_bmd is not None:
+      raise ValueError("memory given but model.memory_slots == 0")
+    x_btd = nn.with_logical_constraint(x_btd, ("batch", "length", "act_embed"))
+    new_k, new_v = [], []
+    for i in range(cfg.depth):
+      layer_kv = None if cache is None else (cache.k[i], cache.v[i])
+      x_btd, kv = Block(cfg, name=f"block_{i}")(x_btd, mask_bts, layer_kv, index)
+      if kv is not None:
+        new_k.append(kv[0])
+        new_v.append(kv[1])
+    x_btd = nn.RMSNorm(dtype=dtype, name="norm_out")(x_btd[:, n_mem:])
+    logits_btv = embed.attend(x_btd).astype(jnp.float32)
+    new_cache = KVCache(tuple(new_k), tuple(new_v)) if cache is not None else None
+    return logits_btv, new_cache
+
+
+def positions_from_valid(valid_bs: jax.Array) -> jax.Array:
+  """Position of each slot = number of valid slots before it (0 for the first valid)."""
+  return jnp.maximum(jnp.cumsum(valid_bs.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def causal_mask(valid_bs: jax.Array, query_slots_t: jax.Array) -> jax.Array:
+  """[B, t, S]: query at slot q sees valid key slots s <= q."""
+  s = jnp.arange(valid_bs.shape[-1])
+  return valid_bs[:, None, :] & (s[None, None, :] <= query_slots_t[None, :, None])

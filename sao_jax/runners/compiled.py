@@ -1,0 +1,68 @@
+"""The one place where `jax.jit` is applied, with explicit shardings and donation.
+
+Library code (model, sampler, learner) stays pure; this module binds it to a mesh.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable
+
+import flax.linen as nn
+import jax
+
+from sao_jax import sampling, sharding
+from sao_jax.config import Config
+from sao_jax.learner import TrainState, init_state_fn
+from sao_jax.models.transformer import TransformerLM
+
+
+@dataclasses.dataclass
+class Programs:
+  """Jitted functions of one training phase, all on `mesh`."""
+
+  mesh: jax.sharding.Mesh
+  state_sharding: TrainState
+  batch_sharding: jax.sharding.NamedSharding
+  init: Callable[[jax.Array], TrainState]
+  update: Callable[[TrainState, dict], tuple[TrainState, dict]]
+  sample: Callable  # (params, prompt, prompt_valid, rng) -> SampleOutput
+  greedy: Callable  # (params, prompt, prompt_valid, rng) -> SampleOutput
+  batch_divisor: int
+
+  def shard_batch(self, batch: dict) -> dict:
+    return jax.device_put(batch, self.batch_sharding)
+
+
+def _with_rules(fn, rules):
+  @functools.wraps(fn)
+  def wrapped(*args):
+    with nn.logical_axis_rules(list(rules)):
+      return fn(*args)
+  return wrapped
+
+
+def compile_programs(cfg: Config, model: TransformerLM, tx, update_fn, *, with_ref: bool,
+                     prompt_len: int, max_new_tokens: int, temperature: float,
+                     eos_id: int, pad_id: int, mesh: jax.sharding.Mesh | None = None) -> Programs:
+  mesh = mesh or sharding.make_mesh(cfg.mesh)
+  rules = cfg.mesh.rules
+  init_boxed = init_state_fn(model, tx, prompt_len, with_ref)
+  abstract = jax.eval_shape(init_boxed, jax.random.key(0))
+  state_sh = sharding.logical_shardings(abstract, mesh, rules)
+  batch_sh = sharding.batch_sharding(mesh, rules)
+  repl = sharding.replicated(mesh)
+
+  init = jax.jit(lambda rng: nn.meta.unbox(init_boxed(rng)), out_shardings=state_sh)
+  update = jax.jit(_with_rules(update_fn, rules), in_shardings=(state_sh, batch_sh),
+                   out_shardings=(state_sh, repl), donate_argnums=(0,))
+
+  def sampler(greedy):
+    fn = functools.partial(sampling.sample, model, max_new_tokens=max_new_tokens, eos_id=eos_id,
+                           pad_id=pad_id, temperature=temperature, greedy=greedy)
+    return jax.jit(_with_rules(fn, rules), in_shardings=(state_sh.params, batch_sh, batch_sh, repl),
+                   out_shardings=batch_sh)
+
+  return Programs(mesh=mesh, state_sharding=state_sh, batch_sharding=batch_sh, init=init,
+                  update=update, sample=sampler(False), greedy=sampler(True),
+                  batch_divisor=sharding.batch_divisor(mesh, rules))

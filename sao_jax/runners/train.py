@@ -1,0 +1,276 @@
+"""Single-process trainer: supervised warm start, then synchronous GRPO(N=group_size).
+
+`run(cfg, workdir)` is what `sao-jax train` calls. Phases write to one workdir:
+metrics.jsonl (phase-tagged rows), tb/, checkpoints/{sft,rl}/ and summary.json.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from sao_jax import checkpoint as ckpt_lib
+from sao_jax import config as config_lib
+from sao_jax.config import Config
+from sao_jax.data.arithmetic_tfds import load_tasks
+from sao_jax.envs.arithmetic import ArithmeticEnv, ArithmeticSpec
+from sao_jax.envs.base import Task
+from sao_jax.learner import TrainState, make_optimizer, make_rl_update, make_sft_update
+from sao_jax.metrics import MetricsWriter, peak_memory_mb, write_summary
+from sao_jax.models.transformer import TransformerLM
+from sao_jax.runners.batching import encode_prompts, encode_targets, round_up
+from sao_jax.runners.compiled import Programs, compile_programs
+from sao_jax.tokenizer import Tokenizer, get_tokenizer
+
+
+@dataclasses.dataclass
+class Setup:
+  """Everything a phase needs that does not change during the run."""
+
+  cfg: Config
+  tok: Tokenizer
+  model: TransformerLM
+  train: list[Task]
+  test: list[Task]
+  env: ArithmeticEnv
+  prompt_len: int
+  target_len: int
+
+
+def task_spec(cfg: Config) -> ArithmeticSpec:
+  t = cfg.task
+  return ArithmeticSpec(n_ops=t.n_ops, max_operand=t.max_operand, ops=t.ops,
+                        reverse_digits=t.reverse_digits)
+
+
+def make_setup(cfg: Config) -> Setup:
+  tok = get_tokenizer(cfg.tokenizer)
+  spec = task_spec(cfg)
+  kw = dict(num_train=cfg.task.num_train, num_test=cfg.task.num_test, seed=cfg.task.seed,
+            data_dir=cfg.task.data_dir or None)
+  train, test = load_tasks(spec, "train", **kw), load_tasks(spec, "test", **kw)
+  prompt_len = round_up(1 + max(len(t.prompt) for t in train + test), 8)
+  target_len = 1 + max(len(t.solution) for t in train + test)
+  if prompt_len + max(target_len, cfg.rl.max_new_tokens) > cfg.model.max_len:
+    raise config_lib.ConfigError(
+        f"model.max_len {cfg.model.max_len} < prompt {prompt_len} + completion "
+        f"{max(target_len, cfg.rl.max_new_tokens)} tokens")
+  if cfg.rl.max_new_tokens < target_len:
+    raise config_lib.ConfigError(f"rl.max_new_tokens {cfg.rl.max_new_tokens} cannot hold the "
+                                 f"longest solution ({target_len} tokens with EOS)")
+  model_cfg = dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or tok.vocab_size)
+  return Setup(cfg=cfg, tok=tok, model=TransformerLM(model_cfg), train=train, test=test,
+               env=ArithmeticEnv(tok), prompt_len=prompt_len, target_len=target_len)
+
+
+def programs_for(s: Setup, optim, update_maker, *, with_ref=False) -> Programs:
+  tx = make_optimizer(optim, 0)
+  return compile_programs(s.cfg, s.model, tx, update_maker(s.model, tx), with_ref=with_ref,
+                          prompt_len=s.prompt_len, max_new_tokens=s.cfg.rl.max_new_tokens,
+                          temperature=s.cfg.rl.temperature, eos_id=s.tok.eos_id,
+                          pad_id=s.tok.pad_id)
+
+
+def score(s: Setup, tasks: list[Task], tokens_bt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Rewards and format flags from the environment, one episode per row."""
+  rewards = np.zeros(len(tasks), np.float32)
+  fmt = np.zeros(len(tasks), bool)
+  for i, task in enumerate(tasks):
+    s.env.reset(task)
+    res = s.env.step(tokens_bt[i])
+    rewards[i], fmt[i] = res.reward, res.info["format_ok"]
+  return rewards, fmt
+
+
+def evaluate(s: Setup, progs: Programs, params, num: int | None = None) -> dict[str, float]:
+  """Held-out greedy accuracy on the first `num` test problems (exact final answer)."""
+  tasks = s.test[:num or s.cfg.eval.num_problems]
+  bs = round_up(min(s.cfg.eval.batch_size, len(tasks)), progs.batch_divisor)
+  correct, fmt = [], []
+  for i in range(0, len(tasks), bs):
+    chunk = tasks[i:i + bs]
+    padded = chunk + [chunk[-1]] * (bs - len(chunk))
+    prompt, pvalid = encode_prompts(s.tok, [t.prompt for t in padded], s.prompt_len)
+    out = progs.greedy(params, prompt, pvalid, jax.random.key(0))
+    r, f = score(s, chunk, np.asarray(out.tokens_bt)[:len(chunk)])
+    correct.append(r)
+    fmt.append(f)
+  correct, fmt = np.concatenate(correct), np.concatenate(fmt)
+  return {"accuracy": float(correct.mean()), "format_rate": float(fmt.mean()),
+          "num_problems": len(tasks)}
+
+
+def _budget_left(t0: float, max_seconds: float, step: int, steps: int) -> bool:
+  if steps and step >= steps:
+    return False
+  return not (max_seconds and time.time() - t0 >= max_seconds)
+
+
+def _phase_total(steps: int) -> int | None:
+  return steps or None
+
+
+def run_sft(s: Setup, writer: MetricsWriter, state: TrainState | None, workdir: pathlib.Path,
+            *, steps: int | None = None, max_seconds: float | None = None, tag: str = "sft"
+            ) -> tuple[TrainState, Programs, dict]:
+  """Teacher-forced cross-entropy on worked solutions of random training problems."""
+  cfg = s.cfg
+  steps = cfg.sft.steps if steps is None else steps
+  max_seconds = cfg.sft.max_seconds if max_seconds is None else max_seconds
+  progs = programs_for(s, cfg.sft.optim, make_sft_update)
+  fresh = progs.init(jax.random.key(cfg.seed))
+  state = fresh if state is None else fresh.replace(params=state.params)
+  bs = round_up(cfg.sft.batch_size, progs.batch_divisor)
+  rng = np.random.default_rng((cfg.seed, 1, hash(tag) % 2**31))
+  writer.progress(tag, _phase_total(steps))
+  mngr = ckpt_lib.manager(workdir / "checkpoints" / tag, every=cfg.checkpoint_every)
+  t0, step, tokens = time.time(), 0, 0
+  while _budget_left(t0, max_seconds, step, steps):
+    ts = time.time()
+    idx = rng.integers(0, len(s.train), bs)
+    tasks = [s.train[i] for i in idx]
+    prompt, pvalid = encode_prompts(s.tok, [t.prompt for t in tasks], s.prompt_len)
+    target, tvalid = encode_targets(s.tok, [t.solution for t in tasks], s.target_len)
+    batch = progs.shard_batch({"prompt": prompt, "prompt_valid": pvalid, "tokens": target,
+                               "valid": tvalid})
+    state, metrics = progs.update(state, batch)
+    step += 1
+    ckpt_lib.save(mngr, state, cfg, {"phase": tag})
+    if step % cfg.log_every == 0:
+      metrics = jax.device_get(metrics)
+      tokens += int(metrics["tokens"]) * cfg.log_every
+      dt = time.time() - ts
+      writer.write(step, dict(metrics, step_time=dt, learner_time=dt,
+                              tokens_per_s=tokens / (time.time() - t0),
+                              peak_memory_mb=peak_memory_mb()), phase=tag,
+                   advance=cfg.log_every)
+  ckpt_lib.save(mngr, state, cfg, {"phase": tag}, force=True)
+  mngr.wait_until_finished()
+  mngr.close()
+  return state, progs, {"steps": step, "seconds": time.time() - t0}
+
+
+def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathlib.Path, *,
+             eval_fn=None) -> tuple[TrainState, Programs, dict]:
+  """Synchronous GRPO: sample G completions for each of `prompts_per_step` prompts, wait for
+  all of them, score, one update; repeat. The 'Traditional' row of the seed's table."""
+  cfg, rl = s.cfg, s.cfg.rl
+  with_ref = rl.kl_coef > 0
+  progs = programs_for(s, rl.optim, lambda m, tx: make_rl_update(m, tx, rl), with_ref=with_ref)
+  fresh = progs.init(jax.random.key(cfg.seed + 1))
+  state = fresh.replace(params=state.params,
+                        ref_params=state.params if with_ref else None)
+  rows = round_up(rl.prompts_per_step * rl.group_size, progs.batch_divisor)
+  if rows != rl.prompts_per_step * rl.group_size:
+    raise config_lib.ConfigError(f"prompts_per_step*group_size must divide over "
+                                 f"{progs.batch_divisor} batch shards")
+  rng = np.random.default_rng((cfg.seed, 2))
+  key = jax.random.key(cfg.seed + 2)
+  mngr = ckpt_lib.manager(workdir / "checkpoints" / "rl", every=cfg.checkpoint_every)
+  writer.progress("grpo", _phase_total(rl.steps))
+  t0, step, last_eval = time.time(), 0, time.time()
+  curve = []
+  while _budget_left(t0, rl.max_seconds, step, rl.steps):
+    ts = time.time()
+    idx = rng.integers(0, len(s.train), rl.prompts_per_step)
+    tasks = [s.train[i] for i in idx for _ in range(rl.group_size)]
+    prompt, pvalid = encode_prompts(s.tok, [t.prompt for t in tasks], s.prompt_len)
+    key, sub = jax.random.split(key)
+    out = jax.device_get(progs.sample(state.params, prompt, pvalid, sub))
+    rewards, fmt = score(s, tasks, out.tokens_bt)
+    t_sampled = time.time()
+    batch = progs.shard_batch({"prompt": prompt, "prompt_valid": pvalid,
+                               "tokens": out.tokens_bt, "valid": out.valid_bt,
+                               "logp": out.logp_bt, "rewards": rewards})
+    for _ in range(rl.ppo_epochs):
+      state, metrics = progs.update(state, batch)
+    metrics = jax.device_get(metrics)
+    step += 1
+    ckpt_lib.save(mngr, state, cfg, {"phase": "rl"})
+    t_end = time.time()
+    row = dict(metrics, accuracy=float(rewards.mean()), format_rate=float(fmt.mean()),
+               step_time=t_end - ts, sampling_time=t_sampled - ts, learner_time=t_end - t_sampled,
+               tokens_per_s=float(out.lengths_b.sum()) / (t_end - ts),
+               mean_len=float(out.lengths_b.mean()), peak_memory_mb=peak_memory_mb())
+    if eval_fn and cfg.eval.every_seconds and time.time() - last_eval >= cfg.eval.every_seconds:
+      row.update({f"eval_{k}": v for k, v in eval_fn(progs, state.params).items()})
+      curve.append((time.time() - t0, row["eval_accuracy"]))
+      last_eval = time.time()
+    if step % cfg.log_every == 0 or "eval_accuracy" in row:
+      writer.write(step, row, phase="rl", advance=0)
+    writer.tick()
+  ckpt_lib.save(mngr, state, cfg, {"phase": "rl"}, force=True)
+  mngr.wait_until_finished()
+  mngr.close()
+  return state, progs, {"steps": step, "seconds": time.time() - t0, "eval_curve": curve}
+
+
+def restore_init(s: Setup, path: str):
+  """Params from another run's latest checkpoint (a workdir or a checkpoint folder)."""
+  directory = _checkpoint_dir(pathlib.Path(path))
+  progs = programs_for(s, s.cfg.sft.optim, make_sft_update)
+  like = progs.init(jax.random.key(0))
+  params, _, _ = ckpt_lib.restore_params(directory, like.params)
+  return like.replace(params=params)
+
+
+def _checkpoint_dir(path: pathlib.Path) -> pathlib.Path:
+  """`path` itself if it holds steps; else the newest phase under path/checkpoints."""
+  if (path / "checkpoints").is_dir():
+    for phase in ("rl", "sft"):
+      d = path / "checkpoints" / phase
+      if d.is_dir() and any(p.name.isdigit() for p in d.iterdir()):
+        return d
+    raise FileNotFoundError(f"no checkpoints under {path}/checkpoints")
+  return path
+
+
+def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True) -> dict[str, Any]:
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / "config.json").write_text(config_lib.to_json(cfg))
+  t_start = time.time()
+  s = make_setup(cfg)
+  writer = MetricsWriter(workdir, show_progress=show_progress)
+  summary: dict[str, Any] = {"name": cfg.name, "devices": [str(d) for d in jax.devices()],
+                             "train_problems": len(s.train), "test_problems": len(s.test)}
+  state = restore_init(s, cfg.init_from) if cfg.init_from else None
+  try:
+    if cfg.sft.steps or cfg.sft.max_seconds:
+      state, progs, info = run_sft(s, writer, state, workdir)
+      summary["sft"] = dict(info, **evaluate(s, progs, state.params))
+      writer.write(info["steps"], {f"eval_{k}": v for k, v in summary["sft"].items()},
+                   phase="sft_eval", advance=0)
+    if state is None:
+      raise config_lib.ConfigError("nothing to train from: set sft.steps/max_seconds or init_from")
+    if cfg.rl.steps or cfg.rl.max_seconds:
+      if "sft" not in summary:
+        progs = programs_for(s, cfg.sft.optim, make_sft_update)
+        summary["start"] = evaluate(s, progs, state.params)
+      state, progs, info = run_grpo(s, writer, state, workdir,
+                                    eval_fn=lambda p, params: evaluate(s, p, params))
+      summary["rl"] = dict(info, **evaluate(s, progs, state.params))
+      writer.write(info["steps"], {f"eval_{k}": v for k, v in summary["rl"].items()
+                                   if k != "eval_curve"}, phase="rl_eval", advance=0)
+  finally:
+    writer.close()
+  summary["wall_s"] = time.time() - t_start
+  summary["peak_memory_mb"] = peak_memory_mb()
+  write_summary(workdir, summary)
+  return summary
+
+
+def eval_workdir(workdir: str | pathlib.Path, num: int | None = None) -> dict[str, Any]:
+  """Held-out greedy accuracy of the latest checkpoint in `workdir`, rebuilt from its config."""
+  directory = _checkpoint_dir(pathlib.Path(workdir))
+  step, meta = ckpt_lib.read_meta(directory)
+  cfg = config_lib.from_dict(meta["config"])
+  s = make_setup(cfg)
+  progs = programs_for(s, cfg.sft.optim, make_sft_update)
+  params, _, _ = ckpt_lib.restore_params(directory, progs.init(jax.random.key(0)).params)
+  result = evaluate(s, progs, params, num)
+  return dict(result, checkpoint=str(directory), step=step)

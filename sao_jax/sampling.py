@@ -1,0 +1,145 @@
+"""Fixed-shape KV-cache sampling and per-token log-probs of given sequences.
+
+Pure functions of (params, arrays); the runner jits them once. A batch row is
+
+    [ memory (M) | prompt left-padded to P | completion (T) ]
+
+Every row is a different task's single trajectory or a group member; rows finish at their
+own EOS and are masked from then on, and the loop exits early once all rows are done.
+
+The recorded log-prob of a sampled token is log softmax(logits / temperature) at that
+token: the full (untruncated) distribution at the sampling temperature. With top-k/top-p
+the behaviour distribution is the truncated one, so RL configs keep both off; the recorded
+values then equal `sequence_logprobs(..., temperature)` exactly up to float error.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from sao_jax.models.transformer import (TransformerLM, causal_mask, init_cache,
+                                        positions_from_valid)
+
+
+class SampleOutput(NamedTuple):
+  tokens_bt: jax.Array  # int32, PAD after EOS
+  logp_bt: jax.Array  # f32 log-prob of each sampled token, 0 where invalid
+  valid_bt: jax.Array  # bool, True up to and including EOS
+  lengths_b: jax.Array  # int32 number of valid completion tokens
+
+
+def _filter_logits(logits_bv, top_k: int, top_p: float):
+  if top_k > 0:
+    kth_b1 = jax.lax.top_k(logits_bv, top_k)[0][:, -1:]
+    logits_bv = jnp.where(logits_bv < kth_b1, -jnp.inf, logits_bv)
+  if top_p < 1.0:
+    sorted_bv = jnp.sort(logits_bv, axis=-1)[:, ::-1]
+    cum_bv = jnp.cumsum(jax.nn.softmax(sorted_bv, axis=-1), axis=-1)
+    # Smallest logit that is still inside the nucleus (the top token is always kept).
+    keep_bv = (cum_bv - jax.nn.softmax(sorted_bv, axis=-1)) < top_p
+    cutoff_b1 = jnp.min(jnp.where(keep_bv, sorted_bv, jnp.inf), axis=-1, keepdims=True)
+    logits_bv = jnp.where(logits_bv < cutoff_b1, -jnp.inf, logits_bv)
+  return logits_bv
+
+
+def sample(model: TransformerLM, params, prompt_bp, prompt_valid_bp, rng, *,
+           max_new_tokens: int, eos_id: int, pad_id: int, temperature: float = 1.0,
+           top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
+           memory_bmd=None, memory_valid_bm=None) -> SampleOutput:
+  """Samples up to `max_new_tokens` tokens after each left-padded prompt.
+
+  Args:
+    prompt_bp: int32 [B, P], prompts right-aligned (left padding), at least one valid token.
+    prompt_valid_bp: bool [B, P].
+    memory_bmd / memory_valid_bm: optional prefix memory and its validity.
+  """
+  batch, plen = prompt_bp.shape
+  n_mem = 0 if memory_bmd is None else memory_bmd.shape[1]
+  total = n_mem + plen + max_new_tokens
+  cfg = model.cfg
+  cache = init_cache(cfg, batch, total, jnp.dtype(cfg.dtype))
+  valid_bs = jnp.zeros((batch, total), bool)
+  if n_mem:
+    valid_bs = valid_bs.at[:, :n_mem].set(memory_valid_bm)
+  valid_bs = valid_bs.at[:, n_mem:n_mem + plen].set(prompt_valid_bp)
+  pos_bp = positions_from_valid(prompt_valid_bp)
+  mask = causal_mask(valid_bs, jnp.arange(n_mem + plen))
+  logits_bpv, cache = model.apply({"params": params}, prompt_bp, pos_bp, mask,
+                                  memory_bmd=memory_bmd, cache=cache, index=0)
+  next_pos_b = jnp.sum(prompt_valid_bp, axis=-1).astype(jnp.int32)
+
+  def choose(logits_bv, key):
+    scaled_bv = logits_bv / temperature
+    logp_bv = jax.nn.log_softmax(scaled_bv, axis=-1)
+    if greedy:
+      tok_b = jnp.argmax(logits_bv, axis=-1)
+    else:
+      tok_b = jax.random.categorical(key, _filter_logits(scaled_bv, top_k, top_p), axis=-1)
+    tok_b = tok_b.astype(jnp.int32)
+    return tok_b, jnp.take_along_axis(logp_bv, tok_b[:, None], axis=-1)[:, 0]
+
+  tokens_bt = jnp.full((batch, max_new_tokens), pad_id, jnp.int32)
+  logp_bt = jnp.zeros((batch, max_new_tokens), jnp.float32)
+  done_b = jnp.zeros((batch,), bool)
+  init = (0, logits_bpv[:, -1], cache, valid_bs, next_pos_b, tokens_bt, logp_bt, done_b, rng)
+
+  def cond(carry):
+    i, *_, done_b, _ = carry
+    return (i < max_new_tokens) & ~jnp.all(done_b)
+
+  def body(carry):
+    i, logits_bv, cache, valid_bs, pos_b, tokens_bt, logp_bt, done_b, rng = carry
+    rng, key = jax.random.split(rng)
+    tok_b, lp_b = choose(logits_bv, key)
+    tok_b = jnp.where(done_b, pad_id, tok_b)
+    lp_b = jnp.where(done_b, 0.0, lp_b)
+    tokens_bt = tokens_bt.at[:, i].set(tok_b)
+    logp_bt = logp_bt.at[:, i].set(lp_b)
+    slot = n_mem + plen + i
+    valid_bs = valid_bs.at[:, slot].set(~done_b)
+    done_b = done_b | (tok_b == eos_id)
+    mask = causal_mask(valid_bs, slot[None])
+    logits_b1v, cache = model.apply({"params": params}, tok_b[:, None], pos_b[:, None], mask,
+                                    cache=cache, index=slot)
+    return (i + 1, logits_b1v[:, 0], cache, valid_bs, pos_b + 1, tokens_bt, logp_bt, done_b, rng)
+
+  _, _, _, valid_bs, _, tokens_bt, logp_bt, _, _ = jax.lax.while_loop(cond, body, init)
+  valid_bt = valid_bs[:, n_mem + plen:]
+  return SampleOutput(tokens_bt, logp_bt, valid_bt, jnp.sum(valid_bt, axis=-1).astype(jnp.int32))
+
+
+def sequence_logits(model: TransformerLM, params, tokens_bl, valid_bl, memory_bmd=None,
+                    memory_valid_bm=None):
+  """Full-row forward: logits [B, L, V] predicting the token after each slot."""
+  valid_bs = valid_bl
+  if memory_bmd is not None:
+    valid_bs = jnp.concatenate([memory_valid_bm, valid_bl], axis=1)
+  mask = causal_mask(valid_bs, jnp.arange(valid_bs.shape[1]))
+  logits_blv, _ = model.apply({"params": params}, tokens_bl, positions_from_valid(valid_bl),
+                              mask, memory_bmd=memory_bmd)
+  return logits_blv
+
+
+def completion_logprobs(model: TransformerLM, params, prompt_bp, prompt_valid_bp, tokens_bt,
+                        valid_bt, *, temperature: float = 1.0, memory_bmd=None,
+                        memory_valid_bm=None, with_entropy: bool = False):
+  """Per-token log-probs [B, T] of `tokens_bt` following each prompt (0 where invalid).
+
+  Formula: logp[b, t] = log softmax(logits[b, P-1+t] / temperature)[tokens[b, t]], where
+  logits come from one forward pass over [memory | prompt | completion]. With
+  `with_entropy` also returns the per-token entropy of that distribution.
+  """
+  plen = prompt_bp.shape[1]
+  tokens_bl = jnp.concatenate([prompt_bp, tokens_bt], axis=1)
+  valid_bl = jnp.concatenate([prompt_valid_bp, valid_bt], axis=1)
+  logits_blv = sequence_logits(model, params, tokens_bl, valid_bl, memory_bmd, memory_valid_bm)
+  logits_btv = logits_blv[:, plen - 1:-1] / temperature
+  logp_btv = jax.nn.log_softmax(logits_btv, axis=-1)
+  logp_bt = jnp.take_along_axis(logp_btv, tokens_bt[..., None], axis=-1)[..., 0]
+  logp_bt = jnp.where(valid_bt, logp_bt, 0.0)
+  if not with_entropy:
+    return logp_bt
+  ent_bt = -jnp.sum(jnp.exp(logp_btv) * logp_btv, axis=-1)
+  return logp_bt, jnp.where(valid_bt, ent_bt, 0.0)
