@@ -1,0 +1,71 @@
+"""The environment API every task family implements.
+
+Samplers, the learner and the evaluation code only see :class:`Task`, :class:`StepResult`
+and the :class:`Env` protocol, so task families (generated arithmetic, code, dialogue) can be
+swapped by config without touching the RL code. Observations and actions are token ids
+rather than text so the decode loop never round-trips through strings except at the reward.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """One problem, with everything needed to sample, reward and warm-start on it.
+
+  Attributes:
+    task_id: unique within its split; the key value trackers and the task queue use.
+    prompt: what the policy is shown.
+    solution: the full worked solution, ending with the final answer; the supervised warm
+      start trains on `prompt -> solution`, RL never sees it.
+    answer: the final answer exactly as the reward function expects to read it.
+    difficulty: larger is harder; lets curricula and reports bucket tasks.
+  """
+
+  task_id: int
+  prompt: str
+  solution: str
+  answer: str
+  difficulty: int
+
+
+class StepResult(NamedTuple):
+  """What one environment step returns.
+
+  Attributes:
+    observation: int32 token ids appended to the context (a user turn, tool output); empty
+      when the episode is done or the environment has nothing to say.
+    reward: scalar reward for this step.
+    done: True on the episode's last step; stepping again is an error.
+    info: diagnostics for logging (parsed answer, format checks); never read by the loss.
+  """
+
+  observation: np.ndarray
+  reward: float
+  done: bool
+  info: dict[str, Any]
+
+
+class Env(Protocol):
+  """A (possibly multi-step) text environment over token ids.
+
+  An episode is `reset(task)` followed by one or more `step(action_tokens)` calls. Single-turn
+  tasks are one-step episodes (`max_steps == 1`). Every episode ends with `done=True` at step
+  `max_steps` at the latest, so samplers can size their buffers up front; a `step` after
+  `done`, or before any `reset`, raises `RuntimeError`.
+  """
+
+  max_steps: int
+
+  def reset(self, task: Task) -> np.ndarray:
+    """Starts an episode on `task`; returns the first observation as int32 token ids."""
+    ...
+
+  def step(self, action_tokens: Sequence[int] | np.ndarray) -> StepResult:
+    """Applies the policy's generated tokens (EOS-terminated or not)."""
+    ...
