@@ -23,6 +23,8 @@ def manager(directory: str | pathlib.Path, *, every: int = 100, keep: int = 3
 def save(mngr: ocp.CheckpointManager, state: TrainState, cfg: config_lib.Config,
          meta: dict[str, Any] | None = None, *, force: bool = False) -> bool:
   step = int(jax.device_get(state.step))
+  if force and step in mngr.all_steps():
+    return False
   rest = {"step": state.step, "opt_state": state.opt_state, "rng": jax.random.key_data(state.rng)}
   return mngr.save(step, force=force, args=ocp.args.Composite(
       params=ocp.args.StandardSave(state.params),

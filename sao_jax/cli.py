@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "eval":
       from sao_jax.runners import train
       print(json.dumps(train.eval_workdir(args.workdir, args.num), indent=2))
-  except (ConfigError, FileNotFoundError) as err:
+  except (ConfigError, FileNotFoundError, FileExistsError) as err:
     print(f"sao-jax: error: {err}", file=sys.stderr)
     return 2
   return 0

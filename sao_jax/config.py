@@ -14,6 +14,7 @@ import pathlib
 import typing
 from typing import Any
 
+
 class ConfigError(ValueError):
   """A config key or value is wrong; the message says which."""
 
@@ -52,10 +53,12 @@ class ModelConfig:
 
   def __post_init__(self):
     _check(self.width > 0 and self.depth > 0 and self.heads > 0, "model sizes must be positive")
-    _check(self.width % self.heads == 0, f"model.width {self.width} not divisible by heads {self.heads}")
+    _check(self.width % self.heads == 0,
+           f"model.width {self.width} not divisible by heads {self.heads}")
     _check(self.max_len > 0, "model.max_len must be positive")
     _check(self.memory_slots >= 0 and self.memory_dim >= 0, "memory sizes must be >= 0")
-    _check(self.dtype in ("float32", "bfloat16"), f"model.dtype {self.dtype!r} not float32/bfloat16")
+    _check(self.dtype in ("float32", "bfloat16"),
+           f"model.dtype {self.dtype!r} not float32/bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +141,13 @@ class RLConfig:
     _check(self.temperature > 0, "rl.temperature must be > 0")
     _check(0 < self.clip_eps < 1, "rl.clip_eps must be in (0, 1)")
     _check(self.kl_coef >= 0 and self.ppo_epochs >= 1, "rl.kl_coef >= 0, rl.ppo_epochs >= 1")
+    from sao_jax.rl import advantages, losses  # noqa: F401  (fills the registries)
+    from sao_jax.rl.registry import ADVANTAGES, LOSSES
+    _check(self.advantage in ADVANTAGES.names(),
+           f"rl.advantage {self.advantage!r} unknown; known: {ADVANTAGES.names()}")
+    _check(self.loss in LOSSES.names(), f"rl.loss {self.loss!r} unknown; known: {LOSSES.names()}")
+    _check(self.loss_agg in ("token_mean", "seq_mean"),
+           f"rl.loss_agg {self.loss_agg!r} unknown; known: seq_mean, token_mean")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +195,9 @@ def override(cfg, key: str, value: Any):
 
 
 def _coerce(value: Any, hint, name: str):
-  if isinstance(value, str) and hint is not str:
+  if isinstance(value, str) and hint is str and value[:1] in "'\"" and value[:1] == value[-1:]:
+    value = ast.literal_eval(value)
+  elif isinstance(value, str) and hint is not str:
     try:
       value = ast.literal_eval(value)
     except (ValueError, SyntaxError):

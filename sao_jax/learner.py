@@ -7,7 +7,8 @@ completion [B, T] (for SFT the completion is the worked solution plus EOS).
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax
 import jax

@@ -1,7 +1,7 @@
 """Name -> function registries, so configs select estimators by string (design style 6)."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 
 class Registry:

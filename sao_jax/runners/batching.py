@@ -1,7 +1,7 @@
 """Host-side packing of text into the fixed-shape arrays the jitted programs take."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

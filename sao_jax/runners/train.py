@@ -8,9 +8,11 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import time
+import zlib
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from sao_jax import checkpoint as ckpt_lib
@@ -67,6 +69,11 @@ def make_setup(cfg: Config) -> Setup:
                env=ArithmeticEnv(tok), prompt_len=prompt_len, target_len=target_len)
 
 
+def _copy(tree):
+  """Fresh buffers: the jitted updates donate their input state."""
+  return jax.tree.map(jnp.copy, tree)
+
+
 def programs_for(s: Setup, optim, update_maker, *, with_ref=False) -> Programs:
   tx = make_optimizer(optim, 0)
   return compile_programs(s.cfg, s.model, tx, update_maker(s.model, tx), with_ref=with_ref,
@@ -104,32 +111,66 @@ def evaluate(s: Setup, progs: Programs, params, num: int | None = None) -> dict[
           "num_problems": len(tasks)}
 
 
-def _budget_left(t0: float, max_seconds: float, step: int, steps: int) -> bool:
-  if steps and step >= steps:
-    return False
-  return not (max_seconds and time.time() - t0 >= max_seconds)
+class PhaseClock:
+  """Training wall-clock of a phase, excluding held-out evaluation, so that time budgets and
+  accuracy-vs-time curves compare arms on training time alone."""
 
+  def __init__(self, steps: int, max_seconds: float, eval_every: float, eval_fn):
+    self.steps, self.max_seconds = steps, max_seconds
+    self.eval_every, self.eval_fn = eval_every, eval_fn
+    self.t0 = time.time()
+    self.eval_seconds = 0.0
+    self.last_eval = 0.0
+    self.curve: list[tuple[float, int, float]] = []  # (train seconds, step, eval accuracy)
 
-def _phase_total(steps: int) -> int | None:
-  return steps or None
+  @property
+  def elapsed(self) -> float:
+    return time.time() - self.t0 - self.eval_seconds
+
+  def running(self, step: int) -> bool:
+    if self.steps and step >= self.steps:
+      return False
+    return not (self.max_seconds and self.elapsed >= self.max_seconds)
+
+  def maybe_eval(self, step: int, params, force: bool = False) -> dict[str, float]:
+    """Held-out eval every `eval_every` training seconds (and at step 0 / the end)."""
+    if not (force or (self.eval_every and self.elapsed - self.last_eval >= self.eval_every)):
+      return {}
+    te = time.time()
+    result = self.eval_fn(params)
+    self.eval_seconds += time.time() - te
+    self.last_eval = self.elapsed
+    self.curve.append((round(self.elapsed, 2), step, result["accuracy"]))
+    return {f"eval_{k}": v for k, v in result.items()}
 
 
 def run_sft(s: Setup, writer: MetricsWriter, state: TrainState | None, workdir: pathlib.Path,
-            *, steps: int | None = None, max_seconds: float | None = None, tag: str = "sft"
+            *, steps: int | None = None, max_seconds: float | None = None, tag: str = "sft",
+            eval_every: float = 0.0, keep_opt_state: bool = False
             ) -> tuple[TrainState, Programs, dict]:
-  """Teacher-forced cross-entropy on worked solutions of random training problems."""
+  """Teacher-forced cross-entropy on worked solutions of random training problems.
+
+  Starts from `state`'s params (a copy: the caller's state stays valid) and, with
+  `keep_opt_state`, its optimizer state too (continuing an SFT run rather than restarting).
+  """
   cfg = s.cfg
   steps = cfg.sft.steps if steps is None else steps
   max_seconds = cfg.sft.max_seconds if max_seconds is None else max_seconds
   progs = programs_for(s, cfg.sft.optim, make_sft_update)
   fresh = progs.init(jax.random.key(cfg.seed))
-  state = fresh if state is None else fresh.replace(params=state.params)
+  if state is not None:
+    state = _copy(state) if keep_opt_state else fresh.replace(params=_copy(state.params))
+  else:
+    state = fresh
   bs = round_up(cfg.sft.batch_size, progs.batch_divisor)
-  rng = np.random.default_rng((cfg.seed, 1, hash(tag) % 2**31))
-  writer.progress(tag, _phase_total(steps))
+  rng = np.random.default_rng((cfg.seed, 1, zlib.crc32(tag.encode())))
+  clock = PhaseClock(steps, max_seconds, eval_every,
+                     lambda params: evaluate(s, progs, params))
+  writer.progress(tag, steps or None)
   mngr = ckpt_lib.manager(workdir / "checkpoints" / tag, every=cfg.checkpoint_every)
-  t0, step, tokens = time.time(), 0, 0
-  while _budget_left(t0, max_seconds, step, steps):
+  step, tokens = 0, 0
+  clock.maybe_eval(step, state.params, force=bool(eval_every))
+  while clock.running(step):
     ts = time.time()
     idx = rng.integers(0, len(s.train), bs)
     tasks = [s.train[i] for i in idx]
@@ -139,42 +180,51 @@ def run_sft(s: Setup, writer: MetricsWriter, state: TrainState | None, workdir: 
                                "valid": tvalid})
     state, metrics = progs.update(state, batch)
     step += 1
+    tokens += int(tvalid.sum())
     ckpt_lib.save(mngr, state, cfg, {"phase": tag})
-    if step % cfg.log_every == 0:
+    row = clock.maybe_eval(step, state.params)
+    if step % cfg.log_every == 0 or row:
       metrics = jax.device_get(metrics)
-      tokens += int(metrics["tokens"]) * cfg.log_every
       dt = time.time() - ts
-      writer.write(step, dict(metrics, step_time=dt, learner_time=dt,
-                              tokens_per_s=tokens / (time.time() - t0),
-                              peak_memory_mb=peak_memory_mb()), phase=tag,
-                   advance=cfg.log_every)
+      writer.write(step, dict(metrics, **row, step_time=dt, learner_time=dt,
+                              train_seconds=clock.elapsed,
+                              tokens_per_s=tokens / max(clock.elapsed, 1e-9),
+                              peak_memory_mb=peak_memory_mb()), phase=tag, advance=0)
+    writer.tick()
   ckpt_lib.save(mngr, state, cfg, {"phase": tag}, force=True)
   mngr.wait_until_finished()
   mngr.close()
-  return state, progs, {"steps": step, "seconds": time.time() - t0}
+  seconds = clock.elapsed
+  final = clock.maybe_eval(step, state.params, force=True)
+  return state, progs, {"steps": step, "seconds": seconds, "eval_curve": clock.curve,
+                        **{k.removeprefix("eval_"): v for k, v in final.items()}}
 
 
 def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathlib.Path, *,
-             eval_fn=None) -> tuple[TrainState, Programs, dict]:
+             max_seconds: float | None = None, eval_every: float = 0.0
+             ) -> tuple[TrainState, Programs, dict]:
   """Synchronous GRPO: sample G completions for each of `prompts_per_step` prompts, wait for
   all of them, score, one update; repeat. The 'Traditional' row of the seed's table."""
   cfg, rl = s.cfg, s.cfg.rl
+  max_seconds = rl.max_seconds if max_seconds is None else max_seconds
   with_ref = rl.kl_coef > 0
   progs = programs_for(s, rl.optim, lambda m, tx: make_rl_update(m, tx, rl), with_ref=with_ref)
   fresh = progs.init(jax.random.key(cfg.seed + 1))
-  state = fresh.replace(params=state.params,
-                        ref_params=state.params if with_ref else None)
-  rows = round_up(rl.prompts_per_step * rl.group_size, progs.batch_divisor)
-  if rows != rl.prompts_per_step * rl.group_size:
-    raise config_lib.ConfigError(f"prompts_per_step*group_size must divide over "
+  state = fresh.replace(params=_copy(state.params),
+                        ref_params=_copy(state.params) if with_ref else None)
+  rows = rl.prompts_per_step * rl.group_size
+  if rows % progs.batch_divisor:
+    raise config_lib.ConfigError(f"prompts_per_step*group_size = {rows} must divide over "
                                  f"{progs.batch_divisor} batch shards")
   rng = np.random.default_rng((cfg.seed, 2))
   key = jax.random.key(cfg.seed + 2)
   mngr = ckpt_lib.manager(workdir / "checkpoints" / "rl", every=cfg.checkpoint_every)
-  writer.progress("grpo", _phase_total(rl.steps))
-  t0, step, last_eval = time.time(), 0, time.time()
-  curve = []
-  while _budget_left(t0, rl.max_seconds, step, rl.steps):
+  clock = PhaseClock(rl.steps, max_seconds, eval_every,
+                     lambda params: evaluate(s, progs, params))
+  writer.progress("grpo", rl.steps or None)
+  step = 0
+  clock.maybe_eval(step, state.params, force=bool(eval_every))
+  while clock.running(step):
     ts = time.time()
     idx = rng.integers(0, len(s.train), rl.prompts_per_step)
     tasks = [s.train[i] for i in idx for _ in range(rl.group_size)]
@@ -195,18 +245,19 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
     row = dict(metrics, accuracy=float(rewards.mean()), format_rate=float(fmt.mean()),
                step_time=t_end - ts, sampling_time=t_sampled - ts, learner_time=t_end - t_sampled,
                tokens_per_s=float(out.lengths_b.sum()) / (t_end - ts),
-               mean_len=float(out.lengths_b.mean()), peak_memory_mb=peak_memory_mb())
-    if eval_fn and cfg.eval.every_seconds and time.time() - last_eval >= cfg.eval.every_seconds:
-      row.update({f"eval_{k}": v for k, v in eval_fn(progs, state.params).items()})
-      curve.append((time.time() - t0, row["eval_accuracy"]))
-      last_eval = time.time()
+               mean_len=float(out.lengths_b.mean()), train_seconds=clock.elapsed,
+               peak_memory_mb=peak_memory_mb())
+    row.update(clock.maybe_eval(step, state.params))
     if step % cfg.log_every == 0 or "eval_accuracy" in row:
       writer.write(step, row, phase="rl", advance=0)
     writer.tick()
   ckpt_lib.save(mngr, state, cfg, {"phase": "rl"}, force=True)
   mngr.wait_until_finished()
   mngr.close()
-  return state, progs, {"steps": step, "seconds": time.time() - t0, "eval_curve": curve}
+  seconds = clock.elapsed
+  final = clock.maybe_eval(step, state.params, force=True)
+  return state, progs, {"steps": step, "seconds": seconds, "eval_curve": clock.curve,
+                        **{k.removeprefix("eval_"): v for k, v in final.items()}}
 
 
 def restore_init(s: Setup, path: str):
@@ -229,8 +280,15 @@ def _checkpoint_dir(path: pathlib.Path) -> pathlib.Path:
   return path
 
 
+def _eval_row(info: dict) -> dict:
+  return {f"eval_{k}": v for k, v in info.items() if k not in ("eval_curve", "steps", "seconds")}
+
+
 def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True) -> dict[str, Any]:
   workdir = pathlib.Path(workdir)
+  if (workdir / "checkpoints").exists():
+    raise FileExistsError(f"{workdir} already holds a run (checkpoints/); resuming is not "
+                          "supported yet: pass a new --workdir")
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / "config.json").write_text(config_lib.to_json(cfg))
   t_start = time.time()
@@ -241,10 +299,9 @@ def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True)
   state = restore_init(s, cfg.init_from) if cfg.init_from else None
   try:
     if cfg.sft.steps or cfg.sft.max_seconds:
-      state, progs, info = run_sft(s, writer, state, workdir)
-      summary["sft"] = dict(info, **evaluate(s, progs, state.params))
-      writer.write(info["steps"], {f"eval_{k}": v for k, v in summary["sft"].items()},
-                   phase="sft_eval", advance=0)
+      state, progs, info = run_sft(s, writer, state, workdir, eval_every=cfg.eval.every_seconds)
+      summary["sft"] = info
+      writer.write(info["steps"], _eval_row(info), phase="sft_eval", advance=0)
     if state is None:
       raise config_lib.ConfigError("nothing to train from: set sft.steps/max_seconds or init_from")
     if cfg.rl.steps or cfg.rl.max_seconds:
@@ -252,10 +309,9 @@ def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True)
         progs = programs_for(s, cfg.sft.optim, make_sft_update)
         summary["start"] = evaluate(s, progs, state.params)
       state, progs, info = run_grpo(s, writer, state, workdir,
-                                    eval_fn=lambda p, params: evaluate(s, p, params))
-      summary["rl"] = dict(info, **evaluate(s, progs, state.params))
-      writer.write(info["steps"], {f"eval_{k}": v for k, v in summary["rl"].items()
-                                   if k != "eval_curve"}, phase="rl_eval", advance=0)
+                                    eval_every=cfg.eval.every_seconds)
+      summary["rl"] = info
+      writer.write(info["steps"], _eval_row(info), phase="rl_eval", advance=0)
   finally:
     writer.close()
   summary["wall_s"] = time.time() - t_start

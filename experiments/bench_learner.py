@@ -1,0 +1,270 @@
+"""Learner throughput: achieved FLOP/s and MFU of the jitted SFT update on this machine.
+
+A CPU has no datasheet peak that XLA can reach, so "MFU" here is the update's achieved
+FLOP/s divided by the FLOP/s of a large dense f32 matmul timed IN THE SAME PROCESS, one
+matmul after each timed update (same threads, same clocks, same load, same XLA build). It
+says how much of the reachable matmul rate the learner step turns into model FLOPs; it is
+not comparable to accelerator MFU figures.
+
+Run (default size: width 512, depth 4, batch 16 x (64 prompt + 64 completion) tokens;
+about a minute on a 2-core CPU):
+  python experiments/bench_learner.py
+Smoke run (seconds):
+  python experiments/bench_learner.py --tiny --out /tmp/bench_learner_tiny.json
+
+Writes JSON (default results/bench_learner.json) and prints a short table.
+
+FLOPs per update, counted analytically (forward + backward = 3x forward):
+  6 * non_embedding_params * tokens          dense layers (Kaplan et al.'s 6N per token)
+  + 6 * vocab * width * tokens               logits: the unembedding is tied to the token
+                                             embedding, so it is not in non_embedding_params
+  + 12 * depth * width * L^2 * batch         attention scores and weighted values; the model
+                                             computes the full L x L matrix, so no causal 1/2
+with tokens = batch * L and L = prompt_len + completion_len (every position is computed).
+XLA's own count (`compiled.cost_analysis()["flops"]`) is reported next to it; it also
+includes the softmaxes, norms and the AdamW update.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sao_jax.config import Config, ModelConfig, OptimConfig
+from sao_jax.learner import make_optimizer, make_sft_update
+from sao_jax.models.transformer import TransformerLM
+from sao_jax.runners.compiled import compile_programs
+from sao_jax.tokenizer import CharTokenizer
+
+# --tiny: a seconds-long smoke run of the same code path (used by tests).
+TINY = dict(width=64, depth=1, heads=2, batch=4, prompt_len=16, completion_len=16, reps=3,
+            warmup=1, matmul_n=512)
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--width", type=int, default=512)
+  p.add_argument("--depth", type=int, default=4)
+  p.add_argument("--heads", type=int, default=8)
+  p.add_argument("--mlp-ratio", type=int, default=4)
+  p.add_argument("--vocab", type=int, default=0, help="0: the char tokenizer's vocabulary")
+  p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+  p.add_argument("--batch", type=int, default=16)
+  p.add_argument("--prompt-len", type=int, default=64)
+  p.add_argument("--completion-len", type=int, default=64)
+  p.add_argument("--reps", type=int, default=10,
+                 help="timed rounds, each one update step and one reference matmul")
+  p.add_argument("--warmup", type=int, default=2, help="untimed steps after compilation")
+  p.add_argument("--matmul-n", type=int, default=2048, help="n of the n x n @ n x n reference")
+  p.add_argument("--out", default="results/bench_learner.json")
+  p.add_argument("--tiny", action="store_true", help="seconds-long smoke run; flags still win")
+  return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+  p = _parser()
+  if p.parse_known_args(argv)[0].tiny:
+    p.set_defaults(**TINY)  # explicit flags still override the tiny sizes
+  return p.parse_args(argv)
+
+
+def _seconds(fn) -> float:
+  """Wall seconds of one call of `fn` (which must block until its result is ready)."""
+  t0 = time.perf_counter()
+  fn()
+  return time.perf_counter() - t0
+
+
+def make_matmul(n: int, dtype):
+  """A jitted dense n x n matmul, warmed up: the reachable rate MFU is measured against."""
+  ka, kb = jax.random.split(jax.random.key(1))
+  a = jax.random.normal(ka, (n, n), dtype)
+  b = jax.random.normal(kb, (n, n), dtype)
+  mm = jax.jit(jnp.matmul)
+  call = lambda: jax.block_until_ready(mm(a, b))
+  for _ in range(2):
+    call()
+  return call
+
+
+def param_counts(params) -> dict:
+  """Total, embedding (token + position tables) and non-embedding parameter counts."""
+  total = sum(int(x.size) for x in jax.tree.leaves(params))
+  emb = int(params["embed"]["embedding"].size) + int(params["pos_embed"].size)
+  return {"total": total, "embedding": emb, "non_embedding": total - emb}
+
+
+def analytic_flops(*, non_emb: int, vocab: int, width: int, depth: int, batch: int,
+                   seq_len: int) -> dict:
+  tokens = batch * seq_len
+  terms = {"dense": 6.0 * non_emb * tokens,
+           "logits": 6.0 * vocab * width * tokens,
+           "attention": 12.0 * depth * width * seq_len ** 2 * batch}
+  return dict(terms, total=sum(terms.values()))
+
+
+def xla_flops(compiled) -> float | None:
+  """XLA's flop count of the compiled program, where the backend provides one."""
+  try:
+    ca = compiled.cost_analysis()
+  except Exception:  # optional diagnostic; some backends do not implement it
+    return None
+  if isinstance(ca, (list, tuple)):
+    ca = ca[0] if ca else None
+  flops = (ca or {}).get("flops")
+  return float(flops) if flops else None
+
+
+def _cpu_model() -> str:
+  try:
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("model name"):
+        return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def run(args: argparse.Namespace) -> dict:
+  vocab = args.vocab or CharTokenizer().vocab_size
+  seq_len = args.prompt_len + args.completion_len
+  model_cfg = ModelConfig(vocab_size=vocab, width=args.width, depth=args.depth,
+                          heads=args.heads, mlp_ratio=args.mlp_ratio, max_len=seq_len,
+                          dtype=args.dtype)
+  cfg = Config(name="bench_learner", model=model_cfg)
+  model = TransformerLM(model_cfg)
+  tx = make_optimizer(OptimConfig(lr=1e-4, warmup_steps=10), 0)
+  progs = compile_programs(cfg, model, tx, make_sft_update(model, tx), with_ref=False,
+                           prompt_len=args.prompt_len, max_new_tokens=args.completion_len,
+                           temperature=1.0, eos_id=2, pad_id=0)
+  state = progs.init(jax.random.key(0))
+  params = param_counts(state.params)
+
+  # Random tokens, every slot valid: the learner's cost does not depend on the values.
+  rng = np.random.default_rng(0)
+  b, p, t = args.batch, args.prompt_len, args.completion_len
+  batch = progs.shard_batch({
+      "prompt": rng.integers(3, vocab, (b, p), dtype=np.int32),
+      "prompt_valid": np.ones((b, p), bool),
+      "tokens": rng.integers(3, vocab, (b, t), dtype=np.int32),
+      "valid": np.ones((b, t), bool)})
+
+  t0 = time.perf_counter()
+  compiled = progs.update.lower(state, batch).compile()
+  compile_s = time.perf_counter() - t0
+  flops_xla = xla_flops(compiled)
+
+  holder = {"state": state}
+
+  def step():
+    # The compiled update donates its state argument, so thread it through.
+    holder["state"], metrics = compiled(holder["state"], batch)
+    jax.block_until_ready((holder["state"], metrics))
+
+  matmul = make_matmul(args.matmul_n, jnp.dtype(args.dtype))
+  for _ in range(args.warmup):
+    step()
+  # Interleaved, so that both see the same clocks and the same load from other processes
+  # (on a shared or virtual CPU both drift by tens of percent within a minute).
+  times, mm_times = np.zeros(args.reps), np.zeros(args.reps)
+  for i in range(args.reps):
+    times[i] = _seconds(step)
+    mm_times[i] = _seconds(matmul)
+  loss = float(jax.device_get(compiled(holder["state"], batch)[1]["loss"]))
+
+  mm_flops = 2.0 * args.matmul_n ** 3
+  peak = {"n": args.matmul_n, "dtype": jnp.dtype(args.dtype).name, "reps": args.reps,
+          "time_s_median": float(np.median(mm_times)), "time_s_min": float(mm_times.min()),
+          "flops_per_s": mm_flops / float(np.median(mm_times)),
+          "flops_per_s_best": mm_flops / float(mm_times.min())}
+  step_med = float(np.median(times))
+  tokens = b * seq_len
+  flops = analytic_flops(non_emb=params["non_embedding"], vocab=vocab, width=args.width,
+                         depth=args.depth, batch=b, seq_len=seq_len)
+  achieved = flops["total"] / step_med
+  achieved_xla = flops_xla / step_med if flops_xla else None
+  dev = jax.devices()[0]
+  return {
+      "config": {"width": args.width, "depth": args.depth, "heads": args.heads,
+                 "mlp_ratio": args.mlp_ratio, "vocab": vocab, "dtype": args.dtype,
+                 "batch": b, "prompt_len": p, "completion_len": t, "seq_len": seq_len,
+                 "reps": args.reps, "warmup": args.warmup, "tiny": args.tiny},
+      "params": params,
+      "tokens_per_step": tokens,
+      "compile_s": compile_s,
+      "step_time_s_median": step_med,
+      "step_time_s_p90": float(np.percentile(times, 90)),
+      "step_time_s_min": float(times.min()),
+      "step_times_s": [float(x) for x in times],
+      "tokens_per_s": tokens / step_med,
+      "final_loss": loss,
+      "flops_per_step_analytic": flops["total"],
+      "flops_per_step_terms": {k: v for k, v in flops.items() if k != "total"},
+      "flops_per_step_xla": flops_xla,
+      "achieved_flops_per_s": achieved,
+      "achieved_flops_per_s_xla": achieved_xla,
+      "matmul": peak,
+      "matmul_peak_flops_per_s": peak["flops_per_s"],
+      "mfu": achieved / peak["flops_per_s"],
+      "mfu_xla": achieved_xla / peak["flops_per_s"] if achieved_xla else None,
+      "jax_version": jax.__version__,
+      "backend": jax.default_backend(),
+      "device": f"{dev.platform}:{dev.device_kind} ({_cpu_model()})",
+      "num_devices": jax.device_count(),
+      "cpu_count": os.cpu_count(),
+      "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+      "python": platform.python_version(),
+      "argv": sys.argv[1:],
+  }
+
+
+def _fmt_table(r: dict) -> str:
+  c = r["config"]
+  gf = lambda x: "n/a" if x is None else f"{x / 1e9:.2f} GFLOP/s"
+  pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"
+  rows = [
+      ("model", f"width {c['width']} depth {c['depth']} heads {c['heads']} "
+                f"mlp x{c['mlp_ratio']} vocab {c['vocab']} {c['dtype']}"),
+      ("params", f"{r['params']['total'] / 1e6:.2f}M total, "
+                 f"{r['params']['non_embedding'] / 1e6:.2f}M non-embedding"),
+      ("batch", f"{c['batch']} x ({c['prompt_len']} + {c['completion_len']}) = "
+                f"{r['tokens_per_step']} tokens/step"),
+      ("compile", f"{r['compile_s']:.2f} s"),
+      ("step time", f"median {1e3 * r['step_time_s_median']:.1f} ms, "
+                    f"p90 {1e3 * r['step_time_s_p90']:.1f} ms ({c['reps']} reps)"),
+      ("tokens/s", f"{r['tokens_per_s']:.0f}"),
+      ("FLOPs/step", f"analytic {r['flops_per_step_analytic'] / 1e9:.2f} G, XLA "
+                     + ("n/a" if r["flops_per_step_xla"] is None
+                        else f"{r['flops_per_step_xla'] / 1e9:.2f} G")),
+      ("achieved", f"analytic {gf(r['achieved_flops_per_s'])}, "
+                   f"XLA {gf(r['achieved_flops_per_s_xla'])}"),
+      ("matmul peak", f"{gf(r['matmul_peak_flops_per_s'])} "
+                      f"({r['matmul']['n']}^3 {r['matmul']['dtype']})"),
+      ("MFU", f"analytic {pct(r['mfu'])}, XLA {pct(r['mfu_xla'])}"),
+      ("device", f"{r['device']}, {r['cpu_count']} CPUs, jax {r['jax_version']}"),
+  ]
+  w = max(len(k) for k, _ in rows)
+  return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = parse_args(argv)
+  result = run(args)
+  out = pathlib.Path(args.out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  out.write_text(json.dumps(result, indent=2) + "\n")
+  print(_fmt_table(result))
+  print(f"wrote {out}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

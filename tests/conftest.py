@@ -1,0 +1,46 @@
+"""Shared fixtures. The tiny end-to-end run is made once per session: several tests read a
+real workdir (metrics.jsonl, summary.json, checkpoints), and training it is the slow part."""
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+# Sharding tests run on a fake 8-device CPU mesh, which must be requested before JAX is
+# imported by any test module.
+_FAKE_DEVICES = "--xla_force_host_platform_device_count=8"
+_USER_XLA_FLAGS = os.environ.get("XLA_FLAGS", "")
+os.environ["XLA_FLAGS"] = f"{_USER_XLA_FLAGS} {_FAKE_DEVICES}".strip()
+
+import pytest  # noqa: E402
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+TINY_CONFIG = REPO_ROOT / "experiments" / "configs" / "arith_grpo.py"
+
+
+def subprocess_env() -> dict[str, str]:
+  """Environment for child processes: the real devices, not the fake 8-device mesh."""
+  return dict(os.environ, XLA_FLAGS=_USER_XLA_FLAGS)
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> pathlib.Path:
+  return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def tiny_run_dir(tmp_path_factory) -> pathlib.Path:
+  """Workdir of one `sao-jax train` run of the tiny SFT -> GRPO config (~15 s on 2 CPUs).
+
+  Run in a subprocess, as a user would run it, so that its JAX state and its memory stay out
+  of the test process. Tests must not modify what the run wrote, except to add new files.
+  """
+  workdir = tmp_path_factory.mktemp("tiny_run") / "workdir"
+  cmd = [sys.executable, "-m", "sao_jax.cli", "train", "--config", f"{TINY_CONFIG}:tiny",
+         "--workdir", str(workdir), "--no-progress"]
+  proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+                        env=subprocess_env())
+  if proc.returncode != 0:
+    pytest.fail(f"tiny training run failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+  return workdir
