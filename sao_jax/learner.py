@@ -66,7 +66,7 @@ def init_state_fn(model: TransformerLM, tx: optax.GradientTransformation, prompt
 def _apply_grads(state: TrainState, tx, grads, metrics: Metrics) -> tuple[TrainState, Metrics]:
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  metrics = dict(metrics, grad_norm=optax.global_norm(grads))
+  metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The test suite: sets up .venv if needed, lints, then runs pytest (extra args go to pytest,
+# e.g. scripts/test.sh -m "not slow" for the fast half).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+ruff check sao_jax experiments tests
+python -m pytest -q "$@"
