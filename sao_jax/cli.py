@@ -6,6 +6,7 @@ import json
 import sys
 
 from sao_jax.config import ConfigError
+from sao_jax.runners.sampler_proc import SamplerError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,7 +27,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
   args = _parser().parse_args(argv)
-  # Imported late so that `--help` and config errors answer without loading JAX.
+  # The runners (and their process machinery) load only for the command that needs them.
   from sao_jax import config as config_lib
   try:
     if args.command == "train":
@@ -45,6 +46,12 @@ def main(argv: list[str] | None = None) -> int:
   except (ConfigError, FileNotFoundError, FileExistsError) as err:
     print(f"sao-jax: error: {err}", file=sys.stderr)
     return 2
+  except KeyboardInterrupt:
+    print("sao-jax: interrupted; all processes stopped", file=sys.stderr)
+    return 130
+  except SamplerError as err:
+    print(f"sao-jax: error: {err}", file=sys.stderr)
+    return 1
   return 0
 
 

@@ -81,6 +81,7 @@ class TaskConfig:
 
   family: str = "arithmetic"
   n_ops: int = 2
+  n_ops_mix: tuple[int, ...] = ()  # if set: equal parts of each n_ops (variable lengths)
   max_operand: int = 9
   ops: str = "+-"
   reverse_digits: bool = False
@@ -118,7 +119,8 @@ class SFTConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
-  """Policy-gradient phase. `algorithm` 'grpo' is the synchronous group baseline."""
+  """Policy-gradient phase. 'grpo' is the synchronous group baseline; 'sao' the asynchronous
+  single-trajectory learner (its own knobs are in `Config.sao`)."""
 
   algorithm: str = "grpo"
   steps: int = 0
@@ -136,18 +138,59 @@ class RLConfig:
   optim: OptimConfig = OptimConfig(lr=1e-4, warmup_steps=10)
 
   def __post_init__(self):
-    _check(self.algorithm == "grpo", f"rl.algorithm {self.algorithm!r} unknown; known: grpo")
+    _check(self.algorithm in ("grpo", "sao"),
+           f"rl.algorithm {self.algorithm!r} unknown; known: grpo, sao")
     _check(self.group_size >= 1 and self.prompts_per_step >= 1, "rl sizes must be >= 1")
     _check(self.temperature > 0, "rl.temperature must be > 0")
     _check(0 < self.clip_eps < 1, "rl.clip_eps must be in (0, 1)")
     _check(self.kl_coef >= 0 and self.ppo_epochs >= 1, "rl.kl_coef >= 0, rl.ppo_epochs >= 1")
-    from sao_jax.rl import advantages, losses  # noqa: F401  (fills the registries)
+    from sao_jax.rl import advantages, losses, trackers  # noqa: F401  (fills the registries)
     from sao_jax.rl.registry import ADVANTAGES, LOSSES
     _check(self.advantage in ADVANTAGES.names(),
            f"rl.advantage {self.advantage!r} unknown; known: {ADVANTAGES.names()}")
     _check(self.loss in LOSSES.names(), f"rl.loss {self.loss!r} unknown; known: {LOSSES.names()}")
     _check(self.loss_agg in ("token_mean", "seq_mean"),
            f"rl.loss_agg {self.loss_agg!r} unknown; known: seq_mean, token_mean")
+
+
+@dataclasses.dataclass(frozen=True)
+class SAOConfig:
+  """Single-trajectory asynchronous optimisation (used when rl.algorithm == 'sao').
+
+  K sampler processes each decode `sampler_slots` different tasks per jitted call (one
+  trajectory per task) and pick up new parameters every `param_sync_every` learner steps;
+  the learner updates as soon as `batch_size` trajectories have arrived.
+  """
+
+  num_samplers: int = 2
+  sampler_slots: int = 32
+  batch_size: int = 128
+  param_sync_every: int = 1
+  max_staleness: int = 4
+  staleness_mode: str = "decay"  # "decay": freshness factor 2^(-s/half_life); "drop": 1 up to max
+  freshness_half_life: float = 4.0
+  is_cap: float = 2.0
+  is_level: str = "token"
+  baseline: str = "tracker"
+  tracker_d_half: float = 0.06  # SPO's recipe values
+  tracker_rho_min: float = 0.875
+  tracker_rho_max: float = 0.96
+  prioritized: bool = True
+  priority_eps: float = 0.05
+  sampler_threads: int = 0  # XLA intra-op threads per sampler process (0: XLA default)
+  pin_cores: bool = False  # learner on core 0, samplers on the others (needs >= 2 cores)
+
+  def __post_init__(self):
+    _check(self.num_samplers >= 1 and self.sampler_slots >= 1 and self.batch_size >= 1,
+           "sao sizes must be >= 1")
+    _check(self.param_sync_every >= 1 and self.max_staleness >= 0, "bad sao sync/staleness")
+    _check(self.staleness_mode in ("decay", "drop"),
+           f"sao.staleness_mode {self.staleness_mode!r} unknown; known: decay, drop")
+    _check(self.is_level in ("token", "sequence"),
+           f"sao.is_level {self.is_level!r} unknown; known: sequence, token")
+    _check(self.baseline in ("tracker",), f"sao.baseline {self.baseline!r} unknown; known: tracker")
+    _check(self.is_cap >= 1.0 and self.freshness_half_life > 0, "sao.is_cap >= 1, half_life > 0")
+    _check(0 < self.tracker_rho_min <= self.tracker_rho_max <= 1, "bad tracker rho bounds")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,6 +210,7 @@ class Config:
   task: TaskConfig = TaskConfig()
   sft: SFTConfig = SFTConfig()
   rl: RLConfig = RLConfig()
+  sao: SAOConfig = SAOConfig()
   eval: EvalConfig = EvalConfig()
   log_every: int = 10
   checkpoint_every: int = 100

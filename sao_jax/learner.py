@@ -15,10 +15,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from sao_jax.config import ModelConfig, OptimConfig, RLConfig
+from sao_jax.config import ModelConfig, OptimConfig, RLConfig, SAOConfig
 from sao_jax.models.transformer import TransformerLM
 from sao_jax.rl import advantages as adv_lib
 from sao_jax.rl import losses as loss_lib
+from sao_jax.rl import trackers
 from sao_jax.sampling import completion_logprobs
 
 Batch = dict[str, jax.Array]
@@ -32,6 +33,7 @@ class TrainState:
   opt_state: Any
   rng: jax.Array
   ref_params: Any = None  # frozen reference policy for the KL penalty (None: no KL)
+  tracker: Any = None  # SAO: per-task value tracker (checkpointed with the state)
 
 
 def make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
@@ -45,7 +47,7 @@ def make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransfor
 
 
 def init_state_fn(model: TransformerLM, tx: optax.GradientTransformation, prompt_len: int,
-                  with_ref: bool) -> Callable[[jax.Array], TrainState]:
+                  with_ref: bool, num_tasks: int = 0) -> Callable[[jax.Array], TrainState]:
   """Returns rng -> TrainState with logically-annotated (boxed) params, for eval_shape/jit."""
   cfg: ModelConfig = model.cfg
 
@@ -59,7 +61,8 @@ def init_state_fn(model: TransformerLM, tx: optax.GradientTransformation, prompt
       memory = jnp.zeros((1, 0, cfg.memory_dim or cfg.width))
     params = model.init(init_rng, tokens, jnp.zeros_like(tokens), mask, memory)["params"]
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                      rng=state_rng, ref_params=params if with_ref else None)
+                      rng=state_rng, ref_params=params if with_ref else None,
+                      tracker=trackers.init_beta_tracker(num_tasks) if num_tasks else None)
   return init
 
 
@@ -137,3 +140,78 @@ def make_rl_update(model: TransformerLM, tx, cfg: RLConfig) -> Callable[[TrainSt
     return _apply_grads(state, tx, grads, metrics)
   return update
 
+
+
+def make_sao_update(model: TransformerLM, tx, rl: RLConfig, sao: SAOConfig
+                    ) -> Callable[[TrainState, Batch], tuple]:
+  """SAO update on a batch of single trajectories (one row each, from any policy version).
+
+  batch: prompt, prompt_valid, tokens, valid, logp (behaviour), rewards [B], task [B] int32
+  (index into the tracker), staleness [B] int32 (learner version - behaviour version),
+  row_valid [B] bool (padding rows are False).
+
+  1. Baseline: the task's Beta-tracker value from before this reward; advantage r - p,
+     normalised over the batch (SPO, arXiv 2509.13232).
+  2. Proximal policy = these parameters before the update (one extra forward pass, no
+     gradient); decoupled PPO with truncated importance weights pi_prox/pi_behav (AReaL,
+     arXiv 2505.24298, eq. 5).
+  3. Freshness: each trajectory's loss is scaled by a factor of its staleness (and dropped
+     beyond `max_staleness`), i.e. stale samples take smaller steps.
+  4. The tracker absorbs the rewards with a KL-adaptive forgetting factor.
+  """
+
+  def update(state: TrainState, batch: Batch):
+    row_valid_b = batch["row_valid"]
+    mask_bt = batch["valid"] & row_valid_b[:, None]
+    values_b = trackers.tracker_value(state.tracker, batch["task"])
+    adv_b = trackers.spo_advantage(batch["rewards"], values_b, row_valid_b)
+    fresh_b = loss_lib.freshness_weights(batch["staleness"], sao.freshness_half_life,
+                                         sao.max_staleness, sao.staleness_mode)
+    weight_b = fresh_b * row_valid_b.astype(jnp.float32)
+    prox_logp_bt = jax.lax.stop_gradient(completion_logprobs(
+        model, state.params, batch["prompt"], batch["prompt_valid"], batch["tokens"], mask_bt,
+        temperature=rl.temperature))
+
+    def loss_fn(params):
+      logp_bt, ent_bt = completion_logprobs(
+          model, params, batch["prompt"], batch["prompt_valid"], batch["tokens"], mask_bt,
+          temperature=rl.temperature, with_entropy=True)
+      tok_loss_bt, aux = jax.vmap(
+          lambda lp, px, bh, a, m: loss_lib.decoupled_ppo_loss(
+              lp, px, bh, a, m, rl.clip_eps, sao.is_cap, sao.is_level))(
+                  logp_bt, prox_logp_bt, batch["logp"], adv_b, mask_bt)
+      tok_loss_bt = tok_loss_bt * weight_b[:, None]
+      used_bt = mask_bt & (weight_b[:, None] > 0)
+      loss = loss_lib.aggregate(tok_loss_bt, used_bt, rl.loss_agg)
+      return loss, (aux, ent_bt, used_bt)
+
+    (loss, (aux, ent_bt, used_bt)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        state.params)
+    n_tok = jnp.maximum(jnp.sum(mask_bt), 1)
+    log_ratio_bt = jnp.where(mask_bt, prox_logp_bt - batch["logp"], 0.0)
+    # Tokens were drawn from the behaviour policy, so k3(behaviour, current) estimates
+    # KL(behaviour || current) without bias.
+    kl_b = jnp.sum(jnp.where(mask_bt, loss_lib.kl_k3(batch["logp"], prox_logp_bt), 0.0), -1)
+    metrics = {
+        "loss": loss,
+        "reward": jnp.sum(batch["rewards"] * row_valid_b) / jnp.maximum(jnp.sum(row_valid_b), 1),
+        "adv_abs": jnp.sum(jnp.abs(adv_b) * row_valid_b) / jnp.maximum(jnp.sum(row_valid_b), 1),
+        "value_mean": jnp.sum(values_b * row_valid_b) / jnp.maximum(jnp.sum(row_valid_b), 1),
+        # Off-policy deviation of the consumed tokens: |pi_prox / pi_behav - 1| and
+        # KL(behaviour || current) (k3 estimate), before truncation.
+        "is_dev": jnp.sum(jnp.where(mask_bt, jnp.abs(jnp.exp(log_ratio_bt) - 1), 0.0)) / n_tok,
+        "kl_behaviour": jnp.sum(kl_b) / n_tok,
+        "is_truncated_frac": jnp.sum(aux["truncated_t"]) / n_tok,
+        "clip_frac": jnp.sum(aux["clipped_t"]) / n_tok,
+        "entropy": jnp.sum(ent_bt) / n_tok,
+        "freshness_mean": jnp.sum(weight_b) / jnp.maximum(jnp.sum(row_valid_b), 1),
+        "tokens_used": jnp.sum(used_bt),
+    }
+    n_valid_b = jnp.maximum(jnp.sum(mask_bt, -1), 1)
+    rho_b = trackers.forgetting_factor(kl_b / n_valid_b, sao.tracker_d_half,
+                                       sao.tracker_rho_min, sao.tracker_rho_max)
+    tracker = trackers.update_beta_tracker(state.tracker, batch["task"], batch["rewards"], rho_b,
+                                           row_valid_b)
+    state, metrics = _apply_grads(state, tx, grads, metrics)
+    return state.replace(tracker=tracker), metrics
+  return update

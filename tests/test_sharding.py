@@ -6,7 +6,7 @@ import optax
 import pytest
 
 from sao_jax.config import Config, MeshConfig, ModelConfig, RLConfig
-from sao_jax.learner import make_optimizer, make_rl_update, make_sft_update
+from sao_jax.learner import make_optimizer, make_rl_update, make_sao_update, make_sft_update
 from sao_jax.models.transformer import TransformerLM
 from sao_jax.runners.batching import encode_prompts, encode_targets
 from sao_jax.runners.compiled import compile_programs
@@ -42,32 +42,44 @@ def _rl_batch():
           "logp": logp, "rewards": rewards}
 
 
-def _one_update(cfg, mesh, tx, batch, make_update):
+def _one_update(cfg, mesh, tx, batch, make_update, num_tasks=0):
   model = TransformerLM(cfg.model)
   progs = compile_programs(cfg, model, tx, make_update(model, tx), with_ref=False,
                            prompt_len=40, max_new_tokens=14, temperature=1.0,
-                           eos_id=TOK.eos_id, pad_id=TOK.pad_id, mesh=mesh)
+                           eos_id=TOK.eos_id, pad_id=TOK.pad_id, mesh=mesh,
+                           num_tasks=num_tasks)
   state = progs.init(jax.random.key(0))
   state, metrics = progs.update(state, progs.shard_batch(batch))
   return progs, jax.device_get(state.params), jax.device_get(metrics)
 
 
-@pytest.mark.parametrize("axes, shape", MESHES)
-@pytest.mark.parametrize("kind", ["rl", "sft"])
-def test_sharded_update_equals_single_device(axes, shape, kind):
+# Every mesh for the GRPO update; the two issue meshes (4x2, 8x1) for the others.
+CASES = ([("rl",) + m for m in MESHES] +
+         [(k,) + m for k in ("sft", "sao") for m in (MESHES[0], MESHES[2])])
+
+
+@pytest.mark.parametrize("kind, axes, shape", CASES)
+def test_sharded_update_equals_single_device(kind, axes, shape):
   cfg = _cfg(axes, shape)
   tx = optax.sgd(0.1)
   batch = _rl_batch()
+  num_tasks = 0
   if kind == "rl":
     make = lambda m, t: make_rl_update(m, t, cfg.rl)
+  elif kind == "sao":
+    make = lambda m, t: make_sao_update(m, t, cfg.rl, cfg.sao)
+    num_tasks = 5
+    batch = dict(batch, task=np.arange(16, dtype=np.int32) % 5,
+                 staleness=np.arange(16, dtype=np.int32) % 4,
+                 row_valid=np.arange(16) < 14)
   else:
     make = make_sft_update
     batch = {k: batch[k] for k in ("prompt", "prompt_valid", "tokens", "valid")}
   one = make_mesh(MeshConfig(axes=axes, shape=(1, 1, 1)), jax.devices()[:1])
   many = make_mesh(cfg.mesh)
   assert many.devices.size == 8
-  progs8, params8, m8 = _one_update(cfg, many, tx, batch, make)
-  _, params1, m1 = _one_update(cfg, one, tx, batch, make)
+  progs8, params8, m8 = _one_update(cfg, many, tx, batch, make, num_tasks)
+  _, params1, m1 = _one_update(cfg, one, tx, batch, make, num_tasks)
   np.testing.assert_allclose(m8["loss"], m1["loss"], rtol=LOSS_RTOL)
   np.testing.assert_allclose(m8["grad_norm"], m1["grad_norm"], rtol=LOSS_RTOL)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=PARAM_ATOL), params8, params1)

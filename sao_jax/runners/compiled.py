@@ -44,10 +44,11 @@ def _with_rules(fn, rules):
 
 def compile_programs(cfg: Config, model: TransformerLM, tx, update_fn, *, with_ref: bool,
                      prompt_len: int, max_new_tokens: int, temperature: float,
-                     eos_id: int, pad_id: int, mesh: jax.sharding.Mesh | None = None) -> Programs:
+                     eos_id: int, pad_id: int, mesh: jax.sharding.Mesh | None = None,
+                     num_tasks: int = 0) -> Programs:
   mesh = mesh or sharding.make_mesh(cfg.mesh)
   rules = cfg.mesh.rules
-  init_boxed = init_state_fn(model, tx, prompt_len, with_ref)
+  init_boxed = init_state_fn(model, tx, prompt_len, with_ref, num_tasks)
   abstract = jax.eval_shape(init_boxed, jax.random.key(0))
   state_sh = sharding.logical_shardings(abstract, mesh, rules)
   batch_sh = sharding.batch_sharding(mesh, rules)

@@ -43,18 +43,26 @@ class Setup:
   target_len: int
 
 
-def task_spec(cfg: Config) -> ArithmeticSpec:
+def task_specs(cfg: Config) -> list[ArithmeticSpec]:
   t = cfg.task
-  return ArithmeticSpec(n_ops=t.n_ops, max_operand=t.max_operand, ops=t.ops,
-                        reverse_digits=t.reverse_digits)
+  return [ArithmeticSpec(n_ops=n, max_operand=t.max_operand, ops=t.ops,
+                         reverse_digits=t.reverse_digits) for n in (t.n_ops_mix or (t.n_ops,))]
+
+
+def _interleave(parts: list[list[Task]]) -> list[Task]:
+  return [t for group in zip(*parts, strict=True) for t in group]
 
 
 def make_setup(cfg: Config) -> Setup:
   tok = get_tokenizer(cfg.tokenizer)
-  spec = task_spec(cfg)
-  kw = dict(num_train=cfg.task.num_train, num_test=cfg.task.num_test, seed=cfg.task.seed,
-            data_dir=cfg.task.data_dir or None)
-  train, test = load_tasks(spec, "train", **kw), load_tasks(spec, "test", **kw)
+  specs = task_specs(cfg)
+  parts = len(specs)
+  kw = dict(num_train=cfg.task.num_train // parts, num_test=cfg.task.num_test // parts,
+            seed=cfg.task.seed, data_dir=cfg.task.data_dir or None)
+  # A mixture interleaves its parts, so any prefix of the test split (eval.num_problems)
+  # holds every part in equal measure.
+  train = _interleave([load_tasks(spec, "train", **kw) for spec in specs])
+  test = _interleave([load_tasks(spec, "test", **kw) for spec in specs])
   prompt_len = round_up(1 + max(len(t.prompt) for t in train + test), 8)
   target_len = 1 + max(len(t.solution) for t in train + test)
   if prompt_len + max(target_len, cfg.rl.max_new_tokens) > cfg.model.max_len:
@@ -74,12 +82,17 @@ def _copy(tree):
   return jax.tree.map(jnp.copy, tree)
 
 
-def programs_for(s: Setup, optim, update_maker, *, with_ref=False) -> Programs:
+def programs_for(s: Setup, optim, update_maker, *, with_ref=False, mesh=None,
+                 num_tasks: int = 0) -> Programs:
   tx = make_optimizer(optim, 0)
   return compile_programs(s.cfg, s.model, tx, update_maker(s.model, tx), with_ref=with_ref,
                           prompt_len=s.prompt_len, max_new_tokens=s.cfg.rl.max_new_tokens,
                           temperature=s.cfg.rl.temperature, eos_id=s.tok.eos_id,
-                          pad_id=s.tok.pad_id)
+                          pad_id=s.tok.pad_id, mesh=mesh, num_tasks=num_tasks)
+
+
+def make_env(s: Setup) -> ArithmeticEnv:
+  return ArithmeticEnv(s.tok)
 
 
 def score(s: Setup, tasks: list[Task], tokens_bt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -222,8 +235,9 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
   clock = PhaseClock(rl.steps, max_seconds, eval_every,
                      lambda params: evaluate(s, progs, params))
   writer.progress("grpo", rl.steps or None)
-  step = 0
+  step, busy, tokens, delays = 0, 0.0, 0, []
   clock.maybe_eval(step, state.params, force=bool(eval_every))
+  t_loop = time.time()
   while clock.running(step):
     ts = time.time()
     idx = rng.integers(0, len(s.train), rl.prompts_per_step)
@@ -236,9 +250,13 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
     batch = progs.shard_batch({"prompt": prompt, "prompt_valid": pvalid,
                                "tokens": out.tokens_bt, "valid": out.valid_bt,
                                "logp": out.logp_bt, "rewards": rewards})
+    tu = time.time()
     for _ in range(rl.ppo_epochs):
       state, metrics = progs.update(state, batch)
     metrics = jax.device_get(metrics)
+    busy += time.time() - tu
+    tokens += int(out.lengths_b.sum())
+    delays.append(time.time() - t_sampled)  # every row of the group waited for the last one
     step += 1
     ckpt_lib.save(mngr, state, cfg, {"phase": "rl"})
     t_end = time.time()
@@ -246,17 +264,24 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
                step_time=t_end - ts, sampling_time=t_sampled - ts, learner_time=t_end - t_sampled,
                tokens_per_s=float(out.lengths_b.sum()) / (t_end - ts),
                mean_len=float(out.lengths_b.mean()), train_seconds=clock.elapsed,
-               peak_memory_mb=peak_memory_mb())
+               learner_busy=busy / (time.time() - t_loop), peak_memory_mb=peak_memory_mb())
     row.update(clock.maybe_eval(step, state.params))
     if step % cfg.log_every == 0 or "eval_accuracy" in row:
       writer.write(step, row, phase="rl", advance=0)
     writer.tick()
+  wall = time.time() - t_loop
   ckpt_lib.save(mngr, state, cfg, {"phase": "rl"}, force=True)
   mngr.wait_until_finished()
   mngr.close()
   seconds = clock.elapsed
   final = clock.maybe_eval(step, state.params, force=True)
+  delays_np = np.asarray(delays or [0.0])
   return state, progs, {"steps": step, "seconds": seconds, "eval_curve": clock.curve,
+                        "trajectories": step * rows, "trajectories_per_s": step * rows / wall,
+                        "tokens_per_s": tokens / wall, "learner_busy": busy / wall,
+                        "delay_mean_s": float(delays_np.mean()),
+                        "delay_p95_s": float(np.percentile(delays_np, 95)),
+                        "peak_rss_all_mb": peak_memory_mb(),
                         **{k.removeprefix("eval_"): v for k, v in final.items()}}
 
 
@@ -308,8 +333,12 @@ def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True)
       if "sft" not in summary:
         progs = programs_for(s, cfg.sft.optim, make_sft_update)
         summary["start"] = evaluate(s, progs, state.params)
-      state, progs, info = run_grpo(s, writer, state, workdir,
-                                    eval_every=cfg.eval.every_seconds)
+      if cfg.rl.algorithm == "sao":
+        from sao_jax.runners.sao import run_sao
+        state, progs, info = run_sao(s, writer, state, workdir, eval_every=cfg.eval.every_seconds)
+      else:
+        state, progs, info = run_grpo(s, writer, state, workdir,
+                                      eval_every=cfg.eval.every_seconds)
       summary["rl"] = info
       writer.write(info["steps"], _eval_row(info), phase="rl_eval", advance=0)
   finally:

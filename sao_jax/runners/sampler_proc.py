@@ -1,0 +1,116 @@
+"""A sampler process: policy copy + environments, tasks in, trajectory records out.
+
+Started with the `spawn` method by `sao_jax.runners.sao`. JAX is imported only inside
+`sampler_main`, after this process has set its own XLA flags and CPU affinity.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import time
+import traceback
+
+
+class SamplerError(RuntimeError):
+  """A sampler process failed or died; the run was stopped."""
+
+
+@dataclasses.dataclass
+class SamplerSpec:
+  sampler_id: int
+  config: dict  # resolved Config as a dict
+  param_dir: str
+  seed: int
+  threads: int = 0  # XLA intra-op threads (0: default)
+  cores: tuple[int, ...] = ()  # CPU affinity (empty: inherit)
+
+
+def _configure_process(spec: SamplerSpec):
+  flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+           if not f.startswith("--xla_force_host_platform_device_count")]
+  if spec.threads:
+    flags += ["--xla_cpu_multi_thread_eigen=false",
+              f"intra_op_parallelism_threads={spec.threads}"]
+  os.environ["XLA_FLAGS"] = " ".join(flags)
+  if spec.cores:
+    os.sched_setaffinity(0, spec.cores)
+
+
+def sampler_main(spec: SamplerSpec, task_q, traj_q, stop, errors) -> None:
+  """Loop: newest params -> up to `sampler_slots` tasks -> one batch of trajectories."""
+  _configure_process(spec)
+  try:
+    _run(spec, task_q, traj_q, stop)
+  except KeyboardInterrupt:
+    pass
+  except BaseException:
+    errors.put(f"sampler {spec.sampler_id}:\n{traceback.format_exc()}")
+  finally:
+    # Do not block exit on undelivered records: the learner treats what it got as final.
+    traj_q.cancel_join_thread()
+
+
+def _run(spec: SamplerSpec, task_q, traj_q, stop) -> None:
+  import multiprocessing
+
+  import jax
+
+  from sao_jax import config as config_lib
+  from sao_jax.config import MeshConfig
+  from sao_jax.learner import make_sft_update
+  from sao_jax.rollout import sao_sampling
+  from sao_jax.runners import train
+  from sao_jax.sharding import make_mesh
+  from sao_jax.transport import records
+  from sao_jax.transport.params import ParamSubscriber, unflatten
+
+  cfg = config_lib.from_dict(spec.config)
+  s = train.make_setup(cfg)
+  mesh = make_mesh(MeshConfig(shape=(1, 1, 1)), jax.devices()[:1])
+  slots = cfg.sao.sampler_slots
+  progs = train.programs_for(s, cfg.sft.optim, make_sft_update, mesh=mesh)
+  like = progs.init(jax.random.key(0)).params
+  sub = ParamSubscriber(spec.param_dir)
+  version, params = -1, None
+  key = jax.random.key(spec.seed)
+  parent = multiprocessing.parent_process()
+  counter = 0
+  while not stop.is_set():
+    if parent is not None and not parent.is_alive():
+      return  # learner gone (e.g. kill -9): nothing to deliver to
+    got = sub.poll(version)
+    if got is not None:
+      version, flat = got
+      params = jax.device_put(unflatten(like, flat), progs.state_sharding.params)
+    if params is None:
+      time.sleep(0.05)
+      continue
+    indices = _take(task_q, slots, stop)
+    if not indices:
+      continue
+    tasks = [s.train[i] for i in indices]
+    envs = [train.make_env(s) for _ in tasks]
+    key, sub_key = jax.random.split(key)
+    trajs = sao_sampling(progs.sample, params, envs, tasks, indices, s.tok, slots=slots,
+                         prompt_len=s.prompt_len, max_steps=envs[0].max_steps, rng=sub_key,
+                         policy_version=version)
+    for traj in trajs:
+      counter += 1
+      meta = {"task_index": traj.task_index, "task_id": traj.task_id, "reward": traj.total_reward,
+              "t_end": traj.t_end, "sampler": spec.sampler_id, "done": traj.done}
+      traj_q.put(records.encode(records.RecordKind.TRAJECTORY,
+                                (spec.sampler_id << 40) | counter, traj.policy_version,
+                                traj.arrays(), meta))
+
+
+def _take(task_q, n: int, stop) -> list[int]:
+  """Blocks briefly for the first task, then takes what is there, up to n."""
+  out = []
+  try:
+    out.append(task_q.get(timeout=0.2))
+    while len(out) < n:
+      out.append(task_q.get_nowait())
+  except queue.Empty:
+    pass
+  return out

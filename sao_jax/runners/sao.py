@@ -1,0 +1,251 @@
+"""The asynchronous SAO run on one machine: K sampler processes and this learner process.
+
+    task queue (indices; prioritised by the tracker) ──► sampler processes (spawn)
+    sampler processes ── binary trajectory records ──► trajectory queue ──► learner
+    learner ── params v+1 every `param_sync_every` updates ──► param directory ──► samplers
+
+The learner updates as soon as `sao.batch_size` trajectories have arrived, whatever policy
+version produced them; staleness is corrected in the loss. Every process started here is
+stopped here: on normal exit, on an exception, on Ctrl-C, and when a sampler fails.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import multiprocessing as mp
+import os
+import pathlib
+import queue
+import shutil
+import time
+
+import jax
+import numpy as np
+
+from sao_jax import checkpoint as ckpt_lib
+from sao_jax import config as config_lib
+from sao_jax.learner import TrainState, make_sao_update
+from sao_jax.metrics import MetricsWriter, peak_memory_mb
+from sao_jax.rl import trackers
+from sao_jax.runners import train
+from sao_jax.runners.sampler_proc import SamplerError, SamplerSpec, sampler_main
+from sao_jax.transport import records
+from sao_jax.transport.params import ParamPublisher
+
+STALENESS_BINS = 8
+  # histogram buckets 0..7, last one is ">= 7"
+
+
+def process_tree_rss_mb(pids) -> float:
+  """Resident memory now of the given processes (Linux /proc), in MiB."""
+  total = 0
+  for pid in pids:
+    with contextlib.suppress(OSError):
+      with open(f"/proc/{pid}/statm") as f:
+        total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+  return total / 2**20
+
+
+class SamplerPool:
+  """K sampler processes with their queues; a context manager that always cleans up."""
+
+  def __init__(self, cfg: config_lib.Config, param_dir: pathlib.Path):
+    self.ctx = mp.get_context("spawn")
+    self.task_q = self.ctx.Queue()
+    self.traj_q = self.ctx.Queue()
+    self.errors = self.ctx.Queue()
+    self.stop = self.ctx.Event()
+    sao = cfg.sao
+    ncpu = len(os.sched_getaffinity(0))
+    cores: list[tuple[int, ...]] = [()] * sao.num_samplers
+    self.learner_cores: tuple[int, ...] = ()
+    if sao.pin_cores:
+      if ncpu < 2:
+        raise config_lib.ConfigError("sao.pin_cores needs at least 2 CPU cores")
+      allowed = sorted(os.sched_getaffinity(0))
+      self.learner_cores = (allowed[0],)
+      rest = allowed[1:]
+      cores = [tuple(rest[i::sao.num_samplers]) or tuple(rest) for i in range(sao.num_samplers)]
+    self.specs = [SamplerSpec(sampler_id=i, config=config_lib.to_dict(cfg),
+                              param_dir=str(param_dir), seed=cfg.seed * 1000 + i,
+                              threads=sao.sampler_threads, cores=cores[i])
+                  for i in range(sao.num_samplers)]
+    self.procs: list[mp.Process] = []
+
+  def __enter__(self):
+    for spec in self.specs:
+      p = self.ctx.Process(target=sampler_main, name=f"sao-sampler-{spec.sampler_id}",
+                           args=(spec, self.task_q, self.traj_q, self.stop, self.errors),
+                           daemon=True)
+      p.start()
+      self.procs.append(p)
+    if self.learner_cores:
+      os.sched_setaffinity(0, self.learner_cores)
+    return self
+
+  def check(self):
+    """Raises if a sampler reported an error or died."""
+    with contextlib.suppress(queue.Empty):
+      raise SamplerError(f"a sampler failed:\n{self.errors.get_nowait()}")
+    for p in self.procs:
+      if p.exitcode not in (None, 0):
+        raise SamplerError(f"{p.name} died with exit code {p.exitcode}; run stopped")
+
+  def __exit__(self, *exc):
+    self.stop.set()
+    deadline = time.time() + 10
+    for p in self.procs:
+      p.join(timeout=max(0.1, deadline - time.time()))
+    for p in self.procs:
+      if p.is_alive():
+        p.terminate()
+        p.join(timeout=5)
+      if p.is_alive():
+        p.kill()
+        p.join()
+    for q in (self.task_q, self.traj_q, self.errors):
+      q.cancel_join_thread()
+      q.close()
+    if self.learner_cores:
+      os.sched_setaffinity(0, range(os.cpu_count()))
+    return False
+
+  def pids(self) -> list[int]:
+    return [p.pid for p in self.procs if p.pid is not None]
+
+
+def _pad_rows(rows: list[dict], n: int) -> dict[str, np.ndarray]:
+  out = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+  if len(rows) < n:
+    out = {k: np.concatenate([v, np.zeros((n - len(rows),) + v.shape[1:], v.dtype)])
+           for k, v in out.items()}
+  return out
+
+
+def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: pathlib.Path, *,
+            max_seconds: float | None = None, eval_every: float = 0.0) -> tuple:
+  """Asynchronous single-trajectory training from `state`'s params. Returns like run_grpo."""
+  cfg, rl, sao = s.cfg, s.cfg.rl, s.cfg.sao
+  max_seconds = rl.max_seconds if max_seconds is None else max_seconds
+  progs = train.programs_for(s, rl.optim, lambda m, tx: make_sao_update(m, tx, rl, sao),
+                             num_tasks=len(s.train))
+  fresh = progs.init(jax.random.key(cfg.seed + 1))
+  state = fresh.replace(params=train._copy(state.params))
+  bs = train.round_up(sao.batch_size, progs.batch_divisor)
+  param_dir = workdir / "params"
+  shutil.rmtree(param_dir, ignore_errors=True)
+  publisher = ParamPublisher(param_dir)
+  publisher.publish(0, state.params)
+  mngr = ckpt_lib.manager(workdir / "checkpoints" / "rl", every=cfg.checkpoint_every)
+  rng = np.random.default_rng((cfg.seed, 3))
+  clock = train.PhaseClock(rl.steps, max_seconds, eval_every,
+                           lambda params: train.evaluate(s, progs, params))
+  writer.progress("sao", rl.steps or None)
+
+  counts = collections.Counter()
+  seen_ids: set[int] = set()
+  buffer: list[tuple[records.Record, float]] = []
+  delays: list[float] = []
+  busy = 0.0
+  step = 0
+  outstanding = 0  # tasks handed out and not yet returned
+  target_depth = 2 * sao.num_samplers * sao.sampler_slots
+  probs = None
+  rss_peak = 0.0
+  with SamplerPool(cfg, param_dir) as pool:
+    clock.maybe_eval(step, state.params, force=bool(eval_every))
+    t_loop = time.time()
+    while clock.running(step):
+      pool.check()
+      if probs is None or step % 10 == 0:
+        probs = (np.asarray(jax.device_get(trackers.priority_weights(state.tracker,
+                                                                    sao.priority_eps)))
+                 if sao.prioritized else None)
+      for i in rng.choice(len(s.train), size=max(0, target_depth - outstanding), p=probs):
+        pool.task_q.put(int(i))
+        outstanding += 1
+      # Gather what has arrived; block (briefly) only while a batch is not full.
+      while len(buffer) < bs:
+        try:
+          data = pool.traj_q.get(timeout=0.05)
+        except queue.Empty:
+          if len(buffer) < bs:
+            pool.check()
+            continue
+          break
+        outstanding -= 1
+        try:
+          rec = records.decode(data)
+        except records.RecordError as err:
+          counts["bad_records"] += 1
+          if counts["bad_records"] == 1:
+            print(f"sao: skipping malformed trajectory record: {err}")
+          continue
+        if rec.record_id in seen_ids:
+          counts["duplicates"] += 1
+          continue
+        seen_ids.add(rec.record_id)
+        staleness = step - rec.policy_version
+        if staleness > sao.max_staleness:
+          counts["dropped_stale"] += 1
+          continue
+        buffer.append((rec, time.time()))
+      batch_recs, buffer = buffer[:bs], buffer[bs:]
+      rows = []
+      for rec, _ in batch_recs:
+        a = rec.arrays
+        for k in range(a["tokens"].shape[0]):  # one row per environment step
+          rows.append({"prompt": a["prompt"][k], "prompt_valid": a["prompt_valid"][k],
+                       "tokens": a["tokens"][k], "valid": a["valid"][k], "logp": a["logp"][k],
+                       "rewards": np.float32(rec.meta["reward"]),
+                       "task": np.int32(rec.meta["task_index"]),
+                       "staleness": np.int32(step - rec.policy_version),
+                       "row_valid": np.bool_(True)})
+      batch = _pad_rows(rows[:bs], bs)
+      staleness = batch["staleness"][batch["row_valid"]]
+      tu = time.time()
+      state, metrics = progs.update(state, progs.shard_batch(batch))
+      metrics = jax.device_get(metrics)
+      t_done = time.time()
+      busy += t_done - tu
+      step += 1
+      counts["consumed"] += len(batch_recs)
+      counts["tokens"] += int(batch["valid"].sum())
+      delays.extend(t_done - rec.meta["t_end"] for rec, _ in batch_recs)
+      if step % sao.param_sync_every == 0:
+        publisher.publish(step, state.params)
+      ckpt_lib.save(mngr, state, cfg, {"phase": "rl"})
+      rss_peak = max(rss_peak, process_tree_rss_mb([os.getpid(), *pool.pids()]))
+      wall = time.time() - t_loop
+      hist = np.bincount(np.minimum(staleness, STALENESS_BINS - 1), minlength=STALENESS_BINS)
+      row = dict(metrics, accuracy=float(metrics["reward"]),
+                 staleness_mean=float(staleness.mean()), staleness_max=int(staleness.max()),
+                 staleness_hist=hist.tolist(), learner_busy=busy / max(wall, 1e-9),
+                 queue_depth=len(buffer), outstanding_tasks=outstanding,
+                 delay_mean=float(np.mean(delays[-bs:])), learner_time=t_done - tu,
+                 trajectories=counts["consumed"], dropped_stale=counts["dropped_stale"],
+                 bad_records=counts["bad_records"], train_seconds=clock.elapsed,
+                 trajectories_per_s=counts["consumed"] / max(wall, 1e-9),
+                 peak_memory_mb=peak_memory_mb(), peak_rss_all_mb=rss_peak)
+      row.update(clock.maybe_eval(step, state.params))
+      if step % cfg.log_every == 0 or "eval_accuracy" in row:
+        writer.write(step, row, phase="rl", advance=0)
+      writer.tick()
+    wall = time.time() - t_loop
+  ckpt_lib.save(mngr, state, cfg, {"phase": "rl"}, force=True)
+  mngr.wait_until_finished()
+  mngr.close()
+  seconds = clock.elapsed
+  final = clock.maybe_eval(step, state.params, force=True)
+  delays_np = np.asarray(delays) if delays else np.zeros(1)
+  info = {"steps": step, "seconds": seconds, "eval_curve": clock.curve,
+          "trajectories": counts["consumed"], "dropped_stale": counts["dropped_stale"],
+          "bad_records": counts["bad_records"], "duplicates": counts["duplicates"],
+          "learner_busy": busy / max(wall, 1e-9),
+          "trajectories_per_s": counts["consumed"] / max(wall, 1e-9),
+          "tokens_per_s": counts["tokens"] / max(wall, 1e-9),
+          "delay_mean_s": float(delays_np.mean()),
+          "delay_p95_s": float(np.percentile(delays_np, 95)),
+          "peak_rss_all_mb": rss_peak,
+          **{k.removeprefix("eval_"): v for k, v in final.items()}}
+  return state, progs, info

@@ -1,0 +1,111 @@
+"""The asynchronous pipeline with real sampler processes: it trains, and every process it
+starts is gone afterwards: on success, on Ctrl-C, and when a sampler dies."""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from conftest import subprocess_env
+
+CFG = "experiments/configs/sao_arith.py:tiny"
+pytestmark = pytest.mark.slow
+
+
+def _tagged_pids(tag: str) -> list[int]:
+  """Processes whose environment carries `tag` (the run and everything it spawned)."""
+  pids = []
+  for d in pathlib.Path("/proc").iterdir():
+    if d.name.isdigit():
+      try:
+        if tag.encode() in (d / "environ").read_bytes():
+          pids.append(int(d.name))
+      except OSError:
+        pass
+  return pids
+
+
+def _start(repo_root, workdir, *extra):
+  tag = f"SAO_JAX_TEST_TAG={uuid.uuid4().hex}"
+  env = dict(subprocess_env(), SAO_JAX_TEST_TAG=tag.split("=")[1])
+  proc = subprocess.Popen([sys.executable, "-m", "sao_jax.cli", "train", "--config", CFG,
+                           "--workdir", str(workdir), "--no-progress", *extra],
+                          cwd=repo_root, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  return proc, tag.split("=")[1]
+
+
+def _children(pid: int) -> list[int]:
+  out = []
+  for d in pathlib.Path("/proc").iterdir():
+    if d.name.isdigit():
+      try:
+        if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+          out.append(int(d.name))
+      except (OSError, IndexError, ValueError):
+        pass
+  return out
+
+
+def _wait_for_rl_rows(workdir, proc, timeout=120):
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    assert proc.poll() is None, proc.communicate()
+    path = workdir / "metrics.jsonl"
+    if path.exists() and '"phase": "rl"' in path.read_text():
+      return
+    time.sleep(0.5)
+  raise AssertionError("no RL rows in time")
+
+
+def test_sao_run_trains_and_cleans_up(repo_root, tmp_path):
+  proc, tag = _start(repo_root, tmp_path / "w", "--set", "rl.steps=6")
+  out, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, err
+  summary = json.loads((tmp_path / "w" / "summary.json").read_text())
+  rl = summary["rl"]
+  assert rl["steps"] == 6 and rl["trajectories"] >= 6 * 16
+  assert rl["bad_records"] == 0 and rl["duplicates"] == 0
+  assert 0 < rl["learner_busy"] <= 1 and rl["delay_p95_s"] >= rl["delay_mean_s"] > 0
+  rows = [json.loads(x) for x in (tmp_path / "w" / "metrics.jsonl").read_text().splitlines()]
+  rl_rows = [r for r in rows if r["phase"] == "rl"]
+  for key in ("staleness_mean", "staleness_max", "staleness_hist", "is_dev", "kl_behaviour",
+              "is_truncated_frac", "dropped_stale", "learner_busy", "queue_depth",
+              "delay_mean", "trajectories_per_s", "peak_rss_all_mb"):
+    assert key in rl_rows[-1], key
+  assert sum(rl_rows[-1]["staleness_hist"]) > 0
+  assert _tagged_pids(tag) == []
+
+
+def test_ctrl_c_stops_everything(repo_root, tmp_path):
+  proc, tag = _start(repo_root, tmp_path / "w", "--set", "rl.max_seconds=300")
+  _wait_for_rl_rows(tmp_path / "w", proc)
+  assert len(_children(proc.pid)) >= 2  # the samplers (plus multiprocessing's helper)
+  proc.send_signal(signal.SIGINT)
+  proc.communicate(timeout=60)
+  assert proc.returncode != 0
+  deadline = time.time() + 10
+  while _tagged_pids(tag) and time.time() < deadline:
+    time.sleep(0.2)
+  assert _tagged_pids(tag) == []
+
+
+def test_a_dead_sampler_stops_the_run_with_a_clear_error(repo_root, tmp_path):
+  proc, tag = _start(repo_root, tmp_path / "w", "--set", "rl.max_seconds=300")
+  _wait_for_rl_rows(tmp_path / "w", proc)
+  samplers = [p for p in _children(proc.pid)
+              if b"spawn_main" in pathlib.Path(f"/proc/{p}/cmdline").read_bytes()]
+  assert samplers
+  os.kill(samplers[0], signal.SIGKILL)
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode != 0
+  assert "died with exit code -9" in err
+  deadline = time.time() + 10
+  while _tagged_pids(tag) and time.time() < deadline:
+    time.sleep(0.2)
+  assert _tagged_pids(tag) == []
