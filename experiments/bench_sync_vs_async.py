@@ -2,16 +2,19 @@
 machine, side by side in one run, from one shared SFT checkpoint.
 
   python experiments/bench_sync_vs_async.py                      # 240 s per arm (~12 min)
-  python experiments/bench_sync_vs_async.py --seconds 720        # the 3x-longer run
+  python experiments/bench_sync_vs_async.py --arms sao --seconds 720   # 3x longer, SAO only
   python experiments/bench_sync_vs_async.py --set sao.pin_cores=True   # pinned cores
+  python experiments/bench_sync_vs_async.py --set task.n_ops_mix="(2,3)" --set rl.max_new_tokens=32
+                                                   # 2- and 3-op mix: more length variance
   python experiments/bench_sync_vs_async.py --variant tiny --seconds 15  # smoke test
 
 Both arms update on the same number of rows per step (GRPO: prompts_per_step x 8 rows of
 the same prompts; SAO: sao.batch_size single trajectories of as many different tasks) from
 the same SFT parameters, for the same training wall-clock (held-out evaluation excluded),
-and are evaluated on the same held-out problems. The task mix has 2 and 3 operations, so
-solution lengths vary and stragglers matter. Writes OUT/results.json and
-OUT/accuracy_vs_time.png and prints the seed-style table (Traditional | SAO | improvement).
+and are evaluated on the same held-out problems. Solutions vary in length (one- and
+two-digit numbers; with n_ops_mix, two and three steps), so stragglers matter. Writes
+OUT/results.json and OUT/accuracy_vs_time.png and prints the seed-style table
+(Traditional | SAO | improvement).
 """
 from __future__ import annotations
 
@@ -50,8 +53,12 @@ def main(argv=None) -> dict:
   p.add_argument("--seconds", type=float, default=240.0, help="RL training seconds per arm")
   p.add_argument("--eval-every", type=float, default=None)
   p.add_argument("--out", default="results/bench_sync_vs_async")
+  p.add_argument("--arms", default="grpo,sao", help="comma-separated subset of grpo,sao")
   p.add_argument("--no-progress", action="store_true")
   args = p.parse_args(argv)
+  arm_names = args.arms.split(",")
+  if not arm_names or set(arm_names) - {"grpo", "sao"}:
+    raise SystemExit(f"--arms takes grpo and/or sao, got {args.arms!r}")
 
   cfg = config_lib.load_config(args.config, args.variant, args.set)
   cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, steps=0,
@@ -74,6 +81,8 @@ def main(argv=None) -> dict:
   print(f"SFT: {sft['steps']} steps, held-out accuracy {sft['accuracy']:.3f}", flush=True)
   arms = {}
   for name, fn, s in (("grpo", train.run_grpo, s_grpo), ("sao", run_sao, s_sao)):
+    if name not in arm_names:
+      continue
     w = writer(name)
     _, _, info = fn(s, w, sft_state, out / name, eval_every=eval_every)
     w.close()
@@ -81,17 +90,17 @@ def main(argv=None) -> dict:
     arms[name] = info
     print(f"{name}: {info['steps']} steps, held-out accuracy {info['accuracy']:.3f}", flush=True)
 
-  g, a = arms["grpo"], arms["sao"]
-  results = {
-      "config": config_lib.to_dict(cfg), "sft": sft, "grpo": g, "sao": a,
-      "ratios": {k: a[k] / g[k] for k, _, _ in ROWS if g.get(k)},
-      "time_to_grpo_final_accuracy_s": {
-          "grpo": _time_to(g["eval_curve"], g["accuracy"]),
-          "sao": _time_to(a["eval_curve"], g["accuracy"])},
+  results = {"config": config_lib.to_dict(cfg), "sft": sft, **arms}
+  if len(arms) == 2:
+    g, a = arms["grpo"], arms["sao"]
+    results["ratios"] = {k: a[k] / g[k] for k, _, _ in ROWS if g.get(k)}
+    results["time_to_grpo_final_accuracy_s"] = {
+        "grpo": _time_to(g["eval_curve"], g["accuracy"]),
+        "sao": _time_to(a["eval_curve"], g["accuracy"])}
+  results.update({
       "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                   "devices": [str(d) for d in jax.devices()], "jax": jax.__version__},
-      "wall_s": time.time() - t0, "bench_peak_memory_mb": peak_memory_mb(),
-  }
+      "wall_s": time.time() - t0, "bench_peak_memory_mb": peak_memory_mb()})
   (out / "results.json").write_text(json.dumps(results, indent=2))
   print_table(results)
   plot(results, out / "accuracy_vs_time.png")
@@ -105,15 +114,18 @@ def _time_to(curve, target):
 
 
 def print_table(r: dict):
-  g, a = r["grpo"], r["sao"]
+  g, a = r.get("grpo", {}), r.get("sao", {})
   print(f"\n{'':36s} {'Traditional (GRPO N=8)':>22s} {'SAO':>10s} {'SAO/GRPO':>9s}")
   for key, label, fmt in ROWS:
-    if g.get(key) is None or a.get(key) is None:
-      continue
-    ratio = f"{a[key] / g[key]:.2f}x" if g[key] else "-"
-    print(f"{label:36s} {fmt.format(g[key]):>22s} {fmt.format(a[key]):>10s} {ratio:>9s}")
-  tt = r["time_to_grpo_final_accuracy_s"]
-  print(f"time to GRPO's final accuracy: GRPO {tt['grpo']} s, SAO {tt['sao']} s\n")
+    gv, av = g.get(key), a.get(key)
+    ratio = f"{av / gv:.2f}x" if gv and av is not None else "-"
+    print(f"{label:36s} {fmt.format(gv) if gv is not None else '-':>22s} "
+          f"{fmt.format(av) if av is not None else '-':>10s} {ratio:>9s}")
+  print(f"held-out accuracy of the SFT start: {r['sft']['accuracy']:.1%}")
+  if "time_to_grpo_final_accuracy_s" in r:
+    tt = r["time_to_grpo_final_accuracy_s"]
+    print(f"training seconds to GRPO's final accuracy: GRPO {tt['grpo']}, SAO {tt['sao']}")
+  print()
 
 
 def plot(r: dict, path: pathlib.Path):
@@ -122,10 +134,13 @@ def plot(r: dict, path: pathlib.Path):
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(6, 4))
   for key, label in (("grpo", "GRPO(N=8), synchronous"), ("sao", "SAO, asynchronous")):
+    if key not in r:
+      continue
     c = r[key]["eval_curve"]
     ax.plot([x[0] for x in c], [100 * x[2] for x in c], marker="o", label=label)
   ax.set_xlabel("training seconds after the SFT checkpoint")
   ax.set_ylabel("held-out greedy accuracy (%)")
+  ax.axhline(100 * r["sft"]["accuracy"], color="gray", ls="--", label="SFT start")
   ax.legend()
   fig.tight_layout()
   fig.savefig(path, dpi=120)

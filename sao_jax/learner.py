@@ -152,9 +152,8 @@ def make_sao_update(model: TransformerLM, tx, rl: RLConfig, sao: SAOConfig
 
   1. Baseline: the task's Beta-tracker value from before this reward; advantage r - p,
      normalised over the batch (SPO, arXiv 2509.13232).
-  2. Proximal policy = these parameters before the update (one extra forward pass, no
-     gradient); decoupled PPO with truncated importance weights pi_prox/pi_behav (AReaL,
-     arXiv 2505.24298, eq. 5).
+  2. Proximal policy = these parameters before the update; decoupled PPO with truncated
+     importance weights pi_prox/pi_behav (AReaL, arXiv 2505.24298, eq. 5).
   3. Freshness: each trajectory's loss is scaled by a factor of its staleness (and dropped
      beyond `max_staleness`), i.e. stale samples take smaller steps.
   4. The tracker absorbs the rewards with a KL-adaptive forgetting factor.
@@ -168,14 +167,14 @@ def make_sao_update(model: TransformerLM, tx, rl: RLConfig, sao: SAOConfig
     fresh_b = loss_lib.freshness_weights(batch["staleness"], sao.freshness_half_life,
                                          sao.max_staleness, sao.staleness_mode)
     weight_b = fresh_b * row_valid_b.astype(jnp.float32)
-    prox_logp_bt = jax.lax.stop_gradient(completion_logprobs(
-        model, state.params, batch["prompt"], batch["prompt_valid"], batch["tokens"], mask_bt,
-        temperature=rl.temperature))
 
     def loss_fn(params):
       logp_bt, ent_bt = completion_logprobs(
           model, params, batch["prompt"], batch["prompt_valid"], batch["tokens"], mask_bt,
           temperature=rl.temperature, with_entropy=True)
+      # One gradient step per batch: the proximal policy is exactly these parameters, so
+      # its log-probs are this forward pass's, held constant (no second forward pass).
+      prox_logp_bt = jax.lax.stop_gradient(logp_bt)
       tok_loss_bt, aux = jax.vmap(
           lambda lp, px, bh, a, m: loss_lib.decoupled_ppo_loss(
               lp, px, bh, a, m, rl.clip_eps, sao.is_cap, sao.is_level))(
@@ -183,10 +182,10 @@ def make_sao_update(model: TransformerLM, tx, rl: RLConfig, sao: SAOConfig
       tok_loss_bt = tok_loss_bt * weight_b[:, None]
       used_bt = mask_bt & (weight_b[:, None] > 0)
       loss = loss_lib.aggregate(tok_loss_bt, used_bt, rl.loss_agg)
-      return loss, (aux, ent_bt, used_bt)
+      return loss, (aux, ent_bt, used_bt, prox_logp_bt)
 
-    (loss, (aux, ent_bt, used_bt)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        state.params)
+    (loss, (aux, ent_bt, used_bt, prox_logp_bt)), grads = jax.value_and_grad(
+        loss_fn, has_aux=True)(state.params)
     n_tok = jnp.maximum(jnp.sum(mask_bt), 1)
     log_ratio_bt = jnp.where(mask_bt, prox_logp_bt - batch["logp"], 0.0)
     # Tokens were drawn from the behaviour policy, so k3(behaviour, current) estimates

@@ -67,3 +67,17 @@ def test_build_and_read_import_no_tensorflow_and_stay_quiet(tmp_path):
                         env={**os.environ, "PYTHONPATH": str(_REPO)})
   assert proc.stdout == "200 False\n"
   assert "Generating" not in proc.stderr and "custom data configuration" not in proc.stderr
+
+
+def test_setup_mixture_interleaves_parts(tmp_path):
+  """task.n_ops_mix: equal parts per number of operations, interleaved so that any prefix of
+  the test split (what evaluation uses) is balanced."""
+  from sao_jax.config import Config, EvalConfig, RLConfig, TaskConfig
+  from sao_jax.runners.train import make_setup
+  cfg = Config(task=TaskConfig(n_ops_mix=(2, 3), num_train=40, num_test=20,
+                               data_dir=str(tmp_path)),
+               eval=EvalConfig(num_problems=20), rl=RLConfig(max_new_tokens=32))
+  s = make_setup(cfg)
+  assert len(s.train) == 40 and len(s.test) == 20
+  assert [t.solution.count("=") for t in s.test] == [2, 3] * 10
+  assert {t.solution.count("=") for t in s.train} == {2, 3}

@@ -10,10 +10,10 @@ import time
 import uuid
 
 import pytest
-
 from conftest import subprocess_env
 
 CFG = "experiments/configs/sao_arith.py:tiny"
+LONG = ("--set", "rl.max_seconds=300", "--set", "rl.steps=0")  # runs until stopped
 pytestmark = pytest.mark.slow
 
 
@@ -83,12 +83,12 @@ def test_sao_run_trains_and_cleans_up(repo_root, tmp_path):
 
 
 def test_ctrl_c_stops_everything(repo_root, tmp_path):
-  proc, tag = _start(repo_root, tmp_path / "w", "--set", "rl.max_seconds=300")
+  proc, tag = _start(repo_root, tmp_path / "w", *LONG)
   _wait_for_rl_rows(tmp_path / "w", proc)
   assert len(_children(proc.pid)) >= 2  # the samplers (plus multiprocessing's helper)
   proc.send_signal(signal.SIGINT)
-  proc.communicate(timeout=60)
-  assert proc.returncode != 0
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode == 130 and "interrupted" in err
   deadline = time.time() + 10
   while _tagged_pids(tag) and time.time() < deadline:
     time.sleep(0.2)
@@ -96,7 +96,7 @@ def test_ctrl_c_stops_everything(repo_root, tmp_path):
 
 
 def test_a_dead_sampler_stops_the_run_with_a_clear_error(repo_root, tmp_path):
-  proc, tag = _start(repo_root, tmp_path / "w", "--set", "rl.max_seconds=300")
+  proc, tag = _start(repo_root, tmp_path / "w", *LONG)
   _wait_for_rl_rows(tmp_path / "w", proc)
   samplers = [p for p in _children(proc.pid)
               if b"spawn_main" in pathlib.Path(f"/proc/{p}/cmdline").read_bytes()]

@@ -306,7 +306,7 @@ def _checkpoint_dir(path: pathlib.Path) -> pathlib.Path:
 
 
 def _eval_row(info: dict) -> dict:
-  return {f"eval_{k}": v for k, v in info.items() if k not in ("eval_curve", "steps", "seconds")}
+  return {f"eval_{k}": info[k] for k in ("accuracy", "format_rate", "num_problems") if k in info}
 
 
 def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True) -> dict[str, Any]:
