@@ -49,6 +49,7 @@ class ModelConfig:
   max_len: int = 128
   memory_slots: int = 0
   memory_dim: int = 0
+  value_head: bool = False  # a scalar head on the final hidden state (SAO's learned baseline)
   dtype: str = "float32"
 
   def __post_init__(self):
@@ -171,7 +172,8 @@ class SAOConfig:
   freshness_half_life: float = 4.0
   is_cap: float = 2.0
   is_level: str = "token"
-  baseline: str = "tracker"
+  baseline: str = "tracker"  # or "value_head": a learned V(prompt) (needs model.value_head)
+  value_coef: float = 0.5  # weight of the value head's squared error in the loss
   tracker_d_half: float = 0.06  # SPO's recipe values
   tracker_rho_min: float = 0.875
   tracker_rho_max: float = 0.96
@@ -188,7 +190,9 @@ class SAOConfig:
            f"sao.staleness_mode {self.staleness_mode!r} unknown; known: decay, drop")
     _check(self.is_level in ("token", "sequence"),
            f"sao.is_level {self.is_level!r} unknown; known: sequence, token")
-    _check(self.baseline in ("tracker",), f"sao.baseline {self.baseline!r} unknown; known: tracker")
+    _check(self.baseline in ("tracker", "value_head"),
+           f"sao.baseline {self.baseline!r} unknown; known: tracker, value_head")
+    _check(self.value_coef >= 0, "sao.value_coef must be >= 0")
     _check(self.is_cap >= 1.0 and self.freshness_half_life > 0, "sao.is_cap >= 1, half_life > 0")
     _check(0 < self.tracker_rho_min <= self.tracker_rho_max <= 1, "bad tracker rho bounds")
 
@@ -218,6 +222,8 @@ class Config:
 
   def __post_init__(self):
     _check(self.log_every > 0 and self.checkpoint_every > 0, "log/checkpoint intervals > 0")
+    _check(self.sao.baseline != "value_head" or self.model.value_head,
+           "sao.baseline='value_head' needs model.value_head=True")
     _check(self.eval.num_problems <= self.task.num_test,
            f"eval.num_problems {self.eval.num_problems} > task.num_test {self.task.num_test}")
 

@@ -150,8 +150,10 @@ def make_sao_update(model: TransformerLM, tx, rl: RLConfig, sao: SAOConfig
   (index into the tracker), staleness [B] int32 (learner version - behaviour version),
   row_valid [B] bool (padding rows are False).
 
-  1. Baseline: the task's Beta-tracker value from before this reward; advantage r - p,
-     normalised over the batch (SPO, arXiv 2509.13232).
+  1. Baseline: the task's Beta-tracker value from before this reward (SPO, arXiv
+     2509.13232), or with sao.baseline='value_head' a learned V(prompt) trained by squared
+     error (weight sao.value_coef); advantage r - baseline, normalised over the batch. The
+     tracker is updated either way (it drives prioritised task sampling).
   2. Proximal policy = these parameters before the update; decoupled PPO with truncated
      importance weights pi_prox/pi_behav (AReaL, arXiv 2505.24298, eq. 5).
   3. Freshness: each trajectory's loss is scaled by a factor of its staleness (and dropped
@@ -159,19 +161,31 @@ def make_sao_update(model: TransformerLM, tx, rl: RLConfig, sao: SAOConfig
   4. The tracker absorbs the rewards with a KL-adaptive forgetting factor.
   """
 
+  use_value_head = sao.baseline == "value_head"
+
   def update(state: TrainState, batch: Batch):
     row_valid_b = batch["row_valid"]
+    n_rows = jnp.maximum(jnp.sum(row_valid_b), 1)
     mask_bt = batch["valid"] & row_valid_b[:, None]
-    values_b = trackers.tracker_value(state.tracker, batch["task"])
-    adv_b = trackers.spo_advantage(batch["rewards"], values_b, row_valid_b)
+    tracker_values_b = trackers.tracker_value(state.tracker, batch["task"])
     fresh_b = loss_lib.freshness_weights(batch["staleness"], sao.freshness_half_life,
                                          sao.max_staleness, sao.staleness_mode)
     weight_b = fresh_b * row_valid_b.astype(jnp.float32)
 
     def loss_fn(params):
-      logp_bt, ent_bt = completion_logprobs(
-          model, params, batch["prompt"], batch["prompt_valid"], batch["tokens"], mask_bt,
-          temperature=rl.temperature, with_entropy=True)
+      value_loss = jnp.zeros((), jnp.float32)
+      if use_value_head:
+        logp_bt, ent_bt, values_b = completion_logprobs(
+            model, params, batch["prompt"], batch["prompt_valid"], batch["tokens"], mask_bt,
+            temperature=rl.temperature, with_entropy=True, with_value=True)
+        value_loss = jnp.sum(jnp.square(values_b - batch["rewards"]) * row_valid_b) / n_rows
+        values_b = jax.lax.stop_gradient(values_b)
+      else:
+        logp_bt, ent_bt = completion_logprobs(
+            model, params, batch["prompt"], batch["prompt_valid"], batch["tokens"], mask_bt,
+            temperature=rl.temperature, with_entropy=True)
+        values_b = tracker_values_b
+      adv_b = trackers.spo_advantage(batch["rewards"], values_b, row_valid_b)
       # One gradient step per batch: the proximal policy is exactly these parameters, so
       # its log-probs are this forward pass's, held constant (no second forward pass).
       prox_logp_bt = jax.lax.stop_gradient(logp_bt)
@@ -181,11 +195,12 @@ def make_sao_update(model: TransformerLM, tx, rl: RLConfig, sao: SAOConfig
                   logp_bt, prox_logp_bt, batch["logp"], adv_b, mask_bt)
       tok_loss_bt = tok_loss_bt * weight_b[:, None]
       used_bt = mask_bt & (weight_b[:, None] > 0)
-      loss = loss_lib.aggregate(tok_loss_bt, used_bt, rl.loss_agg)
-      return loss, (aux, ent_bt, used_bt, prox_logp_bt)
+      pg_loss = loss_lib.aggregate(tok_loss_bt, used_bt, rl.loss_agg)
+      loss = pg_loss + sao.value_coef * value_loss
+      return loss, (aux, ent_bt, used_bt, prox_logp_bt, adv_b, values_b, value_loss)
 
-    (loss, (aux, ent_bt, used_bt, prox_logp_bt)), grads = jax.value_and_grad(
-        loss_fn, has_aux=True)(state.params)
+    (loss, (aux, ent_bt, used_bt, prox_logp_bt, adv_b, values_b, value_loss)), grads = (
+        jax.value_and_grad(loss_fn, has_aux=True)(state.params))
     n_tok = jnp.maximum(jnp.sum(mask_bt), 1)
     log_ratio_bt = jnp.where(mask_bt, prox_logp_bt - batch["logp"], 0.0)
     # Tokens were drawn from the behaviour policy, so k3(behaviour, current) estimates
@@ -193,9 +208,10 @@ def make_sao_update(model: TransformerLM, tx, rl: RLConfig, sao: SAOConfig
     kl_b = jnp.sum(jnp.where(mask_bt, loss_lib.kl_k3(batch["logp"], prox_logp_bt), 0.0), -1)
     metrics = {
         "loss": loss,
-        "reward": jnp.sum(batch["rewards"] * row_valid_b) / jnp.maximum(jnp.sum(row_valid_b), 1),
-        "adv_abs": jnp.sum(jnp.abs(adv_b) * row_valid_b) / jnp.maximum(jnp.sum(row_valid_b), 1),
-        "value_mean": jnp.sum(values_b * row_valid_b) / jnp.maximum(jnp.sum(row_valid_b), 1),
+        "value_loss": value_loss,
+        "reward": jnp.sum(batch["rewards"] * row_valid_b) / n_rows,
+        "adv_abs": jnp.sum(jnp.abs(adv_b) * row_valid_b) / n_rows,
+        "value_mean": jnp.sum(values_b * row_valid_b) / n_rows,
         # Off-policy deviation of the consumed tokens: |pi_prox / pi_behav - 1| and
         # KL(behaviour || current) (k3 estimate), before truncation.
         "is_dev": jnp.sum(jnp.where(mask_bt, jnp.abs(jnp.exp(log_ratio_bt) - 1), 0.0)) / n_tok,
@@ -203,7 +219,7 @@ def make_sao_update(model: TransformerLM, tx, rl: RLConfig, sao: SAOConfig
         "is_truncated_frac": jnp.sum(aux["truncated_t"]) / n_tok,
         "clip_frac": jnp.sum(aux["clipped_t"]) / n_tok,
         "entropy": jnp.sum(ent_bt) / n_tok,
-        "freshness_mean": jnp.sum(weight_b) / jnp.maximum(jnp.sum(row_valid_b), 1),
+        "freshness_mean": jnp.sum(weight_b) / n_rows,
         "tokens_used": jnp.sum(used_bt),
     }
     n_valid_b = jnp.maximum(jnp.sum(mask_bt, -1), 1)

@@ -110,20 +110,22 @@ def sample(model: TransformerLM, params, prompt_bp, prompt_valid_bp, rng, *,
 
 
 def sequence_logits(model: TransformerLM, params, tokens_bl, valid_bl, memory_bmd=None,
-                    memory_valid_bm=None):
-  """Full-row forward: logits [B, L, V] predicting the token after each slot."""
+                    memory_valid_bm=None, with_values: bool = False):
+  """Full-row forward: logits [B, L, V] predicting the token after each slot (and the value
+  head's outputs [B, L] with `with_values`)."""
   valid_bs = valid_bl
   if memory_bmd is not None:
     valid_bs = jnp.concatenate([memory_valid_bm, valid_bl], axis=1)
   mask = causal_mask(valid_bs, jnp.arange(valid_bs.shape[1]))
-  logits_blv, _ = model.apply({"params": params}, tokens_bl, positions_from_valid(valid_bl),
-                              mask, memory_bmd=memory_bmd)
-  return logits_blv
+  out = model.apply({"params": params}, tokens_bl, positions_from_valid(valid_bl), mask,
+                    memory_bmd=memory_bmd, with_values=with_values)
+  return (out[0], out[2]) if with_values else out[0]
 
 
 def completion_logprobs(model: TransformerLM, params, prompt_bp, prompt_valid_bp, tokens_bt,
                         valid_bt, *, temperature: float = 1.0, memory_bmd=None,
-                        memory_valid_bm=None, with_entropy: bool = False):
+                        memory_valid_bm=None, with_entropy: bool = False,
+                        with_value: bool = False):
   """Per-token log-probs [B, T] of `tokens_bt` following each prompt (0 where invalid).
 
   Formula: logp[b, t] = log softmax(logits[b, P-1+t] / temperature)[tokens[b, t]], where
@@ -133,12 +135,16 @@ def completion_logprobs(model: TransformerLM, params, prompt_bp, prompt_valid_bp
   plen = prompt_bp.shape[1]
   tokens_bl = jnp.concatenate([prompt_bp, tokens_bt], axis=1)
   valid_bl = jnp.concatenate([prompt_valid_bp, valid_bt], axis=1)
-  logits_blv = sequence_logits(model, params, tokens_bl, valid_bl, memory_bmd, memory_valid_bm)
+  out = sequence_logits(model, params, tokens_bl, valid_bl, memory_bmd, memory_valid_bm,
+                        with_values=with_value)
+  logits_blv = out[0] if with_value else out
   logits_btv = logits_blv[:, plen - 1:-1] / temperature
   logp_btv = jax.nn.log_softmax(logits_btv, axis=-1)
   logp_bt = jnp.take_along_axis(logp_btv, tokens_bt[..., None], axis=-1)[..., 0]
-  logp_bt = jnp.where(valid_bt, logp_bt, 0.0)
-  if not with_entropy:
-    return logp_bt
-  ent_bt = -jnp.sum(jnp.exp(logp_btv) * logp_btv, axis=-1)
-  return logp_bt, jnp.where(valid_bt, ent_bt, 0.0)
+  result = [jnp.where(valid_bt, logp_bt, 0.0)]
+  if with_entropy:
+    ent_bt = -jnp.sum(jnp.exp(logp_btv) * logp_btv, axis=-1)
+    result.append(jnp.where(valid_bt, ent_bt, 0.0))
+  if with_value:
+    result.append(out[1][:, plen - 1])
+  return result[0] if len(result) == 1 else tuple(result)

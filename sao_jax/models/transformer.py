@@ -97,12 +97,14 @@ class TransformerLM(nn.Module):
       when no cache is used).
     memory_bmd: optional [B, M, memory_dim] prefix vectors, placed before the tokens.
     cache: optional KVCache; new keys/values are written at slot `index`.
+    with_values: also return the value head's output [B, t] (model.value_head only).
   """
 
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, tokens_bt, positions_bt, mask_bts, memory_bmd=None, cache=None, index=0):
+  def __call__(self, tokens_bt, positions_bt, mask_bts, memory_bmd=None, cache=None, index=0,
+               with_values: bool = False):
     cfg = self.cfg
     dtype = jnp.dtype(cfg.dtype)
     embed = nn.Embed(cfg.vocab_size, cfg.width, dtype=dtype, name="embed",
@@ -134,6 +136,12 @@ class TransformerLM(nn.Module):
     x_btd = nn.RMSNorm(dtype=dtype, name="norm_out")(x_btd[:, n_mem:])
     logits_btv = embed.attend(x_btd).astype(jnp.float32)
     new_cache = KVCache(tuple(new_k), tuple(new_v)) if cache is not None else None
+    if cfg.value_head:
+      values_bt = _dense(1, ("embed", None), "value_head", dtype)(x_btd)[..., 0]
+      if with_values:
+        return logits_btv, new_cache, values_bt.astype(jnp.float32)
+    elif with_values:
+      raise ValueError("values asked for, but model.value_head is False")
     return logits_btv, new_cache
 
 
