@@ -130,7 +130,7 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
   progs = train.programs_for(s, rl.optim, lambda m, tx: make_sao_update(m, tx, rl, sao),
                              num_tasks=len(s.train))
   fresh = progs.init(jax.random.key(cfg.seed + 1))
-  state = fresh.replace(params=train._copy(state.params))
+  state = fresh.replace(params=train.copy_tree(state.params))
   bs = train.round_up(sao.batch_size, progs.batch_divisor)
   param_dir = workdir / "params"
   shutil.rmtree(param_dir, ignore_errors=True)
@@ -227,25 +227,13 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
                  bad_records=counts["bad_records"], train_seconds=clock.elapsed,
                  trajectories_per_s=counts["consumed"] / max(wall, 1e-9),
                  peak_memory_mb=peak_memory_mb(), peak_rss_all_mb=rss_peak)
-      row.update(clock.maybe_eval(step, state.params))
-      if step % cfg.log_every == 0 or "eval_accuracy" in row:
-        writer.write(step, row, phase="rl", advance=0)
-      writer.tick()
+      train.log_step(writer, clock, cfg, step, state.params, row, "rl")
     wall = time.time() - t_loop
-  ckpt_lib.save(mngr, state, cfg, {"phase": "rl"}, force=True)
-  mngr.wait_until_finished()
-  mngr.close()
-  seconds = clock.elapsed
-  final = clock.maybe_eval(step, state.params, force=True)
-  delays_np = np.asarray(delays) if delays else np.zeros(1)
-  info = {"steps": step, "seconds": seconds, "eval_curve": clock.curve,
-          "trajectories": counts["consumed"], "dropped_stale": counts["dropped_stale"],
-          "bad_records": counts["bad_records"], "duplicates": counts["duplicates"],
-          "learner_busy": busy / max(wall, 1e-9),
-          "trajectories_per_s": counts["consumed"] / max(wall, 1e-9),
-          "tokens_per_s": counts["tokens"] / max(wall, 1e-9),
-          "delay_mean_s": float(delays_np.mean()),
-          "delay_p95_s": float(np.percentile(delays_np, 95)),
-          "peak_rss_all_mb": rss_peak,
-          **{k.removeprefix("eval_"): v for k, v in final.items()}}
+  info = train.finish_phase(mngr, state, cfg, clock, step, "rl")
+  info.update(trajectories=counts["consumed"], dropped_stale=counts["dropped_stale"],
+              bad_records=counts["bad_records"], duplicates=counts["duplicates"],
+              learner_busy=busy / max(wall, 1e-9),
+              trajectories_per_s=counts["consumed"] / max(wall, 1e-9),
+              tokens_per_s=counts["tokens"] / max(wall, 1e-9), peak_rss_all_mb=rss_peak,
+              **train.delay_stats(delays))
   return state, progs, info

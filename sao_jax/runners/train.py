@@ -77,7 +77,34 @@ def make_setup(cfg: Config) -> Setup:
                env=ArithmeticEnv(tok), prompt_len=prompt_len, target_len=target_len)
 
 
-def _copy(tree):
+def log_step(writer: MetricsWriter, clock: PhaseClock, cfg: Config, step: int, params,
+             row: dict, phase: str):
+  """Adds a periodic held-out eval to `row` when due, writes it every `log_every` steps (and
+  whenever it carries an eval), and advances the progress bar."""
+  row.update(clock.maybe_eval(step, params))
+  if step % cfg.log_every == 0 or "eval_accuracy" in row:
+    writer.write(step, row, phase=phase, advance=0)
+  writer.tick()
+
+
+def finish_phase(mngr, state: TrainState, cfg: Config, clock: PhaseClock, step: int,
+                 phase: str) -> dict:
+  """Final snapshot, then the final held-out eval; returns the phase's common summary."""
+  ckpt_lib.save(mngr, state, cfg, {"phase": phase}, force=True)
+  mngr.wait_until_finished()
+  mngr.close()
+  seconds = clock.elapsed
+  final = clock.maybe_eval(step, state.params, force=True)
+  return {"steps": step, "seconds": seconds, "eval_curve": clock.curve,
+          **{k.removeprefix("eval_"): v for k, v in final.items()}}
+
+
+def delay_stats(delays: list[float]) -> dict:
+  d = np.asarray(delays or [0.0])
+  return {"delay_mean_s": float(d.mean()), "delay_p95_s": float(np.percentile(d, 95))}
+
+
+def copy_tree(tree):
   """Fresh buffers: the jitted updates donate their input state."""
   return jax.tree.map(jnp.copy, tree)
 
@@ -172,7 +199,7 @@ def run_sft(s: Setup, writer: MetricsWriter, state: TrainState | None, workdir: 
   progs = programs_for(s, cfg.sft.optim, make_sft_update)
   fresh = progs.init(jax.random.key(cfg.seed))
   if state is not None:
-    state = _copy(state) if keep_opt_state else fresh.replace(params=_copy(state.params))
+    state = copy_tree(state) if keep_opt_state else fresh.replace(params=copy_tree(state.params))
   else:
     state = fresh
   bs = round_up(cfg.sft.batch_size, progs.batch_divisor)
@@ -195,22 +222,14 @@ def run_sft(s: Setup, writer: MetricsWriter, state: TrainState | None, workdir: 
     step += 1
     tokens += int(tvalid.sum())
     ckpt_lib.save(mngr, state, cfg, {"phase": tag})
-    row = clock.maybe_eval(step, state.params)
-    if step % cfg.log_every == 0 or row:
-      metrics = jax.device_get(metrics)
+    row = {}
+    if step % cfg.log_every == 0:  # fetching metrics waits for the step: only when logged
       dt = time.time() - ts
-      writer.write(step, dict(metrics, **row, step_time=dt, learner_time=dt,
-                              train_seconds=clock.elapsed,
-                              tokens_per_s=tokens / max(clock.elapsed, 1e-9),
-                              peak_memory_mb=peak_memory_mb()), phase=tag, advance=0)
-    writer.tick()
-  ckpt_lib.save(mngr, state, cfg, {"phase": tag}, force=True)
-  mngr.wait_until_finished()
-  mngr.close()
-  seconds = clock.elapsed
-  final = clock.maybe_eval(step, state.params, force=True)
-  return state, progs, {"steps": step, "seconds": seconds, "eval_curve": clock.curve,
-                        **{k.removeprefix("eval_"): v for k, v in final.items()}}
+      row = dict(jax.device_get(metrics), step_time=dt, learner_time=dt,
+                 train_seconds=clock.elapsed, tokens_per_s=tokens / max(clock.elapsed, 1e-9),
+                 peak_memory_mb=peak_memory_mb())
+    log_step(writer, clock, cfg, step, state.params, row, tag)
+  return state, progs, finish_phase(mngr, state, cfg, clock, step, tag)
 
 
 def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathlib.Path, *,
@@ -223,8 +242,8 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
   with_ref = rl.kl_coef > 0
   progs = programs_for(s, rl.optim, lambda m, tx: make_rl_update(m, tx, rl), with_ref=with_ref)
   fresh = progs.init(jax.random.key(cfg.seed + 1))
-  state = fresh.replace(params=_copy(state.params),
-                        ref_params=_copy(state.params) if with_ref else None)
+  state = fresh.replace(params=copy_tree(state.params),
+                        ref_params=copy_tree(state.params) if with_ref else None)
   rows = rl.prompts_per_step * rl.group_size
   if rows % progs.batch_divisor:
     raise config_lib.ConfigError(f"prompts_per_step*group_size = {rows} must divide over "
@@ -265,24 +284,12 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
                tokens_per_s=float(out.lengths_b.sum()) / (t_end - ts),
                mean_len=float(out.lengths_b.mean()), train_seconds=clock.elapsed,
                learner_busy=busy / (time.time() - t_loop), peak_memory_mb=peak_memory_mb())
-    row.update(clock.maybe_eval(step, state.params))
-    if step % cfg.log_every == 0 or "eval_accuracy" in row:
-      writer.write(step, row, phase="rl", advance=0)
-    writer.tick()
+    log_step(writer, clock, cfg, step, state.params, row, "rl")
   wall = time.time() - t_loop
-  ckpt_lib.save(mngr, state, cfg, {"phase": "rl"}, force=True)
-  mngr.wait_until_finished()
-  mngr.close()
-  seconds = clock.elapsed
-  final = clock.maybe_eval(step, state.params, force=True)
-  delays_np = np.asarray(delays or [0.0])
-  return state, progs, {"steps": step, "seconds": seconds, "eval_curve": clock.curve,
-                        "trajectories": step * rows, "trajectories_per_s": step * rows / wall,
-                        "tokens_per_s": tokens / wall, "learner_busy": busy / wall,
-                        "delay_mean_s": float(delays_np.mean()),
-                        "delay_p95_s": float(np.percentile(delays_np, 95)),
-                        "peak_rss_all_mb": peak_memory_mb(),
-                        **{k.removeprefix("eval_"): v for k, v in final.items()}}
+  info = finish_phase(mngr, state, cfg, clock, step, "rl")
+  return state, progs, dict(info, trajectories=step * rows, trajectories_per_s=step * rows / wall,
+                            tokens_per_s=tokens / wall, learner_busy=busy / wall,
+                            peak_rss_all_mb=peak_memory_mb(), **delay_stats(delays))
 
 
 def restore_init(s: Setup, path: str):
