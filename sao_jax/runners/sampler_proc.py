@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import queue
 import time
 import traceback
+from typing import Any
 
 
 class SamplerError(RuntimeError):
@@ -21,6 +21,7 @@ class SamplerSpec:
   sampler_id: int
   config: dict  # resolved Config as a dict
   param_dir: str
+  transport: Any  # EmbeddedSpec or KafkaSpec: builds this sampler's end of the transport
   seed: int
   threads: int = 0  # XLA intra-op threads (0: default)
   cores: tuple[int, ...] = ()  # CPU affinity (empty: inherit)
@@ -37,21 +38,23 @@ def _configure_process(spec: SamplerSpec):
     os.sched_setaffinity(0, spec.cores)
 
 
-def sampler_main(spec: SamplerSpec, task_q, traj_q, stop, errors) -> None:
+def sampler_main(spec: SamplerSpec, stop, errors) -> None:
   """Loop: newest params -> up to `sampler_slots` tasks -> one batch of trajectories."""
   _configure_process(spec)
+  end = None
   try:
-    _run(spec, task_q, traj_q, stop)
+    end = spec.transport.sampler_end()
+    _run(spec, end, stop)
   except KeyboardInterrupt:
     pass
   except BaseException:
     errors.put(f"sampler {spec.sampler_id}:\n{traceback.format_exc()}")
   finally:
-    # Do not block exit on undelivered records: the learner treats what it got as final.
-    traj_q.cancel_join_thread()
+    if end is not None:
+      end.close()
 
 
-def _run(spec: SamplerSpec, task_q, traj_q, stop) -> None:
+def _run(spec: SamplerSpec, end, stop) -> None:
   import multiprocessing
 
   import jax
@@ -75,6 +78,8 @@ def _run(spec: SamplerSpec, task_q, traj_q, stop) -> None:
   version, params = -1, None
   key = jax.random.key(spec.seed)
   parent = multiprocessing.parent_process()
+  # Record ids must be unique across samplers on any machine: a random prefix per process.
+  id_prefix = int.from_bytes(os.urandom(3), "little") << 40
   counter = 0
   while not stop.is_set():
     if parent is not None and not parent.is_alive():
@@ -86,7 +91,7 @@ def _run(spec: SamplerSpec, task_q, traj_q, stop) -> None:
     if params is None:
       time.sleep(0.05)
       continue
-    indices = _take(task_q, slots, stop)
+    indices = end.get_tasks(slots, timeout=0.2)
     if not indices:
       continue
     tasks = [s.train[i] for i in indices]
@@ -99,18 +104,7 @@ def _run(spec: SamplerSpec, task_q, traj_q, stop) -> None:
       counter += 1
       meta = {"task_index": traj.task_index, "task_id": traj.task_id, "reward": traj.total_reward,
               "t_end": traj.t_end, "sampler": spec.sampler_id, "done": traj.done}
-      traj_q.put(records.encode(records.RecordKind.TRAJECTORY,
-                                (spec.sampler_id << 40) | counter, traj.policy_version,
-                                traj.arrays(), meta))
-
-
-def _take(task_q, n: int, stop) -> list[int]:
-  """Blocks briefly for the first task, then takes what is there, up to n."""
-  out = []
-  try:
-    out.append(task_q.get(timeout=0.2))
-    while len(out) < n:
-      out.append(task_q.get_nowait())
-  except queue.Empty:
-    pass
-  return out
+      end.put_trajectory(records.encode(records.RecordKind.TRAJECTORY,
+                                        id_prefix | counter, traj.policy_version,
+                                        traj.arrays(), meta))
+    end.ack_tasks()

@@ -30,6 +30,9 @@ from sao_jax.rl import trackers
 from sao_jax.runners import train
 from sao_jax.runners.sampler_proc import SamplerError, SamplerSpec, sampler_main
 from sao_jax.transport import records
+from sao_jax.transport.base import EmbeddedSpec
+from sao_jax.transport.broker import LocalBroker, wait_until_answers
+from sao_jax.transport.kafka import KafkaSpec
 from sao_jax.transport.params import ParamPublisher
 
 STALENESS_BINS = 8
@@ -47,13 +50,15 @@ def process_tree_rss_mb(pids) -> float:
 
 
 class SamplerPool:
-  """K sampler processes with their queues; a context manager that always cleans up."""
+  """K sampler processes and the transport to them; a context manager that always cleans up
+  (processes, queues, and the local broker if it started one)."""
 
   def __init__(self, cfg: config_lib.Config, param_dir: pathlib.Path):
     self.ctx = mp.get_context("spawn")
-    self.task_q = self.ctx.Queue()
-    self.traj_q = self.ctx.Queue()
     self.errors = self.ctx.Queue()
+    self.cfg = cfg
+    self.broker = None
+    self.transport = None
     self.stop = self.ctx.Event()
     sao = cfg.sao
     ncpu = len(os.sched_getaffinity(0))
@@ -66,22 +71,50 @@ class SamplerPool:
       self.learner_cores = (allowed[0],)
       rest = allowed[1:]
       cores = [tuple(rest[i::sao.num_samplers]) or tuple(rest) for i in range(sao.num_samplers)]
-    self.specs = [SamplerSpec(sampler_id=i, config=config_lib.to_dict(cfg),
-                              param_dir=str(param_dir), seed=cfg.seed * 1000 + i,
-                              threads=sao.sampler_threads, cores=cores[i])
-                  for i in range(sao.num_samplers)]
+    self.cores = cores
+    self.param_dir = param_dir
     self.procs: list[mp.Process] = []
+    self.learner = None
+
+  def _make_transport(self):
+    t = self.cfg.transport
+    if t.kind == "embedded":
+      return EmbeddedSpec(self.ctx)
+    bootstrap = t.bootstrap_servers
+    if not bootstrap:
+      self.broker = LocalBroker().start()
+      bootstrap = self.broker.bootstrap
+    else:
+      wait_until_answers(bootstrap, timeout=10.0)
+    run_id = t.run_id or f"{self.cfg.name}-{time.strftime('%Y%m%d%H%M%S')}-{os.getpid()}"
+    spec = KafkaSpec(bootstrap=bootstrap, run_id=run_id, partitions=t.partitions)
+    spec.create_topics()
+    print(f"sao: kafka transport at {bootstrap}, run id {run_id}", flush=True)
+    return spec
 
   def __enter__(self):
-    for spec in self.specs:
-      p = self.ctx.Process(target=sampler_main, name=f"sao-sampler-{spec.sampler_id}",
-                           args=(spec, self.task_q, self.traj_q, self.stop, self.errors),
-                           daemon=True)
+    try:
+      self.transport = self._make_transport()
+      self.learner = self.transport.learner_end()
+      self._start_samplers()
+    except BaseException:
+      self.__exit__(None, None, None)
+      raise
+    return self
+
+  def _start_samplers(self):
+    sao = self.cfg.sao
+    for i in range(sao.num_samplers):
+      spec = SamplerSpec(sampler_id=i, config=config_lib.to_dict(self.cfg),
+                         param_dir=str(self.param_dir), transport=self.transport,
+                         seed=self.cfg.seed * 1000 + i, threads=sao.sampler_threads,
+                         cores=self.cores[i])
+      p = self.ctx.Process(target=sampler_main, name=f"sao-sampler-{i}",
+                           args=(spec, self.stop, self.errors), daemon=True)
       p.start()
       self.procs.append(p)
     if self.learner_cores:
       os.sched_setaffinity(0, self.learner_cores)
-    return self
 
   def check(self):
     """Raises if a sampler reported an error or died."""
@@ -103,9 +136,14 @@ class SamplerPool:
       if p.is_alive():
         p.kill()
         p.join()
-    for q in (self.task_q, self.traj_q, self.errors):
-      q.cancel_join_thread()
-      q.close()
+    self.errors.cancel_join_thread()
+    self.errors.close()
+    for closer in (self.learner, self.transport):
+      if closer is not None:
+        with contextlib.suppress(Exception):
+          closer.close()
+    if self.broker is not None:
+      self.broker.stop()
     if self.learner_cores:
       os.sched_setaffinity(0, range(os.cpu_count()))
     return False
@@ -120,6 +158,23 @@ def _pad_rows(rows: list[dict], n: int) -> dict[str, np.ndarray]:
     out = {k: np.concatenate([v, np.zeros((n - len(rows),) + v.shape[1:], v.dtype)])
            for k, v in out.items()}
   return out
+
+
+def _decode(data: bytes, learner, counts) -> records.Record | None:
+  """A trajectory record, or None for one that is malformed (counted, dead-lettered, and
+  logged the first time) or of another kind."""
+  try:
+    rec = records.decode(data)
+    if rec.kind != records.RecordKind.TRAJECTORY:
+      raise records.Malformed(f"expected a trajectory record, got {rec.kind.name}")
+    return rec
+  except records.RecordError as err:
+    counts["bad_records"] += 1
+    if counts["bad_records"] == 1:
+      print(f"sao: skipping a malformed trajectory record ({err}); further ones are only "
+            "counted (bad_records) and copied to the dead-letter topic", flush=True)
+    learner.dead_letter(data, str(err))
+    return None
 
 
 def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: pathlib.Path, *,
@@ -161,35 +216,28 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
         probs = (np.asarray(jax.device_get(trackers.priority_weights(state.tracker,
                                                                     sao.priority_eps)))
                  if sao.prioritized else None)
-      for i in rng.choice(len(s.train), size=max(0, target_depth - outstanding), p=probs):
-        pool.task_q.put(int(i))
-        outstanding += 1
+      new = rng.choice(len(s.train), size=max(0, target_depth - outstanding), p=probs)
+      pool.learner.put_tasks(new.tolist())
+      outstanding += len(new)
       # Gather what has arrived; block (briefly) only while a batch is not full.
       while len(buffer) < bs:
-        try:
-          data = pool.traj_q.get(timeout=0.05)
-        except queue.Empty:
-          if len(buffer) < bs:
-            pool.check()
+        got = pool.learner.get_trajectories(bs - len(buffer), timeout=0.05)
+        if not got:
+          pool.check()
+          continue
+        for data in got:
+          rec = _decode(data, pool.learner, counts)
+          if rec is None:
             continue
-          break
-        outstanding -= 1
-        try:
-          rec = records.decode(data)
-        except records.RecordError as err:
-          counts["bad_records"] += 1
-          if counts["bad_records"] == 1:
-            print(f"sao: skipping malformed trajectory record: {err}")
-          continue
-        if rec.record_id in seen_ids:
-          counts["duplicates"] += 1
-          continue
-        seen_ids.add(rec.record_id)
-        staleness = step - rec.policy_version
-        if staleness > sao.max_staleness:
-          counts["dropped_stale"] += 1
-          continue
-        buffer.append((rec, time.time()))
+          outstanding -= 1
+          if rec.record_id in seen_ids:
+            counts["duplicates"] += 1
+            continue
+          seen_ids.add(rec.record_id)
+          if step - rec.policy_version > sao.max_staleness:
+            counts["dropped_stale"] += 1
+            continue
+          buffer.append((rec, time.time()))
       batch_recs, buffer = buffer[:bs], buffer[bs:]
       rows = []
       for rec, _ in batch_recs:
@@ -212,6 +260,8 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
       counts["consumed"] += len(batch_recs)
       counts["tokens"] += int(batch["valid"].sum())
       delays.extend(t_done - rec.meta["t_end"] for rec, _ in batch_recs)
+      if not buffer:
+        pool.learner.commit()  # every record read so far is applied (or counted as dropped)
       if step % sao.param_sync_every == 0:
         publisher.publish(step, state.params)
       ckpt_lib.save(mngr, state, cfg, {"phase": "rl"})

@@ -1,0 +1,113 @@
+"""The two ends of a transport between the SAO learner and its samplers.
+
+Tasks go learner -> samplers (whoever asks first gets the next task: load balancing);
+trajectory records (bytes, `sao_jax.transport.records`) go samplers -> learner. The
+embedded transport uses multiprocessing queues on one machine; the Kafka transport uses
+topics on a broker, so samplers on other machines can join.
+"""
+from __future__ import annotations
+
+import queue
+from collections.abc import Sequence
+from typing import Protocol
+
+
+class LearnerEnd(Protocol):
+  def put_tasks(self, indices: Sequence[int]) -> None: ...
+
+  def get_trajectories(self, max_n: int, timeout: float) -> list[bytes]:
+    """Up to `max_n` records; waits at most `timeout` seconds for the first one."""
+    ...
+
+  def commit(self) -> None:
+    """Everything returned so far is consumed (applied to the learner state)."""
+    ...
+
+  def dead_letter(self, data: bytes, reason: str) -> None: ...
+
+  def close(self) -> None: ...
+
+
+class SamplerEnd(Protocol):
+  def get_tasks(self, max_n: int, timeout: float) -> list[int]: ...
+
+  def put_trajectory(self, data: bytes) -> None: ...
+
+  def ack_tasks(self) -> None:
+    """The tasks taken so far have their trajectories sent (redelivery point on a crash)."""
+    ...
+
+  def close(self) -> None: ...
+
+
+class EmbeddedSpec:
+  """Multiprocessing queues; created by the learner, handed to spawned samplers."""
+
+  def __init__(self, ctx):
+    self.task_q = ctx.Queue()
+    self.traj_q = ctx.Queue()
+    self.dead_letters = 0
+
+  def learner_end(self) -> EmbeddedLearnerEnd:
+    return EmbeddedLearnerEnd(self)
+
+  def sampler_end(self) -> EmbeddedSamplerEnd:
+    return EmbeddedSamplerEnd(self)
+
+  def close(self) -> None:
+    for q in (self.task_q, self.traj_q):
+      q.cancel_join_thread()
+      q.close()
+
+
+class EmbeddedLearnerEnd:
+  def __init__(self, spec: EmbeddedSpec):
+    self.spec = spec
+
+  def put_tasks(self, indices):
+    for i in indices:
+      self.spec.task_q.put(int(i))
+
+  def get_trajectories(self, max_n, timeout):
+    out = []
+    try:
+      out.append(self.spec.traj_q.get(timeout=timeout))
+      while len(out) < max_n:
+        out.append(self.spec.traj_q.get_nowait())
+    except queue.Empty:
+      pass
+    return out
+
+  def commit(self):
+    pass  # queues hold nothing once read
+
+  def dead_letter(self, data, reason):
+    self.spec.dead_letters += 1  # nowhere durable to copy it to: counted
+
+  def close(self):
+    pass
+
+
+class EmbeddedSamplerEnd:
+  def __init__(self, spec: EmbeddedSpec):
+    self.spec = spec
+
+  def get_tasks(self, max_n, timeout):
+    out = []
+    try:
+      out.append(self.spec.task_q.get(timeout=timeout))
+      while len(out) < max_n:
+        out.append(self.spec.task_q.get_nowait())
+    except queue.Empty:
+      pass
+    return out
+
+  def put_trajectory(self, data):
+    self.spec.traj_q.put(data)
+
+  def ack_tasks(self):
+    pass
+
+  def close(self):
+    # Do not block exit on undelivered records: the learner treats what it got as final.
+    self.spec.traj_q.cancel_join_thread()

