@@ -149,3 +149,27 @@ def test_sao_run_over_kafka_with_local_broker(repo_root, tmp_path):
   leftover = subprocess.run(["pgrep", "-f", "tansu broker"], capture_output=True, text=True)
   port = proc.stdout.split("kafka transport at 127.0.0.1:")[1].split(",")[0]
   assert f"127.0.0.1:{port}" not in leftover.stdout
+
+
+def test_broker_dies_with_its_owner_after_kill_9():
+  import os
+  import signal
+  code = ("from sao_jax.transport.broker import LocalBroker; import time; "
+          "b = LocalBroker().start(); print(b.proc.pid, flush=True); time.sleep(120)")
+  owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                           env=subprocess_env())
+  pid = int(owner.stdout.readline())
+  os.kill(owner.pid, signal.SIGKILL)
+  owner.wait()
+  deadline = time.time() + 10
+  state = "R"
+  while time.time() < deadline:
+    try:
+      with open(f"/proc/{pid}/stat") as f:
+        state = f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+      state = "gone"
+    if state in ("Z", "X", "gone"):  # exited (a zombie until init reaps it)
+      break
+    time.sleep(0.1)
+  assert state in ("Z", "X", "gone"), state

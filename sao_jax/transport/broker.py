@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -97,12 +98,18 @@ class LocalBroker:
     log_dir = pathlib.Path(self._log_dir or tempfile.mkdtemp(prefix="sao-broker-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     self.log_path = log_dir / f"tansu-{self.port}.log"
+    cmd = [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+           "--storage-engine", "memory://tansu/"]
+    # The broker must die with this process. util-linux's setpriv sets that up without
+    # running Python between fork and exec (unsafe in a multithreaded JAX process);
+    # preexec_fn is the fallback where setpriv is missing.
+    setpriv = shutil.which("setpriv")
+    extra = {} if setpriv else {"preexec_fn": _die_with_parent}
+    if setpriv:
+      cmd = [setpriv, "--pdeathsig", "SIGTERM", "--", *cmd]
     with open(self.log_path, "wb") as log:
-      self.proc = subprocess.Popen(
-          [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-           "--storage-engine", "memory://tansu/"],
-          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-          preexec_fn=_die_with_parent)
+      self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, **extra)
     try:
       wait_until_answers(self.bootstrap, timeout, self.proc, self.log_path)
     except BaseException:
