@@ -40,6 +40,18 @@ class SamplerEnd(Protocol):
   def close(self) -> None: ...
 
 
+def _drain(q, max_n: int, timeout: float) -> list:
+  """Waits up to `timeout` for the first item, then takes what is there, up to `max_n`."""
+  out = []
+  try:
+    out.append(q.get(timeout=timeout))
+    while len(out) < max_n:
+      out.append(q.get_nowait())
+  except queue.Empty:
+    pass
+  return out
+
+
 class EmbeddedSpec:
   """Multiprocessing queues; created by the learner, handed to spawned samplers."""
 
@@ -69,14 +81,7 @@ class EmbeddedLearnerEnd:
       self.spec.task_q.put(int(i))
 
   def get_trajectories(self, max_n, timeout):
-    out = []
-    try:
-      out.append(self.spec.traj_q.get(timeout=timeout))
-      while len(out) < max_n:
-        out.append(self.spec.traj_q.get_nowait())
-    except queue.Empty:
-      pass
-    return out
+    return _drain(self.spec.traj_q, max_n, timeout)
 
   def commit(self):
     pass  # queues hold nothing once read
@@ -93,14 +98,7 @@ class EmbeddedSamplerEnd:
     self.spec = spec
 
   def get_tasks(self, max_n, timeout):
-    out = []
-    try:
-      out.append(self.spec.task_q.get(timeout=timeout))
-      while len(out) < max_n:
-        out.append(self.spec.task_q.get_nowait())
-    except queue.Empty:
-      pass
-    return out
+    return _drain(self.spec.task_q, max_n, timeout)
 
   def put_trajectory(self, data):
     self.spec.traj_q.put(data)
