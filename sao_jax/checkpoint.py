@@ -25,11 +25,19 @@ def save(mngr: ocp.CheckpointManager, state: TrainState, cfg: config_lib.Config,
   step = int(jax.device_get(state.step))
   if force and step in mngr.all_steps():
     return False
-  rest = {"step": state.step, "opt_state": state.opt_state, "rng": jax.random.key_data(state.rng)}
+  rest = _rest(state)
   return mngr.save(step, force=force, args=ocp.args.Composite(
       params=ocp.args.StandardSave(state.params),
       rest=ocp.args.StandardSave(rest),
       meta=ocp.args.JsonSave({"config": config_lib.to_dict(cfg), **(meta or {})})))
+
+
+def _rest(state: TrainState) -> dict:
+  """Everything but params: optimizer, step, RNG, and the SAO value trackers if any."""
+  rest = {"step": state.step, "opt_state": state.opt_state, "rng": jax.random.key_data(state.rng)}
+  if state.tracker is not None:
+    rest["tracker"] = state.tracker
+  return rest
 
 
 def _abstract(tree):
@@ -40,15 +48,14 @@ def restore_state(mngr: ocp.CheckpointManager, like: TrainState, step: int | Non
                   ) -> tuple[TrainState, dict]:
   """Restores onto the shardings of `like` (an initialised state of the same run)."""
   step = mngr.latest_step() if step is None else step
-  rest_like = {"step": like.step, "opt_state": like.opt_state,
-               "rng": jax.random.key_data(like.rng)}
   out = mngr.restore(step, args=ocp.args.Composite(
       params=ocp.args.StandardRestore(_abstract(like.params)),
-      rest=ocp.args.StandardRestore(_abstract(rest_like)),
+      rest=ocp.args.StandardRestore(_abstract(_rest(like))),
       meta=ocp.args.JsonRestore()))
   rest = out["rest"]
   state = like.replace(step=rest["step"], params=out["params"], opt_state=rest["opt_state"],
-                       rng=jax.random.wrap_key_data(rest["rng"]))
+                       rng=jax.random.wrap_key_data(rest["rng"]),
+                       tracker=rest.get("tracker", like.tracker))
   return state, dict(out["meta"])
 
 

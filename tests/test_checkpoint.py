@@ -61,3 +61,28 @@ def test_roundtrip_and_restore_on_another_mesh(tmp_path):
 def test_missing_checkpoint_is_a_clear_error(tmp_path):
   with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
     ckpt.read_meta(tmp_path / "empty")
+
+
+def test_sao_value_trackers_are_checkpointed(tmp_path):
+  from sao_jax.learner import make_sao_update
+  cfg = _cfg((8, 1, 1))
+  model = TransformerLM(cfg.model)
+  tx = make_optimizer(cfg.rl.optim, 0)
+  progs = compile_programs(cfg, model, tx, make_sao_update(model, tx, cfg.rl, cfg.sao),
+                           with_ref=False, prompt_len=8, max_new_tokens=8, temperature=1.0,
+                           eos_id=2, pad_id=0, num_tasks=10)
+  state = progs.init(jax.random.key(0))
+  batch = {"prompt": np.full((8, 8), 5, np.int32), "prompt_valid": np.ones((8, 8), bool),
+           "tokens": np.full((8, 8), 7, np.int32), "valid": np.ones((8, 8), bool),
+           "logp": np.full((8, 8), -1.0, np.float32),
+           "rewards": np.linspace(0, 1, 8, dtype=np.float32),
+           "task": np.arange(8, dtype=np.int32), "staleness": np.zeros(8, np.int32),
+           "row_valid": np.ones(8, bool)}
+  state, _ = progs.update(state, progs.shard_batch(batch))
+  assert not np.allclose(np.asarray(state.tracker.alpha_n), 1.0)  # the update moved them
+  mngr = ckpt.manager(tmp_path / "ck", every=1)
+  ckpt.save(mngr, state, cfg)
+  mngr.wait_until_finished()
+  restored, _ = ckpt.restore_state(mngr, progs.init(jax.random.key(1)))
+  mngr.close()
+  _equal(restored.tracker, state.tracker)
