@@ -229,11 +229,11 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
           rec = _decode(data, pool.learner, counts)
           if rec is None:
             continue
-          outstanding -= 1
-          if rec.record_id in seen_ids:
+          if rec.record_id in seen_ids:  # redelivered: its task was already counted back
             counts["duplicates"] += 1
             continue
           seen_ids.add(rec.record_id)
+          outstanding -= 1
           if step - rec.policy_version > sao.max_staleness:
             counts["dropped_stale"] += 1
             continue
