@@ -204,7 +204,8 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
   busy = 0.0
   step = 0
   outstanding = 0  # tasks handed out and not yet returned
-  target_depth = 2 * sao.num_samplers * sao.sampler_slots
+  # Enough tasks in flight to fill the next batch while every sampler holds a full call's worth.
+  target_depth = bs + 2 * sao.num_samplers * sao.sampler_slots
   probs = None
   rss_peak = 0.0
   with SamplerPool(cfg, param_dir) as pool:
@@ -212,15 +213,16 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
     t_loop = time.time()
     while clock.running(step):
       pool.check()
-      if probs is None or step % 10 == 0:
-        probs = (np.asarray(jax.device_get(trackers.priority_weights(state.tracker,
-                                                                    sao.priority_eps)))
-                 if sao.prioritized else None)
-      new = rng.choice(len(s.train), size=max(0, target_depth - outstanding), p=probs)
-      pool.learner.put_tasks(new.tolist())
-      outstanding += len(new)
-      # Gather what has arrived; block (briefly) only while a batch is not full.
+      if sao.prioritized and (probs is None or step % 10 == 0):
+        p64 = np.asarray(jax.device_get(trackers.priority_weights(state.tracker,
+                                                                  sao.priority_eps)), np.float64)
+        probs = p64 / p64.sum()
+      # Gather what has arrived; block (briefly) only while a batch is not full. Tasks are
+      # topped up on every pass, so samplers keep working while the learner waits or updates.
       while len(buffer) < bs:
+        new = rng.choice(len(s.train), size=max(0, target_depth - outstanding), p=probs)
+        pool.learner.put_tasks(new.tolist())
+        outstanding += len(new)
         got = pool.learner.get_trajectories(bs - len(buffer), timeout=0.05)
         if not got:
           pool.check()
