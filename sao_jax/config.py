@@ -181,6 +181,7 @@ class SAOConfig:
   priority_eps: float = 0.05
   sampler_threads: int = 0  # XLA intra-op threads per sampler process (0: XLA default)
   pin_cores: bool = False  # learner on core 0, samplers on the others (needs >= 2 cores)
+  max_sampler_restarts: int = 5  # a sampler that dies is restarted, this many times per run
 
   def __post_init__(self):
     _check(self.num_samplers >= 1 and self.sampler_slots >= 1 and self.batch_size >= 1,
@@ -193,6 +194,7 @@ class SAOConfig:
     _check(self.baseline in ("tracker", "value_head"),
            f"sao.baseline {self.baseline!r} unknown; known: tracker, value_head")
     _check(self.value_coef >= 0, "sao.value_coef must be >= 0")
+    _check(self.max_sampler_restarts >= 0, "sao.max_sampler_restarts must be >= 0")
     _check(self.is_cap >= 1.0 and self.freshness_half_life > 0, "sao.is_cap >= 1, half_life > 0")
     _check(0 < self.tracker_rho_min <= self.tracker_rho_max <= 1, "bad tracker rho bounds")
 
@@ -224,6 +226,52 @@ class EvalConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class RecoveryConfig:
+  """Snapshots, resume, shadow models and rollback (see sao_jax.recovery).
+
+  Snapshots (Orbax) are taken every `Config.checkpoint_every` updates; the last `keep` are
+  kept, plus the best by validation accuracy. Every `shadow_every` updates (0: never) the
+  policy is validated greedily on `val_problems` held-out problems (the tail of the train
+  split, never sampled in RL) and kept as a shadow (the last `shadow_keep`). The run rolls
+  back to the best shadow, with the step size multiplied by `lr_decay`, when validation
+  accuracy falls more than `regress_threshold` below the best shadow's, or when
+  `nonfinite_limit` of the last `nonfinite_window` updates had non-finite gradients.
+  """
+
+  keep: int = 3
+  shadow_every: int = 50
+  shadow_keep: int = 4
+  val_problems: int = 128
+  regress_threshold: float = 0.15
+  nonfinite_limit: int = 3
+  nonfinite_window: int = 20
+  lr_decay: float = 0.5
+  max_rollbacks: int = 20
+  keep_journal: bool = False  # keep every journal segment (for sao_jax.recovery.audit)
+
+  def __post_init__(self):
+    _check(self.keep >= 1 and self.shadow_keep >= 1, "recovery.keep/shadow_keep must be >= 1")
+    _check(self.shadow_every >= 0 and self.val_problems >= 1, "bad recovery.shadow_every/val")
+    _check(0 < self.regress_threshold <= 1, "recovery.regress_threshold must be in (0, 1]")
+    _check(1 <= self.nonfinite_limit <= self.nonfinite_window, "bad recovery.nonfinite_*")
+    _check(0 < self.lr_decay <= 1 and self.max_rollbacks >= 0, "bad recovery.lr_decay/max")
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultsConfig:
+  """Fault injection for tests and the soak run; all off by default. Poisoned updates get
+  NaN gradients inside the jitted update (update numbers in `nan_steps`, or each with
+  probability `nan_prob`, decided by (seed, update number) so a resumed run poisons the same
+  updates)."""
+
+  nan_steps: tuple[int, ...] = ()
+  nan_prob: float = 0.0
+
+  def __post_init__(self):
+    _check(0 <= self.nan_prob <= 1, "faults.nan_prob must be in [0, 1]")
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
   name: str = "run"
   seed: int = 0
@@ -236,6 +284,8 @@ class Config:
   sao: SAOConfig = SAOConfig()
   transport: TransportConfig = TransportConfig()
   eval: EvalConfig = EvalConfig()
+  recovery: RecoveryConfig = RecoveryConfig()
+  faults: FaultsConfig = FaultsConfig()
   log_every: int = 10
   checkpoint_every: int = 100
   init_from: str = ""

@@ -34,6 +34,8 @@ class TrainState:
   rng: jax.Array
   ref_params: Any = None  # frozen reference policy for the KL penalty (None: no KL)
   tracker: Any = None  # SAO: per-task value tracker (checkpointed with the state)
+  lr_scale: jax.Array = None  # multiplies every update; lowered on a rollback
+  nonfinite: jax.Array = None  # updates skipped because gradients or loss were not finite
 
 
 def make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
@@ -62,15 +64,37 @@ def init_state_fn(model: TransformerLM, tx: optax.GradientTransformation, prompt
     params = model.init(init_rng, tokens, jnp.zeros_like(tokens), mask, memory)["params"]
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                       rng=state_rng, ref_params=params if with_ref else None,
-                      tracker=trackers.init_beta_tracker(num_tasks) if num_tasks else None)
+                      tracker=trackers.init_beta_tracker(num_tasks) if num_tasks else None,
+                      lr_scale=jnp.ones((), jnp.float32), nonfinite=jnp.zeros((), jnp.int32))
   return init
 
 
-def _apply_grads(state: TrainState, tx, grads, metrics: Metrics) -> tuple[TrainState, Metrics]:
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+def _apply_grads(state: TrainState, tx, grads, metrics: Metrics, batch: Batch,
+                 **extra) -> tuple[TrainState, Metrics]:
+  """Optimizer step scaled by `state.lr_scale`, guarded against non-finite values.
+
+  If the gradients or the loss are not finite (or the batch carries the test/soak fault
+  `poison`, which turns the gradients into NaN), params, optimizer state and `extra` (e.g.
+  the SAO tracker) stay exactly as they were; `step` still counts the update and
+  `nonfinite` counts the skip. The run never sees a NaN in its parameters.
+  """
+  if "poison" in batch:
+    poison = jnp.sum(batch["poison"])  # 0, or NaN on an injected fault
+    grads = jax.tree.map(lambda g: g * (1.0 + poison).astype(g.dtype), grads)
+  grad_norm = optax.tree.norm(grads)
+  finite = jnp.isfinite(grad_norm) & jnp.isfinite(metrics["loss"])
+  safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, jnp.zeros_like(g)), grads)
+  updates, opt_state = tx.update(safe_grads, state.opt_state, state.params)
+  updates = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), updates)
   params = optax.apply_updates(state.params, updates)
-  metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
-  return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+  new = {"params": params, "opt_state": opt_state, **extra}
+  old = {"params": state.params, "opt_state": state.opt_state,
+         **{k: getattr(state, k) for k in extra}}
+  kept = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+  metrics = dict(metrics, grad_norm=grad_norm, nonfinite_skipped=(~finite).astype(jnp.int32),
+                 lr_scale=state.lr_scale)
+  return state.replace(step=state.step + 1, nonfinite=state.nonfinite + (~finite).astype(
+      jnp.int32), **kept), metrics
 
 
 def make_sft_update(model: TransformerLM, tx) -> Callable[[TrainState, Batch], tuple]:
@@ -86,7 +110,7 @@ def make_sft_update(model: TransformerLM, tx) -> Callable[[TrainState, Batch], t
       return loss, {"loss": loss, "tokens": jnp.sum(mask_bt)}
 
     grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params)
-    return _apply_grads(state, tx, grads, metrics)
+    return _apply_grads(state, tx, grads, metrics, batch)
   return update
 
 
@@ -137,7 +161,7 @@ def make_rl_update(model: TransformerLM, tx, cfg: RLConfig) -> Callable[[TrainSt
     grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params)
     metrics["adv_abs"] = jnp.mean(jnp.abs(adv_b))
     metrics["reward"] = jnp.mean(batch["rewards"])
-    return _apply_grads(state, tx, grads, metrics)
+    return _apply_grads(state, tx, grads, metrics, batch)
   return update
 
 
@@ -227,6 +251,5 @@ def make_sao_update(model: TransformerLM, tx, rl: RLConfig, sao: SAOConfig
                                        sao.tracker_rho_min, sao.tracker_rho_max)
     tracker = trackers.update_beta_tracker(state.tracker, batch["task"], batch["rewards"], rho_b,
                                            row_valid_b)
-    state, metrics = _apply_grads(state, tx, grads, metrics)
-    return state.replace(tracker=tracker), metrics
+    return _apply_grads(state, tx, grads, metrics, batch, tracker=tracker)
   return update

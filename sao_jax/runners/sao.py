@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import multiprocessing as mp
 import os
 import pathlib
@@ -20,10 +21,13 @@ import shutil
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+import sao_jax
 from sao_jax import checkpoint as ckpt_lib
 from sao_jax import config as config_lib
+from sao_jax import recovery
 from sao_jax.learner import TrainState, make_sao_update
 from sao_jax.metrics import MetricsWriter, peak_memory_mb
 from sao_jax.rl import trackers
@@ -74,6 +78,8 @@ class SamplerPool:
     self.cores = cores
     self.param_dir = param_dir
     self.procs: list[mp.Process] = []
+    self.held = [self.ctx.Value("i", 0) for _ in range(sao.num_samplers)]
+    self.restarts = 0
     self.learner = None
 
   def _make_transport(self):
@@ -102,27 +108,47 @@ class SamplerPool:
       raise
     return self
 
-  def _start_samplers(self):
+  def _spawn(self, i: int) -> mp.Process:
     sao = self.cfg.sao
-    for i in range(sao.num_samplers):
-      spec = SamplerSpec(sampler_id=i, config=config_lib.to_dict(self.cfg),
-                         param_dir=str(self.param_dir), transport=self.transport,
-                         seed=self.cfg.seed * 1000 + i, threads=sao.sampler_threads,
-                         cores=self.cores[i])
-      p = self.ctx.Process(target=sampler_main, name=f"sao-sampler-{i}",
-                           args=(spec, self.stop, self.errors), daemon=True)
-      p.start()
-      self.procs.append(p)
+    spec = SamplerSpec(sampler_id=i, config=config_lib.to_dict(self.cfg),
+                       param_dir=str(self.param_dir), transport=self.transport,
+                       seed=self.cfg.seed * 1000 + i + 7919 * self.restarts,
+                       threads=sao.sampler_threads, cores=self.cores[i], held=self.held[i])
+    p = self.ctx.Process(target=sampler_main, name=f"sao-sampler-{i}",
+                         args=(spec, self.stop, self.errors), daemon=True)
+    p.start()
+    return p
+
+  def _start_samplers(self):
+    for i in range(self.cfg.sao.num_samplers):
+      self.procs.append(self._spawn(i))
     if self.learner_cores:
       os.sched_setaffinity(0, self.learner_cores)
 
-  def check(self):
-    """Raises if a sampler reported an error or died."""
+  def check(self) -> int:
+    """Restarts samplers that died (a crash, kill -9, the OOM killer), up to
+    `sao.max_sampler_restarts` per run; raises SamplerError beyond that, or if a sampler
+    reported an exception (a bug that a restart would repeat). Returns the number of tasks
+    the dead samplers took with them on the embedded transport (on Kafka their unacked
+    tasks are redelivered to the other samplers instead)."""
     with contextlib.suppress(queue.Empty):
       raise SamplerError(f"a sampler failed:\n{self.errors.get_nowait()}")
-    for p in self.procs:
-      if p.exitcode not in (None, 0):
-        raise SamplerError(f"{p.name} died with exit code {p.exitcode}; run stopped")
+    lost = 0
+    for i, p in enumerate(self.procs):
+      if p.exitcode in (None, 0) or self.stop.is_set():
+        continue
+      if self.restarts >= self.cfg.sao.max_sampler_restarts:
+        raise SamplerError(f"{p.name} died with exit code {p.exitcode} and the run already "
+                           f"restarted {self.restarts} samplers (sao.max_sampler_restarts); "
+                           "run stopped")
+      if self.cfg.transport.kind == "embedded":
+        lost += self.held[i].value
+      self.held[i].value = 0
+      self.restarts += 1
+      print(f"sao: {p.name} died with exit code {p.exitcode}; restarting it "
+            f"({self.restarts}/{self.cfg.sao.max_sampler_restarts})", flush=True)
+      self.procs[i] = self._spawn(i)
+    return lost
 
   def __exit__(self, *exc):
     self.stop.set()
@@ -152,6 +178,7 @@ class SamplerPool:
     return [p.pid for p in self.procs if p.pid is not None]
 
 
+
 def _pad_rows(rows: list[dict], n: int) -> dict[str, np.ndarray]:
   out = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
   if len(rows) < n:
@@ -177,81 +204,227 @@ def _decode(data: bytes, learner, counts) -> records.Record | None:
     return None
 
 
+@dataclasses.dataclass
+class _Item:
+  """A consumed record waiting in the learner's buffer."""
+
+  rec: records.Record
+  seq: int  # journal sequence number
+  pos: tuple[int, int] | None  # transport position (Kafka partition, offset)
+  replayed: bool = False  # from the journal after a restart
+
+
+def _fresh_count(buffer, step: int, max_staleness: int) -> int:
+  return sum(step - it.rec.policy_version <= max_staleness for it in buffer)
+
+
+def _take_batch(buffer: collections.deque, step: int, bs: int, max_staleness: int):
+  """The next `bs` fresh records in consumption order, and the too-stale ones met on the
+  way. A deterministic function of the record sequence and the step, so a replay from the
+  journal forms exactly the batches the crashed run formed."""
+  batch, stale = [], []
+  while buffer and len(batch) < bs:
+    it = buffer.popleft()
+    (stale if step - it.rec.policy_version > max_staleness else batch).append(it)
+  return batch, stale
+
+
+def _safe_positions(buffer, read_positions: dict[int, int]) -> dict[int, int]:
+  """Per partition: the offset before which every read record is applied or dropped."""
+  out = dict(read_positions)
+  for it in buffer:
+    if it.pos is not None:
+      part, off = it.pos
+      out[part] = min(out.get(part, off), off)
+  return out
+
+
+def _poisoned(cfg: config_lib.Config, update: int) -> bool:
+  f = cfg.faults
+  if update in f.nan_steps:
+    return True
+  return f.nan_prob > 0 and np.random.default_rng((cfg.seed, 99, update)).random() < f.nan_prob
+
+
 def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: pathlib.Path, *,
             max_seconds: float | None = None, eval_every: float = 0.0) -> tuple:
-  """Asynchronous single-trajectory training from `state`'s params. Returns like run_grpo."""
-  cfg, rl, sao = s.cfg, s.cfg.rl, s.cfg.sao
+  """Asynchronous single-trajectory training from `state`'s params. Returns like run_grpo.
+
+  Resumes by itself when `workdir/checkpoints/rl` holds a snapshot (see sao_jax.recovery):
+  state, clock, counters and stream positions come back from the newest readable snapshot,
+  and the records consumed after it are replayed from the journal before new ones.
+  """
+  cfg, rl, sao, rcfg = s.cfg, s.cfg.rl, s.cfg.sao, s.cfg.recovery
   max_seconds = rl.max_seconds if max_seconds is None else max_seconds
+  n_val = rcfg.val_problems if rcfg.shadow_every else 0
+  if n_val >= len(s.train):
+    raise config_lib.ConfigError(f"recovery.val_problems {n_val} >= train problems "
+                                 f"{len(s.train)}")
+  val_tasks = s.train[len(s.train) - n_val:]
+  n_sample = len(s.train) - n_val  # the validation tail is never sampled in RL
   progs = train.programs_for(s, rl.optim, lambda m, tx: make_sao_update(m, tx, rl, sao),
                              num_tasks=len(s.train))
   fresh = progs.init(jax.random.key(cfg.seed + 1))
-  state = fresh.replace(params=train.copy_tree(state.params))
   bs = train.round_up(sao.batch_size, progs.batch_divisor)
-  param_dir = workdir / "params"
-  shutil.rmtree(param_dir, ignore_errors=True)
-  publisher = ParamPublisher(param_dir)
-  publisher.publish(0, state.params)
-  mngr = ckpt_lib.manager(workdir / "checkpoints" / "rl", every=cfg.checkpoint_every)
+  ckpt_dir = workdir / "checkpoints" / "rl"
+  mngr = ckpt_lib.manager(ckpt_dir, every=cfg.checkpoint_every, keep=rcfg.keep)
+  shadows = ckpt_lib.ShadowBank(workdir / "checkpoints" / "shadows", rcfg.shadow_keep)
+  journal = recovery.Journal(workdir / "journal")
+  ledger = recovery.Ledger(workdir / "ledger.jsonl")
   rng = np.random.default_rng((cfg.seed, 3))
   clock = train.PhaseClock(rl.steps, max_seconds, eval_every,
                            lambda params: train.evaluate(s, progs, params))
-  writer.progress("sao", rl.steps or None)
-
   counts = collections.Counter()
-  seen_ids: set[int] = set()
-  buffer: list[tuple[records.Record, float]] = []
+  buffer: collections.deque[_Item] = collections.deque()
+  snap_journal: dict[int, int] = {}  # snapshot step -> its journal_next (for pruning)
+  resumed = ckpt_lib.restore_latest_valid(mngr, fresh) if mngr.all_steps() else None
+  if resumed is not None:
+    state, meta, step, skipped = resumed
+    st = meta["stream"]
+    rng.bit_generator.state = st["task_rng"]
+    counts.update(st["counts"])
+    clock.resume_at(st["train_seconds"])
+    snap_journal = {int(k): v for k, v in st["snap_journal"].items()}
+    seen_ids = ledger.cut_to(step)
+    shadows.reset_to(step, {int(k): v for k, v in st["shadows"].items()})
+    for seq, data in journal.read_from(st["journal_next"]):
+      rec = records.decode(data)  # journaled records were decoded once already
+      if rec.record_id not in seen_ids:
+        seen_ids.add(rec.record_id)
+        buffer.append(_Item(rec, seq, None, replayed=True))
+    counts["resumes"] += 1
+    counts["snapshots_skipped_corrupt"] += len(skipped)
+    resume_info = {"event": "resume", "from_step": step, "skipped_snapshots": skipped,
+                   "replay_records": len(buffer), "journal_tail_bytes": journal.truncated_tail}
+    print(f"sao: resuming from snapshot step {step} (replaying {len(buffer)} journaled "
+          f"records{'; skipped unreadable ' + str(skipped) if skipped else ''})", flush=True)
+  else:
+    state = fresh.replace(params=train.copy_tree(state.params))
+    step, seen_ids, resume_info = 0, set(), None
+    ledger.cut_to(0)
+    shadows.reset_to(0, {})
+  param_dir = workdir / "params"
+  shutil.rmtree(param_dir, ignore_errors=True)
+  publisher = ParamPublisher(param_dir)
+  publisher.publish(step, state.params)  # samplers start from the (restored) policy
+
+  def stream_meta() -> dict:
+    return {"phase": "rl", "stream": {
+        "journal_next": buffer[0].seq if buffer else journal.next_seq,
+        "task_rng": rng.bit_generator.state, "counts": dict(counts),
+        "train_seconds": clock.elapsed, "snap_journal": snap_journal,
+        "shadows": shadows.scores}}
+
+  def snapshot(force=False, metrics=None) -> bool:
+    nonlocal pending_commit
+    if not force and not mngr.should_save(step):
+      return False
+    journal.rotate()
+    snap_journal[step] = buffer[0].seq if buffer else journal.next_seq
+    kept = set(mngr.all_steps()) | {step}
+    for k in [k for k in snap_journal if k not in kept]:
+      del snap_journal[k]
+    ckpt_lib.save(mngr, state, cfg, stream_meta(), force=force, metrics=metrics)
+    if not rcfg.keep_journal:
+      journal.prune(min(snap_journal.values()))
+    pending_commit = _safe_positions(buffer, pool.learner.positions())
+    return True
+
+  def validate() -> float:
+    return train.evaluate(s, progs, state.params, tasks=val_tasks)["accuracy"]
+
+  def rollback(reason: str):
+    nonlocal state
+    best = shadows.best()
+    if counts["rollbacks"] >= rcfg.max_rollbacks:
+      raise RuntimeError(f"SAO learner: {reason}, and the run already rolled back "
+                         f"{counts['rollbacks']} times (recovery.max_rollbacks); stopping")
+    counts["rollbacks"] += 1
+    params = shadows.restore(best[0], state.params)
+    lr_scale = float(jax.device_get(state.lr_scale)) * rcfg.lr_decay
+    reset = progs.init(jax.random.key(cfg.seed + 7 + counts["rollbacks"]))
+    state = reset.replace(step=state.step, params=params, tracker=state.tracker, rng=state.rng,
+                          nonfinite=state.nonfinite,
+                          lr_scale=jnp.asarray(lr_scale, jnp.float32))
+    nonfinite_recent.clear()
+    publisher.publish(step, state.params)
+    event = {"event": "rollback", "reason": reason, "to_shadow_step": best[0],
+             "shadow_val_accuracy": best[1], "lr_scale": lr_scale,
+             "rollbacks": counts["rollbacks"]}
+    print(f"sao: rollback at step {step} to shadow {best[0]} ({reason}); lr scale "
+          f"{lr_scale:g}", flush=True)
+    writer.write(step, event, phase="rl_event", advance=0)
+
+  writer.progress("sao", rl.steps or None)
   delays: list[float] = []
   busy = 0.0
-  step = 0
   outstanding = 0  # tasks handed out and not yet returned
   # Enough tasks in flight to fill the next batch while every sampler holds a full call's worth.
   target_depth = bs + 2 * sao.num_samplers * sao.sampler_slots
   probs = None
   rss_peak = 0.0
+  pending_commit = None
+  nonfinite_recent: collections.deque[int] = collections.deque(maxlen=rcfg.nonfinite_window)
+  first_update_logged = resume_info is None
   with SamplerPool(cfg, param_dir) as pool:
-    clock.maybe_eval(step, state.params, force=bool(eval_every))
+    if resumed is None:
+      snapshot(force=True)  # step 0: a resume before the first interval starts from here
+      if n_val:
+        shadows.save(0, state.params, validate())
+    clock.maybe_eval(step, state.params, force=bool(eval_every) and resumed is None)
     t_loop = time.time()
     while clock.running(step):
-      pool.check()
+      outstanding = max(0, outstanding - pool.check())
       if sao.prioritized and (probs is None or step % 10 == 0):
         p64 = np.asarray(jax.device_get(trackers.priority_weights(state.tracker,
                                                                   sao.priority_eps)), np.float64)
+        p64 = p64[:n_sample]
         probs = p64 / p64.sum()
       # Gather what has arrived; block (briefly) only while a batch is not full. Tasks are
       # topped up on every pass, so samplers keep working while the learner waits or updates.
-      while len(buffer) < bs:
-        new = rng.choice(len(s.train), size=max(0, target_depth - outstanding), p=probs)
+      while _fresh_count(buffer, step, sao.max_staleness) < bs:
+        new = rng.choice(n_sample, size=max(0, target_depth - outstanding), p=probs)
         pool.learner.put_tasks(new.tolist())
         outstanding += len(new)
-        got = pool.learner.get_trajectories(bs - len(buffer), timeout=0.05)
+        got = pool.learner.get_records(bs, timeout=0.05)
         if not got:
-          pool.check()
+          outstanding = max(0, outstanding - pool.check())
           continue
-        for data in got:
+        fresh_items = []
+        for data, pos in got:
           rec = _decode(data, pool.learner, counts)
           if rec is None:
             continue
-          if rec.record_id in seen_ids:  # redelivered: its task was already counted back
+          if rec.record_id in seen_ids:  # redelivered: already applied or waiting
             counts["duplicates"] += 1
             continue
           seen_ids.add(rec.record_id)
-          outstanding -= 1
-          if step - rec.policy_version > sao.max_staleness:
-            counts["dropped_stale"] += 1
-            continue
-          buffer.append((rec, time.time()))
-      batch_recs, buffer = buffer[:bs], buffer[bs:]
+          outstanding = max(0, outstanding - 1)
+          fresh_items.append((rec, data, pos))
+        # Written through to the journal before use: a crash from here on replays them.
+        first = journal.append([data for _, data, _ in fresh_items])
+        buffer.extend(_Item(rec, first + k, pos) for k, (rec, _, pos) in enumerate(fresh_items))
+      batch_items, stale_items = _take_batch(buffer, step, bs, sao.max_staleness)
+      counts["dropped_stale"] += len(stale_items)
       rows = []
-      for rec, _ in batch_recs:
+      for it in batch_items:
+        rec = it.rec
         a = rec.arrays
+        lag = step - rec.policy_version
+        if lag < 0:  # made by a policy of a lineage discarded by a resume or rollback
+          counts["orphan_version"] += 1
+          lag = sao.max_staleness
         for k in range(a["tokens"].shape[0]):  # one row per environment step
           rows.append({"prompt": a["prompt"][k], "prompt_valid": a["prompt_valid"][k],
                        "tokens": a["tokens"][k], "valid": a["valid"][k], "logp": a["logp"][k],
                        "rewards": np.float32(rec.meta["reward"]),
                        "task": np.int32(rec.meta["task_index"]),
-                       "staleness": np.int32(step - rec.policy_version),
-                       "row_valid": np.bool_(True)})
+                       "staleness": np.int32(lag), "row_valid": np.bool_(True),
+                       "poison": np.float32(0.0)})
       batch = _pad_rows(rows[:bs], bs)
+      if _poisoned(cfg, step + 1):
+        batch["poison"][0] = np.nan
+        counts["poisoned"] += 1
       staleness = batch["staleness"][batch["row_valid"]]
       tu = time.time()
       state, metrics = progs.update(state, progs.shard_batch(batch))
@@ -259,14 +432,40 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
       t_done = time.time()
       busy += t_done - tu
       step += 1
-      counts["consumed"] += len(batch_recs)
+      ledger.append(step, [it.rec.record_id for it in batch_items],
+                    [it.rec.record_id for it in stale_items])
+      if not first_update_logged:
+        first_update_logged = True
+        resume_info["recovery_s"] = t_done - sao_jax.PROCESS_T0
+        counts["recovery_ms_total"] += int(1000 * resume_info["recovery_s"])
+        writer.write(step, resume_info, phase="rl_event", advance=0)
+        print(f"sao: first update {resume_info['recovery_s']:.1f} s after the restart",
+              flush=True)
+      skipped = int(metrics["nonfinite_skipped"])
+      counts["nonfinite_skipped"] += skipped
+      nonfinite_recent.append(skipped)
+      counts["consumed"] += len(batch_items)
       counts["tokens"] += int(batch["valid"].sum())
-      delays.extend(t_done - rec.meta["t_end"] for rec, _ in batch_recs)
-      if not buffer:
-        pool.learner.commit()  # every record read so far is applied (or counted as dropped)
+      # (replayed records waited through the crash: not a transport delay)
+      delays.extend(t_done - it.rec.meta["t_end"] for it in batch_items if not it.replayed)
+      val_acc = None
+      if n_val and step % rcfg.shadow_every == 0:
+        val_acc = validate()
+        best = shadows.best()
+        if best is not None and val_acc < best[1] - rcfg.regress_threshold:
+          rollback(f"validation accuracy {val_acc:.3f} fell below the best shadow's "
+                   f"{best[1]:.3f} by more than {rcfg.regress_threshold}")
+        else:
+          shadows.save(step, state.params, val_acc)
+      if n_val and sum(nonfinite_recent) >= rcfg.nonfinite_limit:
+        rollback(f"{sum(nonfinite_recent)} of the last {len(nonfinite_recent)} updates had "
+                 "non-finite gradients")
       if step % sao.param_sync_every == 0:
         publisher.publish(step, state.params)
-      ckpt_lib.save(mngr, state, cfg, {"phase": "rl"})
+      snapshot(metrics=None if val_acc is None else {ckpt_lib.BEST_METRIC: val_acc})
+      if pending_commit is not None and not mngr.is_saving_in_progress():
+        pool.learner.commit_positions(pending_commit)  # only what a finished snapshot holds
+        pending_commit = None
       rss_peak = max(rss_peak, process_tree_rss_mb([os.getpid(), *pool.pids()]))
       wall = time.time() - t_loop
       hist = np.bincount(np.minimum(staleness, STALENESS_BINS - 1), minlength=STALENESS_BINS)
@@ -276,16 +475,32 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
                  queue_depth=len(buffer), outstanding_tasks=outstanding,
                  delay_mean=float(np.mean(delays[-bs:])), learner_time=t_done - tu,
                  trajectories=counts["consumed"], dropped_stale=counts["dropped_stale"],
-                 bad_records=counts["bad_records"], train_seconds=clock.elapsed,
+                 bad_records=counts["bad_records"], duplicates=counts["duplicates"],
+                 nonfinite_total=counts["nonfinite_skipped"], rollbacks=counts["rollbacks"],
+                 sampler_restarts=pool.restarts, train_seconds=clock.elapsed,
                  trajectories_per_s=counts["consumed"] / max(wall, 1e-9),
                  peak_memory_mb=peak_memory_mb(), peak_rss_all_mb=rss_peak)
+      if val_acc is not None:
+        row["val_accuracy"] = val_acc
       train.log_step(writer, clock, cfg, step, state.params, row, "rl")
     wall = time.time() - t_loop
+    snapshot(force=True)
+    mngr.wait_until_finished()
+    pool.learner.commit_positions(pending_commit)
+    counts["sampler_restarts"] += pool.restarts
+  journal.close()
+  ledger.close()
+  shadows.close()
   info = train.finish_phase(mngr, state, cfg, clock, step, "rl")
   info.update(trajectories=counts["consumed"], dropped_stale=counts["dropped_stale"],
               bad_records=counts["bad_records"], duplicates=counts["duplicates"],
+              unused_at_end=len(buffer), nonfinite_skipped=counts["nonfinite_skipped"],
+              rollbacks=counts["rollbacks"], sampler_restarts=counts["sampler_restarts"],
+              resumes=counts["resumes"], orphan_version=counts["orphan_version"],
               learner_busy=busy / max(wall, 1e-9),
               trajectories_per_s=counts["consumed"] / max(wall, 1e-9),
               tokens_per_s=counts["tokens"] / max(wall, 1e-9), peak_rss_all_mb=rss_peak,
               **train.delay_stats(delays))
+  if resume_info is not None:
+    info["recovery_s"] = resume_info.get("recovery_s")
   return state, progs, info

@@ -6,6 +6,8 @@ metrics.jsonl (phase-tagged rows), tb/, checkpoints/{sft,rl}/ and summary.json.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import pathlib
 import time
 import zlib
@@ -88,9 +90,9 @@ def log_step(writer: MetricsWriter, clock: PhaseClock, cfg: Config, step: int, p
 
 
 def finish_phase(mngr, state: TrainState, cfg: Config, clock: PhaseClock, step: int,
-                 phase: str) -> dict:
+                 phase: str, meta: dict | None = None) -> dict:
   """Final snapshot, then the final held-out eval; returns the phase's common summary."""
-  ckpt_lib.save(mngr, state, cfg, {"phase": phase}, force=True)
+  ckpt_lib.save(mngr, state, cfg, meta or {"phase": phase}, force=True)
   mngr.wait_until_finished()
   mngr.close()
   seconds = clock.elapsed
@@ -133,9 +135,11 @@ def score(s: Setup, tasks: list[Task], tokens_bt: np.ndarray) -> tuple[np.ndarra
   return rewards, fmt
 
 
-def evaluate(s: Setup, progs: Programs, params, num: int | None = None) -> dict[str, float]:
-  """Held-out greedy accuracy on the first `num` test problems (exact final answer)."""
-  tasks = s.test[:num or s.cfg.eval.num_problems]
+def evaluate(s: Setup, progs: Programs, params, num: int | None = None,
+             tasks: list[Task] | None = None) -> dict[str, float]:
+  """Held-out greedy accuracy on the first `num` test problems (exact final answer), or on
+  `tasks` (e.g. the validation problems of shadow models)."""
+  tasks = s.test[:num or s.cfg.eval.num_problems] if tasks is None else tasks
   bs = round_up(min(s.cfg.eval.batch_size, len(tasks)), progs.batch_divisor)
   correct, fmt = [], []
   for i in range(0, len(tasks), bs):
@@ -162,6 +166,10 @@ class PhaseClock:
     self.eval_seconds = 0.0
     self.last_eval = 0.0
     self.curve: list[tuple[float, int, float]] = []  # (train seconds, step, eval accuracy)
+
+  def resume_at(self, seconds: float) -> None:
+    """Continues a phase that already trained `seconds` before a restart."""
+    self.t0 = time.time() - seconds - self.eval_seconds
 
   @property
   def elapsed(self) -> float:
@@ -207,9 +215,22 @@ def run_sft(s: Setup, writer: MetricsWriter, state: TrainState | None, workdir: 
   clock = PhaseClock(steps, max_seconds, eval_every,
                      lambda params: evaluate(s, progs, params))
   writer.progress(tag, steps or None)
-  mngr = ckpt_lib.manager(workdir / "checkpoints" / tag, every=cfg.checkpoint_every)
+  mngr = ckpt_lib.manager(workdir / "checkpoints" / tag, every=cfg.checkpoint_every,
+                          keep=cfg.recovery.keep, keep_best=False)
   step, tokens = 0, 0
-  clock.maybe_eval(step, state.params, force=bool(eval_every))
+  resumed = ckpt_lib.restore_latest_valid(mngr, state) if mngr.all_steps() else None
+  if resumed is not None:  # a restart: same batches from here as the uninterrupted run
+    state, meta, step, _ = resumed
+    rng.bit_generator.state = meta["stream"]["rng"]
+    clock.resume_at(meta["stream"]["train_seconds"])
+    print(f"{tag}: resuming from snapshot step {step}", flush=True)
+  else:
+    clock.maybe_eval(step, state.params, force=bool(eval_every))
+
+  def meta():
+    return {"phase": tag, "stream": {"rng": rng.bit_generator.state,
+                                     "train_seconds": clock.elapsed}}
+
   while clock.running(step):
     ts = time.time()
     idx = rng.integers(0, len(s.train), bs)
@@ -221,7 +242,7 @@ def run_sft(s: Setup, writer: MetricsWriter, state: TrainState | None, workdir: 
     state, metrics = progs.update(state, batch)
     step += 1
     tokens += int(tvalid.sum())
-    ckpt_lib.save(mngr, state, cfg, {"phase": tag})
+    ckpt_lib.save(mngr, state, cfg, meta())
     row = {}
     if step % cfg.log_every == 0:  # fetching metrics waits for the step: only when logged
       dt = time.time() - ts
@@ -229,7 +250,7 @@ def run_sft(s: Setup, writer: MetricsWriter, state: TrainState | None, workdir: 
                  train_seconds=clock.elapsed, tokens_per_s=tokens / max(clock.elapsed, 1e-9),
                  peak_memory_mb=peak_memory_mb())
     log_step(writer, clock, cfg, step, state.params, row, tag)
-  return state, progs, finish_phase(mngr, state, cfg, clock, step, tag)
+  return state, progs, finish_phase(mngr, state, cfg, clock, step, tag, meta())
 
 
 def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathlib.Path, *,
@@ -250,12 +271,27 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
                                  f"{progs.batch_divisor} batch shards")
   rng = np.random.default_rng((cfg.seed, 2))
   key = jax.random.key(cfg.seed + 2)
-  mngr = ckpt_lib.manager(workdir / "checkpoints" / "rl", every=cfg.checkpoint_every)
+  mngr = ckpt_lib.manager(workdir / "checkpoints" / "rl", every=cfg.checkpoint_every,
+                          keep=cfg.recovery.keep, keep_best=False)
   clock = PhaseClock(rl.steps, max_seconds, eval_every,
                      lambda params: evaluate(s, progs, params))
   writer.progress("grpo", rl.steps or None)
   step, busy, tokens, delays = 0, 0.0, 0, []
-  clock.maybe_eval(step, state.params, force=bool(eval_every))
+  resumed = ckpt_lib.restore_latest_valid(mngr, state) if mngr.all_steps() else None
+  if resumed is not None:
+    state, meta, step, _ = resumed
+    rng.bit_generator.state = meta["stream"]["rng"]
+    key = jax.random.wrap_key_data(np.asarray(meta["stream"]["key"], np.uint32))
+    clock.resume_at(meta["stream"]["train_seconds"])
+    print(f"grpo: resuming from snapshot step {step}", flush=True)
+  else:
+    clock.maybe_eval(step, state.params, force=bool(eval_every))
+
+  def meta():
+    return {"phase": "rl", "stream": {"rng": rng.bit_generator.state,
+                                      "key": np.asarray(jax.random.key_data(key)).tolist(),
+                                      "train_seconds": clock.elapsed}}
+
   t_loop = time.time()
   while clock.running(step):
     ts = time.time()
@@ -277,7 +313,7 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
     tokens += int(out.lengths_b.sum())
     delays.append(time.time() - t_sampled)  # every row of the group waited for the last one
     step += 1
-    ckpt_lib.save(mngr, state, cfg, {"phase": "rl"})
+    ckpt_lib.save(mngr, state, cfg, meta())
     t_end = time.time()
     row = dict(metrics, accuracy=float(rewards.mean()), format_rate=float(fmt.mean()),
                step_time=t_end - ts, sampling_time=t_sampled - ts, learner_time=t_end - t_sampled,
@@ -286,7 +322,7 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
                learner_busy=busy / (time.time() - t_loop), peak_memory_mb=peak_memory_mb())
     log_step(writer, clock, cfg, step, state.params, row, "rl")
   wall = time.time() - t_loop
-  info = finish_phase(mngr, state, cfg, clock, step, "rl")
+  info = finish_phase(mngr, state, cfg, clock, step, "rl", meta())
   return state, progs, dict(info, trajectories=step * rows, trajectories_per_s=step * rows / wall,
                             tokens_per_s=tokens / wall, learner_busy=busy / wall,
                             peak_rss_all_mb=peak_memory_mb(), **delay_stats(delays))
@@ -316,11 +352,47 @@ def _eval_row(info: dict) -> dict:
   return {f"eval_{k}": info[k] for k in ("accuracy", "format_rate", "num_problems") if k in info}
 
 
+def _check_resume(cfg: Config, workdir: pathlib.Path) -> dict | None:
+  """None for a new workdir; for one that holds this run: the phases it finished (rerunning
+  the same command resumes). A different config in the same workdir is an error."""
+  old_path = workdir / "config.json"
+  if not (workdir / "checkpoints").exists() or not old_path.exists():
+    return None
+  old = _flat(json.loads(old_path.read_text()))
+  new = _flat(json.loads(config_lib.to_json(cfg)))
+  diff = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+  if diff:
+    shown = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:5])
+    raise config_lib.ConfigError(
+        f"{workdir} already holds a run with a different config ({shown}); rerun with the same "
+        "config to resume it, or pass a new --workdir")
+  path = workdir / "progress.json"
+  progress = json.loads(path.read_text()) if path.exists() else {}
+  return progress
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def _save_progress(workdir: pathlib.Path, phase: str, info: dict) -> None:
+  path = workdir / "progress.json"
+  progress = json.loads(path.read_text()) if path.exists() else {}
+  progress[phase] = {k: v for k, v in info.items() if k != "eval_curve"}
+  tmp = path.with_suffix(".tmp")
+  tmp.write_text(json.dumps(progress, default=float))
+  os.replace(tmp, path)
+
+
 def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True) -> dict[str, Any]:
   workdir = pathlib.Path(workdir)
-  if (workdir / "checkpoints").exists():
-    raise FileExistsError(f"{workdir} already holds a run (checkpoints/); resuming is not "
-                          "supported yet: pass a new --workdir")
+  progress = _check_resume(cfg, workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / "config.json").write_text(config_lib.to_json(cfg))
   t_start = time.time()
@@ -328,12 +400,25 @@ def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True)
   writer = MetricsWriter(workdir, show_progress=show_progress)
   summary: dict[str, Any] = {"name": cfg.name, "devices": [str(d) for d in jax.devices()],
                              "train_problems": len(s.train), "test_problems": len(s.test)}
+  if progress is not None:
+    print(f"resuming the run in {workdir} (finished phases: {', '.join(progress) or 'none'})",
+          flush=True)
+    if (workdir / "summary.json").exists() and ("rl" in progress or not (
+        cfg.rl.steps or cfg.rl.max_seconds)):
+      writer.close()
+      print("the run had already finished; its summary is unchanged", flush=True)
+      return json.loads((workdir / "summary.json").read_text())
+  progress = progress or {}
   state = restore_init(s, cfg.init_from) if cfg.init_from else None
   try:
-    if cfg.sft.steps or cfg.sft.max_seconds:
+    if "sft" in progress:  # finished before the restart: its final snapshot is the start
+      state = restore_init(s, str(workdir / "checkpoints" / "sft"))
+      summary["sft"] = progress["sft"]
+    elif cfg.sft.steps or cfg.sft.max_seconds:
       state, progs, info = run_sft(s, writer, state, workdir, eval_every=cfg.eval.every_seconds)
       summary["sft"] = info
       writer.write(info["steps"], _eval_row(info), phase="sft_eval", advance=0)
+      _save_progress(workdir, "sft", info)
     if state is None:
       raise config_lib.ConfigError("nothing to train from: set sft.steps/max_seconds or init_from")
     if cfg.rl.steps or cfg.rl.max_seconds:
@@ -348,6 +433,7 @@ def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True)
                                       eval_every=cfg.eval.every_seconds)
       summary["rl"] = info
       writer.write(info["steps"], _eval_row(info), phase="rl_eval", advance=0)
+      _save_progress(workdir, "rl", info)
   finally:
     writer.close()
   summary["wall_s"] = time.time() - t_start

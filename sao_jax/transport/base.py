@@ -23,6 +23,18 @@ class LearnerEnd(Protocol):
     """Everything returned so far is consumed (applied to the learner state)."""
     ...
 
+  def get_records(self, max_n: int, timeout: float) -> list[tuple[bytes, object]]:
+    """Like get_trajectories, with each record's transport position (None if it has none)."""
+    ...
+
+  def positions(self) -> dict[int, int]:
+    """The next position to read per partition ({} when the transport has none)."""
+    ...
+
+  def commit_positions(self, positions: dict[int, int]) -> None:
+    """Commits these positions: a restarted learner reads on from them."""
+    ...
+
   def dead_letter(self, data: bytes, reason: str) -> None: ...
 
   def close(self) -> None: ...
@@ -82,6 +94,15 @@ class EmbeddedLearnerEnd:
 
   def get_trajectories(self, max_n, timeout):
     return _drain(self.spec.traj_q, max_n, timeout)
+
+  def get_records(self, max_n, timeout):
+    return [(data, None) for data in self.get_trajectories(max_n, timeout)]
+
+  def positions(self):
+    return {}
+
+  def commit_positions(self, positions):
+    pass  # queues hold nothing once read (the learner's journal is what replays)
 
   def commit(self):
     pass  # queues hold nothing once read

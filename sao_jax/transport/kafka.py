@@ -88,8 +88,25 @@ class KafkaLearnerEnd:
     self.producer.flush()
 
   def get_trajectories(self, max_n, timeout):
+    return [data for data, _ in self.get_records(max_n, timeout)]
+
+  def get_records(self, max_n, timeout) -> list[tuple[bytes, tuple[int, int]]]:
+    """Like get_trajectories, with each record's (partition, offset)."""
     polled = self.consumer.poll(timeout_ms=int(timeout * 1000), max_records=max_n)
-    return [r.value for recs in polled.values() for r in recs if r.value is not None]
+    return [(r.value, (r.partition, r.offset)) for recs in polled.values() for r in recs
+            if r.value is not None]
+
+  def positions(self) -> dict[int, int]:
+    """Next offset to read, per partition."""
+    return {tp.partition: self.consumer.position(tp) for tp in self.consumer.assignment()}
+
+  def commit_positions(self, positions: dict[int, int]) -> None:
+    """Commits these offsets for the learner's group: a restarted learner reads on from them."""
+    from kafka import TopicPartition
+    from kafka.structs import OffsetAndMetadata
+    topic = self.spec.topic("trajectories")
+    self.consumer.commit({TopicPartition(topic, p): OffsetAndMetadata(o, "", -1)
+                          for p, o in positions.items()})
 
   def commit(self):
     self.consumer.commit()

@@ -64,10 +64,12 @@ class ParamSubscriber:
     self.dir = pathlib.Path(directory)
 
   def poll(self, current: int) -> tuple[int, dict[str, np.ndarray]] | None:
-    """(version, flat arrays) if a version newer than `current` is announced, else None."""
+    """(version, flat arrays) if a version other than `current` is announced, else None.
+    Not only newer ones: a learner that resumed from a snapshot, or rolled back, announces
+    an older version, and its samplers must follow it."""
     try:
       latest = json.loads((self.dir / "LATEST").read_text())
-      if int(latest["version"]) <= current:
+      if int(latest["version"]) == current:
         return None
       with np.load(self.dir / latest["file"], allow_pickle=False) as z:
         return int(latest["version"]), {k: z[k] for k in z.files}
