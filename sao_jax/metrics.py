@@ -33,7 +33,14 @@ class MetricsWriter:
                show_progress: bool = True):
     self.workdir = pathlib.Path(workdir)
     self.workdir.mkdir(parents=True, exist_ok=True)
-    self._jsonl = open(self.workdir / "metrics.jsonl", "a", buffering=1)
+    path = self.workdir / "metrics.jsonl"
+    if path.exists() and path.stat().st_size:
+      with open(path, "rb") as f:  # after a crash mid-line: start the next row on a new line
+        f.seek(-1, 2)
+        if f.read(1) != b"\n":
+          with open(path, "a") as g:
+            g.write("\n")
+    self._jsonl = open(path, "a", buffering=1)
     self._tb = SummaryWriter(str(self.workdir / "tb"))
     self._bar = tqdm.tqdm(total=total, desc=desc, disable=not show_progress, dynamic_ncols=True)
     self.t0 = time.time()
@@ -70,5 +77,13 @@ def write_summary(workdir: str | pathlib.Path, summary: dict[str, Any]) -> pathl
 
 
 def read_jsonl(path: str | pathlib.Path) -> list[dict]:
+  """Rows of a metrics file; a line cut short by a crash is skipped."""
+  out = []
   with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    for line in f:
+      if line.strip():
+        try:
+          out.append(json.loads(line))
+        except json.JSONDecodeError:
+          continue
+  return out

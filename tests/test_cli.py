@@ -40,7 +40,11 @@ def test_errors_are_clear(tiny_run_dir, repo_root, tmp_path):
   proc = _cli("train", "--config", f"{CFG}:tiny", "--workdir", str(tmp_path / "w"),
               "--set", "rl.bogus=1", cwd=repo_root)
   assert proc.returncode == 2 and "unknown config key 'bogus'" in proc.stderr
+  proc = _cli("train", "--config", f"{CFG}:tiny", "--workdir", str(tiny_run_dir),
+              "--set", "rl.steps=5", cwd=repo_root)
+  assert proc.returncode == 2 and "already holds a run with a different config" in proc.stderr
+  assert "rl.steps: 4 -> 5" in proc.stderr
   proc = _cli("train", "--config", f"{CFG}:tiny", "--workdir", str(tiny_run_dir), cwd=repo_root)
-  assert proc.returncode == 2 and "already holds a run" in proc.stderr
+  assert proc.returncode == 0 and "already finished" in proc.stdout
   proc = _cli("eval", "--workdir", str(tmp_path), cwd=repo_root)
   assert proc.returncode == 2 and "no complete checkpoint" in proc.stderr

@@ -1,5 +1,5 @@
 """The asynchronous pipeline with real sampler processes: it trains, and every process it
-starts is gone afterwards: on success, on Ctrl-C, and when a sampler dies."""
+starts is gone afterwards: on success, on Ctrl-C, and when samplers keep dying."""
 import json
 import os
 import pathlib
@@ -95,8 +95,9 @@ def test_ctrl_c_stops_everything(repo_root, tmp_path):
   assert _tagged_pids(tag) == []
 
 
-def test_a_dead_sampler_stops_the_run_with_a_clear_error(repo_root, tmp_path):
-  proc, tag = _start(repo_root, tmp_path / "w", *LONG)
+def test_a_sampler_dying_beyond_the_restart_budget_stops_the_run(repo_root, tmp_path):
+  """(Within the budget a dead sampler is restarted: tests/test_faults.py.)"""
+  proc, tag = _start(repo_root, tmp_path / "w", *LONG, "--set", "sao.max_sampler_restarts=0")
   _wait_for_rl_rows(tmp_path / "w", proc)
   samplers = [p for p in _children(proc.pid)
               if b"spawn_main" in pathlib.Path(f"/proc/{p}/cmdline").read_bytes()]
@@ -104,7 +105,7 @@ def test_a_dead_sampler_stops_the_run_with_a_clear_error(repo_root, tmp_path):
   os.kill(samplers[0], signal.SIGKILL)
   _, err = proc.communicate(timeout=60)
   assert proc.returncode != 0
-  assert "died with exit code -9" in err
+  assert "died with exit code -9 and the run already restarted 0 samplers" in err
   deadline = time.time() + 10
   while _tagged_pids(tag) and time.time() < deadline:
     time.sleep(0.2)

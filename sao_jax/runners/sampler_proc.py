@@ -25,8 +25,6 @@ class SamplerSpec:
   seed: int
   threads: int = 0  # XLA intra-op threads (0: default)
   cores: tuple[int, ...] = ()  # CPU affinity (empty: inherit)
-  held: Any = None  # shared int: tasks taken and not yet sent back (the learner's accounting
-                    # of what a killed sampler took with it on the embedded transport)
 
 
 def _configure_process(spec: SamplerSpec):
@@ -96,8 +94,6 @@ def _run(spec: SamplerSpec, end, stop) -> None:
     indices = end.get_tasks(slots, timeout=0.2)
     if not indices:
       continue
-    if spec.held is not None:
-      spec.held.value = len(indices)
     tasks = [s.train[i] for i in indices]
     envs = [train.make_env(s) for _ in tasks]
     key, sub_key = jax.random.split(key)
@@ -112,5 +108,3 @@ def _run(spec: SamplerSpec, end, stop) -> None:
                                         id_prefix | counter, traj.policy_version,
                                         traj.arrays(), meta))
     end.ack_tasks()
-    if spec.held is not None:
-      spec.held.value = 0

@@ -78,7 +78,6 @@ class SamplerPool:
     self.cores = cores
     self.param_dir = param_dir
     self.procs: list[mp.Process] = []
-    self.held = [self.ctx.Value("i", 0) for _ in range(sao.num_samplers)]
     self.restarts = 0
     self.learner = None
 
@@ -113,7 +112,7 @@ class SamplerPool:
     spec = SamplerSpec(sampler_id=i, config=config_lib.to_dict(self.cfg),
                        param_dir=str(self.param_dir), transport=self.transport,
                        seed=self.cfg.seed * 1000 + i + 7919 * self.restarts,
-                       threads=sao.sampler_threads, cores=self.cores[i], held=self.held[i])
+                       threads=sao.sampler_threads, cores=self.cores[i])
     p = self.ctx.Process(target=sampler_main, name=f"sao-sampler-{i}",
                          args=(spec, self.stop, self.errors), daemon=True)
     p.start()
@@ -125,30 +124,55 @@ class SamplerPool:
     if self.learner_cores:
       os.sched_setaffinity(0, self.learner_cores)
 
-  def check(self) -> int:
+  def check(self) -> list[bytes] | None:
     """Restarts samplers that died (a crash, kill -9, the OOM killer), up to
     `sao.max_sampler_restarts` per run; raises SamplerError beyond that, or if a sampler
-    reported an exception (a bug that a restart would repeat). Returns the number of tasks
-    the dead samplers took with them on the embedded transport (on Kafka their unacked
-    tasks are redelivered to the other samplers instead)."""
+    reported an exception (a bug that a restart would repeat).
+
+    On Kafka the dead sampler alone is restarted; the group gives its unacknowledged tasks to
+    the others. On the embedded transport a process killed while it held a queue's lock can
+    block that queue for everyone, so the sampler group restarts on fresh queues: the live
+    samplers finish and send their current call first, and the records still in the old
+    queue are returned to the caller. Returns None if nothing died, else those records
+    (and the caller's count of tasks in flight starts again from zero).
+    """
     with contextlib.suppress(queue.Empty):
       raise SamplerError(f"a sampler failed:\n{self.errors.get_nowait()}")
-    lost = 0
-    for i, p in enumerate(self.procs):
-      if p.exitcode in (None, 0) or self.stop.is_set():
-        continue
+    dead = [i for i, p in enumerate(self.procs)
+            if p.exitcode not in (None, 0) and not self.stop.is_set()]
+    if not dead:
+      return None
+    for i in dead:
+      p = self.procs[i]
       if self.restarts >= self.cfg.sao.max_sampler_restarts:
         raise SamplerError(f"{p.name} died with exit code {p.exitcode} and the run already "
                            f"restarted {self.restarts} samplers (sao.max_sampler_restarts); "
                            "run stopped")
-      if self.cfg.transport.kind == "embedded":
-        lost += self.held[i].value
-      self.held[i].value = 0
       self.restarts += 1
       print(f"sao: {p.name} died with exit code {p.exitcode}; restarting it "
             f"({self.restarts}/{self.cfg.sao.max_sampler_restarts})", flush=True)
-      self.procs[i] = self._spawn(i)
-    return lost
+    if self.cfg.transport.kind != "embedded":
+      for i in dead:
+        self.procs[i] = self._spawn(i)
+      return []
+    old_stop, old_procs, old_spec = self.stop, self.procs, self.transport
+    old_stop.set()
+    deadline = time.time() + 30
+    for p in old_procs:
+      p.join(timeout=max(0.1, deadline - time.time()))
+      if p.is_alive():
+        p.kill()
+        p.join()
+    leftovers = []
+    with contextlib.suppress(queue.Empty):
+      while True:
+        leftovers.append(old_spec.traj_q.get(timeout=0.2))
+    old_spec.close()
+    self.stop = self.ctx.Event()
+    self.transport = EmbeddedSpec(self.ctx)
+    self.learner = self.transport.learner_end()
+    self.procs = [self._spawn(i) for i in range(len(old_procs))]
+    return leftovers
 
   def __exit__(self, *exc):
     self.stop.set()
@@ -366,6 +390,31 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
   pending_commit = None
   nonfinite_recent: collections.deque[int] = collections.deque(maxlen=rcfg.nonfinite_window)
   first_update_logged = resume_info is None
+
+  def ingest(got):
+    nonlocal outstanding
+    fresh_items = []
+    for data, pos in got:
+      rec = _decode(data, pool.learner, counts)
+      if rec is None:
+        continue
+      if rec.record_id in seen_ids:  # redelivered: already applied or waiting
+        counts["duplicates"] += 1
+        continue
+      seen_ids.add(rec.record_id)
+      outstanding = max(0, outstanding - 1)
+      fresh_items.append((rec, data, pos))
+    # Written through to the journal before use: a crash from here on replays them.
+    first = journal.append([data for _, data, _ in fresh_items])
+    buffer.extend(_Item(rec, first + k, pos) for k, (rec, _, pos) in enumerate(fresh_items))
+
+  def check_samplers():
+    nonlocal outstanding
+    leftovers = pool.check()
+    if leftovers is not None and cfg.transport.kind == "embedded":
+      outstanding = 0  # the old task queue is gone; new tasks go to the new samplers
+      ingest([(data, None) for data in leftovers])
+
   with SamplerPool(cfg, param_dir) as pool:
     if resumed is None:
       snapshot(force=True)  # step 0: a resume before the first interval starts from here
@@ -374,7 +423,7 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
     clock.maybe_eval(step, state.params, force=bool(eval_every) and resumed is None)
     t_loop = time.time()
     while clock.running(step):
-      outstanding = max(0, outstanding - pool.check())
+      check_samplers()
       if sao.prioritized and (probs is None or step % 10 == 0):
         p64 = np.asarray(jax.device_get(trackers.priority_weights(state.tracker,
                                                                   sao.priority_eps)), np.float64)
@@ -387,23 +436,10 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
         pool.learner.put_tasks(new.tolist())
         outstanding += len(new)
         got = pool.learner.get_records(bs, timeout=0.05)
-        if not got:
-          outstanding = max(0, outstanding - pool.check())
-          continue
-        fresh_items = []
-        for data, pos in got:
-          rec = _decode(data, pool.learner, counts)
-          if rec is None:
-            continue
-          if rec.record_id in seen_ids:  # redelivered: already applied or waiting
-            counts["duplicates"] += 1
-            continue
-          seen_ids.add(rec.record_id)
-          outstanding = max(0, outstanding - 1)
-          fresh_items.append((rec, data, pos))
-        # Written through to the journal before use: a crash from here on replays them.
-        first = journal.append([data for _, data, _ in fresh_items])
-        buffer.extend(_Item(rec, first + k, pos) for k, (rec, _, pos) in enumerate(fresh_items))
+        if got:
+          ingest(got)
+        else:
+          check_samplers()
       batch_items, stale_items = _take_batch(buffer, step, bs, sao.max_staleness)
       counts["dropped_stale"] += len(stale_items)
       rows = []
