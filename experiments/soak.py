@@ -1,0 +1,203 @@
+"""Soak run: SAO training for a long stretch with faults injected on a schedule.
+
+  python experiments/soak.py                         # 30 training minutes (~40 min wall)
+  python experiments/soak.py --minutes 3 --fault-every 40 --variant tiny   # smoke test
+
+One `sao-jax train` run (the default SAO config, embedded transport, snapshots every 100
+updates, shadows every 50) is driven through faults, one every `--fault-every` seconds
+(jittered ±50 %, seeded), cycling through:
+  kill_learner        kill -9 the learner, rerun the same command (resume from snapshot);
+  kill_sampler        kill -9 one sampler process (the learner restarts its samplers);
+  corrupt_and_kill    kill -9 the learner, damage its newest snapshot, rerun (fall back);
+and NaN gradients injected in the update itself (`faults.nan_steps`, fixed in advance:
+isolated ones are skipped, bursts of three trigger a rollback to the best shadow).
+At the end the journal/ledger audit counts trajectories lost and applied twice (both must
+be 0). Writes OUT/soak.json and prints a table: updates, faults survived, rollbacks,
+skipped updates, recovery times (process start -> first update after a restart, as the
+resumed learner logs it), trajectories lost.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parent
+FAULTS = ("kill_learner", "kill_sampler", "corrupt_and_kill")
+
+
+def _descendants(pid: int) -> list[int]:
+  out, frontier = [], [pid]
+  while frontier:
+    parent = frontier.pop()
+    for d in pathlib.Path("/proc").iterdir():
+      if d.name.isdigit():
+        try:
+          if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent:
+            out.append(int(d.name))
+            frontier.append(int(d.name))
+        except (OSError, IndexError, ValueError):
+          pass
+  return out
+
+
+def _alive(pid: int) -> bool:
+  try:
+    return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+  except OSError:
+    return False
+
+
+def _ledger_lines(workdir: pathlib.Path) -> int:
+  path = workdir / "ledger.jsonl"
+  return path.read_text().count("\n") if path.exists() else 0
+
+
+def _nan_schedule(rng, est_updates: int) -> list[int]:
+  """A few isolated NaN updates and two bursts of three (each burst: one rollback)."""
+  singles = sorted(rng.choice(np.arange(60, est_updates), size=4, replace=False).tolist())
+  bursts = [int(est_updates * f) for f in (0.4, 0.8)]
+  steps = set(singles)
+  for b in bursts:
+    steps.update((b, b + 1, b + 2))
+    steps.difference_update(range(b - 25, b))  # keep singles out of the burst's window
+  return sorted(steps)
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument("--minutes", type=float, default=30.0, help="SAO training minutes")
+  p.add_argument("--fault-every", type=float, default=150.0, help="seconds between faults")
+  p.add_argument("--variant", default="default")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--est-updates-per-s", type=float, default=0.8,
+                 help="for placing the NaN schedule inside the run")
+  p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+  p.add_argument("--out", default=str(REPO / "results" / "soak"))
+  args = p.parse_args()
+
+  out = pathlib.Path(args.out)
+  workdir = out / "run"
+  shutil.rmtree(workdir, ignore_errors=True)
+  out.mkdir(parents=True, exist_ok=True)
+  rng = np.random.default_rng(args.seed)
+  seconds = args.minutes * 60
+  nan_steps = _nan_schedule(rng, int(seconds * args.est_updates_per_s))
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)
+  cmd = [sys.executable, "-m", "sao_jax.cli", "train", "--config",
+         f"{HERE / 'configs' / 'sao_arith.py'}:{args.variant}", "--workdir", str(workdir),
+         "--no-progress", "--set", f"rl.max_seconds={seconds}", "--set", "rl.steps=0",
+         "--set", "recovery.keep_journal=True",
+         "--set", f"faults.nan_steps=({','.join(map(str, nan_steps))},)", *sum(
+             (["--set", kv] for kv in args.set), [])]
+  events: list[dict] = []
+  attempt = 0
+  t0 = time.time()
+  fault_i = 0
+  proc = None
+  try:
+    while True:
+      attempt += 1
+      log = open(out / f"attempt_{attempt}.log", "w")
+      proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+      start_lines = _ledger_lines(workdir)
+      while proc.poll() is None and _ledger_lines(workdir) <= start_lines:
+        time.sleep(0.5)  # wait for RL updates (after SFT on the first attempt)
+      next_fault = time.time() + args.fault_every * rng.uniform(0.5, 1.5)
+      while proc.poll() is None:
+        if time.time() >= next_fault:
+          kind = FAULTS[fault_i % len(FAULTS)]
+          fault_i += 1
+          step = _ledger_lines(workdir)
+          if kind == "kill_sampler":
+            samplers = [q for q in _descendants(proc.pid)
+                        if b"spawn_main" in pathlib.Path(f"/proc/{q}/cmdline").read_bytes()]
+            if samplers:
+              os.kill(samplers[0], signal.SIGKILL)
+              events.append({"fault": kind, "t": time.time() - t0, "at_update": step})
+              print(f"[soak] {time.time() - t0:7.0f}s  {kind} at update ~{step}", flush=True)
+            next_fault = time.time() + args.fault_every * rng.uniform(0.5, 1.5)
+            continue
+          children = _descendants(proc.pid)
+          proc.send_signal(signal.SIGKILL)
+          proc.wait()
+          deadline = time.time() + 30
+          while any(_alive(c) for c in children) and time.time() < deadline:
+            time.sleep(0.2)
+          orphans = [c for c in children if _alive(c)]
+          ev = {"fault": kind, "t": time.time() - t0, "at_update": step, "orphans": len(orphans)}
+          if kind == "corrupt_and_kill":
+            ckdir = workdir / "checkpoints" / "rl"
+            steps = sorted(int(d.name) for d in ckdir.iterdir() if d.name.isdigit())
+            if steps:
+              for f in (ckdir / str(steps[-1])).rglob("*"):
+                if f.is_file() and "params" in str(f) and f.stat().st_size:
+                  f.write_bytes(b"\0corrupt")
+              ev["corrupted_snapshot"] = steps[-1]
+          events.append(ev)
+          print(f"[soak] {time.time() - t0:7.0f}s  {kind} at update ~{step}", flush=True)
+          break
+        time.sleep(0.5)
+      log.close()
+      if proc.returncode is not None and proc.returncode != -signal.SIGKILL:
+        break  # finished (or failed: reported below)
+  finally:
+    if proc is not None and proc.poll() is None:
+      proc.kill()
+      proc.wait()
+  wall = time.time() - t0
+  rc = proc.returncode
+  result: dict = {"machine": platform.processor() or platform.machine(),
+                  "cpus": os.cpu_count(), "minutes": args.minutes, "wall_s": round(wall, 1),
+                  "returncode": rc, "attempts": attempt, "faults": events,
+                  "nan_steps": nan_steps, "command": " ".join(sys.argv)}
+  if rc == 0:
+    sys.path.insert(0, str(REPO))
+    from sao_jax import checkpoint as ckpt
+    from sao_jax import recovery
+    from sao_jax.metrics import read_jsonl
+    summary = json.loads((workdir / "summary.json").read_text())
+    rl = summary["rl"]
+    _, meta = ckpt.read_meta(workdir / "checkpoints" / "rl")
+    audit = recovery.audit(workdir, meta["stream"]["journal_next"])
+    rows = read_jsonl(workdir / "metrics.jsonl")
+    resumes = [r for r in rows if r.get("event") == "resume"]
+    rec = [r["recovery_s"] for r in resumes if "recovery_s" in r]
+    rollbacks = [r for r in rows if r.get("event") == "rollback"]
+    result.update(
+        updates=rl["steps"], final_accuracy=rl["accuracy"], start_accuracy=summary["sft"][
+            "accuracy"], trajectories=rl["trajectories"], rollbacks=rl["rollbacks"],
+        rollback_reasons=[r["reason"] for r in rollbacks], skipped_nonfinite=rl[
+            "nonfinite_skipped"], sampler_restarts=rl["sampler_restarts"],
+        resumes=rl["resumes"], recovery_s=rec,
+        recovery_median_s=statistics.median(rec) if rec else None,
+        fallbacks=sum(len(r.get("skipped_snapshots", [])) for r in resumes),
+        audit=audit, trajectories_lost=audit["lost"], applied_twice=audit["applied_twice"],
+        final_metrics_finite=all(math.isfinite(v) for v in (rl["accuracy"],)))
+  (out / "soak.json").write_text(json.dumps(result, indent=2))
+  print(json.dumps({k: v for k, v in result.items() if k not in ("faults", "audit")}, indent=2))
+  if rc == 0:
+    print("\n| what | value |\n|---|---|")
+    for k in ("updates", "trajectories", "resumes", "sampler_restarts", "fallbacks",
+              "rollbacks", "skipped_nonfinite", "recovery_median_s", "trajectories_lost",
+              "applied_twice", "start_accuracy", "final_accuracy"):
+      print(f"| {k} | {result[k]} |")
+  print(f"\nwrote {out / 'soak.json'}")
+  return 0 if rc == 0 and result.get("trajectories_lost") == 0 else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
