@@ -1,4 +1,5 @@
-"""`sao-jax` command line: train and eval."""
+"""`sao-jax` command line: train, eval, broker, and the two roles of a multi-machine SAO run
+(learner, sampler)."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +21,21 @@ def _parser() -> argparse.ArgumentParser:
                  help="override a config value, e.g. --set rl.optim.lr=1e-4 (repeatable)")
   t.add_argument("--workdir", required=True, help="where metrics, checkpoints and summary go")
   t.add_argument("--no-progress", action="store_true", help="no progress bar")
+  ln = sub.add_parser("learner", help="the SAO learner alone, over Kafka: samplers on any "
+                      "machine join with `sao-jax sampler` (same options as train)")
+  ln.add_argument("--config", required=True)
+  ln.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+  ln.add_argument("--workdir", required=True)
+  ln.add_argument("--local-samplers", type=int, default=0,
+                  help="sampler processes on this machine too (default 0)")
+  ln.add_argument("--no-progress", action="store_true")
+  sm = sub.add_parser("sampler", help="sampler processes that join a running SAO learner")
+  sm.add_argument("--bootstrap", required=True, help="the run's Kafka bootstrap servers")
+  sm.add_argument("--run-id", required=True, help="the run id the learner printed")
+  sm.add_argument("--num", type=int, default=1, help="sampler processes on this machine")
+  sm.add_argument("--threads", type=int, default=0, help="XLA threads per sampler")
+  sm.add_argument("--wait", type=float, default=600.0,
+                  help="seconds to wait for the learner's announcement")
   b = sub.add_parser("broker", help="run a local Kafka-protocol broker until Ctrl-C")
   b.add_argument("--host", default="127.0.0.1")
   b.add_argument("--port", type=int, default=9092)
@@ -34,8 +50,12 @@ def main(argv: list[str] | None = None) -> int:
   # The runners (and their process machinery) load only for the command that needs them.
   from sao_jax import config as config_lib
   try:
-    if args.command == "train":
-      cfg = config_lib.load_config(args.config, overrides=args.set)
+    if args.command in ("train", "learner"):
+      overrides = list(args.set)
+      if args.command == "learner":
+        overrides += ["transport.kind=kafka", "rl.algorithm=sao",
+                      f"sao.num_samplers={args.local_samplers}"]
+      cfg = config_lib.load_config(args.config, overrides=overrides)
       from sao_jax.runners import train
       summary = train.run(cfg, args.workdir, show_progress=not args.no_progress)
       keep = {k: summary[k] for k in ("sft", "start", "rl", "wall_s") if k in summary}
@@ -44,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
           v.pop("eval_curve", None)
       print(json.dumps(keep, indent=2))
       print(f"results: {args.workdir}/summary.json, metrics.jsonl, tb/")
+    elif args.command == "sampler":
+      from sao_jax.runners.roles import run_sampler_role
+      return run_sampler_role(args.bootstrap, args.run_id, args.num, args.threads,
+                              wait_s=args.wait)
     elif args.command == "broker":
       return _broker(args.host, args.port)
     elif args.command == "eval":

@@ -163,7 +163,7 @@ class SAOConfig:
   the learner updates as soon as `batch_size` trajectories have arrived.
   """
 
-  num_samplers: int = 2
+  num_samplers: int = 2  # on this machine; 0: only samplers that join (`sao-jax sampler`)
   sampler_slots: int = 32
   batch_size: int = 128
   param_sync_every: int = 1
@@ -184,8 +184,8 @@ class SAOConfig:
   max_sampler_restarts: int = 5  # a sampler that dies is restarted, this many times per run
 
   def __post_init__(self):
-    _check(self.num_samplers >= 1 and self.sampler_slots >= 1 and self.batch_size >= 1,
-           "sao sizes must be >= 1")
+    _check(self.num_samplers >= 0 and self.sampler_slots >= 1 and self.batch_size >= 1,
+           "sao.num_samplers >= 0, sampler_slots and batch_size >= 1")
     _check(self.param_sync_every >= 1 and self.max_staleness >= 0, "bad sao sync/staleness")
     _check(self.staleness_mode in ("decay", "drop"),
            f"sao.staleness_mode {self.staleness_mode!r} unknown; known: decay, drop")
@@ -292,6 +292,8 @@ class Config:
 
   def __post_init__(self):
     _check(self.log_every > 0 and self.checkpoint_every > 0, "log/checkpoint intervals > 0")
+    _check(self.sao.num_samplers > 0 or self.transport.kind == "kafka",
+           "sao.num_samplers=0 (remote samplers only) needs transport.kind=kafka")
     _check(self.sao.baseline != "value_head" or self.model.value_head,
            "sao.baseline='value_head' needs model.value_head=True")
     _check(self.eval.num_problems <= self.task.num_test,

@@ -53,11 +53,15 @@ def process_tree_rss_mb(pids) -> float:
   return total / 2**20
 
 
+def new_run_id(cfg: config_lib.Config) -> str:
+  return f"{cfg.name}-{time.strftime('%Y%m%d%H%M%S')}-{os.getpid()}"
+
+
 class SamplerPool:
   """K sampler processes and the transport to them; a context manager that always cleans up
   (processes, queues, and the local broker if it started one)."""
 
-  def __init__(self, cfg: config_lib.Config, param_dir: pathlib.Path):
+  def __init__(self, cfg: config_lib.Config, param_dir: pathlib.Path, run_id: str = ""):
     self.ctx = mp.get_context("spawn")
     self.errors = self.ctx.Queue()
     self.cfg = cfg
@@ -77,6 +81,7 @@ class SamplerPool:
       cores = [tuple(rest[i::sao.num_samplers]) or tuple(rest) for i in range(sao.num_samplers)]
     self.cores = cores
     self.param_dir = param_dir
+    self.run_id = run_id
     self.procs: list[mp.Process] = []
     self.restarts = 0
     self.learner = None
@@ -91,10 +96,13 @@ class SamplerPool:
       bootstrap = self.broker.bootstrap
     else:
       wait_until_answers(bootstrap, timeout=10.0)
-    run_id = t.run_id or f"{self.cfg.name}-{time.strftime('%Y%m%d%H%M%S')}-{os.getpid()}"
+    run_id = self.run_id or t.run_id or new_run_id(self.cfg)
     spec = KafkaSpec(bootstrap=bootstrap, run_id=run_id, partitions=t.partitions)
     spec.create_topics()
-    print(f"sao: kafka transport at {bootstrap}, run id {run_id}", flush=True)
+    spec.announce({"status": "running", "config": config_lib.to_dict(self.cfg),
+                   "param_dir": str(self.param_dir.absolute()), "partitions": t.partitions})
+    print(f"sao: kafka transport at {bootstrap}, run id {run_id}; more samplers can join with: "
+          f"sao-jax sampler --bootstrap {bootstrap} --run-id {run_id}", flush=True)
     return spec
 
   def __enter__(self):
@@ -176,6 +184,9 @@ class SamplerPool:
 
   def __exit__(self, *exc):
     self.stop.set()
+    if isinstance(self.transport, KafkaSpec):
+      with contextlib.suppress(Exception):
+        self.transport.announce({"status": "finished"})  # remote samplers stop
     deadline = time.time() + 10
     for p in self.procs:
       p.join(timeout=max(0.1, deadline - time.time()))
@@ -327,6 +338,12 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
     step, seen_ids, resume_info = 0, set(), None
     ledger.cut_to(0)
     shadows.reset_to(0, {})
+  run_id = ""
+  if cfg.transport.kind == "kafka":  # the same topics after a restart: offsets replay
+    id_path = workdir / "run_id"
+    run_id = cfg.transport.run_id or (id_path.read_text().strip() if id_path.exists()
+                                      else new_run_id(cfg))
+    id_path.write_text(run_id)
   param_dir = workdir / "params"
   shutil.rmtree(param_dir, ignore_errors=True)
   publisher = ParamPublisher(param_dir)
@@ -384,7 +401,7 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
   busy = 0.0
   outstanding = 0  # tasks handed out and not yet returned
   # Enough tasks in flight to fill the next batch while every sampler holds a full call's worth.
-  target_depth = bs + 2 * sao.num_samplers * sao.sampler_slots
+  target_depth = bs + 2 * max(1, sao.num_samplers) * sao.sampler_slots
   probs = None
   rss_peak = 0.0
   pending_commit = None
@@ -415,7 +432,7 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
       outstanding = 0  # the old task queue is gone; new tasks go to the new samplers
       ingest([(data, None) for data in leftovers])
 
-  with SamplerPool(cfg, param_dir) as pool:
+  with SamplerPool(cfg, param_dir, run_id) as pool:
     if resumed is None:
       snapshot(force=True)  # step 0: a resume before the first interval starts from here
       if n_val:

@@ -7,7 +7,14 @@ Topics of run `R`:
   sao.R.trajectories  trajectory records; the learner reads every partition and commits
                       offsets only for records whose update it applied (at-least-once;
                       duplicates are dropped by record id on the learner);
-  sao.R.dead-letter   records the learner could not decode, copied with the reason.
+  sao.R.dead-letter   records the learner could not decode, copied with the reason;
+  sao.R.control       one partition of JSON announcements by the learner: the resolved
+                      config and the parameter directory (status "running"), then status
+                      "finished". `sao-jax sampler --bootstrap ... --run-id R` needs nothing
+                      else to join a run. Parameters themselves are not sent over Kafka:
+                      they are versioned .npz files in that directory, which must be on
+                      storage the samplers' machines share (NFS, a bucket mount); a
+                      1M-parameter policy per version would be a 4 MB record per update.
 
 Client settings (measured on the local broker, see FACTS): producers `linger_ms=0` for
 latency; consumers `fetch_max_wait_ms=25` (lower stalled on this broker), group
@@ -31,7 +38,8 @@ class KafkaSpec:
   def topic(self, name: str) -> str:
     return f"sao.{self.run_id}.{name}"
 
-  def create_topics(self) -> None:
+  def create_topics(self, only: tuple[str, ...] = ()) -> None:
+    """Creates the run's topics (or `only` those named) if they do not exist yet."""
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
@@ -40,7 +48,9 @@ class KafkaSpec:
                              **_CLIENT)
     try:
       for name, n in (("tasks", self.partitions), ("trajectories", self.partitions),
-                      ("dead-letter", 1)):
+                      ("dead-letter", 1), ("control", 1)):
+        if only and name not in only:
+          continue
         try:
           admin.create_topics([NewTopic(self.topic(name), num_partitions=n,
                                         replication_factor=1)])
@@ -48,6 +58,40 @@ class KafkaSpec:
           pass
     finally:
       admin.close()
+
+  def announce(self, payload: dict) -> None:
+    """Appends a JSON announcement to the control topic (learner side)."""
+    import json
+    producer = _producer(self.bootstrap)
+    try:
+      producer.send(self.topic("control"), value=json.dumps(payload).encode())
+      producer.flush(timeout=10)
+    finally:
+      producer.close()
+
+  def read_control(self, timeout: float = 10.0) -> dict | None:
+    """The latest announcement on the control topic, or None if there is none yet."""
+    import json
+    import time
+
+    from kafka import KafkaConsumer, TopicPartition
+    consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                             auto_offset_reset="earliest", fetch_max_wait_ms=25, **_CLIENT)
+    try:
+      consumer.assign([TopicPartition(self.topic("control"), 0)])
+      latest, deadline, quiet = None, time.time() + timeout, 0
+      while time.time() < deadline and quiet < 3:  # read to the end: 3 empty polls in a row
+        polled = consumer.poll(timeout_ms=200)
+        recs = [r for rs in polled.values() for r in rs]
+        quiet = 0 if recs else quiet + (latest is not None)
+        for r in recs:
+          try:
+            latest = json.loads(r.value)
+          except (ValueError, TypeError):
+            continue  # not an announcement
+      return latest
+    finally:
+      consumer.close()
 
   def learner_end(self) -> KafkaLearnerEnd:
     return KafkaLearnerEnd(self)

@@ -1,0 +1,130 @@
+"""Over a real broker that outlives the learner: the learner and sampler roles started
+separately, and at-least-once delivery from committed offsets after a learner kill -9."""
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from conftest import subprocess_env
+
+from sao_jax.recovery import Ledger
+
+pytestmark = pytest.mark.slow
+CFG = "experiments/configs/sao_arith.py:tiny"
+
+
+def _popen(args, repo_root):
+  return subprocess.Popen([sys.executable, "-m", "sao_jax.cli", *args], cwd=repo_root,
+                          env=subprocess_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+
+
+def _stop(*procs):
+  for p in procs:
+    if p.poll() is None:
+      p.kill()
+      p.wait()
+
+
+def test_learner_and_sampler_roles_started_separately(kafka_broker, repo_root, tmp_path):
+  run_id = f"roles-{uuid.uuid4().hex[:8]}"
+  learner = _popen(["learner", "--config", CFG, "--workdir", str(tmp_path / "w"),
+                    "--no-progress", "--set",
+                    f"transport.bootstrap_servers={kafka_broker.bootstrap}",
+                    "--set", f"transport.run_id={run_id}", "--set", "rl.steps=8"], repo_root)
+  sampler = _popen(["sampler", "--bootstrap", kafka_broker.bootstrap, "--run-id", run_id,
+                    "--num", "2", "--wait", "120"], repo_root)
+  try:
+    out_l, _ = learner.communicate(timeout=300)
+    assert learner.returncode == 0, out_l[-3000:]
+    out_s, _ = sampler.communicate(timeout=60)  # stops when the learner announces the end
+    assert sampler.returncode == 0, out_s[-3000:]
+  finally:
+    _stop(learner, sampler)
+  assert "2 process(es) joined" in out_s and f"run {run_id} finished" in out_s
+  rl = json.loads((tmp_path / "w" / "summary.json").read_text())["rl"]
+  assert rl["steps"] == 8 and rl["trajectories"] >= 8 * 16 and rl["bad_records"] == 0
+
+
+def test_sampler_role_names_a_missing_run(kafka_broker, repo_root):
+  proc = subprocess.run([sys.executable, "-m", "sao_jax.cli", "sampler", "--bootstrap",
+                         kafka_broker.bootstrap, "--run-id", "nope", "--wait", "2"],
+                        cwd=repo_root, env=subprocess_env(), capture_output=True, text=True,
+                        timeout=60)
+  assert proc.returncode == 2 and "no SAO run 'nope'" in proc.stderr
+
+
+def _topic_ids(bootstrap, topic, partitions):
+  """(partition, offset, record id) of every decodable record on the topic."""
+  from kafka import KafkaConsumer, TopicPartition
+
+  from sao_jax.transport import records
+  c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                    auto_offset_reset="earliest", fetch_max_wait_ms=25)
+  c.assign([TopicPartition(topic, p) for p in range(partitions)])
+  out, quiet = [], 0
+  while quiet < 10:
+    got = [r for rs in c.poll(timeout_ms=300).values() for r in rs]
+    quiet = 0 if got else quiet + 1
+    for r in got:
+      out.append((r.partition, r.offset, records.decode(r.value).record_id))
+  c.close()
+  return out
+
+
+def _committed(bootstrap, group, topic, partitions):
+  from kafka import KafkaConsumer, TopicPartition
+  c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+  out = {p: c.committed(TopicPartition(topic, p)) or 0 for p in range(partitions)}
+  c.close()
+  return out
+
+
+def test_learner_kill_9_replays_from_committed_offsets(kafka_broker, repo_root, tmp_path):
+  """The journal is deleted after the crash (a learner restarted on another machine), so
+  only the broker can replay: records after the committed offsets are read again, none is
+  lost and none applied twice."""
+  run_id = f"replay-{uuid.uuid4().hex[:8]}"
+  workdir = tmp_path / "w"
+  args = ["train", "--config", CFG, "--workdir", str(workdir), "--no-progress",
+          "--set", "transport.kind=kafka",
+          "--set", f"transport.bootstrap_servers={kafka_broker.bootstrap}",
+          "--set", f"transport.run_id={run_id}", "--set", "rl.steps=30",
+          "--set", "checkpoint_every=8", "--set", "recovery.shadow_every=10",
+          "--set", "recovery.val_problems=32"]
+  proc = _popen(args, repo_root)
+  try:
+    deadline = time.time() + 240
+    ledger = workdir / "ledger.jsonl"
+    while not ledger.exists() or ledger.read_text().count("\n") < 20:
+      assert proc.poll() is None, proc.communicate()[0][-3000:]
+      assert time.time() < deadline
+      time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+  finally:
+    _stop(proc)
+  time.sleep(8)  # the dead run's samplers leave the task group (session timeout 6 s)
+  shutil.rmtree(workdir / "journal")
+  proc = _popen(args, repo_root)
+  try:
+    out, _ = proc.communicate(timeout=400)
+  finally:
+    _stop(proc)
+  assert proc.returncode == 0, out[-3000:]
+  rl = json.loads((workdir / "summary.json").read_text())["rl"]
+  assert rl["steps"] == 30 and rl["resumes"] == 1
+  rows = Ledger(workdir / "ledger.jsonl").rows()
+  used = [i for r in rows for i in r["applied"] + r["stale"]]
+  assert [r["step"] for r in rows] == list(range(1, 31))
+  assert len(used) == len(set(used)), "a trajectory was applied twice"
+  topic = f"sao.{run_id}.trajectories"
+  on_topic = _topic_ids(kafka_broker.bootstrap, topic, 4)
+  committed = _committed(kafka_broker.bootstrap, f"sao.{run_id}.learner", topic, 4)
+  before_commit = {rid for part, off, rid in on_topic if off < committed[part]}
+  assert before_commit and before_commit <= set(used), "a committed trajectory was never used"
+  assert set(used) <= {rid for _, _, rid in on_topic}
