@@ -1,13 +1,16 @@
 """Kafka transport against a real broker (tansu on loopback): no mocks."""
 import collections
+import json
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
 import numpy as np
 import pytest
 from conftest import subprocess_env
+from test_sao_pipeline import _tagged_pids, _wait_for_rl_rows
 
 from sao_jax.runners.sao import _decode
 from sao_jax.transport import records
@@ -132,6 +135,73 @@ def test_two_samplers_share_the_tasks(kafka_broker):
       end.close()
 
 
+
+def test_lost_broker_is_retried_with_backoff_then_a_clear_error():
+  """Learner and sampler ends on a broker that dies: calls return or raise BrokerError naming
+  the broker within the retry budget; none blocks without bound."""
+  broker = LocalBroker().start()
+  spec = KafkaSpec(bootstrap=broker.bootstrap, run_id=uuid.uuid4().hex[:8], partitions=1,
+                   broker_timeout_s=1.0, idle_probe_s=0.5)
+  spec.create_topics()
+  learner, sampler = spec.learner_end(), spec.sampler_end()
+  try:
+    learner.check()  # not idle yet: no probe
+    broker.stop()
+    time.sleep(0.6)
+    t0 = time.time()
+    with pytest.raises(BrokerError, match=f"lost the Kafka broker at {broker.bootstrap}"):
+      learner.check()
+    assert 0.9 < time.time() - t0 < 5
+    assert learner.get_trajectories(5, timeout=0.2) == []
+    with pytest.raises(BrokerError, match=f"{broker.bootstrap}.*not delivered within 1 s"):
+      learner.put_tasks([1, 2])
+    sampler.put_trajectory(records.encode(records.RecordKind.TRAJECTORY, 1, 0, {}))
+    with pytest.raises(BrokerError, match=broker.bootstrap):
+      sampler.ack_tasks()
+    with pytest.raises(BrokerError, match=broker.bootstrap):
+      sampler.get_tasks(1, timeout=0.6)  # idle past idle_probe_s: probes, retries, gives up
+  finally:
+    t0 = time.time()
+    learner.close()
+    sampler.close()
+    broker.stop()
+  assert time.time() - t0 < 15  # undeliverable records are dropped, not waited for
+
+
+def test_broker_back_within_the_budget_costs_a_pause_not_the_run():
+  broker = LocalBroker().start()
+  spec = KafkaSpec(bootstrap=broker.bootstrap, run_id=uuid.uuid4().hex[:8], partitions=1,
+                   broker_timeout_s=20.0, idle_probe_s=0.1)
+  learner = spec.learner_end()
+  again = LocalBroker(port=broker.port)
+  outcome = []
+  try:
+    broker.stop()
+    time.sleep(0.2)
+    # check() in a thread, the restart here: the broker dies with the thread that started it
+    # (PR_SET_PDEATHSIG is per thread).
+    t0 = time.time()
+    checker = threading.Thread(target=lambda: outcome.append(_outcome(learner.check)))
+    checker.start()
+    time.sleep(1.5)
+    assert checker.is_alive()  # still probing
+    again.start()
+    checker.join(timeout=15)
+    assert outcome == [None]
+    assert 1.5 < time.time() - t0 < 10
+  finally:
+    learner.close()
+    again.stop()
+    broker.stop()
+
+
+def _outcome(fn):
+  try:
+    fn()
+  except BrokerError as err:
+    return err
+  return None
+
 @pytest.mark.slow
 def test_sao_run_over_kafka_with_local_broker(repo_root, tmp_path):
   """`sao-jax train` with transport=kafka and no bootstrap servers: starts a broker for the
@@ -143,7 +213,6 @@ def test_sao_run_over_kafka_with_local_broker(repo_root, tmp_path):
       cwd=repo_root, env=subprocess_env(), capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr
   assert "kafka transport at 127.0.0.1:" in proc.stdout
-  import json
   rl = json.loads((tmp_path / "w" / "summary.json").read_text())["rl"]
   assert rl["steps"] == 6 and rl["trajectories"] >= 6 * 16 and rl["bad_records"] == 0
   leftover = subprocess.run(["pgrep", "-f", "tansu broker"], capture_output=True, text=True)
@@ -173,3 +242,53 @@ def test_broker_dies_with_its_owner_after_kill_9():
       break
     time.sleep(0.1)
   assert state in ("Z", "X", "gone"), state
+
+
+def _start_run(repo_root, workdir, *sets):
+  """`sao-jax train` of the tiny SAO config over Kafka in a subprocess, tagged so that every
+  process it starts can be found afterwards."""
+  tag = uuid.uuid4().hex
+  env = dict(subprocess_env(), SAO_JAX_TEST_TAG=tag)
+  args = [a for kv in sets for a in ("--set", kv)]
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "sao_jax.cli", "train", "--config",
+       "experiments/configs/sao_arith.py:tiny", "--workdir", str(workdir), "--no-progress",
+       "--set", "transport.kind=kafka", *args],
+      cwd=repo_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  return proc, tag
+
+
+def _stop_run(proc, tag):
+  """Kills the run if a failed assertion left it running; then waits for its processes."""
+  if proc.poll() is None:
+    proc.kill()
+    proc.communicate()
+  deadline = time.time() + 15
+  while _tagged_pids(tag) and time.time() < deadline:
+    time.sleep(0.2)
+  return _tagged_pids(tag)
+
+
+@pytest.mark.slow
+def test_broker_lost_mid_run_stops_the_run_with_a_clear_error(repo_root, tmp_path):
+  """The broker dies during RL: the run retries with backoff for `broker_timeout_s`, then
+  exits non-zero naming the broker, within a bounded time, and leaves no process behind."""
+  broker = LocalBroker().start()
+  proc, tag = _start_run(repo_root, tmp_path / "w", "rl.steps=0", "rl.max_seconds=300",
+                         f"transport.bootstrap_servers={broker.bootstrap}",
+                         "transport.broker_timeout_s=8")
+  try:
+    _wait_for_rl_rows(tmp_path / "w", proc)
+    broker.stop()
+    t_lost = time.time()
+    _, err = proc.communicate(timeout=120)
+    took = time.time() - t_lost
+    assert proc.returncode != 0, err
+    assert f"lost the Kafka broker at {broker.bootstrap}" in err, err[-3000:]
+    # idle_probe_s (5) + broker_timeout_s (8) + sampler shutdown and closing, with margin
+    assert took < 60, took
+  finally:
+    broker.stop()
+    leftover = _stop_run(proc, tag)
+  assert leftover == []
+

@@ -87,7 +87,8 @@ class SamplerPool:
     else:
       wait_until_answers(bootstrap, timeout=10.0)
     run_id = t.run_id or f"{self.cfg.name}-{time.strftime('%Y%m%d%H%M%S')}-{os.getpid()}"
-    spec = KafkaSpec(bootstrap=bootstrap, run_id=run_id, partitions=t.partitions)
+    spec = KafkaSpec(bootstrap=bootstrap, run_id=run_id, partitions=t.partitions,
+                     broker_timeout_s=t.broker_timeout_s)
     spec.create_topics()
     print(f"sao: kafka transport at {bootstrap}, run id {run_id}", flush=True)
     return spec
@@ -117,12 +118,14 @@ class SamplerPool:
       os.sched_setaffinity(0, self.learner_cores)
 
   def check(self):
-    """Raises if a sampler reported an error or died."""
+    """Raises if a sampler reported an error or died, or the transport is lost."""
     with contextlib.suppress(queue.Empty):
       raise SamplerError(f"a sampler failed:\n{self.errors.get_nowait()}")
     for p in self.procs:
       if p.exitcode not in (None, 0):
         raise SamplerError(f"{p.name} died with exit code {p.exitcode}; run stopped")
+    if self.learner is not None:
+      self.learner.check()
 
   def __exit__(self, *exc):
     self.stop.set()
