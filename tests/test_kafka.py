@@ -115,6 +115,37 @@ def test_garbage_records_are_counted_and_dead_lettered(kafka_broker):
   assert all(dict(r.headers)["reason"] for r in dead)
 
 
+
+def test_trajectories_that_do_not_fit_the_batch_are_bad_records():
+  """Well-formed records from a foreign writer (another config or code version) are dropped
+  and dead-lettered like corrupt ones; before, they crashed the learner building its batch."""
+  dead = []
+
+  class Learner:
+    def dead_letter(self, data, reason):
+      dead.append(reason)
+
+  s, p, t = 3, 16, 24
+  arrays = {"prompt": np.zeros((s, p), np.int32), "prompt_valid": np.ones((s, p), bool),
+            "tokens": np.zeros((s, t), np.int32), "valid": np.ones((s, t), bool),
+            "logp": np.zeros((s, t), np.float32)}
+  meta = {"task_index": 9, "reward": 1.0, "t_end": 5.0}
+  expect = ((p, t), 10)
+  counts = collections.Counter()
+
+  def traj(arrays=arrays, **meta_changes):
+    return records.encode(records.RecordKind.TRAJECTORY, 1, 0, arrays,
+                          {k: v for k, v in dict(meta, **meta_changes).items() if v is not None})
+
+  assert _decode(traj(), Learner(), counts, expect) is not None
+  bad = [traj(dict(arrays, tokens=np.zeros((s, t + 1), np.int32))),
+         traj({k: v for k, v in arrays.items() if k != "logp"}),
+         traj(dict(arrays, valid=np.ones((s + 1, t), bool))),
+         traj(dict(arrays, prompt=np.zeros(p, np.int32))),
+         traj(task_index=10), traj(task_index=-1), traj(reward="1"), traj(t_end=None)]
+  assert [_decode(b, Learner(), counts, expect) for b in bad] == [None] * len(bad)
+  assert counts["bad_records"] == len(bad) and len(dead) == len(bad) and all(dead)
+
 def test_two_samplers_share_the_tasks(kafka_broker):
   """One consumer group: each task goes to exactly one sampler, and both get work."""
   spec = _spec(kafka_broker, partitions=4)
@@ -292,3 +323,87 @@ def test_broker_lost_mid_run_stops_the_run_with_a_clear_error(repo_root, tmp_pat
     leftover = _stop_run(proc, tag)
   assert leftover == []
 
+
+def _foreign_version(data: bytes, version: int) -> bytes:
+  """`data` re-stamped with another schema version and a checksum that matches it: what a
+  writer of another version would send."""
+  import struct
+
+  import crc32c
+  prefix = data[:4] + struct.pack("<H", version) + data[6:28]
+  crc = crc32c.crc32c(data[32:], crc32c.crc32c(prefix))
+  return prefix + struct.pack("<I", crc) + data[32:]
+
+
+def _garbage(n: int, rng) -> list[bytes]:
+  """`n` records the learner must reject, of every kind a topic can hold by mistake."""
+  s, p, t = 3, 16, 24
+  arrays = {"prompt": np.zeros((s, p), np.int32), "prompt_valid": np.ones((s, p), bool),
+            "tokens": np.zeros((s, t), np.int32), "valid": np.ones((s, t), bool),
+            "logp": np.zeros((s, t), np.float32)}
+  meta = {"task_index": 1, "reward": 1.0, "t_end": time.time()}
+  real = records.encode(records.RecordKind.TRAJECTORY, 7, 0, arrays, meta)
+  out = []
+  for i in range(n):
+    kind = i % 7
+    if kind == 0:  # noise
+      out.append(bytes(rng.integers(0, 256, rng.integers(1, 300), np.uint8)))
+    elif kind == 1:  # one bit flipped on the way
+      flipped = bytearray(real)
+      bit = int(rng.integers(0, 8 * len(real)))
+      flipped[bit // 8] ^= 1 << (bit % 8)
+      out.append(bytes(flipped))
+    elif kind == 2:  # truncated
+      out.append(real[:int(rng.integers(0, len(real)))])
+    elif kind == 3:  # a newer writer's schema version, checksum intact
+      out.append(_foreign_version(real, 2))
+    elif kind == 4:  # another system's message
+      out.append(b'{"schema": "other.v1", "id": %d}' % i)
+    elif kind == 5:  # a well-formed record of the wrong kind
+      out.append(records.encode(records.RecordKind.TASK, i, 0, {}, {"task_index": 1}))
+    else:  # a well-formed trajectory from a foreign writer: wrong widths, or arrays missing
+      bad = dict(arrays, tokens=np.zeros((s, t + 1), np.int32)) if i % 2 else {"x": arrays["logp"]}
+      out.append(records.encode(records.RecordKind.TRAJECTORY, 10**6 + i, 0, bad, meta))
+  return out
+
+
+@pytest.mark.slow
+def test_bad_records_injected_during_training_are_counted_and_dead_lettered(repo_root,
+                                                                           tmp_path):
+  """A side producer writes thousands of garbage records into a live run's trajectories
+  topic: the run finishes normally, counts exactly those as bad, and copies each to the
+  dead-letter topic with its reason."""
+  from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+  n_bad = 3000
+  run_id = f"bad-{uuid.uuid4().hex[:8]}"
+  with LocalBroker() as broker:
+    # Garbage written at the first RL rows is behind at most ~50 real records per partition:
+    # read within ~10 steps (measured). The other 110 are margin for a slow injection.
+    proc, tag = _start_run(repo_root, tmp_path / "w", "rl.steps=120", "rl.max_seconds=0",
+                           f"transport.bootstrap_servers={broker.bootstrap}",
+                           f"transport.run_id={run_id}")
+    try:
+      _wait_for_rl_rows(tmp_path / "w", proc)
+      spec = KafkaSpec(bootstrap=broker.bootstrap, run_id=run_id)
+      producer = KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=5)
+      garbage = _garbage(n_bad, np.random.default_rng(0))
+      for i, value in enumerate(garbage):
+        producer.send(spec.topic("trajectories"), value=value, partition=i % spec.partitions)
+      producer.flush()
+      producer.close()
+      out, err = proc.communicate(timeout=300)
+      assert proc.returncode == 0, err[-3000:]
+      rl = json.loads((tmp_path / "w" / "summary.json").read_text())["rl"]
+      assert rl["steps"] == 120 and rl["bad_records"] == n_bad, rl
+      dlq = KafkaConsumer(bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest",
+                          fetch_max_wait_ms=25, enable_auto_commit=False)
+      dlq.assign([TopicPartition(spec.topic("dead-letter"), 0)])
+      dead = _poll_until(lambda: [r for recs in dlq.poll(500).values() for r in recs],
+                         n_bad + 1, timeout=5)  # one more than expected: waits for extras
+      dlq.close()
+      assert len(dead) == n_bad
+      assert all(dict(r.headers)["reason"] for r in dead)
+      assert sorted(r.value for r in dead) == sorted(garbage)
+    finally:
+      leftover = _stop_run(proc, tag)
+  assert leftover == []
