@@ -1,14 +1,26 @@
 """Produce -> consume latency and throughput of trajectory records: the embedded transport
-(multiprocessing queue) against Kafka on the local broker, side by side in one run.
+(multiprocessing queue) against Kafka on the local broker, side by side in one run; then the
+SAO learner's busy fraction with each transport, in two otherwise identical runs.
 
-  python experiments/bench_transport.py               # ~1 min
-  python experiments/bench_transport.py --quick       # seconds (smoke test)
+  python experiments/bench_transport.py               # ~4 min (2 x 60 s of SAO)
+  python experiments/bench_transport.py --quick       # ~1 min (smoke test)
+  python experiments/bench_transport.py --sao-seconds 120 --sao-config \
+      experiments/configs/sao_arith.py                # the full-size SAO config
 
 A producer process encodes records (`sao_jax.transport.records`, with its send time) and
 sends them; this process receives, decodes, and takes the time. Latency: records sent one
 every `--gap-ms`, p50/p99 over `--latency-n`. Throughput: a burst of records as fast as the
 producer can, MB/s of payload received. Client settings (from the module docstring of
 sao_jax.transport.kafka): producer linger_ms=0, acks=1; consumer fetch_max_wait_ms=25.
+
+SAO arms (`sao` in OUT): one SFT-only run of `--sao-config` makes the warm start; then, one
+after the other, `sao-jax train` runs RL from it (`init_from`) for `--sao-seconds` each, same
+config and seed, with `transport.kind` embedded, then kafka (the run's own local broker, same
+client settings; the samplers' task consumer group uses session_timeout_ms=6000,
+heartbeat_interval_ms=2000). Each arm reports its `summary.json` `rl` numbers: learner_busy
+(time in the jitted update / RL wall time), trajectories/s, tokens/s, sampling->training
+delay mean and p95 (trajectory end to the end of the update that used it), steps, bad records,
+held-out accuracy. Runs are subprocesses, so each arm starts from a cold JAX process.
 Writes OUT (default results/bench_transport.json) and prints a table.
 """
 from __future__ import annotations
@@ -19,6 +31,9 @@ import multiprocessing as mp
 import os
 import pathlib
 import platform
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
 
@@ -30,6 +45,9 @@ from sao_jax.transport.broker import LocalBroker
 from sao_jax.transport.kafka import KafkaSpec
 
 SIZES = {"1KB": 1 << 10, "64KB": 64 << 10, "1MB": 1 << 20}
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SAO_KEYS = ("learner_busy", "trajectories_per_s", "tokens_per_s", "delay_mean_s", "delay_p95_s",
+            "steps", "trajectories", "bad_records", "accuracy")
 
 
 def _record(i: int, nbytes: int) -> bytes:
@@ -90,16 +108,58 @@ def _spec(name: str, ctx, broker):
   return spec
 
 
+def _train(config: str, workdir: pathlib.Path, sets: list[str]) -> dict:
+  """One `sao-jax train` subprocess; its summary.json."""
+  cmd = [sys.executable, "-m", "sao_jax.cli", "train", "--config", config, "--workdir",
+         str(workdir), "--no-progress", *[a for kv in sets for a in ("--set", kv)]]
+  t0 = time.monotonic()
+  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+  if proc.returncode != 0:
+    raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+  return dict(json.loads((workdir / "summary.json").read_text()),
+              process_wall_s=time.monotonic() - t0)
+
+
+def sao_arms(config: str, seconds: float, steps: int = 0) -> dict:
+  """The same SAO run over each transport, from one shared SFT warm start."""
+  out: dict = {"config": config, "seconds_per_arm": seconds, "steps_per_arm": steps}
+  with tempfile.TemporaryDirectory(prefix="bench-sao-") as tmp:
+    tmp = pathlib.Path(tmp)
+    sft = _train(config, tmp / "sft", ["rl.steps=0", "rl.max_seconds=0"])
+    out["sft_accuracy"] = sft["sft"]["accuracy"]
+    for kind in ("embedded", "kafka"):
+      summary = _train(config, tmp / kind, [
+          f"init_from={tmp / 'sft'}", "sft.steps=0", "sft.max_seconds=0",
+          f"rl.max_seconds={seconds}", f"rl.steps={steps}", f"transport.kind={kind}"])
+      out[kind] = dict({k: summary["rl"][k] for k in SAO_KEYS},
+                       process_wall_s=summary["process_wall_s"])
+      r = out[kind]
+      print(f"sao over {kind:8s} busy {r['learner_busy']:6.1%}  "
+            f"{r['trajectories_per_s']:7.1f} traj/s  delay mean {r['delay_mean_s']:6.3f} s "
+            f"p95 {r['delay_p95_s']:6.3f} s  steps {r['steps']}  bad {r['bad_records']}",
+            flush=True)
+  out["busy_kafka_over_embedded"] = (out["kafka"]["learner_busy"]
+                                     / max(out["embedded"]["learner_busy"], 1e-9))
+  return out
+
+
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--latency-n", type=int, default=300)
   p.add_argument("--throughput-mb", type=float, default=64.0)
   p.add_argument("--gap-ms", type=float, default=5.0)
+  p.add_argument("--sao-config", default="experiments/configs/sao_arith.py:tiny",
+                 help="config of the SAO arms (path[:variant])")
+  p.add_argument("--sao-seconds", type=float, default=60.0,
+                 help="RL seconds per SAO arm (0: skip the SAO arms)")
   p.add_argument("--quick", action="store_true")
   p.add_argument("--out", default="results/bench_transport.json")
   args = p.parse_args(argv)
   if args.quick:
     args.latency_n, args.throughput_mb = 30, 4.0
+  sao_steps = 0
+  if args.quick and args.sao_seconds:
+    sao_steps, args.sao_seconds = 4, 0.0  # a few steps: the arms run, nothing is measured
   ctx = mp.get_context("spawn")
   results: dict = {"settings": vars(args), "machine": {"platform": platform.platform(),
                                                        "cpus": os.cpu_count()}}
@@ -116,6 +176,8 @@ def main(argv=None) -> dict:
             "lost": (lat["sent"] - lat["received"]) + (thr["sent"] - thr["received"])}
         print(f"{name:9s} {size:5s} p50 {lat['p50_ms']:7.2f} ms  p99 {lat['p99_ms']:7.2f} ms  "
               f"{thr['mb_per_s']:8.1f} MB/s  lost {results[name][size]['lost']}", flush=True)
+  if args.sao_seconds or sao_steps:
+    results["sao"] = sao_arms(args.sao_config, args.sao_seconds, sao_steps)
   out = pathlib.Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps(results, indent=2))

@@ -209,11 +209,13 @@ class TransportConfig:
   bootstrap_servers: str = ""
   run_id: str = ""  # topic namespace; empty: derived from the config name and start time
   partitions: int = 4
+  broker_timeout_s: float = 30.0  # a lost broker is retried this long, then a clear error
 
   def __post_init__(self):
     _check(self.kind in ("embedded", "kafka"),
            f"transport.kind {self.kind!r} unknown; known: embedded, kafka")
     _check(self.partitions >= 1, "transport.partitions must be >= 1")
+    _check(self.broker_timeout_s > 0, "transport.broker_timeout_s must be > 0")
     _check(all(c.isalnum() or c in "-_" for c in self.run_id),
            f"transport.run_id {self.run_id!r}: letters, digits, - and _ only")
 

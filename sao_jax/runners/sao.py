@@ -97,7 +97,8 @@ class SamplerPool:
     else:
       wait_until_answers(bootstrap, timeout=10.0)
     run_id = self.run_id or t.run_id or new_run_id(self.cfg)
-    spec = KafkaSpec(bootstrap=bootstrap, run_id=run_id, partitions=t.partitions)
+    spec = KafkaSpec(bootstrap=bootstrap, run_id=run_id, partitions=t.partitions,
+                     broker_timeout_s=t.broker_timeout_s)
     spec.create_topics()
     spec.announce({"status": "running", "config": config_lib.to_dict(self.cfg),
                    "param_dir": str(self.param_dir.absolute()), "partitions": t.partitions})
@@ -149,6 +150,8 @@ class SamplerPool:
     dead = [i for i, p in enumerate(self.procs)
             if p.exitcode not in (None, 0) and not self.stop.is_set()]
     if not dead:
+      if self.learner is not None:
+        self.learner.check()  # the transport itself (Kafka: a lost broker -> BrokerError)
       return None
     for i in dead:
       p = self.procs[i]
@@ -222,13 +225,35 @@ def _pad_rows(rows: list[dict], n: int) -> dict[str, np.ndarray]:
   return out
 
 
-def _decode(data: bytes, learner, counts) -> records.Record | None:
+def _check_trajectory(rec: records.Record, widths: tuple[int, int], num_tasks: int) -> None:
+  """Raises `records.Malformed` unless `rec` carries what the batch is built from, in the
+  shapes it is compiled for: a well-formed record from a foreign writer (other config or code
+  version) must be dropped like a corrupt one, not crash the learner."""
+  a, m = rec.arrays, rec.meta
+  for names, width in zip((("prompt", "prompt_valid"), ("tokens", "valid", "logp")), widths,
+                          strict=True):
+    for k in names:
+      if k not in a or a[k].ndim != 2 or a[k].shape[1] != width or len(a[k]) < 1:
+        raise records.Malformed(f"trajectory array {k!r} missing or not [steps, {width}]: "
+                                f"{a[k].shape if k in a else None}")
+  if len({len(a[k]) for k in ("prompt", "prompt_valid", "tokens", "valid", "logp")}) != 1:
+    raise records.Malformed("trajectory arrays disagree on the number of steps")
+  numbers = [m.get(k) for k in ("reward", "t_end")]
+  if not (all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in numbers)
+          and isinstance(m.get("task_index"), int) and 0 <= m["task_index"] < num_tasks):
+    raise records.Malformed(f"trajectory meta lacks a valid reward/t_end/task_index: {m}"[:300])
+
+
+def _decode(data: bytes, learner, counts, expect: tuple | None = None) -> records.Record | None:
   """A trajectory record, or None for one that is malformed (counted, dead-lettered, and
-  logged the first time) or of another kind."""
+  logged the first time) or of another kind. With `expect` (`(prompt_len, completion_len)`,
+  number of tasks), a record must also fit the learner's batch (`_check_trajectory`)."""
   try:
     rec = records.decode(data)
     if rec.kind != records.RecordKind.TRAJECTORY:
       raise records.Malformed(f"expected a trajectory record, got {rec.kind.name}")
+    if expect is not None:
+      _check_trajectory(rec, *expect)
     return rec
   except records.RecordError as err:
     counts["bad_records"] += 1
@@ -407,12 +432,13 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
   pending_commit = None
   nonfinite_recent: collections.deque[int] = collections.deque(maxlen=rcfg.nonfinite_window)
   first_update_logged = resume_info is None
+  expect = ((s.prompt_len, rl.max_new_tokens), len(s.train))
 
   def ingest(got):
     nonlocal outstanding
     fresh_items = []
     for data, pos in got:
-      rec = _decode(data, pool.learner, counts)
+      rec = _decode(data, pool.learner, counts, expect)
       if rec is None:
         continue
       if rec.record_id in seen_ids:  # redelivered: already applied or waiting

@@ -37,6 +37,10 @@ class LearnerEnd(Protocol):
 
   def dead_letter(self, data: bytes, reason: str) -> None: ...
 
+  def check(self) -> None:
+    """Raises if the transport is lost for good (called when nothing arrives for a while)."""
+    ...
+
   def close(self) -> None: ...
 
 
@@ -109,6 +113,9 @@ class EmbeddedLearnerEnd:
 
   def dead_letter(self, data, reason):
     self.spec.dead_letters += 1  # nowhere durable to copy it to: counted
+
+  def check(self):
+    pass  # the queues live as long as the learner; a dead sampler is caught by its exit code
 
   def close(self):
     pass

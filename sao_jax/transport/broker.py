@@ -44,34 +44,66 @@ def _die_with_parent():
   libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def wait_until_answers(bootstrap: str, timeout: float = 10.0, proc=None, log=None) -> None:
-  """Blocks until a Kafka metadata request to `bootstrap` succeeds; clear error otherwise."""
+def probe(bootstrap: str, timeout: float = 2.0) -> Exception | None:
+  """One Kafka metadata request to `bootstrap`: None if it answered, else the error."""
   from kafka import KafkaAdminClient
   from kafka.errors import KafkaError
 
+  # A plain TCP connect first: kafka-python's clients retry an unreachable bootstrap for
+  # tens of seconds before giving up, which would hide the real error that long.
+  if not _tcp_open(bootstrap):
+    return ConnectionRefusedError(f"nothing listens at {bootstrap}")
+  try:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000),
+                             client_id="sao-jax-probe")
+    try:
+      admin.list_topics()
+    finally:
+      admin.close()
+  except (KafkaError, OSError, ValueError) as err:
+    return err
+  return None
+
+
+def wait_until_answers(bootstrap: str, timeout: float = 10.0, proc=None, log=None) -> None:
+  """Blocks until a Kafka metadata request to `bootstrap` succeeds; clear error otherwise."""
   deadline = time.time() + timeout
   last = None
   while time.time() < deadline:
     if proc is not None and proc.poll() is not None:
       tail = pathlib.Path(log).read_text()[-2000:] if log else ""
       raise BrokerError(f"broker exited with code {proc.returncode} before answering:\n{tail}")
-    # A plain TCP connect first: kafka-python's clients retry an unreachable bootstrap for
-    # tens of seconds before giving up, which would hide the real error that long.
-    if not _tcp_open(bootstrap):
-      last = ConnectionRefusedError(f"nothing listens at {bootstrap}")
-      time.sleep(0.1)
-      continue
-    try:
-      admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000,
-                               client_id="sao-jax-probe")
-      admin.list_topics()
-      admin.close()
+    last = probe(bootstrap)
+    if last is None:
       return
-    except (KafkaError, OSError, ValueError) as err:
-      last = err
-      time.sleep(0.1)
+    time.sleep(0.1)
   raise BrokerError(f"no Kafka broker answered at {bootstrap} within {timeout:.0f} s "
                     f"(last error: {last!r})")
+
+
+def retry_until_answers(bootstrap: str, budget_s: float, *, what: str = "",
+                        first_wait_s: float = 0.25, max_wait_s: float = 4.0) -> None:
+  """Returns once the broker answers; probes with exponential backoff (`first_wait_s`,
+  doubling, at most `max_wait_s` apart) and raises `BrokerError` naming `bootstrap` after
+  `budget_s` seconds without an answer.
+
+  For a broker lost mid-run: a restart or a network blip within the budget costs a pause, not
+  the run; a broker that is gone stops the run with a clear error instead of a silent hang.
+  """
+  t0 = time.monotonic()
+  wait, tries = first_wait_s, 0
+  while True:
+    tries += 1
+    last = probe(bootstrap)
+    if last is None:
+      return
+    left = budget_s - (time.monotonic() - t0)
+    if left <= 0:
+      raise BrokerError(f"lost the Kafka broker at {bootstrap}{what}: no answer in "
+                        f"{time.monotonic() - t0:.0f} s ({tries} tries with backoff; "
+                        f"last error: {last!r})")
+    time.sleep(min(wait, left))
+    wait = min(2 * wait, max_wait_s)
 
 
 def _tcp_open(bootstrap: str) -> bool:

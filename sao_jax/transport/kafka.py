@@ -7,7 +7,8 @@ Topics of run `R`:
   sao.R.trajectories  trajectory records; the learner reads every partition and commits
                       offsets only for records whose update it applied (at-least-once;
                       duplicates are dropped by record id on the learner);
-  sao.R.dead-letter   records the learner could not decode, copied with the reason;
+  sao.R.dead-letter   records the learner could not decode, copied with the reason
+                      (header `reason`);
   sao.R.control       one partition of JSON announcements by the learner: the resolved
                       config and the parameter directory (status "running"), then status
                       "finished". `sao-jax sampler --bootstrap ... --run-id R` needs nothing
@@ -19,14 +20,31 @@ Topics of run `R`:
 Client settings (measured on the local broker, see FACTS): producers `linger_ms=0` for
 latency; consumers `fetch_max_wait_ms=25` (lower stalled on this broker), group
 `session_timeout_ms=6000` / `heartbeat_interval_ms=2000` (joins in 1-3 s, not 23 s).
+
+A lost broker is retried, then reported; no call blocks without bound:
+  - the clients reconnect on their own with exponential backoff (`reconnect_backoff_ms` 50 ms
+    doubling to 2 s) and retry requests every `retry_backoff_ms`;
+  - a flush (tasks sent, trajectories sent before their tasks are acked) or an offset commit
+    that has not completed after `broker_timeout_s` raises `BrokerError`, as does a record the
+    broker refused; producers give up on a record after about as long (`delivery_timeout_ms`);
+  - an end that has received nothing for `idle_probe_s` probes the broker (one metadata
+    request) when `check()` is called (the SAO learner does so on every empty poll; a sampler's
+    `get_tasks` does it itself). A broker that does not answer is probed again with exponential
+    backoff (0.25 s doubling to 4 s) for up to `broker_timeout_s`, then `BrokerError` names its
+    address. A sampler's error reaches the learner, which stops the run with it;
+  - `close()` waits at most a few seconds for unsent records, then drops them: with the
+    broker gone they could never be delivered, and a run that is stopping must not hang.
 """
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from sao_jax.transport import records
+from sao_jax.transport.broker import BrokerError, retry_until_answers
 
 _CLIENT = dict(request_timeout_ms=10_000, retry_backoff_ms=100, reconnect_backoff_max_ms=2000)
+_CLOSE_TIMEOUT_S = 5.0
 
 
 @dataclasses.dataclass
@@ -34,6 +52,8 @@ class KafkaSpec:
   bootstrap: str
   run_id: str
   partitions: int = 4
+  broker_timeout_s: float = 30.0  # a lost broker is retried this long, then BrokerError
+  idle_probe_s: float = 5.0  # nothing received this long: is the broker still there?
 
   def topic(self, name: str) -> str:
     return f"sao.{self.run_id}.{name}"
@@ -103,10 +123,94 @@ class KafkaSpec:
     pass
 
 
-def _producer(bootstrap):
+def _producer(spec: KafkaSpec):
   from kafka import KafkaProducer
-  return KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, acks=1,
-                       max_request_size=records.DEFAULT_MAX_BYTES + 4096, **_CLIENT)
+  budget_ms = int(spec.broker_timeout_s * 1000)
+  # kafka-python requires delivery_timeout_ms >= request_timeout_ms + linger_ms.
+  return KafkaProducer(bootstrap_servers=spec.bootstrap, linger_ms=0, acks=1,
+                       max_request_size=records.DEFAULT_MAX_BYTES + 4096,
+                       max_block_ms=budget_ms,
+                       delivery_timeout_ms=max(budget_ms, _CLIENT["request_timeout_ms"] + 1000),
+                       **_CLIENT)
+
+
+class _BrokerWatch:
+  """Tells a quiet broker from a lost one: probes only after `idle_probe_s` without traffic,
+  so a busy run never pays for it."""
+
+  def __init__(self, spec: KafkaSpec, role: str):
+    self.spec, self.role = spec, role
+    self.last_ok = time.monotonic()
+    self.lost = False  # a BrokerError was raised: closing need not wait for the broker
+
+  def alive(self) -> None:
+    self.last_ok = time.monotonic()
+
+  def check(self) -> None:
+    if time.monotonic() - self.last_ok < self.spec.idle_probe_s:
+      return
+    try:
+      retry_until_answers(self.spec.bootstrap, self.spec.broker_timeout_s,
+                          what=f" ({self.role} of run {self.spec.run_id})")
+    except BrokerError:
+      self.lost = True
+      raise
+    self.alive()
+
+  def flush(self, producer, futures: list, what: str) -> None:
+    """Every record in `futures` is on the broker, or BrokerError within the budget."""
+    from kafka.errors import KafkaTimeoutError
+
+    try:
+      producer.flush(timeout=self.spec.broker_timeout_s)
+    except KafkaTimeoutError as err:
+      self.lost = True
+      raise BrokerError(f"lost the Kafka broker at {self.spec.bootstrap} ({self.role} of run "
+                        f"{self.spec.run_id}): {what} not delivered within "
+                        f"{self.spec.broker_timeout_s:.0f} s ({err!r})") from err
+    for f in futures:
+      if f.failed():
+        raise BrokerError(f"the Kafka broker at {self.spec.bootstrap} did not take {what} "
+                          f"({self.role} of run {self.spec.run_id}): {f.exception!r}")
+    futures.clear()
+    self.alive()
+
+  def commit(self, consumer, offsets=None) -> None:
+    """Commits the consumer's offsets (or `offsets`), retrying retriable errors (connection lost, no
+    coordinator) with exponential backoff for up to the budget, then BrokerError."""
+    from kafka.errors import KafkaError
+
+    budget = self.spec.broker_timeout_s
+    deadline = time.monotonic() + budget
+    wait = 0.25
+    while True:
+      try:
+        consumer.commit(offsets, timeout_ms=max(1, int((deadline - time.monotonic()) * 1000)))
+        break
+      except KafkaError as err:
+        if not err.retriable:
+          raise  # e.g. CommitFailedError: the group rebalanced; not the broker's health
+        if time.monotonic() + wait >= deadline:
+          self.lost = True
+          raise BrokerError(f"lost the Kafka broker at {self.spec.bootstrap} ({self.role} of run "
+                            f"{self.spec.run_id}): offset commit failed for {budget:.0f} s "
+                            f"({err!r})") from err
+        time.sleep(wait)
+        wait = min(2 * wait, 4.0)
+    self.alive()
+
+
+def _close(producer, consumer, watch: _BrokerWatch) -> None:
+  from kafka.errors import KafkaError
+
+  try:
+    producer.close(timeout=0 if watch.lost else _CLOSE_TIMEOUT_S)
+  except KafkaError:
+    # kafka-python has no public "close now, drop the rest"; the forced sender aborts the
+    # pending records at once, so this second close returns in milliseconds.
+    producer._sender.force_close()
+    producer.close(timeout=_CLOSE_TIMEOUT_S)
+  consumer.close(timeout_ms=int(_CLOSE_TIMEOUT_S * 1000))
 
 
 class KafkaLearnerEnd:
@@ -114,7 +218,7 @@ class KafkaLearnerEnd:
     from kafka import KafkaConsumer, TopicPartition
 
     self.spec = spec
-    self.producer = _producer(spec.bootstrap)
+    self.producer = _producer(spec)
     self.consumer = KafkaConsumer(
         bootstrap_servers=spec.bootstrap, group_id=f"sao.{spec.run_id}.learner",
         enable_auto_commit=False, auto_offset_reset="earliest", fetch_max_wait_ms=25,
@@ -122,14 +226,16 @@ class KafkaLearnerEnd:
     topic = spec.topic("trajectories")
     self.consumer.assign([TopicPartition(topic, p) for p in range(spec.partitions)])
     self._sent = 0
+    self._watch = _BrokerWatch(spec, "learner")
 
   def put_tasks(self, indices):
+    futures = []
     for i in indices:
       self._sent += 1
-      self.producer.send(self.spec.topic("tasks"), key=str(self._sent).encode(),
-                         value=records.encode(records.RecordKind.TASK, int(i), 0, {},
-                                              {"task_index": int(i)}))
-    self.producer.flush()
+      futures.append(self.producer.send(
+          self.spec.topic("tasks"), key=str(self._sent).encode(),
+          value=records.encode(records.RecordKind.TASK, int(i), 0, {}, {"task_index": int(i)})))
+    self._watch.flush(self.producer, futures, f"{len(futures)} task records")
 
   def get_trajectories(self, max_n, timeout):
     return [data for data, _ in self.get_records(max_n, timeout)]
@@ -137,6 +243,8 @@ class KafkaLearnerEnd:
   def get_records(self, max_n, timeout) -> list[tuple[bytes, tuple[int, int]]]:
     """Like get_trajectories, with each record's (partition, offset)."""
     polled = self.consumer.poll(timeout_ms=int(timeout * 1000), max_records=max_n)
+    if polled:
+      self._watch.alive()
     return [(r.value, (r.partition, r.offset)) for recs in polled.values() for r in recs
             if r.value is not None]
 
@@ -149,20 +257,22 @@ class KafkaLearnerEnd:
     from kafka import TopicPartition
     from kafka.structs import OffsetAndMetadata
     topic = self.spec.topic("trajectories")
-    self.consumer.commit({TopicPartition(topic, p): OffsetAndMetadata(o, "", -1)
-                          for p, o in positions.items()})
+    self._watch.commit(self.consumer, {TopicPartition(topic, p): OffsetAndMetadata(o, "", -1)
+                                       for p, o in positions.items()})
+
+  def check(self):
+    """After `idle_probe_s` with no records: raises BrokerError if the broker stays gone."""
+    self._watch.check()
 
   def commit(self):
-    self.consumer.commit()
+    self._watch.commit(self.consumer)
 
   def dead_letter(self, data, reason):
     self.producer.send(self.spec.topic("dead-letter"), value=data,
                        headers=[("reason", reason.encode()[:500])])
 
   def close(self):
-    self.producer.flush()
-    self.producer.close()
-    self.consumer.close()
+    _close(self.producer, self.consumer, self._watch)
 
 
 class KafkaSamplerEnd:
@@ -170,15 +280,21 @@ class KafkaSamplerEnd:
     from kafka import KafkaConsumer
 
     self.spec = spec
-    self.producer = _producer(spec.bootstrap)
+    self.producer = _producer(spec)
     self.consumer = KafkaConsumer(
         spec.topic("tasks"), bootstrap_servers=spec.bootstrap,
         group_id=f"sao.{spec.run_id}.samplers", enable_auto_commit=False,
         auto_offset_reset="earliest", fetch_max_wait_ms=25, session_timeout_ms=6000,
         heartbeat_interval_ms=2000, **_CLIENT)
+    self._watch = _BrokerWatch(spec, "sampler")
+    self._pending: list = []  # send futures of trajectories not yet known to be delivered
 
   def get_tasks(self, max_n, timeout):
     polled = self.consumer.poll(timeout_ms=int(timeout * 1000), max_records=max_n)
+    if not polled:
+      self._watch.check()  # no tasks for a while: idle learner, or a lost broker?
+      return []
+    self._watch.alive()
     out = []
     for recs in polled.values():
       for r in recs:
@@ -189,13 +305,13 @@ class KafkaSamplerEnd:
     return out
 
   def put_trajectory(self, data):
-    self.producer.send(self.spec.topic("trajectories"), value=data)
+    self._pending.append(self.producer.send(self.spec.topic("trajectories"), value=data))
 
   def ack_tasks(self):
-    self.producer.flush()  # the trajectories are on the broker before the tasks are acked
-    self.consumer.commit()
+    # The trajectories are on the broker before the tasks are acked; a failed send must not
+    # ack its task, or the trajectory would be lost.
+    self._watch.flush(self.producer, self._pending, f"{len(self._pending)} trajectory records")
+    self._watch.commit(self.consumer)
 
   def close(self):
-    self.producer.flush()
-    self.producer.close()
-    self.consumer.close()
+    _close(self.producer, self.consumer, self._watch)
