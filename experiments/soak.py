@@ -86,15 +86,23 @@ def main():
                  help="for placing the NaN schedule inside the run")
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
   p.add_argument("--out", default=str(REPO / "results" / "soak"))
+  p.add_argument("--resume", action="store_true",
+                 help="continue the run in OUT/run (e.g. after the driver itself stopped), "
+                      "keeping the fault log of OUT/soak.json")
   args = p.parse_args()
 
   out = pathlib.Path(args.out)
   workdir = out / "run"
-  shutil.rmtree(workdir, ignore_errors=True)
+  previous = {}
+  if args.resume:
+    previous = json.loads((out / "soak.json").read_text())
+  else:
+    shutil.rmtree(workdir, ignore_errors=True)
   out.mkdir(parents=True, exist_ok=True)
-  rng = np.random.default_rng(args.seed)
+  rng = np.random.default_rng(args.seed + 1000 * bool(args.resume))
   seconds = args.minutes * 60
-  nan_steps = _nan_schedule(rng, int(seconds * args.est_updates_per_s))
+  nan_steps = previous.get("nan_steps") or _nan_schedule(
+      rng, int(seconds * args.est_updates_per_s))
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)
   cmd = [sys.executable, "-m", "sao_jax.cli", "train", "--config",
@@ -103,9 +111,12 @@ def main():
          "--set", "recovery.keep_journal=True",
          "--set", f"faults.nan_steps=({','.join(map(str, nan_steps))},)", *sum(
              (["--set", kv] for kv in args.set), [])]
-  events: list[dict] = []
-  attempt = 0
-  t0 = time.time()
+  events: list[dict] = previous.get("faults", [])
+  attempt = previous.get("attempts", 0)
+  t0 = time.time() - previous.get("wall_s", 0.0)
+  driver_restarts = previous.get("driver_restarts", []) + (
+      [{"t": round(t0 + previous.get("wall_s", 0.0) - t0, 1), "previous_returncode":
+        previous.get("returncode")}] if previous else [])
   fault_i = 0
   proc = None
   try:
@@ -163,6 +174,7 @@ def main():
   result: dict = {"machine": platform.processor() or platform.machine(),
                   "cpus": os.cpu_count(), "minutes": args.minutes, "wall_s": round(wall, 1),
                   "returncode": rc, "attempts": attempt, "faults": events,
+                  "driver_restarts": driver_restarts,
                   "nan_steps": nan_steps, "command": " ".join(sys.argv)}
   if rc == 0:
     sys.path.insert(0, str(REPO))

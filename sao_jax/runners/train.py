@@ -358,7 +358,12 @@ def _check_resume(cfg: Config, workdir: pathlib.Path) -> dict | None:
   old_path = workdir / "config.json"
   if not (workdir / "checkpoints").exists() or not old_path.exists():
     return None
-  old = _flat(json.loads(old_path.read_text()))
+  try:  # keys added to the code since (absent from the file) take their defaults
+    old_cfg = config_lib.from_dict(json.loads(old_path.read_text()))
+  except (config_lib.ConfigError, TypeError, ValueError) as err:
+    raise config_lib.ConfigError(f"{workdir} holds a run whose config.json this code cannot "
+                                 f"read ({err}); pass a new --workdir") from None
+  old = _flat(json.loads(config_lib.to_json(old_cfg)))
   new = _flat(json.loads(config_lib.to_json(cfg)))
   diff = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
   if diff:
