@@ -82,7 +82,7 @@ class KafkaSpec:
   def announce(self, payload: dict) -> None:
     """Appends a JSON announcement to the control topic (learner side)."""
     import json
-    producer = _producer(self.bootstrap)
+    producer = _producer(self)
     try:
       producer.send(self.topic("control"), value=json.dumps(payload).encode())
       producer.flush(timeout=10)
