@@ -88,7 +88,7 @@ def test_ctrl_c_stops_everything(repo_root, tmp_path):
   assert len(_children(proc.pid)) >= 2  # the samplers (plus multiprocessing's helper)
   proc.send_signal(signal.SIGINT)
   _, err = proc.communicate(timeout=60)
-  assert proc.returncode == 130 and "interrupted" in err
+  assert proc.returncode == 130 and "interrupted" in err, err[-3000:]
   deadline = time.time() + 10
   while _tagged_pids(tag) and time.time() < deadline:
     time.sleep(0.2)
