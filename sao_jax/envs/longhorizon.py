@@ -57,7 +57,7 @@ class LongHorizonSpec:
   """
 
   family: str = "retention"
-  n_steps: int = 40
+  n_steps: int = 44
   n_facts: int = 4
   min_gap: int = 32
   p_noise: float = 0.1
