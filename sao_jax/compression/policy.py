@@ -159,7 +159,7 @@ def make_memory_update(policy: MemoryPolicy, tx, *, mode: str, temperature: floa
       else:
         g = batch["graded"] & sv
         n_g = jnp.maximum(jnp.sum(g), 1)
-        r = batch["rewards"]
+        r = jnp.take_along_axis(batch["rewards"], batch["row_step"], axis=1)  # per row
         mean = jnp.sum(r * g) / n_g
         std = jnp.sqrt(jnp.sum(jnp.square(r - mean) * g) / n_g)
         adv = jnp.where(g, (r - mean) / (std + 1e-6), 0.0)
