@@ -66,8 +66,10 @@ def _parser():
   p.add_argument("--config", default=str(ROOT / "experiments/configs/longhorizon.py"))
   p.add_argument("--quick", action="store_true", help="smoke run: few steps, short episodes")
   p.add_argument("--steps", type=int, default=0, help="training steps per arm (0: config)")
-  p.add_argument("--num-test", type=int, default=0, help="held-out episodes (0: 128, quick 8)")
+  p.add_argument("--num-test", type=int, default=0, help="held-out episodes (0: 64, quick 8)")
   p.add_argument("--long-episodes", type=int, default=4)
+  p.add_argument("--accuracy-only", action="store_true",
+                 help="train and evaluate only (skip bytes per stage and peak memory)")
   p.add_argument("--tasks", default="", help="comma-separated (default: all; quick: retention)")
   p.add_argument("--out", default=str(ROOT / "results/bench_compression.json"))
   return p
@@ -220,7 +222,7 @@ def main(argv=None) -> dict:
     long_specs = {k: dataclasses.replace(v, n_steps=120, n_facts=3) for k, v in
                   long_specs.items()}
   steps = args.steps or (cfg.sft.steps if not args.quick else 10)
-  num_test = args.num_test or (8 if args.quick else 128)
+  num_test = args.num_test or (8 if args.quick else 64)
   log = print
   t_start = time.time()
   result = {"config": cfg_path, "quick": args.quick, "steps": steps, "num_test": num_test,
@@ -254,6 +256,12 @@ def main(argv=None) -> dict:
     full_acc = arms["full_context"]["accuracy"]
     rel_loss = (full_acc - arms["compressed"]["accuracy"]) / max(full_acc, 1e-9)
     log(f"  float memory: {acc_f:.3f}; relative loss vs full context {100 * rel_loss:.1f}%")
+    result["tasks"][name] = {
+        "spec": dataclasses.asdict(spec),
+        "train_spec": dataclasses.asdict(mod.TRAIN_TASKS[variant][name]),
+        "arms": arms, "relative_loss": rel_loss}
+    if args.accuracy_only:
+      continue
     long_tasks = make_split(long_specs[name], "test", args.long_episodes, 1)
     stages = bytes_per_stage(cfg, mem_progs[0], mem_progs[1], mem_params, long_tasks)
     log(f"  {long_specs[name].n_steps}-step bytes: " + ", ".join(
@@ -263,12 +271,8 @@ def main(argv=None) -> dict:
     for k, v in memory.items():
       log(f"  peak memory ({k}): GRPO(N=8) {v['grpo_n8_full_context']['peak'] / 1e6:.1f} MB, "
           f"SAO {v['sao_compressed']['peak'] / 1e6:.1f} MB, ratio {v['ratio_sao_over_grpo']:.4f}")
-    result["tasks"][name] = {
-        "spec": dataclasses.asdict(spec),
-        "train_spec": dataclasses.asdict(mod.TRAIN_TASKS[variant][name]),
-        "long_spec": dataclasses.asdict(long_specs[name]),
-        "arms": arms, "relative_loss": rel_loss, "bytes_per_stage": stages,
-        "peak_memory": memory}
+    result["tasks"][name].update(long_spec=dataclasses.asdict(long_specs[name]),
+                                 bytes_per_stage=stages, peak_memory=memory)
   result["seconds"] = time.time() - t_start
   _table(result)
   out = pathlib.Path(args.out)
@@ -282,6 +286,8 @@ def _table(r: dict):
   print("\n| task | stage | bytes / trajectory | reduction |")
   print("|---|---|---:|---:|")
   for name, t in r["tasks"].items():
+    if "bytes_per_stage" not in t:
+      continue
     s = t["bytes_per_stage"]
     for k, v in s["bytes"].items():
       print(f"| {name} ({s['steps']} steps) | {k} | {v:,.0f} | {s['reduction_vs_full'][k]:.1f}x |")
@@ -294,7 +300,7 @@ def _table(r: dict):
   print("\n| task | episodes | GRPO(N=8) full context | SAO compressed | SAO / GRPO |")
   print("|---|---|---:|---:|---:|")
   for name, t in r["tasks"].items():
-    for k, v in t["peak_memory"].items():
+    for k, v in t.get("peak_memory", {}).items():
       print(f"| {name} | {k} ({v['steps']} steps) | {v['grpo_n8_full_context']['peak'] / 1e6:,.1f}"
             f" MB | {v['sao_compressed']['peak'] / 1e6:,.1f} MB | {v['ratio_sao_over_grpo']:.4f} |")
 

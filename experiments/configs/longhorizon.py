@@ -50,7 +50,7 @@ def get_config(variant: str = "default") -> Config:
                            turning_surprise=1.0, budget=8, capacity=64, visible=16, window=24)
   model = ModelConfig(width=64, depth=2, heads=4, max_len=512,
                       memory_slots=comp.visible * comp.vectors_per_step, memory_dim=comp.dim)
-  steps = 600 if variant == "default" else 20
+  steps = 250 if variant == "default" else 20
   sft = SFTConfig(steps=steps, batch_size=16, optim=OptimConfig(lr=1e-2, warmup_steps=30))
   if variant == "tiny":
     comp = dataclasses.replace(comp, capacity=16, budget=4, visible=4)
