@@ -24,7 +24,7 @@
 
 Run (default, ~15 min on a 2-core CPU; writes results/bench_compression.json):
   python experiments/bench_compression.py
-Smoke run (about a minute):
+Smoke run (one to two minutes, mostly compilation):
   python experiments/bench_compression.py --config experiments/configs/longhorizon.py:tiny \
       --quick --out /tmp/bench_compression_quick.json
 """

@@ -10,7 +10,7 @@ enough to train in minutes), `TRAIN_TASKS[variant]` what it trains on, `LONG_TAS
 
 Run (default, ~15 min on a 2-core CPU):
   python experiments/bench_compression.py --config experiments/configs/longhorizon.py
-Run the tiny variant (about a minute):
+Run the tiny variant (one to two minutes on a 2-core CPU):
   python experiments/bench_compression.py --config experiments/configs/longhorizon.py:tiny --quick
 """
 import dataclasses
