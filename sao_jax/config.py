@@ -274,6 +274,52 @@ class FaultsConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class CompressionConfig:
+  """Three-stage context compression for long-horizon tasks (see sao_jax.compression).
+
+  At step t the policy sees the last `visible` kept steps before t (each `vectors_per_step`
+  vectors of size `dim`, INT8 with a per-vector scale when `quantize`) plus a raw window of
+  the last `window` tokens. Stage 1 encodes each step's first `step_len` tokens; stage 2 keeps
+  turning points always and other steps with relative surprise >= `keep_threshold` while
+  fewer than `budget` of those are kept; the bank stores at most `capacity` steps.
+  """
+
+  enabled: bool = False
+  step_len: int = 20
+  vectors_per_step: int = 2
+  dim: int = 32
+  enc_width: int = 64  # BERT-base: 768 / 12 layers / 12 heads
+  enc_depth: int = 2
+  enc_heads: int = 4
+  enc_mlp_ratio: int = 4
+  lstm_hidden: int = 64
+  keep_threshold: float = 0.5
+  turning_surprise: float = 2.0
+  budget: int = 64
+  capacity: int = 128
+  visible: int = 8
+  window: int = 32
+  quantize: bool = True
+  recon_coef: float = 1.0
+  predict_coef: float = 1.0
+
+  def __post_init__(self):
+    _check(min(self.step_len, self.vectors_per_step, self.dim, self.enc_width, self.enc_depth,
+               self.enc_heads, self.enc_mlp_ratio, self.lstm_hidden, self.capacity,
+               self.visible, self.window) > 0, "compression sizes must be positive")
+    _check(self.enc_width % self.enc_heads == 0,
+           f"compression.enc_width {self.enc_width} not divisible by enc_heads {self.enc_heads}")
+    _check(self.vectors_per_step * self.dim * 5 <= self.step_len * self.enc_width,
+           "compression: a step's vectors must be >= 80% smaller than its token embeddings "
+           "(vectors_per_step * dim <= step_len * enc_width / 5)")
+    _check(0 <= self.keep_threshold <= self.turning_surprise,
+           "compression: need 0 <= keep_threshold <= turning_surprise")
+    _check(0 <= self.budget and self.visible <= self.capacity,
+           "compression: need budget >= 0 and visible <= capacity")
+    _check(self.recon_coef >= 0 and self.predict_coef >= 0, "compression coefs must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
   name: str = "run"
   seed: int = 0
@@ -288,6 +334,7 @@ class Config:
   eval: EvalConfig = EvalConfig()
   recovery: RecoveryConfig = RecoveryConfig()
   faults: FaultsConfig = FaultsConfig()
+  compression: CompressionConfig = CompressionConfig()
   log_every: int = 10
   checkpoint_every: int = 100
   init_from: str = ""
@@ -300,6 +347,11 @@ class Config:
            "sao.baseline='value_head' needs model.value_head=True")
     _check(self.eval.num_problems <= self.task.num_test,
            f"eval.num_problems {self.eval.num_problems} > task.num_test {self.task.num_test}")
+    c = self.compression
+    _check(not c.enabled or (self.model.memory_slots == c.visible * c.vectors_per_step
+                             and self.model.memory_dim == c.dim),
+           "compression.enabled needs model.memory_slots == visible * vectors_per_step and "
+           "model.memory_dim == compression.dim")
 
 
 def override(cfg, key: str, value: Any):

@@ -1,0 +1,310 @@
+"""Three-stage context compression on long-horizon tasks: bytes, accuracy, peak memory.
+
+1. Bytes per 1,000-step trajectory after each stage (experiments/configs/longhorizon.py
+   LONG_TASKS). The episodes are real environment episodes played by the scripted (expert)
+   policy, since no policy we can train here plays 1,000 steps; they go step by step through
+   the sampler's jitted `compress` program (all three stages in one function) with the
+   encoder/LSTM trained in part 2. Reported: the full context as float32 token embeddings at
+   the policy width (what a full-context policy holds per layer; its KV cache is 2 x depth
+   times that), then stage 1 (m vectors per step, float32), stage 2 (kept steps only),
+   stage 3 (INT8 + a float32 scale per vector + an int16 step index per kept step).
+2. Accuracy at the same training budget: the memory policy (compressed memory + 24-token raw
+   window) against the full-context control (same transformer, whole episode as context),
+   the same supervised steps on the same expert episodes (teacher forcing; no RL: a policy
+   that has to discover recall 32 turns back by RL alone does not learn in minutes on a
+   CPU), then greedy rollouts on held-out episodes. The retention task asks every question
+   >= 32 turns after its fact: its accuracy is the retention at 32 turns. The memory policy is
+   also evaluated with float memory (stage 3 off) to isolate the quantiser's loss.
+3. Peak memory of one learner update, from XLA's compiled memory analysis
+   (`progs.update.lower(...).compile().memory_analysis()`: arguments + outputs + temporaries
+   - aliased), for GRPO(N=8) with full context (`sao_jax.learner.make_rl_update`, 8 rows per
+   graded step of one task) against SAO with compressed memory (`make_memory_update`, one
+   trajectory per task), on the accuracy episodes and on the 1,000-step episodes. Plus the
+   stored context bytes of the 8 vs 1 trajectories.
+
+Run (default, ~15 min on a 2-core CPU; writes results/bench_compression.json):
+  python experiments/bench_compression.py
+Smoke run (one to two minutes, mostly compilation):
+  python experiments/bench_compression.py --config experiments/configs/longhorizon.py:tiny \
+      --quick --out /tmp/bench_compression_quick.json
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import pathlib
+import platform
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import lh_common as L  # noqa: E402
+
+from sao_jax.compression.rollout import (  # noqa: E402
+    episode_tokens,
+    script,
+    segment,
+)
+from sao_jax.config import Config, RLConfig, load_config  # noqa: E402
+from sao_jax.envs.longhorizon import BOUNDARIES, SEP, make_split  # noqa: E402
+from sao_jax.learner import make_optimizer, make_rl_update  # noqa: E402
+from sao_jax.models.transformer import TransformerLM  # noqa: E402
+from sao_jax.runners.batching import right_pad  # noqa: E402
+from sao_jax.runners.compiled import compile_programs  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _parser():
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--config", default=str(ROOT / "experiments/configs/longhorizon.py"))
+  p.add_argument("--quick", action="store_true", help="smoke run: few steps, short episodes")
+  p.add_argument("--steps", type=int, default=0, help="training steps per arm (0: config)")
+  p.add_argument("--num-test", type=int, default=0, help="held-out episodes (0: 64, quick 8)")
+  p.add_argument("--long-episodes", type=int, default=4)
+  p.add_argument("--accuracy-only", action="store_true",
+                 help="train and evaluate only (skip bytes per stage and peak memory)")
+  p.add_argument("--tasks", default="", help="comma-separated (default: all; quick: retention)")
+  p.add_argument("--out", default=str(ROOT / "results/bench_compression.json"))
+  return p
+
+
+def _config_module(path: str):
+  file = path.rsplit(":", 1)[0] if ":" in path and not pathlib.Path(path).exists() else path
+  spec = importlib.util.spec_from_file_location("lh_config", file)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+# 1. bytes per stage -----------------------------------------------------------------------
+def bytes_per_stage(cfg: Config, progs, policy, params, tasks) -> dict:
+  """Runs the expert episodes through the sampler's compress program, all side by side."""
+  c = cfg.compression
+  n = len(tasks)
+  scripts = [script(t, L.TOK) for t in tasks]
+  n_steps = len(scripts[0][0])
+  streams = policy.empty_streams(n)
+  t0 = time.time()
+  for s in range(n_steps):
+    segs = [segment(obs[s], acts[s], c.step_len) for obs, acts, _ in scripts]
+    seg, segv = right_pad(segs, c.step_len, L.TOK.pad_id)
+    reward = np.asarray([1.0 if s in g else 0.0 for _, _, g in scripts], np.float32)
+    bnd = np.asarray([t.prompt.split(SEP)[s] in BOUNDARIES for t in tasks])
+    last = np.full(n, s == n_steps - 1)
+    streams = progs.compress(params, streams, seg, segv, reward, bnd, last, np.ones(n, bool))
+  bank = jax.device_get(streams.bank)
+  secs = time.time() - t0
+  width = cfg.model.width
+  m, d = c.vectors_per_step, c.dim
+  tokens = np.asarray([episode_tokens(t, L.TOK) for t in tasks], np.float64)
+  kept = bank.count.astype(np.float64)
+  fact_kept, fact_visible = [], []
+  for i, t in enumerate(tasks):
+    steps = bank.step_c[i, :bank.count[i]]
+    obs = t.prompt.split(SEP)
+    for q in scripts[i][2]:
+      # The fact a question asks about: "Ann's pin?" <- "Ann's pin: 7", "door 2?" <- "key 2 ..."
+      key = obs[q][:-1] + ":" if obs[q].endswith("pin?") else "key " + obs[q].split()[1][:-1]
+      f = next(k for k, o in enumerate(obs) if o.startswith(key + " ") or o.startswith(key + ":"))
+      fact_kept.append(f in steps)
+      fact_visible.append(f in steps[steps < q][-c.visible:])
+  per_stage = {
+      "full_context_fp32_embeddings": tokens * width * 4,
+      "stage1_semantic_fp32": np.full(n, n_steps * m * d * 4.0),
+      "stage2_temporal_fp32": kept * m * d * 4,
+      "stage3_int8": kept * (m * d + m * 4 + 2),
+  }
+  out = {k: float(v.mean()) for k, v in per_stage.items()}
+  full = out["full_context_fp32_embeddings"]
+  return {
+      "episodes": n, "steps": n_steps, "tokens_per_episode": float(tokens.mean()),
+      "kept_steps_mean": float(kept.mean()), "kept_frac": float(kept.mean() / n_steps),
+      "facts_kept_frac": float(np.mean(fact_kept)),
+      "facts_visible_at_question_frac": float(np.mean(fact_visible)),
+      "dropped_bank_full": int(
+          np.sum(jax.device_get(streams.dropped_full))),
+      "bytes": out, "reduction_vs_full": {k: full / v for k, v in out.items()},
+      "kv_cache_fp32_bytes": float(tokens.mean() * 2 * cfg.model.depth * width * 4),
+      "compress_seconds": secs,
+  }
+
+
+# 3. peak memory ---------------------------------------------------------------------------
+def _abstract(tree):
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), tree)
+
+
+def _memory(compiled) -> dict:
+  ma = compiled.memory_analysis()
+  total = (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
+           - ma.alias_size_in_bytes)
+  return {"argument": ma.argument_size_in_bytes, "output": ma.output_size_in_bytes,
+          "temp": ma.temp_size_in_bytes, "alias": ma.alias_size_in_bytes, "peak": total}
+
+
+def peak_memory(cfg: Config, tasks, *, group: int = 8) -> dict:
+  """Compiled memory of one learner update on `tasks` (one trajectory each for SAO)."""
+  c = cfg.compression
+  n_steps = len(tasks[0].prompt.split(SEP))
+  graded = len(tasks[0].answer.split(","))
+  ctx = L.full_len(tasks)
+  # GRPO(N=8): every graded step of each of the N trajectories is a row whose prompt is the
+  # whole context up to that step (left-padded to the longest).
+  model_cfg = dataclasses.replace(L.model_cfg(cfg, False, ctx + L.MAX_NEW), max_len=ctx
+                                  + L.MAX_NEW)
+  model = TransformerLM(model_cfg)
+  tx = make_optimizer(cfg.sft.optim, 1)
+  grpo_cfg = dataclasses.replace(cfg, model=model_cfg, compression=dataclasses.replace(
+      c, enabled=False))
+  mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1), cfg.mesh.axes)
+
+  def full_context_update(n):
+    rl = RLConfig(group_size=n, prompts_per_step=len(tasks) * graded)
+    gp = compile_programs(grpo_cfg, model, tx, make_rl_update(model, tx, rl), with_ref=False,
+                          prompt_len=ctx, max_new_tokens=L.MAX_NEW, temperature=1.0,
+                          eos_id=L.TOK.eos_id, pad_id=L.TOK.pad_id, mesh=mesh)
+    rows = len(tasks) * graded * n
+    gbatch = {"prompt": jax.ShapeDtypeStruct((rows, ctx), jnp.int32),
+              "prompt_valid": jax.ShapeDtypeStruct((rows, ctx), bool),
+              "tokens": jax.ShapeDtypeStruct((rows, L.MAX_NEW), jnp.int32),
+              "valid": jax.ShapeDtypeStruct((rows, L.MAX_NEW), bool),
+              "logp": jax.ShapeDtypeStruct((rows, L.MAX_NEW), jnp.float32),
+              "rewards": jax.ShapeDtypeStruct((rows,), jnp.float32)}
+    return _memory(gp.update.lower(jax.eval_shape(gp.init, jax.random.key(0)), gbatch).compile())
+
+  grpo = full_context_update(group)
+  # Decomposition: one trajectory per task with full context (the group factor alone).
+  single_full = full_context_update(1)
+  # SAO: one trajectory per task; rows = its graded steps; per-step segments for the
+  # encoder and LSTM; the shipped INT8 bank.
+  mprogs, _ = L.build(cfg, True, mode="rl")
+  b = len(tasks)
+  sbatch = {
+      "seg": ((b, n_steps, c.step_len), jnp.int32), "seg_valid": ((b, n_steps, c.step_len), bool),
+      "rewards": ((b, n_steps), jnp.float32), "boundary": ((b, n_steps), bool),
+      "step_valid": ((b, n_steps), bool), "row_step": ((b, graded), jnp.int32),
+      "row_valid": ((b, graded), bool), "prompt": ((b, graded, c.window), jnp.int32),
+      "prompt_valid": ((b, graded, c.window), bool),
+      "tokens": ((b, graded, L.MAX_NEW), jnp.int32), "valid": ((b, graded, L.MAX_NEW), bool),
+      "logp": ((b, graded, L.MAX_NEW), jnp.float32), "graded": ((b, graded), bool),
+      "bank_vec": ((b, c.capacity, c.vectors_per_step, c.dim), jnp.int8),
+      "bank_scale": ((b, c.capacity, c.vectors_per_step), jnp.float32),
+      "bank_step": ((b, c.capacity), jnp.int32), "bank_turning": ((b, c.capacity), bool),
+      "bank_count": ((b,), jnp.int32)}
+  sbatch = {k: jax.ShapeDtypeStruct(*v) for k, v in sbatch.items()}
+  sstate = jax.eval_shape(mprogs.init, jax.random.key(0))
+  sao = _memory(mprogs.update.lower(sstate, sbatch).compile())
+  return {"tasks": len(tasks), "steps": n_steps, "graded_rows_per_trajectory": graded,
+          "full_context_tokens": ctx, "grpo_n8_full_context": grpo, "sao_compressed": sao,
+          "single_trajectory_full_context": single_full,
+          "ratio_sao_over_grpo": sao["peak"] / grpo["peak"]}
+
+
+def main(argv=None) -> dict:
+  args = _parser().parse_args(argv)
+  variant = "tiny" if args.quick and ":" not in args.config else "default"
+  cfg_path = args.config if ":" in args.config else f"{args.config}:{variant}"
+  cfg = load_config(cfg_path)
+  mod = _config_module(args.config)
+  variant = cfg_path.rsplit(":", 1)[1]
+  names = args.tasks.split(",") if args.tasks else (["retention"] if args.quick else
+                                                    list(mod.TASKS[variant]))
+  specs = {k: mod.TASKS[variant][k] for k in names}
+  long_specs = dict(mod.LONG_TASKS)
+  if args.quick:
+    long_specs = {k: dataclasses.replace(v, n_steps=120, n_facts=3) for k, v in
+                  long_specs.items()}
+  steps = args.steps or (cfg.sft.steps if not args.quick else 10)
+  num_test = args.num_test or (8 if args.quick else 64)
+  log = print
+  t_start = time.time()
+  result = {"config": cfg_path, "quick": args.quick, "steps": steps, "num_test": num_test,
+            "machine": {"platform": platform.platform(), "devices": str(jax.devices())},
+            "tasks": {}}
+  for name, spec in specs.items():
+    log(f"== {name}: {spec}")
+    train = make_split(mod.TRAIN_TASKS[variant][name], "train", 4000, 0, num_test=num_test)
+    test = make_split(spec, "test", num_test, 0)
+    length = L.full_len(train + test)
+    arms = {}
+    mem_progs = L.build(cfg, True, mode="sft")
+    for memory in (True, False):
+      progs, pol = mem_progs if memory else L.build(cfg, False, full_len=length)
+      state, secs, metrics = L.train(cfg, progs, memory, train, steps=steps, length=length,
+                                     log=log)
+      acc, trajs = L.evaluate(cfg, progs, pol, state.params, test, memory, length=length)
+      arm = {"accuracy": acc, "train_seconds": secs, "final_metrics": metrics}
+      if memory:
+        arm["kept_steps_mean"] = float(np.mean([t.bank["entries"] for t in trajs]))
+        mem_params = state.params
+      arms["compressed" if memory else "full_context"] = arm
+      log(f"  {'compressed' if memory else 'full context'}: accuracy {acc:.3f} "
+          f"({secs:.0f} s training)")
+    # Stage 3 ablation: the same trained parameters with float memory.
+    fcfg = dataclasses.replace(cfg, compression=dataclasses.replace(cfg.compression,
+                                                                    quantize=False))
+    fprogs, fpol = L.build(fcfg, True)
+    acc_f, _ = L.evaluate(fcfg, fprogs, fpol, mem_params, test, True, length=length)
+    arms["compressed_float_memory"] = {"accuracy": acc_f}
+    full_acc = arms["full_context"]["accuracy"]
+    rel_loss = (full_acc - arms["compressed"]["accuracy"]) / max(full_acc, 1e-9)
+    log(f"  float memory: {acc_f:.3f}; relative loss vs full context {100 * rel_loss:.1f}%")
+    result["tasks"][name] = {
+        "spec": dataclasses.asdict(spec),
+        "train_spec": dataclasses.asdict(mod.TRAIN_TASKS[variant][name]),
+        "arms": arms, "relative_loss": rel_loss}
+    if args.accuracy_only:
+      continue
+    long_tasks = make_split(long_specs[name], "test", args.long_episodes, 1)
+    stages = bytes_per_stage(cfg, mem_progs[0], mem_progs[1], mem_params, long_tasks)
+    log(f"  {long_specs[name].n_steps}-step bytes: " + ", ".join(
+        f"{k} {v / 1e3:.1f} kB" for k, v in stages["bytes"].items()))
+    memory = {"accuracy_episodes": peak_memory(cfg, test[:1])}
+    if not args.quick:  # the smoke run skips these three compilations
+      memory["long_episodes"] = peak_memory(cfg, long_tasks[:1])
+    for k, v in memory.items():
+      log(f"  peak memory ({k}): GRPO(N=8) {v['grpo_n8_full_context']['peak'] / 1e6:.1f} MB, "
+          f"SAO {v['sao_compressed']['peak'] / 1e6:.1f} MB, ratio {v['ratio_sao_over_grpo']:.4f}")
+    result["tasks"][name].update(long_spec=dataclasses.asdict(long_specs[name]),
+                                 bytes_per_stage=stages, peak_memory=memory)
+  result["seconds"] = time.time() - t_start
+  _table(result)
+  out = pathlib.Path(args.out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  out.write_text(json.dumps(result, indent=2, default=float))
+  print(f"wrote {out} ({result['seconds']:.0f} s)")
+  return result
+
+
+def _table(r: dict):
+  print("\n| task | stage | bytes / trajectory | reduction |")
+  print("|---|---|---:|---:|")
+  for name, t in r["tasks"].items():
+    if "bytes_per_stage" not in t:
+      continue
+    s = t["bytes_per_stage"]
+    for k, v in s["bytes"].items():
+      print(f"| {name} ({s['steps']} steps) | {k} | {v:,.0f} | {s['reduction_vs_full'][k]:.1f}x |")
+  print("\n| task | full context | compressed | compressed, float memory | relative loss |")
+  print("|---|---:|---:|---:|---:|")
+  for name, t in r["tasks"].items():
+    a = t["arms"]
+    print(f"| {name} | {a['full_context']['accuracy']:.3f} | {a['compressed']['accuracy']:.3f} | "
+          f"{a['compressed_float_memory']['accuracy']:.3f} | {100 * t['relative_loss']:.1f}% |")
+  print("\n| task | episodes | GRPO(N=8) full context | SAO compressed | SAO / GRPO |")
+  print("|---|---|---:|---:|---:|")
+  for name, t in r["tasks"].items():
+    for k, v in t.get("peak_memory", {}).items():
+      print(f"| {name} | {k} ({v['steps']} steps) | {v['grpo_n8_full_context']['peak'] / 1e6:,.1f}"
+            f" MB | {v['sao_compressed']['peak'] / 1e6:,.1f} MB | {v['ratio_sao_over_grpo']:.4f} |")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,109 @@
+"""Shared training/evaluation code of experiments/bench_compression.py (memory policy and
+full-context control on the long-horizon tasks). Not a library module: experiments only."""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import numpy as np
+
+from sao_jax.compression.memory import Compressor
+from sao_jax.compression.policy import (
+    MemoryPolicy,
+    make_full_context_sft_update,
+    make_memory_update,
+)
+from sao_jax.compression.rollout import (
+    episode_tokens,
+    sample_long_horizon,
+    scripted_full_batch,
+    scripted_memory_batch,
+)
+from sao_jax.config import Config
+from sao_jax.envs.longhorizon import LongHorizonEnv
+from sao_jax.learner import make_optimizer
+from sao_jax.models.transformer import TransformerLM
+from sao_jax.runners.compiled import compile_full_context_programs, compile_memory_programs
+from sao_jax.tokenizer import CharTokenizer
+
+TOK = CharTokenizer()
+MAX_NEW = 4  # answers are one digit or "ok"/"f", then EOS
+GRADED_WEIGHT = 10.0
+
+
+def model_cfg(cfg: Config, memory: bool, full_len: int = 0):
+  m = dataclasses.replace(cfg.model, vocab_size=TOK.vocab_size)
+  if memory:
+    return m
+  # Positions beyond max_len would read past the position table.
+  return dataclasses.replace(m, memory_slots=0, memory_dim=0, max_len=max(m.max_len, full_len))
+
+
+def build(cfg: Config, memory: bool, *, full_len: int = 0, mode: str = "sft"):
+  """(programs, policy-or-model) for the memory policy or the full-context control."""
+  tx = make_optimizer(cfg.sft.optim, cfg.sft.steps)
+  model = TransformerLM(model_cfg(cfg, memory, full_len))
+  if memory:
+    policy = MemoryPolicy(model, Compressor(cfg.compression, TOK.vocab_size))
+    progs = compile_memory_programs(
+        cfg, policy, tx, make_memory_update(policy, tx, mode=mode), max_new_tokens=MAX_NEW,
+        temperature=1.0, eos_id=TOK.eos_id, pad_id=TOK.pad_id)
+    return progs, policy
+  progs = compile_full_context_programs(
+      cfg, model, tx, make_full_context_sft_update(model, tx), prompt_len=full_len,
+      max_new_tokens=MAX_NEW, temperature=1.0, eos_id=TOK.eos_id, pad_id=TOK.pad_id)
+  return progs, model
+
+
+def full_len(tasks) -> int:
+  n = max(episode_tokens(t, TOK) for t in tasks)
+  return -(-n // 32) * 32
+
+
+def train(cfg: Config, progs, memory: bool, train_tasks, *, steps: int, length: int,
+          seed: int = 0, log=None):
+  """Supervised (teacher-forced) training on expert scripts; the same tasks in the same order
+  and the same number of steps for both arms. Returns (state, seconds, last metrics)."""
+  state = progs.init(jax.random.key(seed))
+  rng = np.random.default_rng(seed)
+  bs = cfg.sft.batch_size
+  c = cfg.compression
+  n_steps = max(len(t.prompt.split("\n")) for t in train_tasks)
+  # Rows the memory policy trains on per episode: every graded step and 4 filler steps.
+  rows = max(len(t.answer.split(",")) for t in train_tasks) + 4
+  t0, metrics = time.time(), {}
+  for i in range(steps):
+    batch_tasks = [train_tasks[j] for j in rng.integers(len(train_tasks), size=bs)]
+    if memory:
+      batch = scripted_memory_batch(batch_tasks, TOK, window=c.window, steps=n_steps,
+                                    max_new_tokens=MAX_NEW, step_len=c.step_len,
+                                    graded_weight=GRADED_WEIGHT, rows=rows, seed=i)
+    else:
+      batch = scripted_full_batch(batch_tasks, TOK, length=length, graded_weight=GRADED_WEIGHT)
+    state, metrics = progs.update(state, batch)
+    if log and (i % 50 == 0 or i == steps - 1):
+      log(f"  step {i} " + " ".join(f"{k}={float(v):.3f}" for k, v in
+                                    jax.device_get(metrics).items()))
+  jax.block_until_ready(state)
+  return state, time.time() - t0, {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+
+def evaluate(cfg: Config, progs, policy, params, tasks, memory: bool, *, length: int,
+             slots: int = 32, seed: int = 0):
+  """Greedy rollouts on `tasks`; returns (accuracy over graded steps, trajectories)."""
+  trajs = []
+  rng = jax.random.key(seed)
+  c = cfg.compression
+  for start in range(0, len(tasks), slots):
+    chunk = tasks[start:start + slots]
+    envs = [LongHorizonEnv(TOK) for _ in chunk]
+    if memory:
+      trajs += sample_long_horizon(progs.greedy, progs.compress, policy.empty_streams(slots),
+                                   params, envs, chunk, TOK, slots=slots, window=c.window,
+                                   step_len=c.step_len, rng=rng)
+    else:
+      trajs += sample_long_horizon(progs.greedy, None, None, params, envs, chunk, TOK,
+                                   slots=slots, window=length, step_len=c.step_len, rng=rng)
+  rewards = np.concatenate([t.rewards[t.graded] for t in trajs])
+  return float(rewards.mean()), trajs

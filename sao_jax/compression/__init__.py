@@ -1,0 +1,1 @@
+"""Three-stage context compression: semantic encoder -> LSTM redundancy filter -> INT8."""

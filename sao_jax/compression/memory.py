@@ -1,0 +1,183 @@
+"""The three stages composed: a trajectory's compressed memory and what the policy sees of it.
+
+Online (sampler), after each environment step, `stream_step` runs all three stages on that
+step: encode it (stage 1), score it against the LSTM's prediction and decide to keep it
+(stage 2), quantise it to INT8 and append it to the trajectory's `Bank` (stage 3). At step t
+the policy sees `visible_memory(bank, t)`: the last `visible` kept steps before t, i.e. a
+bounded number of vectors, plus its raw window of recent tokens.
+
+The bank is append-only (entries in step order), so the learner rebuilds the memory that row
+t saw from the final bank alone: the entries with step < t, the last `visible` of them. What
+travels to the learner is therefore the compressed bank, once per trajectory, not a copy per
+step. The learner conditions on the stored (dequantised) values bit for bit and routes
+gradients to the encoder through its fresh output for the same steps (`quant.straight_through`).
+
+`scan_trajectory` is the same per-step logic as a `lax.scan` over a whole trajectory (used for
+supervised training on scripted episodes, and to measure bytes per stage).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from sao_jax.compression import quant, temporal
+from sao_jax.compression.encoder import StepDecoder, StepEncoder
+from sao_jax.config import CompressionConfig
+
+
+@flax.struct.dataclass
+class Bank:
+  """Kept steps of one trajectory (leading axes may add a batch)."""
+
+  vec_cmd: jax.Array  # int8 when quantised, else float32
+  scale_cm: jax.Array  # float32 per-vector scale (1 when not quantised)
+  step_c: jax.Array  # int32 step index of each entry, -1 where empty
+  turning_c: jax.Array  # bool, entry was a turning point
+  count: jax.Array  # int32 entries written
+
+
+@flax.struct.dataclass
+class Stream:
+  """Online compressor state of one trajectory."""
+
+  bank: Bank
+  carry: Any  # LSTM (c, h), each [hidden]
+  pred_d: jax.Array  # LSTM prediction of the next step's flattened vectors
+  prev_reward: jax.Array
+  budget_used: jax.Array
+  step: jax.Array
+  dropped_full: jax.Array  # steps that should have been kept but the bank was full
+
+
+class Compressor:
+  """Holds the stage modules; all methods are pure functions of (params, arrays)."""
+
+  def __init__(self, cfg: CompressionConfig, vocab_size: int):
+    self.cfg = cfg
+    self.encoder = StepEncoder(cfg, vocab_size)
+    self.decoder = StepDecoder(cfg, vocab_size)
+    self.flat = cfg.vectors_per_step * cfg.dim
+    self.temporal = temporal.TemporalPredictor(cfg.lstm_hidden, self.flat)
+
+  def init(self, rng: jax.Array) -> dict:
+    r1, r2, r3 = jax.random.split(rng, 3)
+    seg = jnp.zeros((1, self.cfg.step_len), jnp.int32)
+    vec = jnp.zeros((1, self.cfg.vectors_per_step, self.cfg.dim))
+    return {
+        "encoder": self.encoder.init(r1, seg, seg > -1)["params"],
+        "decoder": self.decoder.init(r2, vec)["params"],
+        "temporal": self.temporal.init(r3, self.temporal.initial_carry(1),
+                                       vec.reshape(1, -1))["params"],
+    }
+
+  # Stage 1 ------------------------------------------------------------------------------
+  def encode(self, params, seg_nl, segv_nl) -> jax.Array:
+    """[N, L] step tokens -> [N, m, dim] vectors."""
+    return self.encoder.apply({"params": params["encoder"]}, seg_nl, segv_nl)
+
+  # Stages 2 and 3, one step ----------------------------------------------------------------
+  def empty_stream(self) -> Stream:
+    c, m, d = self.cfg.capacity, self.cfg.vectors_per_step, self.cfg.dim
+    dtype = jnp.int8 if self.cfg.quantize else jnp.float32
+    bank = Bank(vec_cmd=jnp.zeros((c, m, d), dtype), scale_cm=jnp.zeros((c, m), jnp.float32),
+                step_c=jnp.full((c,), -1, jnp.int32), turning_c=jnp.zeros((c,), bool),
+                count=jnp.zeros((), jnp.int32))
+    carry = jax.tree.map(lambda x: x[0], self.temporal.initial_carry(1))
+    return Stream(bank=bank, carry=carry, pred_d=jnp.zeros((self.flat,)),
+                  prev_reward=jnp.zeros(()), budget_used=jnp.zeros((), jnp.int32),
+                  step=jnp.zeros((), jnp.int32), dropped_full=jnp.zeros((), jnp.int32))
+
+  def filter_and_store(self, params, s: Stream, v_md, reward, boundary, last):
+    """Stage 2 (keep or drop) and stage 3 (INT8 into the bank) for one encoded step.
+
+    Returns (stream, info) with info: surprise, keep, turning, pred_d (the prediction that
+    was compared against this step).
+    """
+    cfg = self.cfg
+    v_d = v_md.reshape(-1)
+    surprise = temporal.relative_surprise(s.pred_d, v_d)
+    turning = (s.step == 0) | last | boundary | (reward != s.prev_reward)
+    keep, is_turning, by_surprise = temporal.keep_step(
+        surprise, turning, s.budget_used, keep_threshold=cfg.keep_threshold,
+        turning_surprise=cfg.turning_surprise, budget=cfg.budget)
+    room = s.bank.count < cfg.capacity
+    write = keep & room
+    if cfg.quantize:
+      q_md, scale_m = quant.quantize(v_md)
+    else:
+      q_md, scale_m = v_md.astype(jnp.float32), jnp.ones(v_md.shape[:1], jnp.float32)
+    idx = jnp.minimum(s.bank.count, cfg.capacity - 1)
+    b = s.bank
+
+    def put(arr, val):
+      return arr.at[idx].set(jnp.where(write, val, arr[idx]))
+
+    bank = Bank(vec_cmd=put(b.vec_cmd, q_md), scale_cm=put(b.scale_cm, scale_m),
+                step_c=put(b.step_c, s.step), turning_c=put(b.turning_c, is_turning),
+                count=b.count + write.astype(jnp.int32))
+    carry, pred = self.temporal.apply({"params": params["temporal"]},
+                                      jax.tree.map(lambda x: x[None], s.carry), v_d[None])
+    new = Stream(bank=bank, carry=jax.tree.map(lambda x: x[0], carry), pred_d=pred[0],
+                 prev_reward=jnp.asarray(reward, jnp.float32),
+                 budget_used=s.budget_used + (by_surprise & room).astype(jnp.int32),
+                 step=s.step + 1, dropped_full=s.dropped_full + (keep & ~room).astype(jnp.int32))
+    info = {"surprise": surprise, "keep": keep, "turning": is_turning, "pred_d": s.pred_d}
+    return new, info
+
+  def stream_step(self, params, s: Stream, seg_l, segv_l, reward, boundary, last) -> Stream:
+    """All three stages for one step of one trajectory (vmap over slots; jit once)."""
+    v_md = self.encode(params, seg_l[None], segv_l[None])[0]
+    return self.filter_and_store(params, s, v_md, reward, boundary, last)[0]
+
+  def scan_trajectory(self, params, v_smd, rewards_s, boundary_s, step_valid_s):
+    """The online logic over a whole (encoded) trajectory; padding steps change nothing.
+
+    Returns (final stream, info with [S] / [S, D] arrays).
+    """
+    last_s = step_valid_s & ~jnp.concatenate([step_valid_s[1:], jnp.zeros((1,), bool)])
+
+    def body(s, xs):
+      v_md, r, bnd, last, ok = xs
+      new, info = self.filter_and_store(params, s, v_md, r, bnd, last)
+      new = jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, s)
+      return new, info
+
+    return jax.lax.scan(body, self.empty_stream(),
+                        (v_smd, rewards_s, boundary_s, last_s, step_valid_s))
+
+  # What the policy sees ------------------------------------------------------------------
+  def visible_memory(self, bank: Bank, t):
+    """Memory of row t: the last `visible` entries with step < t.
+
+    Returns (vec [V*m, dim] float32, valid [V*m] bool, entry index [V] int32 (clipped)).
+    """
+    cfg = self.cfg
+    n_before = jnp.sum((bank.step_c >= 0) & (bank.step_c < t)).astype(jnp.int32)
+    idx_v = n_before - cfg.visible + jnp.arange(cfg.visible)
+    ok_v = idx_v >= 0
+    idx_v = jnp.maximum(idx_v, 0)
+    if cfg.quantize:
+      vec_vmd = quant.dequantize(bank.vec_cmd[idx_v], bank.scale_cm[idx_v])
+    else:
+      vec_vmd = bank.vec_cmd[idx_v].astype(jnp.float32)
+    vec_vmd = jnp.where(ok_v[:, None, None], vec_vmd, 0.0)
+    m = cfg.vectors_per_step
+    return (vec_vmd.reshape(cfg.visible * m, cfg.dim), jnp.repeat(ok_v, m), idx_v)
+
+
+def valid_entries(bank: Bank) -> int:
+  return int(bank.count)
+
+
+def bank_nbytes(bank: Bank, n: int | None = None) -> int:
+  """Bytes of the first `n` (default: all written) entries as shipped: vectors, per-vector
+  scales (only when quantised), and an int16 step index per entry."""
+  n = int(bank.count) if n is None else n
+  m, d = bank.vec_cmd.shape[-2:]
+  per = m * d * bank.vec_cmd.dtype.itemsize + 2
+  if bank.vec_cmd.dtype == jnp.int8:
+    per += m * 4
+  return n * per

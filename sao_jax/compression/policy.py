@@ -1,0 +1,195 @@
+"""The policy with compressed memory, and its learner losses.
+
+`MemoryPolicy` pairs the decoder-only `TransformerLM` (with `model.memory_slots =
+visible * vectors_per_step` prefix slots) with a `Compressor`. Parameters are one pytree
+{"policy", "encoder", "decoder", "temporal"}, trained together by one optimiser.
+
+Sampler: `sample` conditions row t on `visible_memory(bank, t)` plus the raw window;
+`compress` runs the three stages on the step just taken. Learner: `row_logprobs` rebuilds
+every row's memory from the trajectory's bank and recomputes the log-probs of the sampled
+tokens. With `stored=True` (RL on sampler data) it uses the shipped INT8 bank, so the memory
+values are exactly those the sampler saw (encoder gradients flow straight-through); with
+`stored=False` (supervised training on scripted episodes) the bank is built in-graph by the
+same per-step logic.
+
+Losses (`make_memory_update`): the policy term (cross-entropy on scripted actions for "sft";
+the decoupled PPO surrogate on graded steps for "rl") + `recon_coef` * the encoder's
+reconstruction loss + `predict_coef` * the LSTM's next-step prediction loss.
+
+`make_full_context_sft_update` is the control: the same transformer without memory, trained
+on whole episodes as one causal sequence (identical to conditioning each step on its full
+context).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from sao_jax import sampling
+from sao_jax.compression import quant, temporal
+from sao_jax.compression.encoder import reconstruction_loss
+from sao_jax.compression.memory import Compressor, Stream
+from sao_jax.learner import TrainState
+from sao_jax.models.transformer import TransformerLM
+from sao_jax.rl import losses as loss_lib
+
+
+class MemoryPolicy:
+  def __init__(self, model: TransformerLM, comp: Compressor):
+    cfg = comp.cfg
+    if model.cfg.memory_slots != cfg.visible * cfg.vectors_per_step or \
+        model.cfg.memory_dim != cfg.dim:
+      raise ValueError("model.memory_slots/memory_dim do not match the compression config")
+    self.model, self.comp = model, comp
+
+  def init(self, rng: jax.Array) -> dict:
+    r1, r2 = jax.random.split(rng)
+    w = self.comp.cfg.window
+    tokens = jnp.zeros((1, w), jnp.int32)
+    mask = jnp.tril(jnp.ones((w, w), bool))[None]
+    memory = jnp.zeros((1, 0, self.comp.cfg.dim))
+    policy = self.model.init(r1, tokens, tokens, mask, memory)["params"]
+    return {"policy": policy, **self.comp.init(r2)}
+
+  def empty_streams(self, n: int) -> Stream:
+    return jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), self.comp.empty_stream())
+
+  # Sampler -------------------------------------------------------------------------------
+  def sample(self, params, streams: Stream, prompt_bp, prompt_valid_bp, rng, **kw):
+    mem, mvalid, _ = jax.vmap(self.comp.visible_memory)(streams.bank, streams.step)
+    return sampling.sample(self.model, params["policy"], prompt_bp, prompt_valid_bp, rng,
+                           memory_bmd=mem, memory_valid_bm=mvalid, **kw)
+
+  def compress(self, params, streams: Stream, seg_bl, segv_bl, reward_b, boundary_b, last_b,
+               active_b) -> Stream:
+    """All three stages on the step each active slot just took (inactive slots unchanged)."""
+    new = jax.vmap(self.comp.stream_step, in_axes=(None, 0, 0, 0, 0, 0, 0))(
+        params, streams, seg_bl, segv_bl, reward_b, boundary_b, last_b)
+    return jax.tree.map(lambda a, b: jnp.where(
+        active_b.reshape(active_b.shape + (1,) * (a.ndim - 1)), a, b), new, streams)
+
+  # Learner -------------------------------------------------------------------------------
+  def row_logprobs(self, params, batch: dict, *, stored: bool, temperature: float = 1.0):
+    """Log-probs [B, R, T] (and entropy) of the batch's rows under the memory they saw.
+
+    batch, per step (B trajectories, S steps): seg [B,S,L], seg_valid, rewards [B,S],
+    boundary [B,S], step_valid [B,S]; per row (R chosen steps of each trajectory):
+    row_step [B,R] (its step index), row_valid [B,R], prompt [B,R,P], prompt_valid,
+    tokens [B,R,T], valid; with `stored` also the shipped bank: bank_vec [B,C,m,d],
+    bank_scale [B,C,m], bank_step [B,C], bank_turning [B,C], bank_count [B]. Rows are a
+    subset of steps because only some steps carry a training signal (e.g. graded ones),
+    while the compressor must still run over every step.
+    """
+    comp = self.comp
+    b, s = batch["step_valid"].shape
+    r = batch["row_step"].shape[1]
+    seg = batch["seg"].reshape(b * s, -1)
+    v_bsmd = comp.encode(params, seg, batch["seg_valid"].reshape(b * s, -1))
+    v_bsmd = v_bsmd.reshape((b, s) + v_bsmd.shape[1:])
+    final, info = jax.vmap(comp.scan_trajectory, in_axes=(None, 0, 0, 0, 0))(
+        params, v_bsmd, batch["rewards"], batch["boundary"], batch["step_valid"])
+    bank = final.bank
+    if stored:
+      bank = bank.replace(vec_cmd=batch["bank_vec"], scale_cm=batch["bank_scale"],
+                          step_c=batch["bank_step"], turning_c=batch["bank_turning"],
+                          count=batch["bank_count"])
+
+    def row_memory(bank_one, v_smd, t):
+      vec, ok, idx_v = comp.visible_memory(bank_one, t)
+      fresh = v_smd[jnp.maximum(bank_one.step_c[idx_v], 0)].reshape(vec.shape)
+      return quant.straight_through(vec, jnp.where(ok[:, None], fresh, 0.0)), ok
+
+    mem, mvalid = jax.vmap(lambda bk, v, ts: jax.vmap(lambda t: row_memory(bk, v, t))(ts))(
+        bank, v_bsmd, batch["row_step"])
+    flat = lambda x: x.reshape((b * r,) + x.shape[2:])  # noqa: E731
+    logp, ent = sampling.completion_logprobs(
+        self.model, params["policy"], flat(batch["prompt"]), flat(batch["prompt_valid"]),
+        flat(batch["tokens"]), flat(batch["valid"]), temperature=temperature,
+        memory_bmd=flat(mem), memory_valid_bm=flat(mvalid), with_entropy=True)
+    logits = comp.decoder.apply({"params": params["decoder"]}, v_bsmd.reshape((b * s,) +
+                                                                             v_bsmd.shape[2:]))
+    sv = batch["step_valid"]
+    recon = reconstruction_loss(logits, seg, batch["seg_valid"].reshape(b * s, -1),
+                                sv.reshape(-1).astype(jnp.float32))
+    # The prediction made after step s-1 is scored against step s (step 0 has none).
+    pred_w = (sv & (jnp.arange(s)[None] > 0)).astype(jnp.float32)
+    predict = temporal.prediction_loss(info["pred_d"], v_bsmd.reshape(b, s, -1), pred_w)
+    kept = info["keep"] & sv
+    aux = {"recon": recon, "predict": predict,
+           "kept_frac": jnp.sum(kept) / jnp.maximum(jnp.sum(sv), 1),
+           "surprise": jnp.sum(info["surprise"] * pred_w) / jnp.maximum(jnp.sum(pred_w), 1)}
+    shape = (b, r, -1)
+    return logp.reshape(shape), ent.reshape(shape), aux
+
+
+def _apply(state: TrainState, tx, grads, metrics):
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
+  return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                       opt_state=opt_state), metrics
+
+
+def make_memory_update(policy: MemoryPolicy, tx, *, mode: str, temperature: float = 1.0,
+                       clip_eps: float = 0.2, is_cap: float = 2.0):
+  """update(state, batch) -> (state, metrics) for the memory policy.
+
+  mode "sft": batch has row_weight [B,R]; loss = weighted mean over rows of the row's token
+  cross-entropy (graded steps weigh more than filler steps: they carry the task).
+  mode "rl": batch has logp [B,R,T] (behaviour), graded [B,R] and the stored bank; the
+  advantage of a graded row is its reward minus the batch mean over graded rows, divided by
+  their std; ungraded rows carry no reward signal and get zero weight.
+  """
+  if mode not in ("sft", "rl"):
+    raise ValueError(f"mode {mode!r} unknown; known: rl, sft")
+  ccfg = policy.comp.cfg
+
+  def update(state: TrainState, batch: dict):
+    sv = batch["row_valid"]
+    mask = batch["valid"] & sv[..., None]
+
+    def loss_fn(params):
+      logp, ent, aux = policy.row_logprobs(params, batch, stored=mode == "rl",
+                                           temperature=temperature)
+      n_tok = jnp.maximum(jnp.sum(mask, -1), 1)
+      if mode == "sft":
+        w = batch["row_weight"] * sv
+        row_nll = -jnp.sum(jnp.where(mask, logp, 0.0), -1) / n_tok
+        pol = jnp.sum(row_nll * w) / jnp.maximum(jnp.sum(w), 1e-6)
+      else:
+        g = batch["graded"] & sv
+        n_g = jnp.maximum(jnp.sum(g), 1)
+        r = jnp.take_along_axis(batch["rewards"], batch["row_step"], axis=1)  # per row
+        mean = jnp.sum(r * g) / n_g
+        std = jnp.sqrt(jnp.sum(jnp.square(r - mean) * g) / n_g)
+        adv = jnp.where(g, (r - mean) / (std + 1e-6), 0.0)
+        rows = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
+        tok_loss, _ = jax.vmap(lambda lp, bh, a, m: loss_lib.decoupled_ppo_loss(
+            lp, jax.lax.stop_gradient(lp), bh, a, m, clip_eps, is_cap))(
+                rows(logp), rows(batch["logp"]), rows(adv), rows(mask & g[..., None]))
+        pol = jnp.sum(tok_loss) / jnp.maximum(jnp.sum(mask & g[..., None]), 1)
+      loss = pol + ccfg.recon_coef * aux["recon"] + ccfg.predict_coef * aux["predict"]
+      ent_mean = jnp.sum(jnp.where(mask, ent, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
+      return loss, dict(aux, loss=loss, policy_loss=pol, entropy=ent_mean)
+
+    grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params)
+    return _apply(state, tx, grads, metrics)
+  return update
+
+
+def make_full_context_sft_update(model: TransformerLM, tx):
+  """Control: whole episodes [B, L] as one causal sequence; loss on action tokens weighted by
+  `loss_weight` [B, L] (the weight of the token predicted at each position's next slot)."""
+
+  def update(state: TrainState, batch: dict):
+    def loss_fn(params):
+      logits = sampling.sequence_logits(model, params, batch["tokens"], batch["valid"])
+      logp = jax.nn.log_softmax(logits[:, :-1], -1)
+      nll = -jnp.take_along_axis(logp, batch["tokens"][:, 1:, None], -1)[..., 0]
+      w = batch["loss_weight"][:, 1:]
+      loss = jnp.sum(nll * w) / jnp.maximum(jnp.sum(w), 1e-6)
+      return loss, {"loss": loss, "policy_loss": loss}
+
+    grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params)
+    return _apply(state, tx, grads, metrics)
+  return update

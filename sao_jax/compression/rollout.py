@@ -1,0 +1,223 @@
+"""Host loop of long-horizon sampling with compressed memory, and batch builders.
+
+Like `sao_jax.rollout.sao_sampling` (one trajectory per task, many tasks side by side), but
+each step's row is [memory of earlier steps | raw window of the last `window` tokens], and
+after the environment step the jitted `compress` program runs all three compression stages
+on that step. With `memory=False` it is the full-context control (window = whole context,
+no memory) on the same environments.
+
+A step's *segment* is what the step added to the context: its observation and the action
+tokens (EOS included), truncated to `step_len`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import jax
+import numpy as np
+
+from sao_jax.envs.base import Env, Task
+from sao_jax.envs.longhorizon import BOUNDARIES, SEP, graded_steps
+from sao_jax.runners.batching import left_pad, right_pad
+from sao_jax.tokenizer import Tokenizer
+
+BANK_KEYS = ("vec_cmd", "scale_cm", "step_c", "turning_c", "count")
+
+
+@dataclasses.dataclass
+class LongTrajectory:
+  """Rows are steps. `bank` is the compressed memory as shipped (None for the control)."""
+
+  task_id: int
+  prompt: np.ndarray  # [S, P]
+  prompt_valid: np.ndarray
+  tokens: np.ndarray  # [S, T]
+  valid: np.ndarray
+  logp: np.ndarray
+  rewards: np.ndarray  # [S]
+  graded: np.ndarray  # [S] bool, the step carried reward
+  boundary: np.ndarray  # [S] bool, env boundary at this step's observation
+  seg: np.ndarray  # [S, L]
+  seg_valid: np.ndarray
+  bank: dict | None
+
+  @property
+  def accuracy(self) -> float:
+    return float(self.rewards[self.graded].mean()) if self.graded.any() else 0.0
+
+
+def segment(obs: Sequence[int], action: Sequence[int], step_len: int) -> list[int]:
+  return (list(obs) + list(action))[:step_len]
+
+
+def sample_long_horizon(sample_fn: Callable, compress_fn: Callable | None, empty_streams, params,
+                        envs: Sequence[Env], tasks: Sequence[Task], tok: Tokenizer, *,
+                        slots: int, window: int, step_len: int, rng: jax.Array
+                        ) -> list[LongTrajectory]:
+  """One trajectory per task (at most `slots`), all episodes stepped side by side.
+
+  sample_fn: memory policy `(params, streams, prompt, prompt_valid, rng)` or control
+  `(params, prompt, prompt_valid, rng)` (when compress_fn is None), over `slots` rows.
+  """
+  n = len(tasks)
+  if not 0 < n <= slots or len(envs) != n:
+    raise ValueError(f"need 1..{slots} tasks with one env each")
+  obs = [env.reset(t).tolist() for env, t in zip(envs, tasks, strict=True)]
+  contexts = [[tok.bos_id] + o for o in obs]
+  boundary = np.zeros(n, bool)
+  rows: list[list[tuple]] = [[] for _ in range(n)]
+  active = np.ones(n, bool)
+  streams = empty_streams
+  max_steps = max(e.max_steps for e in envs)
+  for _ in range(max_steps):
+    if not active.any():
+      break
+    prompt, pvalid = left_pad([c[-window:] for c in contexts] + [[tok.bos_id]] * (slots - n),
+                              window, tok.pad_id)
+    rng, key = jax.random.split(rng)
+    if compress_fn is None:
+      out = jax.device_get(sample_fn(params, prompt, pvalid, key))
+    else:
+      out = jax.device_get(sample_fn(params, streams, prompt, pvalid, key))
+    segs, rew, bnd, last = [[]] * slots, np.zeros(slots, np.float32), np.zeros(slots, bool), \
+        np.zeros(slots, bool)
+    stepped = np.zeros(slots, bool)
+    for i in np.flatnonzero(active):
+      action = out.tokens_bt[i][out.valid_bt[i]].tolist()
+      res = envs[i].step(out.tokens_bt[i])
+      rows[i].append((prompt[i], pvalid[i], out.tokens_bt[i], out.valid_bt[i], out.logp_bt[i],
+                      res.reward, bool(res.info.get("graded", False)), boundary[i],
+                      segment(obs[i], action, step_len)))
+      segs[i], rew[i], bnd[i], last[i], stepped[i] = rows[i][-1][-1], res.reward, boundary[i], \
+          res.done, True
+      boundary[i] = bool(res.info.get("next_boundary", False))
+      if res.done:
+        active[i] = False
+      else:
+        obs[i] = res.observation.tolist()
+        contexts[i] += action + obs[i]
+    if compress_fn is not None:
+      seg, segv = right_pad(segs, step_len, tok.pad_id)
+      streams = compress_fn(params, streams, seg, segv, rew, bnd, last, stepped)
+  banks = None if compress_fn is None else jax.device_get(streams.bank)
+  trajs = []
+  for i in range(n):
+    c = list(zip(*rows[i], strict=True))
+    seg, segv = right_pad(c[8], step_len, tok.pad_id)
+    bank = None
+    if banks is not None:
+      k = int(banks.count[i])
+      bank = {key: np.asarray(getattr(banks, key)[i]) for key in BANK_KEYS}
+      bank["entries"] = k
+    trajs.append(LongTrajectory(
+        task_id=tasks[i].task_id, prompt=np.stack(c[0]), prompt_valid=np.stack(c[1]),
+        tokens=np.stack(c[2]), valid=np.stack(c[3]), logp=np.stack(c[4]).astype(np.float32),
+        rewards=np.asarray(c[5], np.float32), graded=np.asarray(c[6]),
+        boundary=np.asarray(c[7]), seg=seg, seg_valid=segv, bank=bank))
+  return trajs
+
+
+def trajectories_to_batch(trajs: Sequence[LongTrajectory], steps: int, rows: int = 0,
+                          seed: int = 0) -> dict[str, np.ndarray]:
+  """Stacks trajectories into the learner's layout: per step [B, S=steps, ...] and per row
+  [B, R, ...]. rows=0: every step is a row (R = steps); rows>0: the graded steps first, then
+  other steps drawn at random (seeded), R = rows."""
+  rng = np.random.default_rng(seed)
+
+  def pad(x, n, fill=0):
+    out = np.full((n,) + x.shape[1:], fill, x.dtype)
+    out[:len(x)] = x[:n]
+    return out
+
+  per_step = {k: np.stack([pad(getattr(t, k), steps) for t in trajs])
+              for k in ("rewards", "boundary", "seg", "seg_valid")}
+  per_step["step_valid"] = np.stack([pad(np.ones(len(t.rewards), bool), steps) for t in trajs])
+  n_rows = rows or steps
+  picks = []
+  for t in trajs:
+    if rows:
+      g = np.flatnonzero(t.graded)
+      other = rng.permutation(np.flatnonzero(~t.graded))
+      picks.append(np.concatenate([g, other])[:rows])
+    else:
+      picks.append(np.arange(len(t.rewards)))
+  per_row = {k: np.stack([pad(getattr(t, k)[p], n_rows) for t, p in zip(trajs, picks,
+                                                                         strict=True)])
+             for k in ("prompt", "prompt_valid", "tokens", "valid", "logp", "graded")}
+  per_row["prompt_valid"][..., -1] |= ~np.stack([pad(np.ones(len(p), bool), n_rows)
+                                                 for p in picks])  # padding rows: 1 token
+  per_row["row_step"] = np.stack([pad(p.astype(np.int32), n_rows) for p in picks])
+  per_row["row_valid"] = np.stack([pad(np.ones(len(p), bool), n_rows) for p in picks])
+  batch = dict(per_step, **per_row)
+  if trajs[0].bank is not None:
+    for key, name in zip(BANK_KEYS, ("bank_vec", "bank_scale", "bank_step", "bank_turning",
+                                     "bank_count"), strict=True):
+      batch[name] = np.stack([t.bank[key] for t in trajs])
+  return batch
+
+
+def script(task: Task, tok: Tokenizer) -> tuple[list[list[int]], list[list[int]], dict]:
+  """Observation and expert action tokens (EOS included) of every step, and graded steps."""
+  obs = [tok.encode(o) for o in task.prompt.split(SEP)]
+  acts = [tok.encode(a, add_eos=True) for a in task.solution.split(SEP)]
+  return obs, acts, graded_steps(task)
+
+
+def scripted_memory_batch(tasks: Sequence[Task], tok: Tokenizer, *, window: int, steps: int,
+                          max_new_tokens: int, step_len: int, graded_weight: float,
+                          rows: int = 0, seed: int = 0) -> dict[str, np.ndarray]:
+  """Teacher-forced rows of the expert script, in the memory policy's layout."""
+  out = []
+  for task in tasks:
+    obs, acts, graded = script(task, tok)
+    ctx = [tok.bos_id]
+    items = []
+    for t, (o, a) in enumerate(zip(obs, acts, strict=True)):
+      ctx = ctx + o
+      items.append((ctx[-window:], a, t in graded, segment(o, a, step_len)))
+      ctx = ctx + a
+    prompt, pvalid = left_pad([r[0] for r in items], window, tok.pad_id)
+    toks, valid = right_pad([r[1] for r in items], max_new_tokens, tok.pad_id)
+    seg, segv = right_pad([r[3] for r in items], step_len, tok.pad_id)
+    g = np.asarray([r[2] for r in items])
+    # Rewards and boundaries as a perfect rollout would record them, so that the in-graph
+    # filter sees the same turning points as on sampled episodes.
+    bnd = np.asarray([o in BOUNDARIES for o in task.prompt.split(SEP)])
+    out.append(LongTrajectory(task.task_id, prompt, pvalid, toks, valid,
+                              np.zeros(toks.shape, np.float32), g.astype(np.float32), g, bnd,
+                              seg, segv, None))
+  batch = trajectories_to_batch(out, steps, rows, seed)
+  # Filler rows are a sample of the filler steps: weigh them up to stand for all of them, so
+  # the objective matches the full-context control's (which trains on every step).
+  filler = batch["row_valid"] & ~batch["graded"]
+  n_filler = np.asarray([len(t.graded) - t.graded.sum() for t in out], np.float32)
+  up = n_filler / np.maximum(filler.sum(1), 1)
+  batch["row_weight"] = np.where(batch["graded"], graded_weight, up[:, None]).astype(np.float32)
+  return batch
+
+
+def scripted_full_batch(tasks: Sequence[Task], tok: Tokenizer, *, length: int,
+                        graded_weight: float) -> dict[str, np.ndarray]:
+  """Control: whole episodes as one sequence each; action tokens weighted like the memory
+  policy's rows (a row's weight spread evenly over its tokens)."""
+  toks, weights = [], []
+  for task in tasks:
+    obs, acts, graded = script(task, tok)
+    seq, w = [tok.bos_id], [0.0]
+    for t, (o, a) in enumerate(zip(obs, acts, strict=True)):
+      seq += o + a
+      rw = graded_weight if t in graded else 1.0
+      w += [0.0] * len(o) + [rw / len(a)] * len(a)
+    toks.append(seq)
+    weights.append(w)
+  ids, valid = right_pad(toks, length, tok.pad_id)
+  lw = np.zeros(ids.shape, np.float32)
+  for i, w in enumerate(weights):
+    lw[i, :len(w)] = w
+  return {"tokens": ids, "valid": valid, "loss_weight": lw}
+
+
+def episode_tokens(task: Task, tok: Tokenizer) -> int:
+  obs, acts, _ = script(task, tok)
+  return 1 + sum(len(o) + len(a) for o, a in zip(obs, acts, strict=True))

@@ -1,0 +1,33 @@
+"""experiments/bench_compression.py --quick runs end to end and writes a consistent result."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import subprocess_env
+
+
+@pytest.mark.slow
+def test_bench_compression_quick(tmp_path, repo_root):
+  out = tmp_path / "bench.json"
+  cmd = [sys.executable, str(repo_root / "experiments" / "bench_compression.py"), "--quick",
+         "--out", str(out)]
+  proc = subprocess.run(cmd, cwd=repo_root, capture_output=True, text=True, timeout=600,
+                        env=subprocess_env())
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert "SAO / GRPO" in proc.stdout
+  r = json.loads(out.read_text())
+  assert r["quick"] and r["tasks"]
+  for t in r["tasks"].values():
+    b = t["bytes_per_stage"]["bytes"]
+    # Each stage shrinks what the previous one kept.
+    assert (b["full_context_fp32_embeddings"] > b["stage1_semantic_fp32"]
+            >= b["stage2_temporal_fp32"] > b["stage3_int8"] > 0)
+    assert t["bytes_per_stage"]["facts_kept_frac"] >= 0
+    for arm in ("compressed", "full_context", "compressed_float_memory"):
+      assert 0.0 <= t["arms"][arm]["accuracy"] <= 1.0
+    for pm in t["peak_memory"].values():
+      assert pm["grpo_n8_full_context"]["peak"] > pm["single_trajectory_full_context"]["peak"]
+      assert 0 < pm["ratio_sao_over_grpo"] < 1

@@ -1,0 +1,109 @@
+"""Stage 2: the LSTM redundancy filter keeps every turning point, whatever it predicts."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sao_jax.compression import temporal
+from sao_jax.compression.memory import Compressor
+from sao_jax.config import CompressionConfig
+
+CFG = CompressionConfig(step_len=8, vectors_per_step=2, dim=4, enc_width=16, enc_depth=1,
+                        enc_heads=2, lstm_hidden=8, keep_threshold=0.1, turning_surprise=1.0,
+                        budget=0, capacity=16, visible=4)
+
+
+def _perfect_predictor(comp, params, c_d):
+  """Temporal params whose prediction is always `c_d`: zero kernel, bias c."""
+  pred = params["temporal"]["predict"]
+  params = dict(params, temporal=dict(params["temporal"], predict={
+      "kernel": jnp.zeros_like(pred["kernel"]), "bias": c_d}))
+  return params
+
+
+def test_keep_step_rule():
+  kw = dict(keep_threshold=0.5, turning_surprise=2.0, budget=1)
+  keep, turn, by = temporal.keep_step(jnp.float32(0.0), jnp.bool_(True), jnp.int32(5), **kw)
+  assert bool(keep) and bool(turn) and not bool(by)
+  keep, turn, by = temporal.keep_step(jnp.float32(0.6), jnp.bool_(False), jnp.int32(0), **kw)
+  assert bool(keep) and not bool(turn) and bool(by)
+  keep, *_ = temporal.keep_step(jnp.float32(0.6), jnp.bool_(False), jnp.int32(1), **kw)
+  assert not bool(keep)  # over budget
+  keep, turn, _ = temporal.keep_step(jnp.float32(2.5), jnp.bool_(False), jnp.int32(1), **kw)
+  assert bool(keep) and bool(turn)  # high surprise is a turning point, budget or not
+  keep, *_ = temporal.keep_step(jnp.float32(0.4), jnp.bool_(False), jnp.int32(0), **kw)
+  assert not bool(keep)
+
+
+def test_turning_points_kept_under_perfect_prediction_and_zero_budget():
+  comp = Compressor(CFG, vocab_size=20)
+  params = comp.init(jax.random.key(0))
+  c_d = jnp.linspace(-1.0, 1.0, CFG.vectors_per_step * CFG.dim)
+  params = _perfect_predictor(comp, params, c_d)
+  s = 12
+  v_smd = jnp.broadcast_to(c_d.reshape(CFG.vectors_per_step, CFG.dim), (s, CFG.vectors_per_step,
+                                                                          CFG.dim))
+  rewards = jnp.asarray([0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0], jnp.float32)  # change at 3, 4
+  boundary = jnp.zeros(s, bool).at[7].set(True)
+  valid = jnp.ones(s, bool).at[10:].set(False)  # episode ends at step 9
+  final, info = jax.jit(comp.scan_trajectory)(params, v_smd, rewards, boundary, valid)
+  surprise = np.asarray(info["surprise"])
+  assert np.all(surprise[1:10] < 1e-6)  # the LSTM predicted every step after the first
+  kept_steps = np.asarray(final.bank.step_c[:int(final.bank.count)])
+  np.testing.assert_array_equal(kept_steps, [0, 3, 4, 7, 9])  # first, reward changes,
+  assert bool(np.all(final.bank.turning_c[:int(final.bank.count)]))  # boundary, last
+
+
+def test_budget_caps_surprise_kept_steps_but_not_turning_points():
+  cfg = CompressionConfig(**{**CFG.__dict__, "budget": 2, "keep_threshold": 0.0})
+  comp = Compressor(cfg, vocab_size=20)
+  params = comp.init(jax.random.key(1))
+  s = 10
+  v_smd = jax.random.normal(jax.random.key(2), (s, cfg.vectors_per_step, cfg.dim))
+  boundary = jnp.zeros(s, bool).at[6].set(True)
+  final, info = comp.scan_trajectory(params, v_smd, jnp.zeros(s), boundary, jnp.ones(s, bool))
+  turning = np.asarray(info["turning"])
+  kept = np.asarray(info["keep"])
+  assert turning[0] and turning[6] and turning[9]
+  assert np.all(kept[turning])
+  assert (kept & ~turning).sum() == 2  # keep_threshold 0: all candidates, budget 2
+  assert int(final.bank.count) == kept.sum()
+
+
+def test_full_bank_drops_and_counts():
+  cfg = CompressionConfig(**{**CFG.__dict__, "capacity": 4, "visible": 2,
+                             "turning_surprise": 0.0, "keep_threshold": 0.0})  # all turning
+  comp = Compressor(cfg, vocab_size=20)
+  params = comp.init(jax.random.key(0))
+  s = 7
+  v = jnp.ones((s, cfg.vectors_per_step, cfg.dim))
+  final, _ = comp.scan_trajectory(params, v, jnp.zeros(s), jnp.zeros(s, bool), jnp.ones(s, bool))
+  assert int(final.bank.count) == 4 and int(final.dropped_full) == 3
+  np.testing.assert_array_equal(np.asarray(final.bank.step_c), [0, 1, 2, 3])
+
+
+def test_prediction_loss_trains_the_lstm_on_a_repeating_pattern():
+  comp = Compressor(CFG, vocab_size=20)
+  params = comp.init(jax.random.key(0))
+  d = CFG.vectors_per_step * CFG.dim
+  pattern = jax.random.normal(jax.random.key(3), (3, CFG.vectors_per_step, CFG.dim))
+  v = jnp.tile(pattern, (8, 1, 1))
+  s = v.shape[0]
+  w = jnp.ones(s).at[0].set(0.0)
+
+  def loss(tp):
+    p = dict(params, temporal=tp)
+    _, info = comp.scan_trajectory(p, v, jnp.zeros(s), jnp.zeros(s, bool), jnp.ones(s, bool))
+    return temporal.prediction_loss(info["pred_d"], v.reshape(s, d), w)
+
+  import optax
+  tx = optax.adam(3e-2)
+  tp = params["temporal"]
+  opt = tx.init(tp)
+  step = jax.jit(lambda tp, opt: (lambda l_g: (l_g[0],) + tx.update(l_g[1], opt, tp))(
+      jax.value_and_grad(loss)(tp)))
+  first = None
+  for _ in range(150):
+    val, upd, opt = step(tp, opt)
+    tp = optax.apply_updates(tp, upd)
+    first = float(val) if first is None else first
+  assert float(val) < 0.2 * first
