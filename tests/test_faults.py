@@ -126,6 +126,7 @@ def test_kill_9_the_learner_and_rerun(repo_root, tmp_path, seed):
   summary, out = _finish(repo_root, workdir)
   rl = summary["rl"]
   assert rl["resumes"] == 1 and 0 < rl["recovery_s"] < 300
+  print(f"recovery after kill -9 (seed {seed}): {rl['recovery_s']:.1f} s")
   audit, rows = _check_finished(workdir, summary)
   resume = [r for r in rows if r.get("event") == "resume"][0]
   expected_from = steps_before[-1] if seed == 0 else steps_before[-2]
