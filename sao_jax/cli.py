@@ -47,6 +47,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
   args = _parser().parse_args(argv)
+  import logging
+  # kafka-python logs every reconnect attempt and slow I/O task; our own errors name the
+  # broker, so only its errors are shown.
+  logging.getLogger("kafka").setLevel(logging.ERROR)
   # The runners (and their process machinery) load only for the command that needs them.
   from sao_jax import config as config_lib
   try:

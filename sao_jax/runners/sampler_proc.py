@@ -28,6 +28,8 @@ class SamplerSpec:
 
 
 def _configure_process(spec: SamplerSpec):
+  import logging
+  logging.getLogger("kafka").setLevel(logging.ERROR)  # reconnect chatter; errors still show
   flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
            if not f.startswith("--xla_force_host_platform_device_count")]
   if spec.threads:

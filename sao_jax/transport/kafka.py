@@ -253,9 +253,12 @@ class KafkaLearnerEnd:
     return {tp.partition: self.consumer.position(tp) for tp in self.consumer.assignment()}
 
   def commit_positions(self, positions: dict[int, int]) -> None:
-    """Commits these offsets for the learner's group: a restarted learner reads on from them."""
+    """Commits these offsets for the learner's group: a restarted learner reads on from them.
+    Dead letters of the records they cover are flushed to the broker first, so a bad record
+    is never both past the committed offset and missing from the dead-letter topic."""
     from kafka import TopicPartition
     from kafka.structs import OffsetAndMetadata
+    self._watch.flush(self.producer, [], "dead-letter records")
     topic = self.spec.topic("trajectories")
     self._watch.commit(self.consumer, {TopicPartition(topic, p): OffsetAndMetadata(o, "", -1)
                                        for p, o in positions.items()})
