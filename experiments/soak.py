@@ -86,6 +86,8 @@ def main():
                  help="for placing the NaN schedule inside the run")
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
   p.add_argument("--out", default=str(REPO / "results" / "soak"))
+  p.add_argument("--report-only", action="store_true",
+                 help="recompute OUT/soak.json's report from OUT/run and the attempt logs")
   p.add_argument("--resume", action="store_true",
                  help="continue the run in OUT/run (e.g. after the driver itself stopped), "
                       "keeping the fault log of OUT/soak.json")
@@ -94,6 +96,9 @@ def main():
   out = pathlib.Path(args.out)
   workdir = out / "run"
   previous = {}
+  if args.report_only:
+    result = json.loads((out / "soak.json").read_text())
+    return _report(result, out, workdir, result["returncode"])
   if args.resume:
     previous = json.loads((out / "soak.json").read_text())
   else:
@@ -176,6 +181,13 @@ def main():
                   "returncode": rc, "attempts": attempt, "faults": events,
                   "driver_restarts": driver_restarts,
                   "nan_steps": nan_steps, "command": " ".join(sys.argv)}
+  return _report(result, out, workdir, rc)
+
+
+def _report(result: dict, out: pathlib.Path, workdir: pathlib.Path, rc: int) -> int:
+  """Adds the run's numbers to `result`. Fault counts come from the driver's log and the
+  attempt logs, not from the final summary: the summary's counters describe the lineage of
+  the final state, which forgets events between a snapshot and the crash that followed it."""
   if rc == 0:
     sys.path.insert(0, str(REPO))
     from sao_jax import checkpoint as ckpt
@@ -188,13 +200,22 @@ def main():
     rows = read_jsonl(workdir / "metrics.jsonl")
     resumes = [r for r in rows if r.get("event") == "resume"]
     rec = [r["recovery_s"] for r in resumes if "recovery_s" in r]
-    rollbacks = [r for r in rows if r.get("event") == "rollback"]
+    # A rollback redone while replaying after a crash is logged again: count each once.
+    rollbacks = list({r["step"]: r for r in rows if r.get("event") == "rollback"}.values())
+    logs = "".join(f.read_text(errors="replace") for f in sorted(out.glob("attempt_*.log")))
+    skipped = {r["step"] for r in rows if r.get("phase") == "rl" and r.get("nonfinite_skipped")}
     result.update(
         updates=rl["steps"], final_accuracy=rl["accuracy"], start_accuracy=summary["sft"][
-            "accuracy"], trajectories=rl["trajectories"], rollbacks=rl["rollbacks"],
-        rollback_reasons=[r["reason"] for r in rollbacks], skipped_nonfinite=rl[
-            "nonfinite_skipped"], sampler_restarts=rl["sampler_restarts"],
-        resumes=rl["resumes"], recovery_s=rec,
+            "accuracy"], trajectories=rl["trajectories"], rollbacks=len(rollbacks),
+        rollbacks_in_final_lineage=rl["rollbacks"],
+        rollback_events=[{k: r[k] for k in ("step", "reason", "to_shadow_step", "lr_scale")}
+                         for r in rollbacks],
+        # each update is once in the final lineage, so its skip count is exact
+        skipped_nonfinite=rl["nonfinite_skipped"], skipped_nonfinite_logged_steps=sorted(skipped),
+        sampler_restarts=logs.count("; restarting it ("),
+        learner_kills=sum(f["fault"] != "kill_sampler" for f in result["faults"]),
+        sampler_kills=sum(f["fault"] == "kill_sampler" for f in result["faults"]),
+        resumes=len(resumes), recovery_s=rec,
         recovery_median_s=statistics.median(rec) if rec else None,
         fallbacks=sum(len(r.get("skipped_snapshots", [])) for r in resumes),
         audit=audit, trajectories_lost=audit["lost"], applied_twice=audit["applied_twice"],
@@ -203,7 +224,8 @@ def main():
   print(json.dumps({k: v for k, v in result.items() if k not in ("faults", "audit")}, indent=2))
   if rc == 0:
     print("\n| what | value |\n|---|---|")
-    for k in ("updates", "trajectories", "resumes", "sampler_restarts", "fallbacks",
+    for k in ("updates", "trajectories", "learner_kills", "resumes", "sampler_kills",
+              "sampler_restarts", "fallbacks",
               "rollbacks", "skipped_nonfinite", "recovery_median_s", "trajectories_lost",
               "applied_twice", "start_accuracy", "final_accuracy"):
       print(f"| {k} | {result[k]} |")

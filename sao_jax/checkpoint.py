@@ -99,10 +99,24 @@ def restore_latest_valid(mngr: ocp.CheckpointManager, like: TrainState
       return state, meta, step, skipped
     except Exception as err:  # noqa: BLE001 - any failure to read means: not usable
       skipped.append(step)
+      aside = _move_aside(mngr, step)
       warnings.warn(f"snapshot step {step} in {mngr.directory} is unreadable "
-                    f"({type(err).__name__}: {str(err)[:200]}); falling back to an earlier one",
-                    RuntimeWarning, stacklevel=2)
+                    f"({type(err).__name__}: {str(err)[:200]}); moved to {aside}; falling "
+                    "back to an earlier one", RuntimeWarning, stacklevel=2)
   return None
+
+
+def _move_aside(mngr: ocp.CheckpointManager, step: int) -> pathlib.Path:
+  """Takes a damaged snapshot out of the manager's view (kept for inspection under
+  `corrupt/`), so the resumed run saves that step again and no later resume trips on it."""
+  import time
+  src = pathlib.Path(mngr.directory) / str(step)
+  dst = pathlib.Path(mngr.directory).parent / f"{pathlib.Path(mngr.directory).name}-corrupt"
+  dst.mkdir(exist_ok=True)
+  dst = dst / f"{step}-{time.strftime('%Y%m%d%H%M%S')}"
+  src.rename(dst)
+  mngr.reload()
+  return dst
 
 
 def read_meta(directory: str | pathlib.Path, step: int | None = None) -> tuple[int, dict]:

@@ -152,6 +152,9 @@ def test_a_corrupt_latest_snapshot_falls_back_to_the_previous(tmp_path):
   with pytest.warns(RuntimeWarning, match="snapshot step 2 .* unreadable"):
     restored, meta, step, skipped = ckpt.restore_latest_valid(mngr2, like)
   assert step == 1 and skipped == [2] and meta["stream"]["n"] == 1
+  # Moved out of the manager's view: the resumed run saves step 2 again, no later resume
+  # trips on it, and the damaged files are kept for inspection.
+  assert mngr2.all_steps() == [1] and list((tmp_path / "ck-corrupt").iterdir())
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored.params), saved[1])
 
 
