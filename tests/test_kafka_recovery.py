@@ -112,7 +112,7 @@ def test_learner_kill_9_replays_from_committed_offsets(kafka_broker, repo_root, 
   shutil.rmtree(workdir / "journal")
   proc = _popen(args, repo_root)
   try:
-    out, _ = proc.communicate(timeout=400)
+    out, _ = proc.communicate(timeout=600)
   finally:
     _stop(proc)
   assert proc.returncode == 0, out[-3000:]
