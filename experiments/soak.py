@@ -33,31 +33,13 @@ import time
 
 import numpy as np
 
+from sao_jax.procs import alive, descendants
+
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
 FAULTS = ("kill_learner", "kill_sampler", "corrupt_and_kill")
 
 
-def _descendants(pid: int) -> list[int]:
-  out, frontier = [], [pid]
-  while frontier:
-    parent = frontier.pop()
-    for d in pathlib.Path("/proc").iterdir():
-      if d.name.isdigit():
-        try:
-          if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent:
-            out.append(int(d.name))
-            frontier.append(int(d.name))
-        except (OSError, IndexError, ValueError):
-          pass
-  return out
-
-
-def _alive(pid: int) -> bool:
-  try:
-    return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-  except OSError:
-    return False
 
 
 def _ledger_lines(workdir: pathlib.Path) -> int:
@@ -139,7 +121,7 @@ def main():
           fault_i += 1
           step = _ledger_lines(workdir)
           if kind == "kill_sampler":
-            samplers = [q for q in _descendants(proc.pid)
+            samplers = [q for q in descendants(proc.pid)
                         if b"spawn_main" in pathlib.Path(f"/proc/{q}/cmdline").read_bytes()]
             if samplers:
               os.kill(samplers[0], signal.SIGKILL)
@@ -147,13 +129,13 @@ def main():
               print(f"[soak] {time.time() - t0:7.0f}s  {kind} at update ~{step}", flush=True)
             next_fault = time.time() + args.fault_every * rng.uniform(0.5, 1.5)
             continue
-          children = _descendants(proc.pid)
+          children = descendants(proc.pid)
           proc.send_signal(signal.SIGKILL)
           proc.wait()
           deadline = time.time() + 30
-          while any(_alive(c) for c in children) and time.time() < deadline:
+          while any(alive(c) for c in children) and time.time() < deadline:
             time.sleep(0.2)
-          orphans = [c for c in children if _alive(c)]
+          orphans = [c for c in children if alive(c)]
           ev = {"fault": kind, "t": time.time() - t0, "at_update": step, "orphans": len(orphans)}
           if kind == "corrupt_and_kill":
             ckdir = workdir / "checkpoints" / "rl"

@@ -18,6 +18,7 @@ from conftest import subprocess_env
 from sao_jax import checkpoint as ckpt
 from sao_jax import recovery
 from sao_jax.metrics import read_jsonl
+from sao_jax.procs import alive, descendants
 
 pytestmark = pytest.mark.slow
 CFG = "experiments/configs/sao_arith.py:tiny"
@@ -37,27 +38,6 @@ def _ledger_steps(workdir) -> int:
   return path.read_text().count("\n") if path.exists() else 0
 
 
-def _descendants(pid: int) -> list[int]:
-  out, frontier = [], [pid]
-  while frontier:
-    parent = frontier.pop()
-    for d in pathlib.Path("/proc").iterdir():
-      if d.name.isdigit():
-        try:
-          if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent:
-            out.append(int(d.name))
-            frontier.append(int(d.name))
-        except (OSError, IndexError, ValueError):
-          pass
-  return out
-
-
-def _alive(pid: int) -> bool:
-  try:
-    state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    return state != "Z"
-  except OSError:
-    return False
 
 
 def _kill_learner_at(repo_root, workdir, at_step: int, *extra):
@@ -70,14 +50,14 @@ def _kill_learner_at(repo_root, workdir, at_step: int, *extra):
       assert proc.poll() is None, proc.communicate()[0][-3000:]
       assert time.time() < deadline, "no progress"
       time.sleep(0.1)
-    children = _descendants(proc.pid)
+    children = descendants(proc.pid)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     # The samplers and the broker notice that their learner is gone and exit by themselves.
     deadline = time.time() + 30
-    while any(_alive(p) for p in children) and time.time() < deadline:
+    while any(alive(p) for p in children) and time.time() < deadline:
       time.sleep(0.2)
-    assert not [p for p in children if _alive(p)], "orphans left after kill -9"
+    assert not [p for p in children if alive(p)], "orphans left after kill -9"
   finally:
     if proc.poll() is None:
       proc.kill()
@@ -155,7 +135,7 @@ def test_a_killed_sampler_is_restarted(repo_root, tmp_path):
     while _ledger_steps(workdir) < 8:
       assert proc.poll() is None, proc.communicate()[0][-3000:]
       time.sleep(0.1)
-    samplers = [p for p in _descendants(proc.pid)
+    samplers = [p for p in descendants(proc.pid)
                 if b"spawn_main" in pathlib.Path(f"/proc/{p}/cmdline").read_bytes()]
     os.kill(samplers[0], signal.SIGKILL)
     out, _ = proc.communicate(timeout=300)
