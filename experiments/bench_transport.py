@@ -63,7 +63,8 @@ def _produce(spec, nbytes: int, n: int, gap_s: float, ready, done) -> None:
     end.put_trajectory(_record(i, nbytes))
     if gap_s:
       time.sleep(gap_s)
-  end.ack_tasks()  # flushes the Kafka producer
+  end.ack_tasks()
+  end.flush()  # every record delivered
   done.wait(120)  # a queue's feeder thread must outlive the last put until it is read
   end.close()
 

@@ -47,7 +47,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
   args = _parser().parse_args(argv)
+  import faulthandler
   import logging
+  import signal
+  # `kill -USR1 PID` prints every thread's stack to stderr: for a run that seems stuck.
+  faulthandler.register(signal.SIGUSR1, all_threads=True)
   # kafka-python logs every reconnect attempt and slow I/O task; our own errors name the
   # broker, so only its errors are shown.
   logging.getLogger("kafka").setLevel(logging.ERROR)

@@ -1,8 +1,10 @@
-"""Process-tree helpers (Linux /proc) for fault injection: the soak run and the fault tests
-kill processes of a run and check that none is left behind."""
+"""Process helpers (Linux /proc): stopping sampler processes, and, for fault injection,
+finding the processes of a run (the soak run and the fault tests kill some and check that
+none is left behind)."""
 from __future__ import annotations
 
 import pathlib
+import time
 
 
 def descendants(pid: int) -> list[int]:
@@ -27,3 +29,18 @@ def alive(pid: int) -> bool:
     return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
   except OSError:
     return False
+
+
+def stop_processes(procs, timeout: float = 10.0) -> None:
+  """Waits up to `timeout` seconds in all for multiprocessing `procs` to exit (their stop
+  event set by the caller), then terminates, then kills what is left. Reaps all."""
+  deadline = time.time() + timeout
+  for p in procs:
+    p.join(timeout=max(0.1, deadline - time.time()))
+  for p in procs:
+    if p.is_alive():
+      p.terminate()
+      p.join(timeout=5)
+    if p.is_alive():
+      p.kill()
+      p.join()

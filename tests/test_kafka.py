@@ -71,6 +71,46 @@ def test_tasks_and_trajectories_round_trip(kafka_broker):
     sampler.close()
 
 
+def _committed_sum(spec, group, topic):
+  from kafka import KafkaConsumer, TopicPartition
+  c = KafkaConsumer(bootstrap_servers=spec.bootstrap, group_id=group, enable_auto_commit=False)
+  try:
+    return sum(c.committed(TopicPartition(topic, p)) or 0 for p in range(spec.partitions))
+  finally:
+    c.close()
+
+
+def test_sampler_ack_does_not_wait_and_commits_only_delivered_work(kafka_broker):
+  """ack_tasks returns without a broker round trip; the task offsets are committed once the
+  trajectories are on the broker, so a restarted sampler group gets none of them again."""
+  spec = _spec(kafka_broker)
+  group, topic = spec.sampler_group, spec.topic("tasks")
+  learner, sampler = spec.learner_end(), spec.sampler_end()
+  try:
+    learner.put_tasks(range(12))
+    learner.flush()
+    tasks = _poll_until(lambda: sampler.get_tasks(12, timeout=0.5), 12)
+    assert sorted(tasks) == list(range(12))
+    for i in tasks:
+      sampler.put_trajectory(records.encode(records.RecordKind.TRAJECTORY, i, 0, {},
+                                            {"task_index": i}))
+    sampler.ack_tasks()
+    assert len(sampler._acks) == 1  # not waited for: confirmed in the background
+    got = _poll_until(lambda: learner.get_trajectories(12, timeout=0.5), 12)
+    assert sorted(records.decode(d).record_id for d in got) == list(range(12))
+    sampler.flush()
+    assert not sampler._acks and sampler.commit_failures == 0
+  finally:
+    sampler.close()
+  assert _committed_sum(spec, group, topic) == 12
+  again = spec.sampler_end()  # the same group: nothing acknowledged comes back
+  try:
+    assert _poll_until(lambda: again.get_tasks(12, timeout=0.3), 1, timeout=6) == []
+  finally:
+    again.close()
+    learner.close()
+
+
 def test_garbage_records_are_counted_and_dead_lettered(kafka_broker):
   """Thousands of garbage records interleaved with real ones: every real one arrives, every
   bad one is counted and copied to the dead-letter topic."""
@@ -184,11 +224,13 @@ def test_lost_broker_is_retried_with_backoff_then_a_clear_error():
       learner.check()
     assert 0.9 < time.time() - t0 < 5
     assert learner.get_trajectories(5, timeout=0.2) == []
+    learner.put_tasks([1, 2])  # does not wait for the broker ...
     with pytest.raises(BrokerError, match=f"{broker.bootstrap}.*not delivered within 1 s"):
-      learner.put_tasks([1, 2])
+      learner.flush()  # ... but waiting for it ends within the budget
     sampler.put_trajectory(records.encode(records.RecordKind.TRAJECTORY, 1, 0, {}))
+    sampler.ack_tasks()  # returns at once: the ack waits for delivery in the background
     with pytest.raises(BrokerError, match=broker.bootstrap):
-      sampler.ack_tasks()
+      sampler.flush()
     with pytest.raises(BrokerError, match=broker.bootstrap):
       sampler.get_tasks(1, timeout=0.6)  # idle past idle_probe_s: probes, retries, gives up
   finally:

@@ -84,35 +84,29 @@ def _committed(bootstrap, group, topic, partitions):
   return out
 
 
-@pytest.fixture()
-def own_broker():
-  """A broker for this test alone: on the session broker, after the other Kafka tests, the
-  restarted run's samplers were seen to get no task partitions (a consumer-group state of
-  that broker, not reproduced on a fresh one; see the notes)."""
-  from sao_jax.transport.broker import LocalBroker
-  with LocalBroker() as broker:
-    yield broker
-
-
-@pytest.mark.skip(reason="known bug: the resumed run over Kafka (journal deleted) can stall "
-                  "with its samplers idle; passed alone twice, hung twice in full-suite runs. "
-                  "Under investigation; replay from the journal is tested in test_faults.py")
-def test_learner_kill_9_replays_from_committed_offsets(own_broker, repo_root, tmp_path):
+@pytest.mark.parametrize("samplers", ["local", "remote"])
+def test_learner_kill_9_replays_from_committed_offsets(kafka_broker, repo_root, tmp_path,
+                                                       samplers):
   """The journal is deleted after the crash (a learner restarted on another machine), so
   only the broker can replay: records after the committed offsets are read again, none is
-  lost and none applied twice."""
-  kafka_broker = own_broker
-  run_id = f"replay-{uuid.uuid4().hex[:8]}"
+  lost and none applied twice. `remote`: the samplers are a separate `sao-jax sampler` role
+  that outlives the learner and follows the restarted one to its new incarnation."""
+  run_id = f"replay-{samplers}-{uuid.uuid4().hex[:8]}"
   workdir = tmp_path / "w"
-  args = ["train", "--config", CFG, "--workdir", str(workdir), "--no-progress",
+  args = ["train" if samplers == "local" else "learner", "--config", CFG, "--workdir",
+          str(workdir), "--no-progress",
           "--set", "transport.kind=kafka",
           "--set", f"transport.bootstrap_servers={kafka_broker.bootstrap}",
           "--set", f"transport.run_id={run_id}", "--set", "rl.steps=30",
           "--set", "checkpoint_every=8", "--set", "recovery.shadow_every=10",
           "--set", "recovery.val_problems=32"]
+  role = None
+  if samplers == "remote":
+    role = _popen(["sampler", "--bootstrap", kafka_broker.bootstrap, "--run-id", run_id,
+                   "--num", "2", "--wait", "240"], repo_root)
   proc = _popen(args, repo_root)
   try:
-    deadline = time.time() + 240
+    deadline = time.time() + 300
     ledger = workdir / "ledger.jsonl"
     while not ledger.exists() or ledger.read_text().count("\n") < 20:
       assert proc.poll() is None, proc.communicate()[0][-3000:]
@@ -120,15 +114,15 @@ def test_learner_kill_9_replays_from_committed_offsets(own_broker, repo_root, tm
       time.sleep(0.1)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-  finally:
-    _stop(proc)
-  time.sleep(8)  # the dead run's samplers leave the task group (session timeout 6 s)
-  shutil.rmtree(workdir / "journal")
-  proc = _popen(args, repo_root)
-  try:
+    shutil.rmtree(workdir / "journal")
+    proc = _popen(args, repo_root)
     out, _ = proc.communicate(timeout=600)
+    if role is not None:
+      out_s, _ = role.communicate(timeout=60)  # stops when the learner announces the end
+      assert role.returncode == 0, out_s[-3000:]
+      assert "restarted (incarnation" in out_s and f"run {run_id} finished" in out_s
   finally:
-    _stop(proc)
+    _stop(proc, *([role] if role else []))
   assert proc.returncode == 0, out[-3000:]
   rl = json.loads((workdir / "summary.json").read_text())["rl"]
   assert rl["steps"] == 30 and rl["resumes"] == 1

@@ -28,7 +28,10 @@ class SamplerSpec:
 
 
 def _configure_process(spec: SamplerSpec):
+  import faulthandler
   import logging
+  import signal
+  faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: stacks to stderr
   logging.getLogger("kafka").setLevel(logging.ERROR)  # reconnect chatter; errors still show
   flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
            if not f.startswith("--xla_force_host_platform_device_count")]

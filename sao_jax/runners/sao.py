@@ -19,6 +19,7 @@ import pathlib
 import queue
 import shutil
 import time
+import uuid
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +31,7 @@ from sao_jax import config as config_lib
 from sao_jax import recovery
 from sao_jax.learner import TrainState, make_sao_update
 from sao_jax.metrics import MetricsWriter, peak_memory_mb
+from sao_jax.procs import stop_processes
 from sao_jax.rl import trackers
 from sao_jax.runners import train
 from sao_jax.runners.sampler_proc import SamplerError, SamplerSpec, sampler_main
@@ -39,6 +41,7 @@ from sao_jax.transport.broker import LocalBroker, wait_until_answers
 from sao_jax.transport.kafka import KafkaSpec
 from sao_jax.transport.params import ParamPublisher
 
+STALL_WARN_S = 60.0  # waiting this long for a new trajectory is reported
 STALENESS_BINS = 8
   # histogram buckets 0..7, last one is ">= 7"
 
@@ -98,10 +101,11 @@ class SamplerPool:
       wait_until_answers(bootstrap, timeout=10.0)
     run_id = self.run_id or t.run_id or new_run_id(self.cfg)
     spec = KafkaSpec(bootstrap=bootstrap, run_id=run_id, partitions=t.partitions,
-                     broker_timeout_s=t.broker_timeout_s)
+                     broker_timeout_s=t.broker_timeout_s, incarnation=uuid.uuid4().hex[:8])
     spec.create_topics()
     spec.announce({"status": "running", "config": config_lib.to_dict(self.cfg),
-                   "param_dir": str(self.param_dir.absolute()), "partitions": t.partitions})
+                   "param_dir": str(self.param_dir.absolute()), "partitions": t.partitions,
+                   "incarnation": spec.incarnation})
     print(f"sao: kafka transport at {bootstrap}, run id {run_id}; more samplers can join with: "
           f"sao-jax sampler --bootstrap {bootstrap} --run-id {run_id}", flush=True)
     return spec
@@ -168,12 +172,7 @@ class SamplerPool:
       return []
     old_stop, old_procs, old_spec = self.stop, self.procs, self.transport
     old_stop.set()
-    deadline = time.time() + 30
-    for p in old_procs:
-      p.join(timeout=max(0.1, deadline - time.time()))
-      if p.is_alive():
-        p.kill()
-        p.join()
+    stop_processes(old_procs, timeout=30)
     leftovers = []
     with contextlib.suppress(queue.Empty):
       while True:
@@ -190,16 +189,7 @@ class SamplerPool:
     if isinstance(self.transport, KafkaSpec):
       with contextlib.suppress(Exception):
         self.transport.announce({"status": "finished"})  # remote samplers stop
-    deadline = time.time() + 10
-    for p in self.procs:
-      p.join(timeout=max(0.1, deadline - time.time()))
-    for p in self.procs:
-      if p.is_alive():
-        p.terminate()
-        p.join(timeout=5)
-      if p.is_alive():
-        p.kill()
-        p.join()
+    stop_processes(self.procs)
     self.errors.cancel_join_thread()
     self.errors.close()
     for closer in (self.learner, self.transport):
@@ -432,6 +422,7 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
   pending_commit = None
   nonfinite_recent: collections.deque[int] = collections.deque(maxlen=rcfg.nonfinite_window)
   first_update_logged = resume_info is None
+  t_fresh = [time.time(), 0]  # when the last new record arrived; stall warnings since
   expect = ((s.prompt_len, rl.max_new_tokens), len(s.train))
 
   def ingest(got):
@@ -446,6 +437,7 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
         continue
       seen_ids.add(rec.record_id)
       outstanding = max(0, outstanding - 1)
+      t_fresh[:] = [time.time(), 0]
       fresh_items.append((rec, data, pos))
     # Written through to the journal before use: a crash from here on replays them.
     first = journal.append([data for _, data, _ in fresh_items])
@@ -483,6 +475,14 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
           ingest(got)
         else:
           check_samplers()
+        waited = time.time() - t_fresh[0]
+        if waited > STALL_WARN_S * (t_fresh[1] + 1):  # a line per minute, never silent
+          t_fresh[1] += 1
+          alive = sum(p.is_alive() for p in pool.procs)
+          print(f"sao: no new trajectory for {waited:.0f} s at update {step}: {outstanding} "
+                f"tasks outstanding, {len(buffer)} records buffered, {alive}/"
+                f"{len(pool.procs)} local samplers alive"
+                f"{', kafka run ' + run_id if run_id else ''}", flush=True)
       batch_items, stale_items = _take_batch(buffer, step, bs, sao.max_staleness)
       counts["dropped_stale"] += len(stale_items)
       rows = []

@@ -13,7 +13,13 @@ from typing import Protocol
 
 
 class LearnerEnd(Protocol):
-  def put_tasks(self, indices: Sequence[int]) -> None: ...
+  def put_tasks(self, indices: Sequence[int]) -> None:
+    """Hands tasks out; may return before they are delivered (see `flush`)."""
+    ...
+
+  def flush(self) -> None:
+    """Every task handed out so far is delivered (or an error is raised)."""
+    ...
 
   def get_trajectories(self, max_n: int, timeout: float) -> list[bytes]:
     """Up to `max_n` records; waits at most `timeout` seconds for the first one."""
@@ -50,7 +56,12 @@ class SamplerEnd(Protocol):
   def put_trajectory(self, data: bytes) -> None: ...
 
   def ack_tasks(self) -> None:
-    """The tasks taken so far have their trajectories sent (redelivery point on a crash)."""
+    """The tasks taken so far are done once their trajectories are delivered (redelivery
+    point on a crash). May return before that is confirmed (see `flush`)."""
+    ...
+
+  def flush(self) -> None:
+    """Every trajectory put so far is delivered and every ack_tasks confirmed."""
     ...
 
   def close(self) -> None: ...
@@ -111,6 +122,9 @@ class EmbeddedLearnerEnd:
   def commit(self):
     pass  # queues hold nothing once read
 
+  def flush(self):
+    pass
+
   def dead_letter(self, data, reason):
     self.spec.dead_letters += 1  # nowhere durable to copy it to: counted
 
@@ -133,6 +147,9 @@ class EmbeddedSamplerEnd:
 
   def ack_tasks(self):
     pass
+
+  def flush(self):
+    pass  # a queue put is delivered once it returns (the feeder thread sends it)
 
   def close(self):
     # Do not block exit on undelivered records: the learner treats what it got as final.

@@ -1,9 +1,14 @@
 """Kafka transport over kafka-python: any Kafka-protocol cluster, or the local broker.
 
 Topics of run `R`:
-  sao.R.tasks         task records, `partitions` partitions; samplers read them as one
-                      consumer group, so tasks spread over samplers on any machine and a
-                      sampler's unacknowledged tasks go to the others if it dies;
+  sao.R.tasks.I       task records of learner incarnation `I` (a fresh id each time a learner
+                      starts or resumes), `partitions` partitions; samplers read them as one
+                      consumer group (`sao.R.samplers.I`), so tasks spread over samplers on
+                      any machine and a sampler's unacknowledged tasks go to the others if it
+                      dies. A resumed learner starts a new topic and group rather than
+                      reusing the dead one's: its task stream restarts from the snapshot
+                      anyway, and on the local broker a group whose members had all left was
+                      seen to keep new members waiting in the join for minutes;
   sao.R.trajectories  trajectory records; the learner reads every partition and commits
                       offsets only for records whose update it applied (at-least-once;
                       duplicates are dropped by record id on the learner);
@@ -12,7 +17,8 @@ Topics of run `R`:
   sao.R.control       one partition of JSON announcements by the learner: the resolved
                       config and the parameter directory (status "running"), then status
                       "finished". `sao-jax sampler --bootstrap ... --run-id R` needs nothing
-                      else to join a run. Parameters themselves are not sent over Kafka:
+                      else to join a run, and follows a restarted learner to its new
+                      incarnation. Parameters themselves are not sent over Kafka:
                       they are versioned .npz files in that directory, which must be on
                       storage the samplers' machines share (NFS, a bucket mount); a
                       1M-parameter policy per version would be a 4 MB record per update.
@@ -37,6 +43,8 @@ A lost broker is retried, then reported; no call blocks without bound:
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import time
 
@@ -54,9 +62,16 @@ class KafkaSpec:
   partitions: int = 4
   broker_timeout_s: float = 30.0  # a lost broker is retried this long, then BrokerError
   idle_probe_s: float = 5.0  # nothing received this long: is the broker still there?
+  incarnation: str = ""  # the learner's start: names its task topic and sampler group
 
   def topic(self, name: str) -> str:
+    if name == "tasks" and self.incarnation:
+      return f"sao.{self.run_id}.tasks.{self.incarnation}"
     return f"sao.{self.run_id}.{name}"
+
+  @property
+  def sampler_group(self) -> str:
+    return f"sao.{self.run_id}.samplers" + (f".{self.incarnation}" if self.incarnation else "")
 
   def create_topics(self, only: tuple[str, ...] = ()) -> None:
     """Creates the run's topics (or `only` those named) if they do not exist yet."""
@@ -200,6 +215,21 @@ class _BrokerWatch:
     self.alive()
 
 
+_MAX_PENDING_SENDS = 10_000  # beyond this many undelivered sends, wait for the broker
+
+
+def _raise_failed(futures: list, spec: KafkaSpec, role: str, what: str) -> None:
+  """Drops delivered sends from `futures`; raises BrokerError if the broker refused one or it
+  timed out (the producer gives up after `delivery_timeout_ms`, about `broker_timeout_s`)."""
+  done = [f for f in futures if f.is_done]
+  for f in done:
+    if f.failed():
+      raise BrokerError(f"lost the Kafka broker at {spec.bootstrap} ({role} of run "
+                        f"{spec.run_id}): {what} not delivered ({f.exception!r})")
+  if done:
+    futures[:] = [f for f in futures if not f.is_done]
+
+
 def _close(producer, consumer, watch: _BrokerWatch) -> None:
   from kafka.errors import KafkaError
 
@@ -226,16 +256,25 @@ class KafkaLearnerEnd:
     topic = spec.topic("trajectories")
     self.consumer.assign([TopicPartition(topic, p) for p in range(spec.partitions)])
     self._sent = 0
+    self._task_sends: list = []  # futures of task records not yet known to be delivered
     self._watch = _BrokerWatch(spec, "learner")
 
   def put_tasks(self, indices):
-    futures = []
+    """Sends task records without waiting for the broker: the learner's loop must not pay a
+    round trip per top-up. A send the broker refused, or one still undelivered after
+    `broker_timeout_s`, raises BrokerError on a later call (`flush` waits for all)."""
+    _raise_failed(self._task_sends, self.spec, "learner", "task records")
     for i in indices:
       self._sent += 1
-      futures.append(self.producer.send(
+      self._task_sends.append(self.producer.send(
           self.spec.topic("tasks"), key=str(self._sent).encode(),
           value=records.encode(records.RecordKind.TASK, int(i), 0, {}, {"task_index": int(i)})))
-    self._watch.flush(self.producer, futures, f"{len(futures)} task records")
+    if len(self._task_sends) > _MAX_PENDING_SENDS:
+      self.flush()
+
+  def flush(self) -> None:
+    """Every task record sent so far is on the broker, or BrokerError within the budget."""
+    self._watch.flush(self.producer, self._task_sends, f"{len(self._task_sends)} task records")
 
   def get_trajectories(self, max_n, timeout):
     return [data for data, _ in self.get_records(max_n, timeout)]
@@ -265,6 +304,7 @@ class KafkaLearnerEnd:
 
   def check(self):
     """After `idle_probe_s` with no records: raises BrokerError if the broker stays gone."""
+    _raise_failed(self._task_sends, self.spec, "learner", "task records")
     self._watch.check()
 
   def commit(self):
@@ -279,6 +319,14 @@ class KafkaLearnerEnd:
 
 
 class KafkaSamplerEnd:
+  """A sampler's end. Acknowledging a call's tasks does not stall the sampler: the
+  trajectories go out in the producer's background thread while the next call is generated,
+  and the tasks' offsets are committed (asynchronously) once every trajectory sent before
+  them is on the broker. So a crash redelivers at most the last `_MAX_UNSETTLED` calls'
+  tasks, and never acknowledges a task whose trajectory is not on the broker."""
+
+  _MAX_UNSETTLED = 2  # calls whose acknowledgement may be pending; beyond that, wait
+
   def __init__(self, spec: KafkaSpec):
     from kafka import KafkaConsumer
 
@@ -286,20 +334,25 @@ class KafkaSamplerEnd:
     self.producer = _producer(spec)
     self.consumer = KafkaConsumer(
         spec.topic("tasks"), bootstrap_servers=spec.bootstrap,
-        group_id=f"sao.{spec.run_id}.samplers", enable_auto_commit=False,
+        group_id=spec.sampler_group, enable_auto_commit=False,
         auto_offset_reset="earliest", fetch_max_wait_ms=25, session_timeout_ms=6000,
         heartbeat_interval_ms=2000, **_CLIENT)
     self._watch = _BrokerWatch(spec, "sampler")
-    self._pending: list = []  # send futures of trajectories not yet known to be delivered
+    self._pending: list = []  # send futures of trajectories not yet acknowledged
+    self._taken: dict = {}  # TopicPartition -> next offset after the tasks taken so far
+    self._acks: collections.deque = collections.deque()  # (send futures, offsets) per call
+    self.commit_failures = 0  # async commits refused (e.g. a rebalance): tasks redelivered
 
   def get_tasks(self, max_n, timeout):
+    self._settle(keep=None)
     polled = self.consumer.poll(timeout_ms=int(timeout * 1000), max_records=max_n)
     if not polled:
       self._watch.check()  # no tasks for a while: idle learner, or a lost broker?
       return []
     self._watch.alive()
     out = []
-    for recs in polled.values():
+    for tp, recs in polled.items():
+      self._taken[tp] = max(self._taken.get(tp, 0), recs[-1].offset + 1)
       for r in recs:
         try:
           out.append(int(records.decode(r.value).meta["task_index"]))
@@ -311,10 +364,54 @@ class KafkaSamplerEnd:
     self._pending.append(self.producer.send(self.spec.topic("trajectories"), value=data))
 
   def ack_tasks(self):
-    # The trajectories are on the broker before the tasks are acked; a failed send must not
-    # ack its task, or the trajectory would be lost.
-    self._watch.flush(self.producer, self._pending, f"{len(self._pending)} trajectory records")
-    self._watch.commit(self.consumer)
+    """The tasks taken so far are acknowledged once their trajectories are on the broker.
+    Returns at once unless more than `_MAX_UNSETTLED` calls are still unconfirmed."""
+    self._acks.append((self._pending, dict(self._taken)))
+    self._pending = []
+    self._settle(keep=self._MAX_UNSETTLED)
+
+  def flush(self):
+    """Every trajectory sent is on the broker and every acknowledgement committed (sync)."""
+    self._acks.append((self._pending, dict(self._taken)))
+    self._pending = []
+    self._settle(keep=0)
+    if self._taken:
+      self._watch.commit(self.consumer, self._offsets(self._taken))
+
+  def _settle(self, keep: int | None) -> None:
+    """Commits (asynchronously) the acknowledgements, oldest first, whose trajectories are all
+    delivered; waits for the oldest while more than `keep` are unconfirmed (None: never
+    waits). BrokerError if a record was refused or not delivered within `broker_timeout_s`."""
+    latest = None
+    while self._acks:
+      futures, offsets = self._acks[0]
+      if not all(f.is_done for f in futures):
+        if keep is None or len(self._acks) <= keep:
+          break
+        self._watch.flush(self.producer, list(futures), f"{len(futures)} trajectory records")
+      for f in futures:
+        if f.failed():
+          self._watch.lost = True
+          raise BrokerError(f"the Kafka broker at {self.spec.bootstrap} did not take a "
+                            f"trajectory record (sampler of run {self.spec.run_id}): "
+                            f"{f.exception!r}")
+      self._acks.popleft()
+      latest = offsets
+    if latest:
+      self._watch.alive()
+      self.consumer.commit_async(self._offsets(latest), callback=self._committed)
+
+  @staticmethod
+  def _offsets(taken: dict) -> dict:
+    from kafka.structs import OffsetAndMetadata
+    return {tp: OffsetAndMetadata(o, "", -1) for tp, o in taken.items()}
+
+  def _committed(self, offsets, response) -> None:
+    if isinstance(response, Exception):
+      self.commit_failures += 1  # the tasks are redelivered: work repeated, nothing lost
 
   def close(self):
+    if not self._watch.lost:
+      with contextlib.suppress(BrokerError, Exception):
+        self.flush()  # what was generated is delivered and acknowledged before leaving
     _close(self.producer, self.consumer, self._watch)
