@@ -4,8 +4,8 @@ SAO learner's busy fraction with each transport, in two otherwise identical runs
 
   python experiments/bench_transport.py               # ~4 min (2 x 60 s of SAO)
   python experiments/bench_transport.py --quick       # ~1 min (smoke test)
-  python experiments/bench_transport.py --sao-seconds 120 --sao-config \
-      experiments/configs/sao_arith.py                # the full-size SAO config
+  python experiments/bench_transport.py --sao-seconds 90 --sao-repeats 2 --sao-config \
+      experiments/configs/sao_arith.py                # the full-size SAO config (~14 min)
 
 A producer process encodes records (`sao_jax.transport.records`, with its send time) and
 sends them; this process receives, decodes, and takes the time. Latency: records sent one
@@ -17,7 +17,8 @@ SAO arms (`sao` in OUT): one SFT-only run of `--sao-config` makes the warm start
 after the other, `sao-jax train` runs RL from it (`init_from`) for `--sao-seconds` each, same
 config and seed, with `transport.kind` embedded, then kafka (the run's own local broker, same
 client settings; the samplers' task consumer group uses session_timeout_ms=6000,
-heartbeat_interval_ms=2000). Each arm reports its `summary.json` `rl` numbers: learner_busy
+heartbeat_interval_ms=2000); `--sao-repeats N` alternates the two N times and reports each
+run and the means. Each arm reports its `summary.json` `rl` numbers: learner_busy
 (time in the jitted update / RL wall time), trajectories/s, tokens/s, sampling->training
 delay mean and p95 (trajectory end to the end of the update that used it), steps, bad records,
 held-out accuracy. Runs are subprocesses, so each arm starts from a cold JAX process.
@@ -121,26 +122,44 @@ def _train(config: str, workdir: pathlib.Path, sets: list[str]) -> dict:
               process_wall_s=time.monotonic() - t0)
 
 
-def sao_arms(config: str, seconds: float, steps: int = 0) -> dict:
-  """The same SAO run over each transport, from one shared SFT warm start."""
-  out: dict = {"config": config, "seconds_per_arm": seconds, "steps_per_arm": steps}
+def sao_arms(config: str, seconds: float, steps: int = 0, repeats: int = 1) -> dict:
+  """The same SAO run over each transport, from one shared SFT warm start. With `repeats` > 1
+  the arms alternate (embedded, kafka, embedded, kafka, ...), so that a change in the
+  machine's load during the benchmark falls on both transports alike."""
+  out: dict = {"config": config, "seconds_per_arm": seconds, "steps_per_arm": steps,
+               "repeats": repeats, "order": []}
+  runs: dict[str, list[dict]] = {"embedded": [], "kafka": []}
   with tempfile.TemporaryDirectory(prefix="bench-sao-") as tmp:
     tmp = pathlib.Path(tmp)
     sft = _train(config, tmp / "sft", ["rl.steps=0", "rl.max_seconds=0"])
     out["sft_accuracy"] = sft["sft"]["accuracy"]
-    for kind in ("embedded", "kafka"):
-      summary = _train(config, tmp / kind, [
-          f"init_from={tmp / 'sft'}", "sft.steps=0", "sft.max_seconds=0",
-          f"rl.max_seconds={seconds}", f"rl.steps={steps}", f"transport.kind={kind}"])
-      out[kind] = dict({k: summary["rl"][k] for k in SAO_KEYS},
-                       process_wall_s=summary["process_wall_s"])
-      r = out[kind]
-      print(f"sao over {kind:8s} busy {r['learner_busy']:6.1%}  "
-            f"{r['trajectories_per_s']:7.1f} traj/s  delay mean {r['delay_mean_s']:6.3f} s "
-            f"p95 {r['delay_p95_s']:6.3f} s  steps {r['steps']}  bad {r['bad_records']}",
-            flush=True)
+    for rep in range(repeats):
+      for kind in ("embedded", "kafka"):
+        summary = _train(config, tmp / f"{kind}{rep}", [
+            f"init_from={tmp / 'sft'}", "sft.steps=0", "sft.max_seconds=0",
+            f"rl.max_seconds={seconds}", f"rl.steps={steps}", f"transport.kind={kind}"])
+        r = dict({k: summary["rl"][k] for k in SAO_KEYS},
+                 process_wall_s=summary["process_wall_s"])
+        runs[kind].append(r)
+        out["order"].append(kind)
+        print(f"sao over {kind:8s} (run {rep + 1}/{repeats}) busy {r['learner_busy']:6.1%}  "
+              f"{r['trajectories_per_s']:7.1f} traj/s  delay mean {r['delay_mean_s']:6.3f} s "
+              f"p95 {r['delay_p95_s']:6.3f} s  steps {r['steps']}  bad {r['bad_records']}",
+              flush=True)
+  for kind, rs in runs.items():
+    # The arm's numbers: the mean over its runs (each run's own numbers are kept in `runs`).
+    out[kind] = {k: float(np.mean([r[k] for r in rs])) for k in rs[0]
+                 if isinstance(rs[0][k], (int, float)) and rs[0][k] is not None}
+    out[kind]["runs"] = rs
   out["busy_kafka_over_embedded"] = (out["kafka"]["learner_busy"]
                                      / max(out["embedded"]["learner_busy"], 1e-9))
+  out["busy_points_kafka_minus_embedded"] = 100 * (out["kafka"]["learner_busy"]
+                                                   - out["embedded"]["learner_busy"])
+  per_pair = [100 * (k["learner_busy"] - e["learner_busy"])
+              for e, k in zip(runs["embedded"], runs["kafka"], strict=True)]
+  out["busy_points_per_pair"] = per_pair
+  print(f"learner busy, kafka - embedded: {out['busy_points_kafka_minus_embedded']:+.1f} points "
+        f"(per pair: {', '.join(f'{d:+.1f}' for d in per_pair)})", flush=True)
   return out
 
 
@@ -153,6 +172,8 @@ def main(argv=None) -> dict:
                  help="config of the SAO arms (path[:variant])")
   p.add_argument("--sao-seconds", type=float, default=60.0,
                  help="RL seconds per SAO arm (0: skip the SAO arms)")
+  p.add_argument("--sao-repeats", type=int, default=1,
+                 help="runs per SAO arm, alternating embedded and kafka")
   p.add_argument("--quick", action="store_true")
   p.add_argument("--out", default="results/bench_transport.json")
   args = p.parse_args(argv)
@@ -178,7 +199,7 @@ def main(argv=None) -> dict:
         print(f"{name:9s} {size:5s} p50 {lat['p50_ms']:7.2f} ms  p99 {lat['p99_ms']:7.2f} ms  "
               f"{thr['mb_per_s']:8.1f} MB/s  lost {results[name][size]['lost']}", flush=True)
   if args.sao_seconds or sao_steps:
-    results["sao"] = sao_arms(args.sao_config, args.sao_seconds, sao_steps)
+    results["sao"] = sao_arms(args.sao_config, args.sao_seconds, sao_steps, args.sao_repeats)
   out = pathlib.Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps(results, indent=2))
