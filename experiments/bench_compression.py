@@ -7,14 +7,19 @@
    encoder/LSTM trained in part 2. Reported: the full context as float32 token embeddings at
    the policy width (what a full-context policy holds per layer; its KV cache is 2 x depth
    times that), then stage 1 (m vectors per step, float32), stage 2 (kept steps only),
-   stage 3 (INT8 + a float32 scale per vector + an int16 step index per kept step).
+   stage 3 (INT8 + a float32 scale per vector + an int16 step index per kept step). Also:
+   which facts/keys the bank kept and which were among the `visible` entries at their
+   question, with eviction (the default) and with the first-come rule (ablation), and the
+   LSTM's surprise per kind of step.
 2. Accuracy at the same training budget: the memory policy (compressed memory + 24-token raw
    window) against the full-context control (same transformer, whole episode as context),
    the same supervised steps on the same expert episodes (teacher forcing; no RL: a policy
    that has to discover recall 32 turns back by RL alone does not learn in minutes on a
    CPU), then greedy rollouts on held-out episodes. The retention task asks every question
    >= 32 turns after its fact: its accuracy is the retention at 32 turns. The memory policy is
-   also evaluated with float memory (stage 3 off) to isolate the quantiser's loss.
+   also evaluated with float memory (stage 3 off) to isolate the quantiser's loss. Each
+   accuracy comes with its binomial s.e., a 95 % Wilson interval and chance (0.1, a digit);
+   the relative loss with the s.e. of the paired per-question difference.
 3. Peak memory of one learner update, from XLA's compiled memory analysis
    (`progs.update.lower(...).compile().memory_analysis()`: arguments + outputs + temporaries
    - aliased), for GRPO(N=8) with full context (`sao_jax.learner.make_rl_update`, 8 rows per
@@ -22,7 +27,7 @@
    trajectory per task), on the accuracy episodes and on the 1,000-step episodes. Plus the
    stored context bytes of the 8 vs 1 trajectories.
 
-Run (default, ~15 min on a 2-core CPU; writes results/bench_compression.json):
+Run (default, ~30 min on a shared 2-core CPU; writes results/bench_compression.json):
   python experiments/bench_compression.py
 Smoke run (one to two minutes, mostly compilation):
   python experiments/bench_compression.py --config experiments/configs/longhorizon.py:tiny \
