@@ -264,7 +264,8 @@ def main(argv=None) -> dict:
   variant = cfg_path.rsplit(":", 1)[1]
   names = args.tasks.split(",") if args.tasks else (["retention"] if args.quick else
                                                     list(mod.TASKS[variant]))
-  specs = {k: mod.TASKS[variant][k] for k in names}
+  known = {**mod.TASKS[variant], **getattr(mod, "EXTRA_TASKS", {}).get(variant, {})}
+  specs = {k: known[k] for k in names}
   long_specs = dict(mod.LONG_TASKS)
   if args.quick:
     long_specs = {k: dataclasses.replace(v, n_steps=120, n_facts=3) for k, v in
@@ -321,7 +322,7 @@ def main(argv=None) -> dict:
         "arms": arms, "relative_loss": rel_loss, "relative_loss_stderr_paired": rel_se,
         "questions_discordant": {"full_right_compressed_wrong": int(np.sum(diff > 0)),
                                  "compressed_right_full_wrong": int(np.sum(diff < 0))}}
-    if args.accuracy_only:
+    if args.accuracy_only or name not in long_specs:
       continue
     long_tasks = make_split(long_specs[name], "test", args.long_episodes, 1)
     stages = bytes_per_stage(cfg, mem_progs[0], mem_progs[1], mem_params, long_tasks)
