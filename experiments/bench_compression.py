@@ -7,14 +7,19 @@
    encoder/LSTM trained in part 2. Reported: the full context as float32 token embeddings at
    the policy width (what a full-context policy holds per layer; its KV cache is 2 x depth
    times that), then stage 1 (m vectors per step, float32), stage 2 (kept steps only),
-   stage 3 (INT8 + a float32 scale per vector + an int16 step index per kept step).
+   stage 3 (INT8 + a float32 scale per vector + an int16 step index per kept step). Also:
+   which facts/keys the bank kept and which were among the `visible` entries at their
+   question, with eviction (the default) and with the first-come rule (ablation), and the
+   LSTM's surprise per kind of step.
 2. Accuracy at the same training budget: the memory policy (compressed memory + 24-token raw
    window) against the full-context control (same transformer, whole episode as context),
    the same supervised steps on the same expert episodes (teacher forcing; no RL: a policy
    that has to discover recall 32 turns back by RL alone does not learn in minutes on a
    CPU), then greedy rollouts on held-out episodes. The retention task asks every question
    >= 32 turns after its fact: its accuracy is the retention at 32 turns. The memory policy is
-   also evaluated with float memory (stage 3 off) to isolate the quantiser's loss.
+   also evaluated with float memory (stage 3 off) to isolate the quantiser's loss. Each
+   accuracy comes with its binomial s.e., a 95 % Wilson interval and chance (0.1, a digit);
+   the relative loss with the s.e. of the paired per-question difference.
 3. Peak memory of one learner update, from XLA's compiled memory analysis
    (`progs.update.lower(...).compile().memory_analysis()`: arguments + outputs + temporaries
    - aliased), for GRPO(N=8) with full context (`sao_jax.learner.make_rl_update`, 8 rows per
@@ -22,7 +27,7 @@
    trajectory per task), on the accuracy episodes and on the 1,000-step episodes. Plus the
    stored context bytes of the 8 vs 1 trajectories.
 
-Run (default, ~15 min on a 2-core CPU; writes results/bench_compression.json):
+Run (default, ~30 min on a shared 2-core CPU; writes results/bench_compression.json):
   python experiments/bench_compression.py
 Smoke run (one to two minutes, mostly compilation):
   python experiments/bench_compression.py --config experiments/configs/longhorizon.py:tiny \
@@ -66,7 +71,7 @@ def _parser():
   p.add_argument("--config", default=str(ROOT / "experiments/configs/longhorizon.py"))
   p.add_argument("--quick", action="store_true", help="smoke run: few steps, short episodes")
   p.add_argument("--steps", type=int, default=0, help="training steps per arm (0: config)")
-  p.add_argument("--num-test", type=int, default=0, help="held-out episodes (0: 64, quick 8)")
+  p.add_argument("--num-test", type=int, default=0, help="held-out episodes (0: 256, quick 8)")
   p.add_argument("--long-episodes", type=int, default=4)
   p.add_argument("--accuracy-only", action="store_true",
                  help="train and evaluate only (skip bytes per stage and peak memory)")
@@ -128,12 +133,55 @@ def bytes_per_stage(cfg: Config, progs, policy, params, tasks) -> dict:
       "kept_steps_mean": float(kept.mean()), "kept_frac": float(kept.mean() / n_steps),
       "facts_kept_frac": float(np.mean(fact_kept)),
       "facts_visible_at_question_frac": float(np.mean(fact_visible)),
-      "dropped_bank_full": int(
-          np.sum(jax.device_get(streams.dropped_full))),
+      "dropped_bank_full": int(np.sum(jax.device_get(streams.dropped_full))),
+      "evicted": int(np.sum(jax.device_get(streams.evicted))),
+      "surprise_by_kind": _surprise_by_kind(cfg, policy, params, tasks),
       "bytes": out, "reduction_vs_full": {k: full / v for k, v in out.items()},
       "kv_cache_fp32_bytes": float(tokens.mean() * 2 * cfg.model.depth * width * 4),
       "compress_seconds": secs,
   }
+
+
+def _surprise_by_kind(cfg: Config, policy, params, tasks) -> dict:
+  """The LSTM's relative surprise per kind of step (fact/key, question/door, boundary,
+  common filler, less common filler): min / median / max over the episodes. Shows how far
+  apart the steps worth keeping and the chit-chat are."""
+  c = cfg.compression
+  scan = jax.jit(policy.comp.scan_trajectory)
+  kinds: dict[str, list] = {}
+  for t in tasks:
+    obs, acts, graded = script(t, L.TOK)
+    seg, segv = right_pad([segment(o, a, c.step_len) for o, a in zip(obs, acts, strict=True)],
+                          c.step_len, L.TOK.pad_id)
+    text = t.prompt.split(SEP)
+    v = policy.comp.encode(params, jnp.asarray(seg), jnp.asarray(segv))
+    rew = jnp.asarray([1.0 if s in graded else 0.0 for s in range(len(obs))])
+    bnd = jnp.asarray([o in BOUNDARIES for o in text])
+    _, info = scan(params, v, rew, bnd, jnp.ones(len(obs), bool))
+    sur = np.asarray(info["surprise"])
+    for k, o in enumerate(text[1:], start=1):  # step 0 has no prediction
+      kind = ("fact" if (":" in o or "code" in o) else "question" if o.endswith("?") else
+              "boundary" if o in BOUNDARIES else "filler" if o in ("Go on.", "hall.") else
+              "filler_variant")
+      kinds.setdefault(kind, []).append(float(sur[k]))
+  return {k: {"n": len(x), "min": min(x), "median": float(np.median(x)), "max": max(x)}
+          for k, x in kinds.items()}
+
+
+def _rewards(trajs) -> np.ndarray:
+  return np.concatenate([t.rewards[t.graded] for t in trajs]).astype(np.float64)
+
+
+def _accuracy_stats(trajs) -> dict:
+  """Accuracy over graded questions with its binomial standard error and a 95 % Wilson
+  interval (the s.e. is 0 at 0 or 1; the interval is not)."""
+  r = _rewards(trajs)
+  n, p = len(r), float(r.mean())
+  z = 1.96
+  centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+  half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+  return {"accuracy": p, "questions": n, "stderr": float(np.sqrt(p * (1 - p) / n)),
+          "wilson95": [float(centre - half), float(centre + half)]}
 
 
 # 3. peak memory ---------------------------------------------------------------------------
@@ -216,13 +264,14 @@ def main(argv=None) -> dict:
   variant = cfg_path.rsplit(":", 1)[1]
   names = args.tasks.split(",") if args.tasks else (["retention"] if args.quick else
                                                     list(mod.TASKS[variant]))
-  specs = {k: mod.TASKS[variant][k] for k in names}
+  known = {**mod.TASKS[variant], **getattr(mod, "EXTRA_TASKS", {}).get(variant, {})}
+  specs = {k: known[k] for k in names}
   long_specs = dict(mod.LONG_TASKS)
   if args.quick:
     long_specs = {k: dataclasses.replace(v, n_steps=120, n_facts=3) for k, v in
                   long_specs.items()}
   steps = args.steps or (cfg.sft.steps if not args.quick else 10)
-  num_test = args.num_test or (8 if args.quick else 64)
+  num_test = args.num_test or (8 if args.quick else 256)
   log = print
   t_start = time.time()
   result = {"config": cfg_path, "quick": args.quick, "steps": steps, "num_test": num_test,
@@ -240,32 +289,58 @@ def main(argv=None) -> dict:
       state, secs, metrics = L.train(cfg, progs, memory, train, steps=steps, length=length,
                                      log=log)
       acc, trajs = L.evaluate(cfg, progs, pol, state.params, test, memory, length=length)
-      arm = {"accuracy": acc, "train_seconds": secs, "final_metrics": metrics}
+      arm = dict(_accuracy_stats(trajs), train_seconds=secs, final_metrics=metrics)
       if memory:
         arm["kept_steps_mean"] = float(np.mean([t.bank["entries"] for t in trajs]))
+        # Evictions make the learner's rebuild from the final bank inexact (memory.py).
+        arm["episodes_with_evictions"] = int(sum(t.bank["evicted"] > 0 for t in trajs))
         mem_params = state.params
+        mem_rewards = _rewards(trajs)
+      else:
+        full_rewards = _rewards(trajs)
       arms["compressed" if memory else "full_context"] = arm
       log(f"  {'compressed' if memory else 'full context'}: accuracy {acc:.3f} "
-          f"({secs:.0f} s training)")
+          f"+- {arm['stderr']:.3f} ({secs:.0f} s training)")
     # Stage 3 ablation: the same trained parameters with float memory.
     fcfg = dataclasses.replace(cfg, compression=dataclasses.replace(cfg.compression,
                                                                     quantize=False))
     fprogs, fpol = L.build(fcfg, True)
-    acc_f, _ = L.evaluate(fcfg, fprogs, fpol, mem_params, test, True, length=length)
-    arms["compressed_float_memory"] = {"accuracy": acc_f}
+    acc_f, ftrajs = L.evaluate(fcfg, fprogs, fpol, mem_params, test, True, length=length)
+    arms["compressed_float_memory"] = _accuracy_stats(ftrajs)
     full_acc = arms["full_context"]["accuracy"]
     rel_loss = (full_acc - arms["compressed"]["accuracy"]) / max(full_acc, 1e-9)
-    log(f"  float memory: {acc_f:.3f}; relative loss vs full context {100 * rel_loss:.1f}%")
+    # Paired over the same held-out questions: s.e. of the mean per-question difference.
+    diff = full_rewards - mem_rewards
+    rel_se = float(diff.std(ddof=1) / np.sqrt(len(diff))) / max(full_acc, 1e-9) \
+        if len(diff) > 1 else float("nan")
+    log(f"  float memory: {acc_f:.3f}; relative loss vs full context {100 * rel_loss:.1f}% "
+        f"+- {100 * rel_se:.1f}%")
     result["tasks"][name] = {
         "spec": dataclasses.asdict(spec),
         "train_spec": dataclasses.asdict(mod.TRAIN_TASKS[variant][name]),
-        "arms": arms, "relative_loss": rel_loss}
-    if args.accuracy_only:
+        "chance": 0.1,  # a uniform guess of the answer digit
+        "arms": arms, "relative_loss": rel_loss, "relative_loss_stderr_paired": rel_se,
+        "questions_discordant": {"full_right_compressed_wrong": int(np.sum(diff > 0)),
+                                 "compressed_right_full_wrong": int(np.sum(diff < 0))}}
+    if args.accuracy_only or name not in long_specs:
       continue
     long_tasks = make_split(long_specs[name], "test", args.long_episodes, 1)
     stages = bytes_per_stage(cfg, mem_progs[0], mem_progs[1], mem_params, long_tasks)
     log(f"  {long_specs[name].n_steps}-step bytes: " + ", ".join(
         f"{k} {v / 1e3:.1f} kB" for k, v in stages["bytes"].items()))
+    log(f"  facts kept {stages['facts_kept_frac']:.3f}, visible at their question "
+        f"{stages['facts_visible_at_question_frac']:.3f}, evictions {stages['evicted']}, "
+        f"dropped (bank full) {stages['dropped_bank_full']}")
+    # Ablation: the first-come rule (no eviction), same trained parameters.
+    ncfg = dataclasses.replace(cfg, compression=dataclasses.replace(cfg.compression,
+                                                                    evict=False))
+    nprogs, npol = L.build(ncfg, True)
+    first_come = bytes_per_stage(ncfg, nprogs, npol, mem_params, long_tasks)
+    stages["first_come_rule"] = {k: first_come[k] for k in (
+        "kept_steps_mean", "facts_kept_frac", "facts_visible_at_question_frac",
+        "dropped_bank_full", "bytes")}
+    log(f"  first-come rule: facts kept {first_come['facts_kept_frac']:.3f}, visible "
+        f"{first_come['facts_visible_at_question_frac']:.3f}")
     memory = {"accuracy_episodes": peak_memory(cfg, test[:1])}
     if not args.quick:  # the smoke run skips these three compilations
       memory["long_episodes"] = peak_memory(cfg, long_tasks[:1])
@@ -292,12 +367,29 @@ def _table(r: dict):
     s = t["bytes_per_stage"]
     for k, v in s["bytes"].items():
       print(f"| {name} ({s['steps']} steps) | {k} | {v:,.0f} | {s['reduction_vs_full'][k]:.1f}x |")
-  print("\n| task | full context | compressed | compressed, float memory | relative loss |")
+  print("\n| task | facts kept | facts visible at question | evictions | first-come rule: "
+        "facts kept / visible |")
   print("|---|---:|---:|---:|---:|")
   for name, t in r["tasks"].items():
+    if "bytes_per_stage" not in t:
+      continue
+    s, f = t["bytes_per_stage"], t["bytes_per_stage"]["first_come_rule"]
+    print(f"| {name} ({s['steps']} steps) | {s['facts_kept_frac']:.3f} | "
+          f"{s['facts_visible_at_question_frac']:.3f} | {s['evicted']} | "
+          f"{f['facts_kept_frac']:.3f} / {f['facts_visible_at_question_frac']:.3f} |")
+  print("\n| task | questions | chance | full context | compressed | compressed, float memory "
+        "| relative loss (paired s.e.) |")
+  print("|---|---:|---:|---:|---:|---:|---:|")
+
+  def acc(a):
+    return f"{a['accuracy']:.3f} +- {a['stderr']:.3f} [{a['wilson95'][0]:.3f}, " \
+        f"{a['wilson95'][1]:.3f}]"
+  for name, t in r["tasks"].items():
     a = t["arms"]
-    print(f"| {name} | {a['full_context']['accuracy']:.3f} | {a['compressed']['accuracy']:.3f} | "
-          f"{a['compressed_float_memory']['accuracy']:.3f} | {100 * t['relative_loss']:.1f}% |")
+    print(f"| {name} | {a['full_context']['questions']} | {t['chance']:.2f} | "
+          f"{acc(a['full_context'])} | {acc(a['compressed'])} | "
+          f"{acc(a['compressed_float_memory'])} | {100 * t['relative_loss']:.1f}% "
+          f"(+- {100 * t['relative_loss_stderr_paired']:.1f}%) |")
   print("\n| task | episodes | GRPO(N=8) full context | SAO compressed | SAO / GRPO |")
   print("|---|---|---:|---:|---:|")
   for name, t in r["tasks"].items():

@@ -29,7 +29,11 @@ from sao_jax.tokenizer import CharTokenizer
 
 TOK = CharTokenizer()
 MAX_NEW = 4  # answers are one digit or "ok"/"f", then EOS
-GRADED_WEIGHT = 10.0
+# Loss weight of a graded step (the answer digit) against 1 for each filler step ("ok"/"f"
+# after chit-chat or a corridor step). A 36-step episode has 35 filler steps: at weight 10 the
+# digit was 22 % of the objective and the control reached 0.58 recall in 300 steps, at 100
+# (74 %) 0.98 (lr 1e-3, retention). Both arms use the same weights.
+GRADED_WEIGHT = 100.0
 
 
 def model_cfg(cfg: Config, memory: bool, full_len: int = 0):

@@ -282,6 +282,10 @@ class CompressionConfig:
   the last `window` tokens. Stage 1 encodes each step's first `step_len` tokens; stage 2 keeps
   turning points always and other steps with relative surprise >= `keep_threshold` while
   fewer than `budget` of those are kept; the bank stores at most `capacity` steps.
+  With `evict`, the budget holds the `budget` most surprising such steps rather than the
+  first ones, and a full bank makes room by evicting its least surprising entry that is not a
+  structural turning point (see `Compressor.filter_and_store`); without it, late steps are
+  dropped once the budget or the bank is used up.
   """
 
   enabled: bool = False
@@ -300,6 +304,7 @@ class CompressionConfig:
   visible: int = 8
   window: int = 32
   quantize: bool = True
+  evict: bool = True
   recon_coef: float = 1.0
   predict_coef: float = 1.0
 

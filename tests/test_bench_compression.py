@@ -25,9 +25,18 @@ def test_bench_compression_quick(tmp_path, repo_root):
     # Each stage shrinks what the previous one kept.
     assert (b["full_context_fp32_embeddings"] > b["stage1_semantic_fp32"]
             >= b["stage2_temporal_fp32"] > b["stage3_int8"] > 0)
-    assert t["bytes_per_stage"]["facts_kept_frac"] >= 0
+    s = t["bytes_per_stage"]
+    assert 0 <= s["facts_kept_frac"] <= 1 and s["evicted"] >= 0
+    assert 0 <= s["first_come_rule"]["facts_kept_frac"] <= 1
+    assert {"fact", "question", "filler"} <= set(s["surprise_by_kind"])
+    assert t["chance"] == 0.1 and t["relative_loss_stderr_paired"] >= 0
     for arm in ("compressed", "full_context", "compressed_float_memory"):
-      assert 0.0 <= t["arms"][arm]["accuracy"] <= 1.0
+      a = t["arms"][arm]
+      assert 0.0 <= a["accuracy"] <= 1.0 and a["questions"] == 16  # 8 episodes x 2 facts
+      assert a["stderr"] == pytest.approx((a["accuracy"] * (1 - a["accuracy"]) / 16) ** 0.5)
+      assert a["wilson95"][0] <= a["accuracy"] <= a["wilson95"][1]
+      assert a["wilson95"][1] - a["wilson95"][0] > 0.1  # never a zero-width interval
+    assert t["arms"]["compressed"]["episodes_with_evictions"] >= 0
     for pm in t["peak_memory"].values():
       assert pm["grpo_n8_full_context"]["peak"] > pm["single_trajectory_full_context"]["peak"]
       assert 0 < pm["ratio_sao_over_grpo"] < 1

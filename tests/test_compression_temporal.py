@@ -1,4 +1,6 @@
 """Stage 2: the LSTM redundancy filter keeps every turning point, whatever it predicts."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -65,13 +67,21 @@ def test_budget_caps_surprise_kept_steps_but_not_turning_points():
   kept = np.asarray(info["keep"])
   assert turning[0] and turning[6] and turning[9]
   assert np.all(kept[turning])
-  assert (kept & ~turning).sum() == 2  # keep_threshold 0: all candidates, budget 2
-  assert int(final.bank.count) == kept.sum()
+  # keep_threshold 0: every step a candidate; at most 2 budget entries live in the bank
+  n = int(final.bank.count)
+  assert int(np.sum(~np.asarray(final.bank.turning_c[:n]))) == 2
+  assert n == turning.sum() + 2 and int(final.evicted) == (kept & ~turning).sum() - 2
+  # First-come rule (no eviction): the first two candidates, and only they, are written.
+  comp = Compressor(dataclasses.replace(cfg, evict=False), vocab_size=20)
+  final, info = comp.scan_trajectory(params, v_smd, jnp.zeros(s), boundary, jnp.ones(s, bool))
+  kept = np.asarray(info["keep"])
+  assert (kept & ~turning).sum() == 2 and int(final.bank.count) == kept.sum()
 
 
 def test_full_bank_drops_and_counts():
   cfg = CompressionConfig(**{**CFG.__dict__, "capacity": 4, "visible": 2,
-                             "turning_surprise": 0.0, "keep_threshold": 0.0})  # all turning
+                             "turning_surprise": 0.0, "keep_threshold": 0.0,
+                             "evict": False})  # all turning; first-come (eviction: below)
   comp = Compressor(cfg, vocab_size=20)
   params = comp.init(jax.random.key(0))
   s = 7
@@ -107,3 +117,67 @@ def test_prediction_loss_trains_the_lstm_on_a_repeating_pattern():
     tp = optax.apply_updates(tp, upd)
     first = float(val) if first is None else first
   assert float(val) < 0.2 * first
+
+
+def _scan_with_surprises(cfg, surprises, structural_steps=()):
+  """Scans steps with given relative surprises: the LSTM always predicts c, and step i is
+  a_i * c with (1 - a_i)^2 / a_i^2 = surprises[i] (step 0's prediction is the empty stream's
+  zeros, so its surprise is 1 whatever is given; it is structural anyway)."""
+  comp = Compressor(cfg, vocab_size=20)
+  params = comp.init(jax.random.key(0))
+  d = cfg.vectors_per_step * cfg.dim
+  c_d = jnp.ones((d,))
+  params = _perfect_predictor(comp, params, c_d)
+  # v = a * c with (1 - a)^2 / a^2 = surprise  ->  a = 1 / (1 + sqrt(surprise))
+  a = 1.0 / (1.0 + np.sqrt(np.asarray(surprises, np.float32)))
+  v = jnp.asarray(a)[:, None] * c_d[None]
+  s = len(surprises)
+  boundary = jnp.zeros(s, bool).at[jnp.asarray(structural_steps, jnp.int32)].set(True) \
+      if structural_steps else jnp.zeros(s, bool)
+  final, info = jax.jit(comp.scan_trajectory)(
+      params, v.reshape(s, cfg.vectors_per_step, cfg.dim), jnp.zeros(s), boundary,
+      jnp.ones(s, bool))
+  return final, info
+
+
+def test_budget_keeps_the_most_surprising_steps_with_eviction():
+  # Step 0 is structural (first). Budget 2: candidates 0.6, 0.7 fill it; 0.9 replaces 0.6;
+  # 0.65 replaces nothing (both left are more surprising); 0.95 replaces 0.7.
+  cfg = CompressionConfig(**{**CFG.__dict__, "budget": 2, "keep_threshold": 0.5,
+                             "turning_surprise": 5.0})
+  sur = [0.0, 0.6, 0.0, 0.7, 0.9, 0.65, 0.0, 0.95, 0.0]
+  final, info = _scan_with_surprises(cfg, sur)
+  np.testing.assert_allclose(np.asarray(info["surprise"])[1:], sur[1:], rtol=1e-4, atol=1e-5)
+  n = int(final.bank.count)
+  # first step, the two most surprising candidates, the last step (structural); step order
+  np.testing.assert_array_equal(np.asarray(final.bank.step_c[:n]), [0, 4, 7, 8])
+  assert int(final.evicted) == 2 and int(final.dropped_full) == 0
+  np.testing.assert_array_equal(np.asarray(info["evict"]), [0, 0, 0, 0, 1, 0, 0, 1, 0])
+  # Without eviction the first two candidates keep the budget.
+  final, _ = _scan_with_surprises(dataclasses.replace(cfg, evict=False), sur)
+  np.testing.assert_array_equal(np.asarray(final.bank.step_c[:int(final.bank.count)]),
+                                [0, 1, 3, 8])
+
+
+def test_full_bank_evicts_least_surprising_but_never_structural_turning_points():
+  # Capacity 4, every step a turning point (turning_surprise 0.0 < all surprises except
+  # structural zeros); boundaries at 3 and 6 are structural and must survive.
+  cfg = CompressionConfig(**{**CFG.__dict__, "capacity": 4, "visible": 2, "budget": 0,
+                             "keep_threshold": 0.1, "turning_surprise": 0.1})
+  sur = [0.0, 0.5, 0.3, 0.0, 0.8, 0.2, 0.0, 0.0]
+  final, info = _scan_with_surprises(cfg, sur, structural_steps=(3, 6))
+  steps = np.asarray(final.bank.step_c)
+  # 0,1,2,3 fill the bank; 4 (0.8) evicts 2 (0.3); 5 (0.2) is less surprising than all
+  # evictable entries (1: 0.5, 4: 0.8): dropped; 6 (boundary) evicts 1; 7 (last) evicts 4.
+  np.testing.assert_array_equal(steps, [0, 3, 6, 7])
+  assert bool(np.all(final.bank.turning_c))
+  assert int(final.evicted) == 3 and int(final.dropped_full) == 1
+
+
+def test_eviction_off_matches_first_come_rule():
+  cfg = CompressionConfig(**{**CFG.__dict__, "capacity": 4, "visible": 2, "budget": 0,
+                             "keep_threshold": 0.1, "turning_surprise": 0.1, "evict": False})
+  final, _ = _scan_with_surprises(cfg, [0.0, 0.5, 0.3, 0.0, 0.8, 0.2, 0.0, 0.0],
+                                  structural_steps=(3, 6))
+  np.testing.assert_array_equal(np.asarray(final.bank.step_c), [0, 1, 2, 3])
+  assert int(final.evicted) == 0 and int(final.dropped_full) == 4

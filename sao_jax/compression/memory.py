@@ -12,6 +12,13 @@ travels to the learner is therefore the compressed bank, once per trajectory, no
 step. The learner conditions on the stored (dequantised) values bit for bit and routes
 gradients to the encoder through its fresh output for the same steps (`quant.straight_through`).
 
+Eviction (`cfg.evict`, see `filter_and_store`) keeps the bank in step order but removes
+entries, so the rebuild is exact only for rows after the trajectory's last eviction
+(`Stream.last_evict`); before it, a row the sampler conditioned on an entry later evicted is
+rebuilt without that entry. `Stream.evicted` counts evictions. Short episodes whose
+keep-worthy steps fit the budget and the capacity never evict (the benchmark reports the
+evictions in its accuracy episodes); the 1,000-step episodes do.
+
 `scan_trajectory` is the same per-step logic as a `lax.scan` over a whole trajectory (used for
 supervised training on scripted episodes, and to measure bytes per stage).
 """
@@ -50,6 +57,11 @@ class Stream:
   budget_used: jax.Array
   step: jax.Array
   dropped_full: jax.Array  # steps that should have been kept but the bank was full
+  # Sampler-side bookkeeping for eviction (not shipped): each entry's priority (its surprise;
+  # +inf for structural turning points, which are never evicted), and evictions so far.
+  prio_c: jax.Array
+  evicted: jax.Array
+  last_evict: jax.Array  # step of the last eviction, -1 if none: rows after it are exact
 
 
 class Compressor:
@@ -88,43 +100,75 @@ class Compressor:
     carry = jax.tree.map(lambda x: x[0], self.temporal.initial_carry(1))
     return Stream(bank=bank, carry=carry, pred_d=jnp.zeros((self.flat,)),
                   prev_reward=jnp.zeros(()), budget_used=jnp.zeros((), jnp.int32),
-                  step=jnp.zeros((), jnp.int32), dropped_full=jnp.zeros((), jnp.int32))
+                  step=jnp.zeros((), jnp.int32), dropped_full=jnp.zeros((), jnp.int32),
+                  prio_c=jnp.full((c,), jnp.inf, jnp.float32), evicted=jnp.zeros((), jnp.int32),
+                  last_evict=jnp.full((), -1, jnp.int32))
 
   def filter_and_store(self, params, s: Stream, v_md, reward, boundary, last):
     """Stage 2 (keep or drop) and stage 3 (INT8 into the bank) for one encoded step.
 
+    With `cfg.evict` the budget holds the `budget` *most surprising* non-turning steps seen so
+    far, not the first ones: a budget candidate over budget replaces the least surprising
+    budget entry if it is more surprising; and a keep-worthy step meeting a full bank replaces
+    the least surprising entry that is not a structural turning point (first step, boundary,
+    reward change, last step: never evicted) if it has a higher priority. Eviction removes the
+    entry and shifts the later ones down, so the bank stays in step order.
+
     Returns (stream, info) with info: surprise, keep, turning, pred_d (the prediction that
-    was compared against this step).
+    was compared against this step), evict (this step evicted an entry).
     """
     cfg = self.cfg
     v_d = v_md.reshape(-1)
     surprise = temporal.relative_surprise(s.pred_d, v_d)
-    turning = (s.step == 0) | last | boundary | (reward != s.prev_reward)
+    structural = (s.step == 0) | last | boundary | (reward != s.prev_reward)
     keep, is_turning, by_surprise = temporal.keep_step(
-        surprise, turning, s.budget_used, keep_threshold=cfg.keep_threshold,
+        surprise, structural, s.budget_used, keep_threshold=cfg.keep_threshold,
         turning_surprise=cfg.turning_surprise, budget=cfg.budget)
-    room = s.bank.count < cfg.capacity
-    write = keep & room
+    b = s.bank
+    live_c = jnp.arange(cfg.capacity) < b.count
+    room = b.count < cfg.capacity
+    new_prio = jnp.where(structural, jnp.inf, surprise)
+    # Over budget: may replace a budget entry (live, not a turning point) that surprised less.
+    over_budget = (surprise >= cfg.keep_threshold) & ~is_turning & ~keep
+    pool_c = jnp.where(over_budget, live_c & ~b.turning_c, live_c)
+    prio_c = jnp.where(pool_c, s.prio_c, jnp.inf)
+    victim = jnp.argmin(prio_c)
+    evict = ((keep & ~room) | over_budget) & (prio_c[victim] < new_prio)
+    if not cfg.evict:
+      evict = jnp.zeros((), bool)
+    write = (keep & room) | evict
     if cfg.quantize:
       q_md, scale_m = quant.quantize(v_md)
     else:
       q_md, scale_m = v_md.astype(jnp.float32), jnp.ones(v_md.shape[:1], jnp.float32)
-    idx = jnp.minimum(s.bank.count, cfg.capacity - 1)
-    b = s.bank
+    # Remove the victim (shift later entries down by one), then append at the end.
+    src_c = jnp.arange(cfg.capacity)
+    src_c = jnp.where(evict & (src_c >= victim), jnp.minimum(src_c + 1, cfg.capacity - 1), src_c)
+    count = b.count - evict.astype(jnp.int32)
+    idx = jnp.minimum(count, cfg.capacity - 1)
 
     def put(arr, val):
+      arr = arr[src_c]
       return arr.at[idx].set(jnp.where(write, val, arr[idx]))
 
     bank = Bank(vec_cmd=put(b.vec_cmd, q_md), scale_cm=put(b.scale_cm, scale_m),
                 step_c=put(b.step_c, s.step), turning_c=put(b.turning_c, is_turning),
-                count=b.count + write.astype(jnp.int32))
+                count=count + write.astype(jnp.int32))
+    prio_c = put(s.prio_c, new_prio)
+    # Entries past the count are empty (step -1) after a shift.
+    empty_c = jnp.arange(cfg.capacity) >= bank.count
+    bank = bank.replace(step_c=jnp.where(empty_c, -1, bank.step_c))
+    prio_c = jnp.where(empty_c, jnp.inf, prio_c)
+    budget_used = jnp.sum(~empty_c & ~bank.turning_c).astype(jnp.int32)
     carry, pred = self.temporal.apply({"params": params["temporal"]},
                                       jax.tree.map(lambda x: x[None], s.carry), v_d[None])
     new = Stream(bank=bank, carry=jax.tree.map(lambda x: x[0], carry), pred_d=pred[0],
-                 prev_reward=jnp.asarray(reward, jnp.float32),
-                 budget_used=s.budget_used + (by_surprise & room).astype(jnp.int32),
-                 step=s.step + 1, dropped_full=s.dropped_full + (keep & ~room).astype(jnp.int32))
-    info = {"surprise": surprise, "keep": keep, "turning": is_turning, "pred_d": s.pred_d}
+                 prev_reward=jnp.asarray(reward, jnp.float32), budget_used=budget_used,
+                 step=s.step + 1, dropped_full=s.dropped_full + (keep & ~write).astype(jnp.int32),
+                 prio_c=prio_c, evicted=s.evicted + evict.astype(jnp.int32),
+                 last_evict=jnp.where(evict, s.step, s.last_evict))
+    info = {"surprise": surprise, "keep": write, "turning": is_turning, "pred_d": s.pred_d,
+            "evict": evict}
     return new, info
 
   def stream_step(self, params, s: Stream, seg_l, segv_l, reward, boundary, last) -> Stream:

@@ -101,6 +101,8 @@ def sample_long_horizon(sample_fn: Callable, compress_fn: Callable | None, empty
       seg, segv = right_pad(segs, step_len, tok.pad_id)
       streams = compress_fn(params, streams, seg, segv, rew, bnd, last, stepped)
   banks = None if compress_fn is None else jax.device_get(streams.bank)
+  evicted = None if compress_fn is None else np.asarray(jax.device_get(streams.evicted))
+  last_evict = None if compress_fn is None else np.asarray(jax.device_get(streams.last_evict))
   trajs = []
   for i in range(n):
     c = list(zip(*rows[i], strict=True))
@@ -110,6 +112,8 @@ def sample_long_horizon(sample_fn: Callable, compress_fn: Callable | None, empty
       k = int(banks.count[i])
       bank = {key: np.asarray(getattr(banks, key)[i]) for key in BANK_KEYS}
       bank["entries"] = k
+      # Evictions: rows up to the last eviction's step saw entries the final bank lacks.
+      bank["evicted"], bank["last_evict"] = int(evicted[i]), int(last_evict[i])
     trajs.append(LongTrajectory(
         task_id=tasks[i].task_id, prompt=np.stack(c[0]), prompt_valid=np.stack(c[1]),
         tokens=np.stack(c[2]), valid=np.stack(c[3]), logp=np.stack(c[4]).astype(np.float32),

@@ -12,6 +12,13 @@ Keep rule (`keep_step`):
   steps are kept so far (the memory budget);
 * nothing is written once the bank holds `capacity` steps (the caller reports it).
 
+`keep_step` is the first-come rule. `Compressor.filter_and_store` (with `evict`, the default)
+refines it with priorities: an over-budget candidate replaces the least surprising budget
+entry if it is more surprising, and a full bank evicts its least surprising entry that is not
+a structural turning point. Why: a first-come budget is spent on the first unusual chit-chat
+of a long episode, and a fact told later (less surprising than the LSTM's turning threshold,
+more than any chit-chat) was then dropped.
+
 The LSTM is trained online from the sampler's trajectories with `prediction_loss` (the same
 relative error, target held fixed), next to the policy's loss.
 """
