@@ -285,7 +285,9 @@ class CompressionConfig:
   With `evict`, the budget holds the `budget` most surprising such steps rather than the
   first ones, and a full bank makes room by evicting its least surprising entry that is not a
   structural turning point (see `Compressor.filter_and_store`); without it, late steps are
-  dropped once the budget or the bank is used up.
+  dropped once the budget or the bank is used up. Off by default: with eviction the learner
+  rebuilds a row that came before the trajectory's last eviction without the evicted entry,
+  so it no longer sees exactly what the sampler saw (`sao_jax.compression.memory`).
   """
 
   enabled: bool = False
@@ -304,7 +306,7 @@ class CompressionConfig:
   visible: int = 8
   window: int = 32
   quantize: bool = True
-  evict: bool = True
+  evict: bool = False
   recon_coef: float = 1.0
   predict_coef: float = 1.0
 

@@ -11,7 +11,7 @@ from sao_jax.config import CompressionConfig
 
 CFG = CompressionConfig(step_len=8, vectors_per_step=2, dim=4, enc_width=16, enc_depth=1,
                         enc_heads=2, lstm_hidden=8, keep_threshold=0.1, turning_surprise=1.0,
-                        budget=0, capacity=16, visible=4)
+                        budget=0, capacity=16, visible=4, evict=True)
 
 
 def _perfect_predictor(comp, params, c_d):
