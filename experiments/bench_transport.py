@@ -19,8 +19,10 @@ config and seed, with `transport.kind` embedded, then kafka (the run's own local
 client settings; the samplers' task consumer group uses session_timeout_ms=6000,
 heartbeat_interval_ms=2000); `--sao-repeats N` alternates the two N times and reports each
 run and the means. Each arm reports its `summary.json` `rl` numbers: learner_busy
-(time in the jitted update / RL wall time), trajectories/s, tokens/s, sampling->training
-delay mean and p95 (trajectory end to the end of the update that used it), steps, bad records,
+(time in the jitted update / RL wall time), learner_busy_steady (the same after the first 10
+updates: sampler start-up, first compilations and the Kafka group join are paid once),
+trajectories/s, tokens/s, sampling->training delay mean and p95 (trajectory end to the end
+of the update that used it), steps, bad records,
 held-out accuracy. Runs are subprocesses, so each arm starts from a cold JAX process.
 Writes OUT (default results/bench_transport.json) and prints a table.
 """
@@ -47,8 +49,8 @@ from sao_jax.transport.kafka import KafkaSpec
 
 SIZES = {"1KB": 1 << 10, "64KB": 64 << 10, "1MB": 1 << 20}
 REPO = pathlib.Path(__file__).resolve().parents[1]
-SAO_KEYS = ("learner_busy", "trajectories_per_s", "tokens_per_s", "delay_mean_s", "delay_p95_s",
-            "steps", "trajectories", "bad_records", "accuracy")
+SAO_KEYS = ("learner_busy", "learner_busy_steady", "trajectories_per_s", "tokens_per_s",
+            "delay_mean_s", "delay_p95_s", "steps", "trajectories", "bad_records", "accuracy")
 
 
 def _record(i: int, nbytes: int) -> bytes:
@@ -142,24 +144,27 @@ def sao_arms(config: str, seconds: float, steps: int = 0, repeats: int = 1) -> d
                  process_wall_s=summary["process_wall_s"])
         runs[kind].append(r)
         out["order"].append(kind)
-        print(f"sao over {kind:8s} (run {rep + 1}/{repeats}) busy {r['learner_busy']:6.1%}  "
+        steady = r["learner_busy_steady"]
+        print(f"sao over {kind:8s} (run {rep + 1}/{repeats}) busy {r['learner_busy']:6.1%} "
+              f"(steady {'-' if steady is None else format(steady, '.1%')})  "
               f"{r['trajectories_per_s']:7.1f} traj/s  delay mean {r['delay_mean_s']:6.3f} s "
               f"p95 {r['delay_p95_s']:6.3f} s  steps {r['steps']}  bad {r['bad_records']}",
               flush=True)
   for kind, rs in runs.items():
     # The arm's numbers: the mean over its runs (each run's own numbers are kept in `runs`).
     out[kind] = {k: float(np.mean([r[k] for r in rs])) for k in rs[0]
-                 if isinstance(rs[0][k], (int, float)) and rs[0][k] is not None}
+                 if all(isinstance(r[k], (int, float)) for r in rs)}
     out[kind]["runs"] = rs
   out["busy_kafka_over_embedded"] = (out["kafka"]["learner_busy"]
                                      / max(out["embedded"]["learner_busy"], 1e-9))
-  out["busy_points_kafka_minus_embedded"] = 100 * (out["kafka"]["learner_busy"]
-                                                   - out["embedded"]["learner_busy"])
-  per_pair = [100 * (k["learner_busy"] - e["learner_busy"])
-              for e, k in zip(runs["embedded"], runs["kafka"], strict=True)]
-  out["busy_points_per_pair"] = per_pair
-  print(f"learner busy, kafka - embedded: {out['busy_points_kafka_minus_embedded']:+.1f} points "
-        f"(per pair: {', '.join(f'{d:+.1f}' for d in per_pair)})", flush=True)
+  for key, name in (("learner_busy", "busy_points"), ("learner_busy_steady", "steady_busy_points")):
+    if any(r[key] is None for rs in runs.values() for r in rs):
+      continue  # too few updates for a steady state (--quick)
+    out[f"{name}_kafka_minus_embedded"] = 100 * (out["kafka"][key] - out["embedded"][key])
+    out[f"{name}_per_pair"] = [100 * (k[key] - e[key])
+                               for e, k in zip(runs["embedded"], runs["kafka"], strict=True)]
+    print(f"{key}, kafka - embedded: {out[f'{name}_kafka_minus_embedded']:+.1f} points "
+          f"(per pair: {', '.join(f'{d:+.1f}' for d in out[f'{name}_per_pair'])})", flush=True)
   return out
 
 

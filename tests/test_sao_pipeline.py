@@ -64,14 +64,15 @@ def _wait_for_rl_rows(workdir, proc, timeout=120):
 
 
 def test_sao_run_trains_and_cleans_up(repo_root, tmp_path):
-  proc, tag = _start(repo_root, tmp_path / "w", "--set", "rl.steps=6")
+  proc, tag = _start(repo_root, tmp_path / "w", "--set", "rl.steps=14")
   out, err = proc.communicate(timeout=300)
   assert proc.returncode == 0, err
   summary = json.loads((tmp_path / "w" / "summary.json").read_text())
   rl = summary["rl"]
-  assert rl["steps"] == 6 and rl["trajectories"] >= 6 * 16
+  assert rl["steps"] == 14 and rl["trajectories"] >= 14 * 16
   assert rl["bad_records"] == 0 and rl["duplicates"] == 0
   assert 0 < rl["learner_busy"] <= 1 and rl["delay_p95_s"] >= rl["delay_mean_s"] > 0
+  assert 0 < rl["learner_busy_steady"] <= 1  # updates 11-14: after the start-up
   rows = [json.loads(x) for x in (tmp_path / "w" / "metrics.jsonl").read_text().splitlines()]
   rl_rows = [r for r in rows if r["phase"] == "rl"]
   for key in ("staleness_mean", "staleness_max", "staleness_hist", "is_dev", "kl_behaviour",

@@ -42,6 +42,9 @@ from sao_jax.transport.kafka import KafkaSpec
 from sao_jax.transport.params import ParamPublisher
 
 STALL_WARN_S = 60.0  # waiting this long for a new trajectory is reported
+# learner_busy_steady leaves out this many first updates of a process: sampler start-up, the
+# first compilations and (Kafka) the consumer-group join are paid once per run, not per update.
+STEADY_AFTER = 10
 STALENESS_BINS = 8
   # histogram buckets 0..7, last one is ">= 7"
 
@@ -423,6 +426,7 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
   nonfinite_recent: collections.deque[int] = collections.deque(maxlen=rcfg.nonfinite_window)
   first_update_logged = resume_info is None
   t_fresh = [time.time(), 0]  # when the last new record arrived; stall warnings since
+  steady_from, steady_mark = step, None  # (busy, wall) after this process's first updates
   expect = ((s.prompt_len, rl.max_new_tokens), len(s.train))
 
   def ingest(got):
@@ -511,6 +515,8 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
       t_done = time.time()
       busy += t_done - tu
       step += 1
+      if step == steady_from + STEADY_AFTER:  # start and warm-up over: steady state from here
+        steady_mark = (busy, time.time() - t_loop)
       ledger.append(step, [it.rec.record_id for it in batch_items],
                     [it.rec.record_id for it in stale_items])
       if not first_update_logged:
@@ -578,6 +584,8 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
               rollbacks=counts["rollbacks"], sampler_restarts=counts["sampler_restarts"],
               resumes=counts["resumes"], orphan_version=counts["orphan_version"],
               learner_busy=busy / max(wall, 1e-9),
+              learner_busy_steady=(None if steady_mark is None or wall <= steady_mark[1] else
+                                   (busy - steady_mark[0]) / (wall - steady_mark[1])),
               trajectories_per_s=counts["consumed"] / max(wall, 1e-9),
               tokens_per_s=counts["tokens"] / max(wall, 1e-9), peak_rss_all_mb=rss_peak,
               **train.delay_stats(delays))
