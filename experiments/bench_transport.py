@@ -5,7 +5,7 @@ SAO learner's busy fraction with each transport, in two otherwise identical runs
   python experiments/bench_transport.py               # ~4 min (2 x 60 s of SAO)
   python experiments/bench_transport.py --quick       # ~1 min (smoke test)
   python experiments/bench_transport.py --sao-seconds 90 --sao-repeats 2 --sao-config \
-      experiments/configs/sao_arith.py                # the full-size SAO config (~14 min)
+      experiments/configs/sao_arith.py                # the full-size SAO config (~10 min)
 
 A producer process encodes records (`sao_jax.transport.records`, with its send time) and
 sends them; this process receives, decodes, and takes the time. Latency: records sent one
