@@ -183,12 +183,19 @@ class _BrokerWatch:
       raise BrokerError(f"lost the Kafka broker at {self.spec.bootstrap} ({self.role} of run "
                         f"{self.spec.run_id}): {what} not delivered within "
                         f"{self.spec.broker_timeout_s:.0f} s ({err!r})") from err
-    for f in futures:
+    self.raise_failed(futures, what)  # all done now: raises or empties the list
+    self.alive()
+
+  def raise_failed(self, futures: list, what: str) -> None:
+    """Drops finished sends from `futures`; BrokerError if the broker refused one or the
+    producer gave up on it (after `delivery_timeout_ms`, about `broker_timeout_s`)."""
+    done = [f for f in futures if f.is_done]
+    for f in done:
       if f.failed():
         raise BrokerError(f"the Kafka broker at {self.spec.bootstrap} did not take {what} "
                           f"({self.role} of run {self.spec.run_id}): {f.exception!r}")
-    futures.clear()
-    self.alive()
+    if done:
+      futures[:] = [f for f in futures if not f.is_done]
 
   def commit(self, consumer, offsets=None) -> None:
     """Commits the consumer's offsets (or `offsets`), retrying retriable errors (connection lost, no
@@ -216,18 +223,6 @@ class _BrokerWatch:
 
 
 _MAX_PENDING_SENDS = 10_000  # beyond this many undelivered sends, wait for the broker
-
-
-def _raise_failed(futures: list, spec: KafkaSpec, role: str, what: str) -> None:
-  """Drops delivered sends from `futures`; raises BrokerError if the broker refused one or it
-  timed out (the producer gives up after `delivery_timeout_ms`, about `broker_timeout_s`)."""
-  done = [f for f in futures if f.is_done]
-  for f in done:
-    if f.failed():
-      raise BrokerError(f"lost the Kafka broker at {spec.bootstrap} ({role} of run "
-                        f"{spec.run_id}): {what} not delivered ({f.exception!r})")
-  if done:
-    futures[:] = [f for f in futures if not f.is_done]
 
 
 def _close(producer, consumer, watch: _BrokerWatch) -> None:
@@ -263,7 +258,7 @@ class KafkaLearnerEnd:
     """Sends task records without waiting for the broker: the learner's loop must not pay a
     round trip per top-up. A send the broker refused, or one still undelivered after
     `broker_timeout_s`, raises BrokerError on a later call (`flush` waits for all)."""
-    _raise_failed(self._task_sends, self.spec, "learner", "task records")
+    self._watch.raise_failed(self._task_sends, "task records")
     for i in indices:
       self._sent += 1
       self._task_sends.append(self.producer.send(
@@ -304,7 +299,7 @@ class KafkaLearnerEnd:
 
   def check(self):
     """After `idle_probe_s` with no records: raises BrokerError if the broker stays gone."""
-    _raise_failed(self._task_sends, self.spec, "learner", "task records")
+    self._watch.raise_failed(self._task_sends, "task records")
     self._watch.check()
 
   def commit(self):
@@ -374,31 +369,31 @@ class KafkaSamplerEnd:
     """Every trajectory sent is on the broker and every acknowledgement committed (sync)."""
     self._acks.append((self._pending, dict(self._taken)))
     self._pending = []
-    self._settle(keep=0)
-    if self._taken:
-      self._watch.commit(self.consumer, self._offsets(self._taken))
+    self._settle(keep=0, sync=True)
 
-  def _settle(self, keep: int | None) -> None:
-    """Commits (asynchronously) the acknowledgements, oldest first, whose trajectories are all
-    delivered; waits for the oldest while more than `keep` are unconfirmed (None: never
-    waits). BrokerError if a record was refused or not delivered within `broker_timeout_s`."""
+  def _settle(self, keep: int | None, sync: bool = False) -> None:
+    """Commits the acknowledgements, oldest first, whose trajectories are all delivered
+    (asynchronously unless `sync`); waits for the oldest while more than `keep` are
+    unconfirmed (None: never waits). BrokerError if a record was refused or not delivered
+    within `broker_timeout_s`."""
     latest = None
     while self._acks:
       futures, offsets = self._acks[0]
-      if not all(f.is_done for f in futures):
-        if keep is None or len(self._acks) <= keep:
-          break
-        self._watch.flush(self.producer, list(futures), f"{len(futures)} trajectory records")
-      for f in futures:
-        if f.failed():
-          self._watch.lost = True
-          raise BrokerError(f"the Kafka broker at {self.spec.bootstrap} did not take a "
-                            f"trajectory record (sampler of run {self.spec.run_id}): "
-                            f"{f.exception!r}")
+      what = f"{len(futures)} trajectory records"
+      if all(f.is_done for f in futures):
+        self._watch.raise_failed(list(futures), what)
+      elif keep is None or len(self._acks) <= keep:
+        break
+      else:
+        self._watch.flush(self.producer, list(futures), what)  # waits, then checks them
       self._acks.popleft()
       latest = offsets
-    if latest:
-      self._watch.alive()
+    if not latest:
+      return
+    self._watch.alive()
+    if sync:
+      self._watch.commit(self.consumer, self._offsets(latest))
+    else:
       self.consumer.commit_async(self._offsets(latest), callback=self._committed)
 
   @staticmethod
