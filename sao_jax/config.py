@@ -144,7 +144,9 @@ class RLConfig:
     _check(self.group_size >= 1 and self.prompts_per_step >= 1, "rl sizes must be >= 1")
     _check(self.temperature > 0, "rl.temperature must be > 0")
     _check(0 < self.clip_eps < 1, "rl.clip_eps must be in (0, 1)")
-    _check(self.kl_coef >= 0 and self.ppo_epochs >= 1, "rl.kl_coef >= 0, rl.ppo_epochs >= 1")
+    _check(self.kl_coef >= 0, "rl.kl_coef must be >= 0")
+    # Epochs are unrolled inside the one jitted update: a handful, not hundreds.
+    _check(1 <= self.ppo_epochs <= 16, f"rl.ppo_epochs {self.ppo_epochs} not in 1..16")
     from sao_jax.rl import advantages, losses, trackers  # noqa: F401  (fills the registries)
     from sao_jax.rl.registry import ADVANTAGES, LOSSES
     _check(self.advantage in ADVANTAGES.names(),
@@ -160,7 +162,11 @@ class SAOConfig:
 
   K sampler processes each decode `sampler_slots` different tasks per jitted call (one
   trajectory per task) and pick up new parameters every `param_sync_every` learner steps;
-  the learner updates as soon as `batch_size` trajectories have arrived.
+  the learner updates as soon as `batch_size` rows have arrived (a row per environment step:
+  one trajectory of a one-step task, whole trajectories only, never split across updates).
+  Freshness scales the step by 2^(-staleness / freshness_half_life) (token-weighted over the
+  batch); `rl.ppo_epochs`, `rl.clip_eps` and `rl.kl_coef` apply as in the decoupled loss of
+  `sao_jax.learner.make_sao_update` (clip_eps binds only from the second epoch).
   """
 
   num_samplers: int = 2  # on this machine; 0: only samplers that join (`sao-jax sampler`)
@@ -174,6 +180,10 @@ class SAOConfig:
   is_level: str = "token"
   baseline: str = "tracker"  # or "value_head": a learned V(prompt) (needs model.value_head)
   value_coef: float = 0.5  # weight of the value head's squared error in the loss
+  # Advantage r - baseline over the batch std, floored (see sao_jax.rl.trackers.spo_advantage);
+  # adv_center also subtracts the batch mean (the SPO recipe; collapses on saturated rewards).
+  adv_std_floor: float = 0.1
+  adv_center: bool = False
   tracker_d_half: float = 0.06  # SPO's recipe values
   tracker_rho_min: float = 0.875
   tracker_rho_max: float = 0.96
@@ -194,6 +204,7 @@ class SAOConfig:
     _check(self.baseline in ("tracker", "value_head"),
            f"sao.baseline {self.baseline!r} unknown; known: tracker, value_head")
     _check(self.value_coef >= 0, "sao.value_coef must be >= 0")
+    _check(self.adv_std_floor > 0, "sao.adv_std_floor must be > 0")
     _check(self.max_sampler_restarts >= 0, "sao.max_sampler_restarts must be >= 0")
     _check(self.is_cap >= 1.0 and self.freshness_half_life > 0, "sao.is_cap >= 1, half_life > 0")
     _check(0 < self.tracker_rho_min <= self.tracker_rho_max <= 1, "bad tracker rho bounds")

@@ -70,13 +70,18 @@ def init_state_fn(model: TransformerLM, tx: optax.GradientTransformation, prompt
 
 
 def _apply_grads(state: TrainState, tx, grads, metrics: Metrics, batch: Batch,
+                 step_scale: jax.Array | float = 1.0, advance: bool = True,
                  **extra) -> tuple[TrainState, Metrics]:
-  """Optimizer step scaled by `state.lr_scale`, guarded against non-finite values.
+  """Optimizer step scaled by `state.lr_scale * step_scale`, guarded against non-finite values.
+
+  The scale multiplies the optimizer's output, so it is a step size exactly: gradient
+  clipping and Adam's normalisation would cancel the same factor applied to the loss.
 
   If the gradients or the loss are not finite (or the batch carries the test/soak fault
   `poison`, which turns the gradients into NaN), params, optimizer state and `extra` (e.g.
   the SAO tracker) stay exactly as they were; `step` still counts the update and
-  `nonfinite` counts the skip. The run never sees a NaN in its parameters.
+  `nonfinite` counts the skip. The run never sees a NaN in its parameters. `advance=False`
+  (the inner epochs of one update) leaves `step` as it is.
   """
   if "poison" in batch:
     poison = jnp.sum(batch["poison"])  # 0, or NaN on an injected fault
@@ -85,7 +90,8 @@ def _apply_grads(state: TrainState, tx, grads, metrics: Metrics, batch: Batch,
   finite = jnp.isfinite(grad_norm) & jnp.isfinite(metrics["loss"])
   safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, jnp.zeros_like(g)), grads)
   updates, opt_state = tx.update(safe_grads, state.opt_state, state.params)
-  updates = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), updates)
+  scale = state.lr_scale * step_scale
+  updates = jax.tree.map(lambda u: u * scale.astype(u.dtype), updates)
   params = optax.apply_updates(state.params, updates)
   new = {"params": params, "opt_state": opt_state, **extra}
   old = {"params": state.params, "opt_state": state.opt_state,
@@ -93,7 +99,7 @@ def _apply_grads(state: TrainState, tx, grads, metrics: Metrics, batch: Batch,
   kept = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
   metrics = dict(metrics, grad_norm=grad_norm, nonfinite_skipped=(~finite).astype(jnp.int32),
                  lr_scale=state.lr_scale)
-  return state.replace(step=state.step + 1, nonfinite=state.nonfinite + (~finite).astype(
+  return state.replace(step=state.step + int(advance), nonfinite=state.nonfinite + (~finite).astype(
       jnp.int32), **kept), metrics
 
 
@@ -115,7 +121,8 @@ def make_sft_update(model: TransformerLM, tx) -> Callable[[TrainState, Batch], t
 
 
 def make_rl_update(model: TransformerLM, tx, cfg: RLConfig) -> Callable[[TrainState, Batch], tuple]:
-  """Group-based policy-gradient update (synchronous GRPO with `cfg.group_size` rows/prompt).
+  """Group-based policy-gradient update (synchronous GRPO with `cfg.group_size` rows/prompt);
+  `cfg.ppo_epochs` optimizer steps on the batch, one learner step.
 
   batch: prompt [B,P], prompt_valid [B,P], tokens [B,T], valid [B,T], logp [B,T] (behaviour
   log-probs recorded by the sampler), rewards [B]. Rows of one prompt are consecutive.
@@ -159,6 +166,11 @@ def make_rl_update(model: TransformerLM, tx, cfg: RLConfig) -> Callable[[TrainSt
       return loss, metrics
 
     grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params)
+    # Further epochs on the same batch: the sampler's policy stays pi_old, so the ratio and
+    # its clipping bound how far the later epochs move from it.
+    for _ in range(cfg.ppo_epochs - 1):
+      state, _ = _apply_grads(state, tx, grads, metrics, batch, advance=False)
+      grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params)
     metrics["adv_abs"] = jnp.mean(jnp.abs(adv_b))
     metrics["reward"] = jnp.mean(batch["rewards"])
     return _apply_grads(state, tx, grads, metrics, batch)
@@ -168,88 +180,148 @@ def make_rl_update(model: TransformerLM, tx, cfg: RLConfig) -> Callable[[TrainSt
 
 def make_sao_update(model: TransformerLM, tx, rl: RLConfig, sao: SAOConfig
                     ) -> Callable[[TrainState, Batch], tuple]:
-  """SAO update on a batch of single trajectories (one row each, from any policy version).
+  """SAO update on a batch of single trajectories (from any policy versions).
 
-  batch: prompt, prompt_valid, tokens, valid, logp (behaviour), rewards [B], task [B] int32
-  (index into the tracker), staleness [B] int32 (learner version - behaviour version),
-  row_valid [B] bool (padding rows are False).
+  batch: prompt [B,P], prompt_valid [B,P], tokens [B,T], valid [B,T], logp [B,T] (behaviour),
+  rewards [B] (the trajectory's total reward on each of its rows), task [B] int32 (index
+  into the tracker), staleness [B] int32 (learner version - behaviour version), row_valid [B]
+  bool (padding rows are False), and for multi-step trajectories (one row per environment
+  step) traj [B] int32 (which trajectory of the batch, 0..B-1) and head [B] bool (the
+  trajectory's first row); without them every row is its own trajectory.
 
   1. Baseline: the task's Beta-tracker value from before this reward (SPO, arXiv
      2509.13232), or with sao.baseline='value_head' a learned V(prompt) trained by squared
-     error (weight sao.value_coef); advantage r - baseline, normalised over the batch. The
-     tracker is updated either way (it drives prioritised task sampling).
-  2. Proximal policy = these parameters before the update; decoupled PPO with truncated
-     importance weights pi_prox/pi_behav (AReaL, arXiv 2505.24298, eq. 5).
-  3. Freshness: each trajectory's loss is scaled by a factor of its staleness (and dropped
-     beyond `max_staleness`), i.e. stale samples take smaller steps.
-  4. The tracker absorbs the rewards with a KL-adaptive forgetting factor.
+     error (weight sao.value_coef); advantage r - baseline divided by the batch std floored
+     at sao.adv_std_floor, each trajectory counted once (`trackers.spo_advantage`; centred
+     only with sao.adv_center). The tracker is updated either way (it drives prioritised
+     task sampling), once per trajectory.
+  2. Decoupled PPO with truncated importance weights pi_prox/pi_behav (AReaL, arXiv
+     2505.24298, eq. 5). pi_prox is the policy before this update: with rl.ppo_epochs = 1
+     its log-probs are this forward pass's, held constant, so the trust-region ratio is 1
+     and rl.clip_eps has no effect (AReaL's reuse of the training forward); with
+     rl.ppo_epochs = E > 1 the first epoch's log-probs are kept as pi_prox for all E
+     optimizer steps, and clipping bounds the later ones.
+  3. Freshness (sao.staleness_mode='decay'): the step is multiplied by the batch's
+     token-weighted mean factor 2^(-s/half_life) (after the optimizer, so it is a step
+     size), and each row's factor relative to that mean weights its loss.
+  4. rl.kl_coef > 0 adds a k3 KL penalty to the frozen reference policy (state.ref_params).
+  5. The tracker absorbs the trajectories' rewards (clipped to [0, 1]) with SPO's forgetting
+     factor from the drift D = mean |log pi_behav - log pi_theta| over each trajectory.
   """
 
   use_value_head = sao.baseline == "value_head"
+  use_kl = rl.kl_coef > 0
 
   def update(state: TrainState, batch: Batch):
     row_valid_b = batch["row_valid"]
-    n_rows = jnp.maximum(jnp.sum(row_valid_b), 1)
+    n_rows_total = row_valid_b.shape[0]
+    traj_b = batch.get("traj", jnp.arange(n_rows_total, dtype=jnp.int32))
+    head_b = batch.get("head", row_valid_b) & row_valid_b
+    # Each trajectory counts once in the batch statistics, however many steps it has.
+    steps_b = jax.ops.segment_sum(row_valid_b.astype(jnp.float32), traj_b,
+                                  n_rows_total)[traj_b]
+    share_b = jnp.where(row_valid_b, 1.0 / jnp.maximum(steps_b, 1.0), 0.0)
+    n_traj = jnp.maximum(jnp.sum(head_b), 1)
     mask_bt = batch["valid"] & row_valid_b[:, None]
+    ntok_b = jnp.sum(mask_bt, -1).astype(jnp.float32)
     tracker_values_b = trackers.tracker_value(state.tracker, batch["task"])
     fresh_b = loss_lib.freshness_weights(batch["staleness"], sao.freshness_half_life,
                                          sao.max_staleness, sao.staleness_mode)
-    weight_b = fresh_b * row_valid_b.astype(jnp.float32)
+    fresh_b = fresh_b * row_valid_b.astype(jnp.float32)
+    # Token-weighted mean freshness: the step size of this update. What is left of each
+    # row's factor after dividing by it (mean 1 over the batch's tokens) weights its loss.
+    step_scale = jnp.sum(fresh_b * ntok_b) / jnp.maximum(jnp.sum(ntok_b), 1.0)
+    weight_b = fresh_b / jnp.maximum(step_scale, 1e-12)
+    used_bt = mask_bt & (weight_b[:, None] > 0)
+    ref_logp_bt = None
+    if use_kl:
+      ref_logp_bt = jax.lax.stop_gradient(completion_logprobs(
+          model, state.ref_params, batch["prompt"], batch["prompt_valid"], batch["tokens"],
+          mask_bt, temperature=rl.temperature))
 
-    def loss_fn(params):
+    def loss_fn(params, prox_logp_bt):
       value_loss = jnp.zeros((), jnp.float32)
       if use_value_head:
         logp_bt, ent_bt, values_b = completion_logprobs(
             model, params, batch["prompt"], batch["prompt_valid"], batch["tokens"], mask_bt,
             temperature=rl.temperature, with_entropy=True, with_value=True)
-        value_loss = jnp.sum(jnp.square(values_b - batch["rewards"]) * row_valid_b) / n_rows
+        value_loss = (jnp.sum(jnp.square(values_b - batch["rewards"]) * share_b)
+                      / n_traj)
         values_b = jax.lax.stop_gradient(values_b)
       else:
         logp_bt, ent_bt = completion_logprobs(
             model, params, batch["prompt"], batch["prompt_valid"], batch["tokens"], mask_bt,
             temperature=rl.temperature, with_entropy=True)
         values_b = tracker_values_b
-      adv_b = trackers.spo_advantage(batch["rewards"], values_b, row_valid_b)
-      # One gradient step per batch: the proximal policy is exactly these parameters, so
-      # its log-probs are this forward pass's, held constant (no second forward pass).
-      prox_logp_bt = jax.lax.stop_gradient(logp_bt)
+      adv_b = trackers.spo_advantage(batch["rewards"], values_b, share_b, sao.adv_std_floor,
+                                     sao.adv_center)
+      if prox_logp_bt is None:  # the first step: pi_prox is exactly these parameters
+        prox_logp_bt = jax.lax.stop_gradient(logp_bt)
       tok_loss_bt, aux = jax.vmap(
           lambda lp, px, bh, a, m: loss_lib.decoupled_ppo_loss(
               lp, px, bh, a, m, rl.clip_eps, sao.is_cap, sao.is_level))(
                   logp_bt, prox_logp_bt, batch["logp"], adv_b, mask_bt)
       tok_loss_bt = tok_loss_bt * weight_b[:, None]
-      used_bt = mask_bt & (weight_b[:, None] > 0)
       pg_loss = loss_lib.aggregate(tok_loss_bt, used_bt, rl.loss_agg)
       loss = pg_loss + sao.value_coef * value_loss
-      return loss, (aux, ent_bt, used_bt, prox_logp_bt, adv_b, values_b, value_loss)
+      out = {"aux": aux, "ent_bt": ent_bt, "prox_logp_bt": prox_logp_bt, "adv_b": adv_b,
+             "values_b": values_b, "value_loss": value_loss, "pg_loss": pg_loss}
+      if use_kl:
+        kl = loss_lib.aggregate(jnp.where(used_bt, loss_lib.kl_k3(logp_bt, ref_logp_bt), 0.0),
+                                used_bt, rl.loss_agg)
+        loss = loss + rl.kl_coef * kl
+        out["kl_ref"] = kl
+      return loss, out
 
-    (loss, (aux, ent_bt, used_bt, prox_logp_bt, adv_b, values_b, value_loss)), grads = (
-        jax.value_and_grad(loss_fn, has_aux=True)(state.params))
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    (loss, out), grads = grad_fn(state.params, None)
+    prox_logp_bt = out["prox_logp_bt"]
+    clip_fracs = []
+    first_out, first_loss = out, loss
+    for _ in range(rl.ppo_epochs - 1):
+      state, _ = _apply_grads(state, tx, grads, {"loss": loss}, batch, step_scale,
+                              advance=False)
+      (loss, out), grads = grad_fn(state.params, prox_logp_bt)
+      clip_fracs.append(out["aux"]["clipped_t"])
     n_tok = jnp.maximum(jnp.sum(mask_bt), 1)
     log_ratio_bt = jnp.where(mask_bt, prox_logp_bt - batch["logp"], 0.0)
     # Tokens were drawn from the behaviour policy, so k3(behaviour, current) estimates
     # KL(behaviour || current) without bias.
-    kl_b = jnp.sum(jnp.where(mask_bt, loss_lib.kl_k3(batch["logp"], prox_logp_bt), 0.0), -1)
+    kl_bt = jnp.where(mask_bt, loss_lib.kl_k3(batch["logp"], prox_logp_bt), 0.0)
+    drift_b = trackers.trajectory_drift(batch["logp"], prox_logp_bt, mask_bt, traj_b)
+    rho_b = trackers.forgetting_factor(drift_b, sao.tracker_d_half, sao.tracker_rho_min,
+                                       sao.tracker_rho_max)
+    per_traj = lambda x_b: jnp.sum(jnp.where(head_b, x_b, 0.0)) / n_traj
+    aux = first_out["aux"]
     metrics = {
-        "loss": loss,
-        "value_loss": value_loss,
-        "reward": jnp.sum(batch["rewards"] * row_valid_b) / n_rows,
-        "adv_abs": jnp.sum(jnp.abs(adv_b) * row_valid_b) / n_rows,
-        "value_mean": jnp.sum(values_b * row_valid_b) / n_rows,
+        "loss": loss,  # the last epoch's: the one whose gradient this step applies
+        "pg_loss": first_out["pg_loss"],
+        "value_loss": first_out["value_loss"],
+        "reward": per_traj(batch["rewards"]),
+        "adv_abs": jnp.sum(jnp.abs(first_out["adv_b"]) * share_b) / n_traj,
+        "adv_neg_frac": jnp.sum((first_out["adv_b"] < 0) * share_b) / n_traj,
+        "value_mean": jnp.sum(first_out["values_b"] * share_b) / n_traj,
         # Off-policy deviation of the consumed tokens: |pi_prox / pi_behav - 1| and
         # KL(behaviour || current) (k3 estimate), before truncation.
         "is_dev": jnp.sum(jnp.where(mask_bt, jnp.abs(jnp.exp(log_ratio_bt) - 1), 0.0)) / n_tok,
-        "kl_behaviour": jnp.sum(kl_b) / n_tok,
+        "kl_behaviour": jnp.sum(kl_bt) / n_tok,
+        "drift": per_traj(drift_b),
+        "tracker_rho": per_traj(rho_b),
         "is_truncated_frac": jnp.sum(aux["truncated_t"]) / n_tok,
-        "clip_frac": jnp.sum(aux["clipped_t"]) / n_tok,
-        "entropy": jnp.sum(ent_bt) / n_tok,
-        "freshness_mean": jnp.sum(weight_b) / n_rows,
+        # Clipping can only bind from the second epoch on (pi_prox = pi_theta at the first).
+        "clip_frac": (jnp.mean(jnp.stack([jnp.sum(c) for c in clip_fracs])) / n_tok
+                      if clip_fracs else jnp.sum(aux["clipped_t"]) / n_tok),
+        "entropy": jnp.sum(first_out["ent_bt"]) / n_tok,
+        "freshness_mean": jnp.sum(fresh_b * share_b) / n_traj,
+        "step_scale": step_scale,
         "tokens_used": jnp.sum(used_bt),
+        "trajectories": jnp.sum(head_b),
     }
-    n_valid_b = jnp.maximum(jnp.sum(mask_bt, -1), 1)
-    rho_b = trackers.forgetting_factor(kl_b / n_valid_b, sao.tracker_d_half,
-                                       sao.tracker_rho_min, sao.tracker_rho_max)
+    if use_kl:
+      metrics["kl_ref"] = first_out["kl_ref"]
+    if rl.ppo_epochs > 1:
+      metrics["first_loss"] = first_loss
     tracker = trackers.update_beta_tracker(state.tracker, batch["task"], batch["rewards"], rho_b,
-                                           row_valid_b)
-    return _apply_grads(state, tx, grads, metrics, batch, tracker=tracker)
+                                           head_b)
+    return _apply_grads(state, tx, grads, metrics, batch, step_scale, tracker=tracker)
   return update

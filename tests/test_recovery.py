@@ -1,6 +1,5 @@
 """Pieces of crash recovery, without processes: the journal and ledger, deterministic batch
 formation, the non-finite guard in the jitted update, snapshot fall-back, shadow models."""
-import collections
 import pathlib
 import warnings
 
@@ -10,11 +9,11 @@ import pytest
 
 from sao_jax import checkpoint as ckpt
 from sao_jax import recovery
+from sao_jax.buffer import Item, TrajectoryBuffer
 from sao_jax.config import Config, MeshConfig, ModelConfig, OptimConfig, RLConfig, SAOConfig
 from sao_jax.learner import make_optimizer, make_sao_update
 from sao_jax.models.transformer import TransformerLM
 from sao_jax.runners.compiled import compile_programs
-from sao_jax.runners.sao import _Item, _safe_positions, _take_batch
 from sao_jax.sharding import make_mesh
 from sao_jax.transport import records
 
@@ -53,22 +52,25 @@ def test_ledger_cut_back_to_the_snapshot(tmp_path):
   assert [r["step"] for r in recovery.Ledger(tmp_path / "ledger.jsonl").rows()] == [1, 2, 3]
 
 
-def _item(seq, version, pos=None):
+def _item(seq, version, pos=None, steps=1):
   rec = records.Record(kind=records.RecordKind.TRAJECTORY, record_id=seq, policy_version=version,
-                       arrays={}, meta={}, nbytes=0)
-  return _Item(rec, seq, pos)
+                       arrays={"tokens": np.zeros((steps, 2), np.int32)}, meta={}, nbytes=0)
+  return Item(rec, seq, pos)
 
 
 def test_batches_depend_only_on_the_record_sequence():
   versions = [5, 1, 6, 6, 2, 7, 7, 7]  # at step 7 with max_staleness 4: versions 1, 2 stale
-  buf = collections.deque(_item(i, v, (i % 2, 100 + i)) for i, v in enumerate(versions))
-  batch, stale = _take_batch(buf, step=7, bs=3, max_staleness=4)
+  buf = TrajectoryBuffer(rows=3, max_staleness=4)
+  buf.extend(_item(i, v, (i % 2, 100 + i)) for i, v in enumerate(versions))
+  assert buf.ready(7)
+  batch, stale = buf.take_batch(7)
   assert [it.seq for it in batch] == [0, 2, 3] and [it.seq for it in stale] == [1]
   assert [it.seq for it in buf] == [4, 5, 6, 7]  # untouched: a prefix was consumed
   # Kafka commit positions: the first record still waiting, per partition.
-  assert _safe_positions(buf, {0: 108, 1: 108}) == {0: 104, 1: 105}
-  batch, stale = _take_batch(buf, step=7, bs=3, max_staleness=4)
+  assert buf.safe_positions({0: 108, 1: 108}) == {0: 104, 1: 105}
+  batch, stale = buf.take_batch(7)
   assert [it.seq for it in batch] == [5, 6, 7] and [it.seq for it in stale] == [4]
+  assert not buf.ready(7) and buf.first_seq(99) == 99
 
 
 def _sao_programs():

@@ -96,8 +96,9 @@ class TrackerTest(chex.TestCase):
     np.testing.assert_allclose(fn(kl), [0.96, 0.875, 0.875, 0.875], rtol=1e-6)
 
   @chex.all_variants
-  def test_spo_advantage(self):
-    fn = self.variant(trackers.spo_advantage)
+  def test_spo_advantage_recipe_centring(self):
+    """With center=True and a negligible floor: the SPO recipe's batch z-score."""
+    fn = self.variant(functools.partial(trackers.spo_advantage, std_floor=1e-6, center=True))
     rewards = jnp.array([1.0, 0.0, 0.0, 0.0, 1.0])
     values = jnp.array([0.5, 0.5, 0.5, 0.5, 0.0])
     valid = jnp.array([True, True, True, True, False])

@@ -54,26 +54,50 @@ def tracker_value(tracker: BetaTracker, task_b: jax.Array) -> jax.Array:
   return alpha_b / (alpha_b + tracker.beta_n[task_b])
 
 
-def forgetting_factor(kl: jax.Array, d_half: float, rho_min: float, rho_max: float) -> jax.Array:
+def forgetting_factor(drift: jax.Array, d_half: float, rho_min: float, rho_max: float
+                      ) -> jax.Array:
   """KL-adaptive forgetting factor of SPO's tracker   (any shape, elementwise).
 
-  rho = clip(2^(-kl / d_half), rho_min, rho_max)
+  rho = clip(2^(-D / d_half), rho_min, rho_max)
 
-  `kl` measures how far the policy moved since the task was last seen: no change keeps rho at
-  rho_max (a long memory of 1 / (1 - rho_max) samples), a change of `d_half` halves the old
-  evidence, and large changes are floored at rho_min so the tracker never forgets everything.
-  SPO measures D on the task's previous response (per-token mean |log pi_then - log pi_now|;
-  the recipe uses d_half = 0.06, rho_max = 0.96 and a configurable rho_min). That needs an
-  extra forward pass per task; our callers pass the KL between the trajectory's behaviour
-  policy and the current policy instead, a cheap proxy that the learner already computes.
+  D measures how far the policy moved: no change keeps rho at rho_max (a long memory of
+  1 / (1 - rho_max) samples), a change of `d_half` halves the old evidence, and large
+  changes are floored at rho_min so the tracker never forgets everything. SPO's D is the
+  per-token mean |log pi_then - log pi_now| on the task's previous response, with
+  d_half = 0.06 and rho_max = 0.96 (`trajectory_drift` computes it between the behaviour
+  policy that sampled a trajectory and the current one). D must be that mean absolute
+  log-ratio, not a KL estimate: the per-token KL of a small drift delta is about delta^2 / 2,
+  two orders of magnitude below d_half, which would leave rho at rho_max for any drift a
+  run shows.
   """
-  rho = jnp.exp2(-jnp.asarray(kl, jnp.float32) / d_half)
+  rho = jnp.exp2(-jnp.asarray(drift, jnp.float32) / d_half)
   return jnp.clip(rho, rho_min, rho_max)
+
+
+def trajectory_drift(logp_bt: jax.Array, ref_logp_bt: jax.Array, mask_bt: jax.Array,
+                     traj_b: jax.Array) -> jax.Array:
+  """Per-token mean |logp - ref_logp| over each row's whole trajectory   -> [B].
+
+  D_j = sum_{rows b of j, t} |logp[b,t] - ref[b,t]| mask[b,t] / sum_{rows b of j, t} mask[b,t]
+
+  Rows are environment steps; `traj_b` int [B] says which trajectory (0..B-1) a row belongs
+  to, so every row of a multi-step trajectory gets the same D. Shapes: [B, T] x3, [B].
+  """
+  chex.assert_equal_shape([logp_bt, ref_logp_bt, mask_bt])
+  chex.assert_rank(traj_b, 1)
+  m_bt = mask_bt.astype(jnp.float32)
+  num = traj_b.shape[0]
+  abs_j = jax.ops.segment_sum(jnp.sum(jnp.abs(logp_bt - ref_logp_bt) * m_bt, -1), traj_b, num)
+  tok_j = jax.ops.segment_sum(jnp.sum(m_bt, -1), traj_b, num)
+  return (abs_j / jnp.maximum(tok_j, 1.0))[traj_b]
 
 
 def update_beta_tracker(tracker: BetaTracker, task_b: jax.Array, rewards_b: jax.Array,
                         rho_b: jax.Array, valid_b: jax.Array | None = None) -> BetaTracker:
-  """Folds a batch of rewards in [0, 1] into the tracker; returns the new tracker.
+  """Folds a batch of rewards into the tracker; returns the new tracker.
+
+  The tracker is a Beta over success in [0, 1]: rewards are clipped to [0, 1] first (a
+  summed multi-step reward of 3 counts as one success, never as a negative failure count).
 
   Per row, in batch order:   alpha <- rho * alpha + r,   beta <- rho * beta + (1 - r).
 
@@ -96,7 +120,7 @@ def update_beta_tracker(tracker: BetaTracker, task_b: jax.Array, rewards_b: jax.
   chex.assert_type(task_b, int)
   num_tasks = tracker.alpha_n.shape[0]
   rho_b = jnp.where(valid_b, rho_b, 1.0)
-  r_b = jnp.where(valid_b, rewards_b, 0.0)
+  r_b = jnp.where(valid_b, jnp.clip(rewards_b, 0.0, 1.0), 0.0)
   n_b = valid_b.astype(jnp.float32)  # the pseudo-count each row adds to alpha + beta
   rows = jnp.arange(task_b.shape[0])
   # later_bb[i, l]: row l is a later valid occurrence of row i's task, so it decays row i.
@@ -112,31 +136,41 @@ def update_beta_tracker(tracker: BetaTracker, task_b: jax.Array, rewards_b: jax.
 
 
 @ADVANTAGES.register("spo_tracker")
-def spo_advantage(rewards_b: jax.Array, values_b: jax.Array, valid_b: jax.Array,
-                  eps: float = 1e-6) -> jax.Array:
-  """SPO advantage of a batch of single trajectories   [B], [B], [B] bool -> [B].
+def spo_advantage(rewards_b: jax.Array, values_b: jax.Array, weight_b: jax.Array,
+                  std_floor: float = 0.1, center: bool = False, eps: float = 1e-6) -> jax.Array:
+  """SPO advantage of a batch of single trajectories   [B], [B], [B] -> [B].
 
-  A_b = r_b - v_b;   A_b <- (A_b - mean(A)) / (std(A) + eps)   (mean, std over valid rows)
+  A_b = r_b - v_b;                      (center: A_b <- A_b - mean(A))
+  A_b <- A_b / max(std(A), std_floor)   (mean, std over rows, weighted by weight_b)
 
-  `values_b` is the tracker value of each row's task read before the update
-  (`tracker_value`). Normalising over the whole batch rather than within a group is what
-  makes SPO group-free: every trajectory gets a signal even when its task is always solved.
-  std is the population std (ddof 0), so valid rows come out with mean 0 and std 1; the SPO
-  recipe uses torch's unbiased std and eps 1e-8, a factor sqrt((n - 1) / n) apart. Padded
-  rows get 0. A batch with one valid row, or identical A, gets 0 everywhere.
+  `values_b` is the baseline of each row, read before this reward folds in (the tracker
+  value `tracker_value`, or a learned V): it is already a baseline, so by default the
+  advantage is not centred again. Centring over the batch (the SPO recipe,
+  verl-recipe `spo`) breaks in the regimes an RL run passes through: when nearly every
+  answer is right, correct answers of tasks with a high value get a negative advantage of
+  unit size (their A = 1 - v is below the batch mean), which drives a run that already
+  solves its tasks into collapse; when nearly every answer is wrong, wrong answers of
+  low-value tasks get positive ones. Without centring the sign of A is the sign of r - v:
+  a reward at or above its baseline is never pushed down.
 
-  Registered as "spo_tracker" so configs can select it by name, but its signature is not the
-  group estimators' `rewards_g -> [G]`: the learner calls it directly, not via `grouped`.
+  Dividing by the batch std keeps the step size independent of the reward scale; the floor
+  stops a batch of near-identical A (everything solved as expected) from blowing tiny
+  differences up to unit size. std is the population std (ddof 0) around the weighted mean.
+
+  `weight_b` (float or bool) is each row's share of the batch statistics: 0 for padding, 1
+  for a one-step trajectory, 1/S for each of the S rows of an S-step trajectory (so every
+  trajectory counts once). Rows with weight 0 get A = 0.
   """
-  chex.assert_rank([rewards_b, values_b, valid_b], [1, 1, 1])
-  chex.assert_equal_shape([rewards_b, values_b, valid_b])
-  n_b = valid_b.astype(jnp.float32)
-  count = jnp.maximum(jnp.sum(n_b), 1.0)
+  chex.assert_rank([rewards_b, values_b, weight_b], [1, 1, 1])
+  chex.assert_equal_shape([rewards_b, values_b, weight_b])
+  w_b = weight_b.astype(jnp.float32)
+  total = jnp.maximum(jnp.sum(w_b), eps)
   adv_b = rewards_b - values_b
-  mean = jnp.sum(adv_b * n_b) / count
-  centered_b = (adv_b - mean) * n_b
-  std = jnp.sqrt(jnp.sum(centered_b**2) / count)
-  return centered_b / (std + eps)
+  mean = jnp.sum(adv_b * w_b) / total
+  std = jnp.sqrt(jnp.sum(w_b * (adv_b - mean) ** 2) / total)
+  if center:
+    adv_b = adv_b - mean
+  return jnp.where(w_b > 0, adv_b / jnp.maximum(std, max(std_floor, eps)), 0.0)
 
 
 def priority_weights(tracker: BetaTracker, eps: float = 0.05) -> jax.Array:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import multiprocessing as mp
 import os
 import pathlib
@@ -29,6 +28,7 @@ import sao_jax
 from sao_jax import checkpoint as ckpt_lib
 from sao_jax import config as config_lib
 from sao_jax import recovery
+from sao_jax.buffer import Item, TrajectoryBuffer, batch_rows, decode_trajectory
 from sao_jax.learner import TrainState, make_sao_update
 from sao_jax.metrics import MetricsWriter, peak_memory_mb
 from sao_jax.procs import stop_processes
@@ -210,88 +210,6 @@ class SamplerPool:
 
 
 
-def _pad_rows(rows: list[dict], n: int) -> dict[str, np.ndarray]:
-  out = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
-  if len(rows) < n:
-    out = {k: np.concatenate([v, np.zeros((n - len(rows),) + v.shape[1:], v.dtype)])
-           for k, v in out.items()}
-  return out
-
-
-def _check_trajectory(rec: records.Record, widths: tuple[int, int], num_tasks: int) -> None:
-  """Raises `records.Malformed` unless `rec` carries what the batch is built from, in the
-  shapes it is compiled for: a well-formed record from a foreign writer (other config or code
-  version) must be dropped like a corrupt one, not crash the learner."""
-  a, m = rec.arrays, rec.meta
-  for names, width in zip((("prompt", "prompt_valid"), ("tokens", "valid", "logp")), widths,
-                          strict=True):
-    for k in names:
-      if k not in a or a[k].ndim != 2 or a[k].shape[1] != width or len(a[k]) < 1:
-        raise records.Malformed(f"trajectory array {k!r} missing or not [steps, {width}]: "
-                                f"{a[k].shape if k in a else None}")
-  if len({len(a[k]) for k in ("prompt", "prompt_valid", "tokens", "valid", "logp")}) != 1:
-    raise records.Malformed("trajectory arrays disagree on the number of steps")
-  numbers = [m.get(k) for k in ("reward", "t_end")]
-  if not (all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in numbers)
-          and isinstance(m.get("task_index"), int) and 0 <= m["task_index"] < num_tasks):
-    raise records.Malformed(f"trajectory meta lacks a valid reward/t_end/task_index: {m}"[:300])
-
-
-def _decode(data: bytes, learner, counts, expect: tuple | None = None) -> records.Record | None:
-  """A trajectory record, or None for one that is malformed (counted, dead-lettered, and
-  logged the first time) or of another kind. With `expect` (`(prompt_len, completion_len)`,
-  number of tasks), a record must also fit the learner's batch (`_check_trajectory`)."""
-  try:
-    rec = records.decode(data)
-    if rec.kind != records.RecordKind.TRAJECTORY:
-      raise records.Malformed(f"expected a trajectory record, got {rec.kind.name}")
-    if expect is not None:
-      _check_trajectory(rec, *expect)
-    return rec
-  except records.RecordError as err:
-    counts["bad_records"] += 1
-    if counts["bad_records"] == 1:
-      print(f"sao: skipping a malformed trajectory record ({err}); further ones are only "
-            "counted (bad_records) and copied to the dead-letter topic", flush=True)
-    learner.dead_letter(data, str(err))
-    return None
-
-
-@dataclasses.dataclass
-class _Item:
-  """A consumed record waiting in the learner's buffer."""
-
-  rec: records.Record
-  seq: int  # journal sequence number
-  pos: tuple[int, int] | None  # transport position (Kafka partition, offset)
-  replayed: bool = False  # from the journal after a restart
-
-
-def _fresh_count(buffer, step: int, max_staleness: int) -> int:
-  return sum(step - it.rec.policy_version <= max_staleness for it in buffer)
-
-
-def _take_batch(buffer: collections.deque, step: int, bs: int, max_staleness: int):
-  """The next `bs` fresh records in consumption order, and the too-stale ones met on the
-  way. A deterministic function of the record sequence and the step, so a replay from the
-  journal forms exactly the batches the crashed run formed."""
-  batch, stale = [], []
-  while buffer and len(batch) < bs:
-    it = buffer.popleft()
-    (stale if step - it.rec.policy_version > max_staleness else batch).append(it)
-  return batch, stale
-
-
-def _safe_positions(buffer, read_positions: dict[int, int]) -> dict[int, int]:
-  """Per partition: the offset before which every read record is applied or dropped."""
-  out = dict(read_positions)
-  for it in buffer:
-    if it.pos is not None:
-      part, off = it.pos
-      out[part] = min(out.get(part, off), off)
-  return out
-
-
 def _poisoned(cfg: config_lib.Config, update: int) -> bool:
   f = cfg.faults
   if update in f.nan_steps:
@@ -315,8 +233,9 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
                                  f"{len(s.train)}")
   val_tasks = s.train[len(s.train) - n_val:]
   n_sample = len(s.train) - n_val  # the validation tail is never sampled in RL
+  with_ref = rl.kl_coef > 0
   progs = train.programs_for(s, rl.optim, lambda m, tx: make_sao_update(m, tx, rl, sao),
-                             num_tasks=len(s.train))
+                             num_tasks=len(s.train), with_ref=with_ref)
   fresh = progs.init(jax.random.key(cfg.seed + 1))
   bs = train.round_up(sao.batch_size, progs.batch_divisor)
   ckpt_dir = workdir / "checkpoints" / "rl"
@@ -328,7 +247,7 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
   clock = train.PhaseClock(rl.steps, max_seconds, eval_every,
                            lambda params: train.evaluate(s, progs, params))
   counts = collections.Counter()
-  buffer: collections.deque[_Item] = collections.deque()
+  buffer = TrajectoryBuffer(bs, sao.max_staleness)
   snap_journal: dict[int, int] = {}  # snapshot step -> its journal_next (for pruning)
   resumed = ckpt_lib.restore_latest_valid(mngr, fresh) if mngr.all_steps() else None
   if resumed is not None:
@@ -344,7 +263,7 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
       rec = records.decode(data)  # journaled records were decoded once already
       if rec.record_id not in seen_ids:
         seen_ids.add(rec.record_id)
-        buffer.append(_Item(rec, seq, None, replayed=True))
+        buffer.extend([Item(rec, seq, None, replayed=True)])
     counts["resumes"] += 1
     counts["snapshots_skipped_corrupt"] += len(skipped)
     resume_info = {"event": "resume", "from_step": step, "skipped_snapshots": skipped,
@@ -352,7 +271,8 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
     print(f"sao: resuming from snapshot step {step} (replaying {len(buffer)} journaled "
           f"records{'; skipped unreadable ' + str(skipped) if skipped else ''})", flush=True)
   else:
-    state = fresh.replace(params=train.copy_tree(state.params))
+    state = fresh.replace(params=train.copy_tree(state.params),
+                          ref_params=train.copy_tree(state.params) if with_ref else None)
     step, seen_ids, resume_info = 0, set(), None
     ledger.cut_to(0)
     shadows.reset_to(0, {})
@@ -369,7 +289,7 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
 
   def stream_meta() -> dict:
     return {"phase": "rl", "stream": {
-        "journal_next": buffer[0].seq if buffer else journal.next_seq,
+        "journal_next": buffer.first_seq(journal.next_seq),
         "task_rng": rng.bit_generator.state, "counts": dict(counts),
         "train_seconds": clock.elapsed, "snap_journal": snap_journal,
         "shadows": shadows.scores}}
@@ -379,14 +299,14 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
     if not force and not mngr.should_save(step):
       return False
     journal.rotate()
-    snap_journal[step] = buffer[0].seq if buffer else journal.next_seq
+    snap_journal[step] = buffer.first_seq(journal.next_seq)
     kept = set(mngr.all_steps()) | {step}
     for k in [k for k in snap_journal if k not in kept]:
       del snap_journal[k]
     ckpt_lib.save(mngr, state, cfg, stream_meta(), force=force, metrics=metrics)
     if not rcfg.keep_journal:
       journal.prune(min(snap_journal.values()))
-    pending_commit = _safe_positions(buffer, pool.learner.positions())
+    pending_commit = buffer.safe_positions(pool.learner.positions())
     return True
 
   def validate() -> float:
@@ -403,7 +323,7 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
     lr_scale = float(jax.device_get(state.lr_scale)) * rcfg.lr_decay
     reset = progs.init(jax.random.key(cfg.seed + 7 + counts["rollbacks"]))
     state = reset.replace(step=state.step, params=params, tracker=state.tracker, rng=state.rng,
-                          nonfinite=state.nonfinite,
+                          nonfinite=state.nonfinite, ref_params=state.ref_params,
                           lr_scale=jnp.asarray(lr_scale, jnp.float32))
     nonfinite_recent.clear()
     publisher.publish(step, state.params)
@@ -427,13 +347,13 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
   first_update_logged = resume_info is None
   t_fresh = [time.time(), 0]  # when the last new record arrived; stall warnings since
   steady_from, steady_mark = step, None  # (busy, wall) after this process's first updates
-  expect = ((s.prompt_len, rl.max_new_tokens), len(s.train))
+  expect = ((s.prompt_len, rl.max_new_tokens), len(s.train), bs)
 
   def ingest(got):
     nonlocal outstanding
     fresh_items = []
     for data, pos in got:
-      rec = _decode(data, pool.learner, counts, expect)
+      rec = decode_trajectory(data, pool.learner, counts, expect)
       if rec is None:
         continue
       if rec.record_id in seen_ids:  # redelivered: already applied or waiting
@@ -445,7 +365,7 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
       fresh_items.append((rec, data, pos))
     # Written through to the journal before use: a crash from here on replays them.
     first = journal.append([data for _, data, _ in fresh_items])
-    buffer.extend(_Item(rec, first + k, pos) for k, (rec, _, pos) in enumerate(fresh_items))
+    buffer.extend(Item(rec, first + k, pos) for k, (rec, _, pos) in enumerate(fresh_items))
 
   def check_samplers():
     nonlocal outstanding
@@ -470,7 +390,7 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
         probs = p64 / p64.sum()
       # Gather what has arrived; block (briefly) only while a batch is not full. Tasks are
       # topped up on every pass, so samplers keep working while the learner waits or updates.
-      while _fresh_count(buffer, step, sao.max_staleness) < bs:
+      while not buffer.ready(step):
         new = rng.choice(n_sample, size=max(0, target_depth - outstanding), p=probs)
         pool.learner.put_tasks(new.tolist())
         outstanding += len(new)
@@ -487,28 +407,14 @@ def run_sao(s: train.Setup, writer: MetricsWriter, state: TrainState, workdir: p
                 f"tasks outstanding, {len(buffer)} records buffered, {alive}/"
                 f"{len(pool.procs)} local samplers alive"
                 f"{', kafka run ' + run_id if run_id else ''}", flush=True)
-      batch_items, stale_items = _take_batch(buffer, step, bs, sao.max_staleness)
+      batch_items, stale_items = buffer.take_batch(step)
       counts["dropped_stale"] += len(stale_items)
-      rows = []
-      for it in batch_items:
-        rec = it.rec
-        a = rec.arrays
-        lag = step - rec.policy_version
-        if lag < 0:  # made by a policy of a lineage discarded by a resume or rollback
-          counts["orphan_version"] += 1
-          lag = sao.max_staleness
-        for k in range(a["tokens"].shape[0]):  # one row per environment step
-          rows.append({"prompt": a["prompt"][k], "prompt_valid": a["prompt_valid"][k],
-                       "tokens": a["tokens"][k], "valid": a["valid"][k], "logp": a["logp"][k],
-                       "rewards": np.float32(rec.meta["reward"]),
-                       "task": np.int32(rec.meta["task_index"]),
-                       "staleness": np.int32(lag), "row_valid": np.bool_(True),
-                       "poison": np.float32(0.0)})
-      batch = _pad_rows(rows[:bs], bs)
+      batch, orphans = batch_rows(batch_items, step, bs, sao.max_staleness)
+      counts["orphan_version"] += orphans
       if _poisoned(cfg, step + 1):
         batch["poison"][0] = np.nan
         counts["poisoned"] += 1
-      staleness = batch["staleness"][batch["row_valid"]]
+      staleness = batch["staleness"][batch["head"]]  # one per trajectory
       tu = time.time()
       state, metrics = progs.update(state, progs.shard_batch(batch))
       metrics = jax.device_get(metrics)

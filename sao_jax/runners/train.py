@@ -306,8 +306,7 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
                                "tokens": out.tokens_bt, "valid": out.valid_bt,
                                "logp": out.logp_bt, "rewards": rewards})
     tu = time.time()
-    for _ in range(rl.ppo_epochs):
-      state, metrics = progs.update(state, batch)
+    state, metrics = progs.update(state, batch)
     metrics = jax.device_get(metrics)
     busy += time.time() - tu
     tokens += int(out.lengths_b.sum())

@@ -1,0 +1,178 @@
+"""The SAO learner's trajectory buffer: decoded records in consumption order -> batches.
+
+Records arrive from any sampler, in any order, from any policy version. The buffer keeps
+them in the order the learner consumed them (the journal's order), and a batch is a
+deterministic function of that sequence and the learner step, so a replay from the journal
+after a crash forms exactly the batches the crashed run formed.
+
+A trajectory record holds one row per environment step (S rows). A batch holds `rows`
+rows: whole trajectories in consumption order until the next one would not fit; the rest is
+padding (`row_valid` False) and that trajectory waits for the next batch. Trajectories are
+never split across updates and no row is dropped.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Iterable
+
+import numpy as np
+
+from sao_jax.transport import records
+
+TRAJECTORY_ARRAYS = (("prompt", "prompt_valid"), ("tokens", "valid", "logp"))
+
+
+@dataclasses.dataclass
+class Item:
+  """A consumed record waiting in the learner's buffer."""
+
+  rec: records.Record
+  seq: int  # journal sequence number
+  pos: tuple[int, int] | None  # transport position (Kafka partition, offset)
+  replayed: bool = False  # from the journal after a restart
+
+  @property
+  def num_rows(self) -> int:
+    return len(self.rec.arrays["tokens"])
+
+
+def check_trajectory(rec: records.Record, widths: tuple[int, int], num_tasks: int,
+                     max_rows: int) -> None:
+  """Raises `records.Malformed` unless `rec` carries what the batch is built from, in the
+  shapes it is compiled for: a well-formed record from a foreign writer (other config or code
+  version) must be dropped like a corrupt one, not crash the learner."""
+  a, m = rec.arrays, rec.meta
+  for names, width in zip(TRAJECTORY_ARRAYS, widths, strict=True):
+    for k in names:
+      if k not in a or a[k].ndim != 2 or a[k].shape[1] != width or len(a[k]) < 1:
+        raise records.Malformed(f"trajectory array {k!r} missing or not [steps, {width}]: "
+                                f"{a[k].shape if k in a else None}")
+  if len({len(a[k]) for names in TRAJECTORY_ARRAYS for k in names}) != 1:
+    raise records.Malformed("trajectory arrays disagree on the number of steps")
+  if len(a["tokens"]) > max_rows:
+    raise records.Malformed(f"trajectory of {len(a['tokens'])} steps does not fit a batch of "
+                            f"{max_rows} rows")
+  numbers = [m.get(k) for k in ("reward", "t_end")]
+  if not (all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in numbers)
+          and isinstance(m.get("task_index"), int) and 0 <= m["task_index"] < num_tasks):
+    raise records.Malformed(f"trajectory meta lacks a valid reward/t_end/task_index: {m}"[:300])
+
+
+def decode_trajectory(data: bytes, learner, counts: collections.Counter,
+                      expect: tuple | None = None) -> records.Record | None:
+  """A trajectory record, or None for one that is malformed (counted in
+  `counts['bad_records']`, sent to the learner end's dead-letter topic, and logged the first
+  time) or of another kind. With `expect` (`(prompt_len, completion_len)`, number of tasks,
+  rows per batch) a record must also fit the learner's batch (`check_trajectory`)."""
+  try:
+    rec = records.decode(data)
+    if rec.kind != records.RecordKind.TRAJECTORY:
+      raise records.Malformed(f"expected a trajectory record, got {rec.kind.name}")
+    if expect is not None:
+      check_trajectory(rec, *expect)
+    return rec
+  except records.RecordError as err:
+    counts["bad_records"] += 1
+    if counts["bad_records"] == 1:
+      print(f"sao: skipping a malformed trajectory record ({err}); further ones are only "
+            "counted (bad_records) and copied to the dead-letter topic", flush=True)
+    learner.dead_letter(data, str(err))
+    return None
+
+
+class TrajectoryBuffer:
+  """Consumed records in order; batches of `rows` rows of trajectories at most
+  `max_staleness` policy versions old."""
+
+  def __init__(self, rows: int, max_staleness: int):
+    self.rows, self.max_staleness = rows, max_staleness
+    self._items: collections.deque[Item] = collections.deque()
+
+  def __len__(self) -> int:
+    return len(self._items)
+
+  def __iter__(self):
+    return iter(self._items)
+
+  def extend(self, items: Iterable[Item]) -> None:
+    self._items.extend(items)
+
+  def first_seq(self, default: int) -> int:
+    """Journal sequence number of the oldest waiting record (`default` when empty)."""
+    return self._items[0].seq if self._items else default
+
+  def _stale(self, it: Item, step: int) -> bool:
+    return step - it.rec.policy_version > self.max_staleness
+
+  def ready(self, step: int) -> bool:
+    """Whether the next batch at `step` would be full: its fresh records fill `rows`."""
+    n = 0
+    for it in self._items:
+      if self._stale(it, step):
+        continue
+      n += it.num_rows
+      if n >= self.rows:
+        return True
+    return False
+
+  def take_batch(self, step: int) -> tuple[list[Item], list[Item]]:
+    """The next fresh records, in consumption order, while their rows fit in `rows`, and the
+    too-stale records met on the way (dropped)."""
+    batch, stale, n = [], [], 0
+    while self._items:
+      it = self._items[0]
+      if self._stale(it, step):
+        stale.append(self._items.popleft())
+        continue
+      if n + it.num_rows > self.rows:
+        break
+      n += it.num_rows
+      batch.append(self._items.popleft())
+    return batch, stale
+
+  def safe_positions(self, read_positions: dict[int, int]) -> dict[int, int]:
+    """Per partition: the offset before which every read record is applied or dropped."""
+    out = dict(read_positions)
+    for it in self._items:
+      if it.pos is not None:
+        part, off = it.pos
+        out[part] = min(out.get(part, off), off)
+    return out
+
+
+def batch_rows(items: list[Item], step: int, rows: int, max_staleness: int
+               ) -> tuple[dict[str, np.ndarray], int]:
+  """The SAO update's batch (see `sao_jax.learner.make_sao_update`) from whole trajectories:
+  one row per environment step, padded to `rows`. Returns (batch, number of records whose
+  version is ahead of `step`: made by a lineage that a resume or rollback discarded; they
+  are given the largest staleness still used)."""
+  fields: dict[str, list] = collections.defaultdict(list)
+  orphans = 0
+  for j, it in enumerate(items):
+    rec, a = it.rec, it.rec.arrays
+    lag = step - rec.policy_version
+    if lag < 0:
+      orphans += 1
+      lag = max_staleness
+    n = len(a["tokens"])
+    for k in ("prompt", "prompt_valid", "tokens", "valid", "logp"):
+      fields[k].append(a[k])
+    fields["rewards"].append(np.full(n, rec.meta["reward"], np.float32))
+    fields["task"].append(np.full(n, rec.meta["task_index"], np.int32))
+    fields["staleness"].append(np.full(n, lag, np.int32))
+    fields["traj"].append(np.full(n, j, np.int32))
+    fields["head"].append(np.arange(n) == 0)
+  out = {k: np.concatenate(v) for k, v in fields.items()}
+  out["logp"] = out["logp"].astype(np.float32)
+  n = len(out["tokens"])
+  if n > rows:
+    raise ValueError(f"{n} rows of trajectories do not fit a batch of {rows}")
+  out["row_valid"] = np.arange(rows) < n
+  # Padding rows: zeros, each its own (empty) trajectory so it shares no statistics.
+  for k, v in list(out.items()):
+    if k != "row_valid":
+      out[k] = np.concatenate([v, np.zeros((rows - n,) + v.shape[1:], v.dtype)])
+  out["traj"][n:] = np.arange(len(items), len(items) + rows - n)
+  out["poison"] = np.zeros(rows, np.float32)
+  return out, orphans

@@ -1,0 +1,35 @@
+"""Where a result came from: the command, the code version and the machine, written into
+every result JSON so that a number can be traced back and rerun."""
+from __future__ import annotations
+
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+import time
+
+
+def _git(*args: str) -> str | None:
+  root = pathlib.Path(__file__).resolve().parents[1]
+  try:
+    out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
+  except (OSError, subprocess.TimeoutExpired):
+    return None
+  return out.stdout.strip() if out.returncode == 0 else None
+
+
+def machine() -> dict:
+  import jax
+  return {"platform": platform.platform(), "python": platform.python_version(),
+          "cpus": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)),
+          "devices": [str(d) for d in jax.devices()], "jax": jax.__version__}
+
+
+def provenance(argv: list[str] | None = None) -> dict:
+  """{"command", "commit", "dirty", "time", "machine"} of the current process."""
+  argv = sys.argv if argv is None else argv
+  status = _git("status", "--porcelain", "--untracked-files=no")
+  return {"command": " ".join(["python", *argv]), "commit": _git("rev-parse", "HEAD"),
+          "dirty": bool(status) if status is not None else None,
+          "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine()}
