@@ -51,6 +51,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import lh_common as L  # noqa: E402
 
+from sao_jax.batches import RLBatch  # noqa: E402
 from sao_jax.compression.rollout import (  # noqa: E402
     episode_tokens,
     script,
@@ -60,7 +61,7 @@ from sao_jax.config import Config, RLConfig, load_config  # noqa: E402
 from sao_jax.envs.longhorizon import BOUNDARIES, SEP, make_split  # noqa: E402
 from sao_jax.learner import make_optimizer, make_rl_update  # noqa: E402
 from sao_jax.models.transformer import TransformerLM  # noqa: E402
-from sao_jax.runners.batching import right_pad  # noqa: E402
+from sao_jax.packing import right_pad  # noqa: E402
 from sao_jax.runners.compiled import compile_programs  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -208,7 +209,7 @@ def peak_memory(cfg: Config, tasks, *, group: int = 8) -> dict:
   model_cfg = dataclasses.replace(L.model_cfg(cfg, False, ctx + L.MAX_NEW), max_len=ctx
                                   + L.MAX_NEW)
   model = TransformerLM(model_cfg)
-  tx = make_optimizer(cfg.sft.optim, 1)
+  tx = make_optimizer(cfg.sft.optim)
   grpo_cfg = dataclasses.replace(cfg, model=model_cfg, compression=dataclasses.replace(
       c, enabled=False))
   mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1), cfg.mesh.axes)
@@ -219,12 +220,7 @@ def peak_memory(cfg: Config, tasks, *, group: int = 8) -> dict:
                           prompt_len=ctx, max_new_tokens=L.MAX_NEW, temperature=1.0,
                           eos_id=L.TOK.eos_id, pad_id=L.TOK.pad_id, mesh=mesh)
     rows = len(tasks) * graded * n
-    gbatch = {"prompt": jax.ShapeDtypeStruct((rows, ctx), jnp.int32),
-              "prompt_valid": jax.ShapeDtypeStruct((rows, ctx), bool),
-              "tokens": jax.ShapeDtypeStruct((rows, L.MAX_NEW), jnp.int32),
-              "valid": jax.ShapeDtypeStruct((rows, L.MAX_NEW), bool),
-              "logp": jax.ShapeDtypeStruct((rows, L.MAX_NEW), jnp.float32),
-              "rewards": jax.ShapeDtypeStruct((rows,), jnp.float32)}
+    gbatch = RLBatch.abstract(rows, ctx, L.MAX_NEW)
     return _memory(gp.update.lower(jax.eval_shape(gp.init, jax.random.key(0)), gbatch).compile())
 
   grpo = full_context_update(group)

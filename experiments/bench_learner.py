@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sao_jax.batches import SFTBatch
 from sao_jax.config import Config, ModelConfig, OptimConfig
 from sao_jax.learner import make_optimizer, make_sft_update
 from sao_jax.models.transformer import TransformerLM
@@ -141,7 +142,7 @@ def run(args: argparse.Namespace) -> dict:
                           dtype=args.dtype)
   cfg = Config(name="bench_learner", model=model_cfg)
   model = TransformerLM(model_cfg)
-  tx = make_optimizer(OptimConfig(lr=1e-4, warmup_steps=10), 0)
+  tx = make_optimizer(OptimConfig(lr=1e-4, warmup_steps=10))
   progs = compile_programs(cfg, model, tx, make_sft_update(model, tx), with_ref=False,
                            prompt_len=args.prompt_len, max_new_tokens=args.completion_len,
                            temperature=1.0, eos_id=2, pad_id=0)
@@ -151,11 +152,11 @@ def run(args: argparse.Namespace) -> dict:
   # Random tokens, every slot valid: the learner's cost does not depend on the values.
   rng = np.random.default_rng(0)
   b, p, t = args.batch, args.prompt_len, args.completion_len
-  batch = progs.shard_batch({
-      "prompt": rng.integers(3, vocab, (b, p), dtype=np.int32),
-      "prompt_valid": np.ones((b, p), bool),
-      "tokens": rng.integers(3, vocab, (b, t), dtype=np.int32),
-      "valid": np.ones((b, t), bool)})
+  batch = progs.shard_batch(SFTBatch(
+      prompt_bp=rng.integers(3, vocab, (b, p), dtype=np.int32),
+      prompt_valid_bp=np.ones((b, p), bool),
+      tokens_bt=rng.integers(3, vocab, (b, t), dtype=np.int32),
+      valid_bt=np.ones((b, t), bool), weight_b=np.ones(b, np.float32)))
 
   t0 = time.perf_counter()
   compiled = progs.update.lower(state, batch).compile()

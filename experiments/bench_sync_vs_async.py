@@ -16,7 +16,7 @@ and are evaluated on the same held-out problems. Each seed (`--seeds N`: seeds 0
 model, SFT data order and RL sampling; the tasks are the same) trains its own SFT start and
 both arms from it; every figure is reported as mean ± standard error over seeds, with a 95 %
 t-interval in the JSON. Writes OUT/results.json (with the command, commit and machine) and
-OUT/accuracy_vs_time.png, and prints the seed-style table (Traditional | SAO | ratio).
+OUT/accuracy_vs_time.png, and prints the table (Traditional | SAO | ratio).
 Checkpoints and metrics of the runs go to --workdir.
 """
 from __future__ import annotations
@@ -32,8 +32,10 @@ from sao_jax import config as config_lib
 from sao_jax import stats
 from sao_jax.metrics import MetricsWriter, peak_memory_mb
 from sao_jax.provenance import provenance
-from sao_jax.runners import train
+from sao_jax.runners.grpo import run_grpo
 from sao_jax.runners.sao import run_sao
+from sao_jax.runners.sft import run_sft
+from sao_jax.setup import load_config, make_setup
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROWS = [("trajectories_per_s", "trajectories/s", "{:.1f}"),
@@ -68,7 +70,7 @@ def main(argv=None) -> dict:
   if args.seeds < 1:
     raise SystemExit("--seeds must be >= 1")
 
-  base = config_lib.load_config(args.config, args.variant, args.set)
+  base = load_config(args.config, args.variant, args.set)
   base = dataclasses.replace(base, rl=dataclasses.replace(base.rl, steps=0,
                                                           max_seconds=args.seconds), log_every=1)
   out, work = pathlib.Path(args.out), pathlib.Path(args.workdir)
@@ -93,7 +95,7 @@ def main(argv=None) -> dict:
 
 
 def _one_seed(cfg, arm_names, work: pathlib.Path, eval_every: float, no_progress: bool) -> dict:
-  s_sao = train.make_setup(cfg)
+  s_sao = make_setup(cfg)
   s_grpo = dataclasses.replace(s_sao, cfg=dataclasses.replace(
       cfg, rl=dataclasses.replace(cfg.rl, algorithm="grpo")))
 
@@ -101,12 +103,12 @@ def _one_seed(cfg, arm_names, work: pathlib.Path, eval_every: float, no_progress
     return MetricsWriter(work / name, show_progress=not no_progress)
 
   w = writer("sft")
-  sft_state, _, sft = train.run_sft(s_sao, w, None, work / "sft")
+  sft_state, _, sft = run_sft(s_sao, w, None, work / "sft")
   w.close()
   print(f"seed {cfg.seed}: SFT {sft['steps']} steps, held-out accuracy {sft['accuracy']:.3f}",
         flush=True)
   arms = {}
-  for name, fn, s in (("grpo", train.run_grpo, s_grpo), ("sao", run_sao, s_sao)):
+  for name, fn, s in (("grpo", run_grpo, s_grpo), ("sao", run_sao, s_sao)):
     if name not in arm_names:
       continue
     w = writer(name)

@@ -46,7 +46,7 @@ def model_cfg(cfg: Config, memory: bool, full_len: int = 0):
 
 def build(cfg: Config, memory: bool, *, full_len: int = 0, mode: str = "sft"):
   """(programs, policy-or-model) for the memory policy or the full-context control."""
-  tx = make_optimizer(cfg.sft.optim, cfg.sft.steps)
+  tx = make_optimizer(cfg.sft.optim)
   model = TransformerLM(model_cfg(cfg, memory, full_len))
   if memory:
     policy = MemoryPolicy(model, Compressor(cfg.compression, TOK.vocab_size))

@@ -24,7 +24,9 @@ import jax
 
 from sao_jax import config as config_lib
 from sao_jax.metrics import MetricsWriter, peak_memory_mb
-from sao_jax.runners import train
+from sao_jax.runners.grpo import run_grpo
+from sao_jax.runners.sft import run_sft
+from sao_jax.setup import make_setup
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -49,7 +51,7 @@ def main(argv=None) -> dict:
   out.mkdir(parents=True)
   (out / "config.json").write_text(config_lib.to_json(cfg))
   t_start = time.time()
-  s = train.make_setup(cfg)
+  s = make_setup(cfg)
   eval_every = args.eval_every
   if eval_every is None:
     eval_every = (cfg.rl.max_seconds or 60.0) / 8
@@ -58,20 +60,20 @@ def main(argv=None) -> dict:
     return MetricsWriter(out / name, show_progress=not args.no_progress)
 
   w = writer("sft")
-  sft_state, _, sft = train.run_sft(s, w, None, out / "sft")
+  sft_state, _, sft = run_sft(s, w, None, out / "sft")
   w.close()
   print(f"SFT: {sft['steps']} steps, {sft['seconds']:.0f} s, held-out accuracy "
         f"{sft['accuracy']:.3f}", flush=True)
 
   w = writer("grpo")
-  _, _, grpo = train.run_grpo(s, w, sft_state, out / "grpo", eval_every=eval_every)
+  _, _, grpo = run_grpo(s, w, sft_state, out / "grpo", eval_every=eval_every)
   w.close()
   print(f"GRPO: {grpo['steps']} steps, {grpo['seconds']:.0f} s, held-out accuracy "
         f"{grpo['accuracy']:.3f}", flush=True)
 
   # Control: the same training seconds spent on more SFT (optimizer state carried over).
   w = writer("sft_continued")
-  _, _, ctrl = train.run_sft(s, w, sft_state, out / "sft_continued", steps=0,
+  _, _, ctrl = run_sft(s, w, sft_state, out / "sft_continued", steps=0,
                              max_seconds=grpo["seconds"], tag="sft_continued",
                              eval_every=eval_every, keep_opt_state=True)
   w.close()

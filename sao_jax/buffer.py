@@ -18,6 +18,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from sao_jax.batches import SAOBatch
 from sao_jax.transport import records
 
 TRAJECTORY_ARRAYS = (("prompt", "prompt_valid"), ("tokens", "valid", "logp"))
@@ -120,7 +121,7 @@ class TrajectoryBuffer:
     """The next fresh records, in consumption order, while their rows fit in `rows`, and the
     too-stale records met on the way (dropped)."""
     batch, stale, n = [], [], 0
-    while self._items:
+    while self._items and n < self.rows:
       it = self._items[0]
       if self._stale(it, step):
         stale.append(self._items.popleft())
@@ -142,12 +143,14 @@ class TrajectoryBuffer:
 
 
 def batch_rows(items: list[Item], step: int, rows: int, max_staleness: int
-               ) -> tuple[dict[str, np.ndarray], int]:
-  """The SAO update's batch (see `sao_jax.learner.make_sao_update`) from whole trajectories:
-  one row per environment step, padded to `rows`. Returns (batch, number of records whose
-  version is ahead of `step`: made by a lineage that a resume or rollback discarded; they
-  are given the largest staleness still used)."""
-  fields: dict[str, list] = collections.defaultdict(list)
+               ) -> tuple[SAOBatch, int]:
+  """The SAO update's batch from whole trajectories: one row per environment step, padded to
+  `rows` (numpy fields). Returns (batch, number of records whose version is ahead of `step`:
+  made by a lineage that a resume or rollback discarded; they are given the largest staleness
+  still used)."""
+  if not items:
+    raise ValueError("a batch needs at least one trajectory")
+  parts: dict[str, list] = collections.defaultdict(list)
   orphans = 0
   for j, it in enumerate(items):
     rec, a = it.rec, it.rec.arrays
@@ -157,22 +160,26 @@ def batch_rows(items: list[Item], step: int, rows: int, max_staleness: int
       lag = max_staleness
     n = len(a["tokens"])
     for k in ("prompt", "prompt_valid", "tokens", "valid", "logp"):
-      fields[k].append(a[k])
-    fields["rewards"].append(np.full(n, rec.meta["reward"], np.float32))
-    fields["task"].append(np.full(n, rec.meta["task_index"], np.int32))
-    fields["staleness"].append(np.full(n, lag, np.int32))
-    fields["traj"].append(np.full(n, j, np.int32))
-    fields["head"].append(np.arange(n) == 0)
-  out = {k: np.concatenate(v) for k, v in fields.items()}
-  out["logp"] = out["logp"].astype(np.float32)
-  n = len(out["tokens"])
+      parts[k].append(a[k])
+    parts["rewards"].append(np.full(n, rec.meta["reward"], np.float32))
+    parts["task"].append(np.full(n, rec.meta["task_index"], np.int32))
+    parts["staleness"].append(np.full(n, lag, np.int32))
+    parts["traj"].append(np.full(n, j, np.int32))
+    parts["head"].append(np.arange(n) == 0)
+  cat = {k: np.concatenate(v) for k, v in parts.items()}
+  n = len(cat["tokens"])
   if n > rows:
     raise ValueError(f"{n} rows of trajectories do not fit a batch of {rows}")
-  out["row_valid"] = np.arange(rows) < n
-  # Padding rows: zeros, each its own (empty) trajectory so it shares no statistics.
-  for k, v in list(out.items()):
-    if k != "row_valid":
-      out[k] = np.concatenate([v, np.zeros((rows - n,) + v.shape[1:], v.dtype)])
-  out["traj"][n:] = np.arange(len(items), len(items) + rows - n)
-  out["poison"] = np.zeros(rows, np.float32)
-  return out, orphans
+
+  def pad(x, fill=0):
+    return np.concatenate([x, np.full((rows - n,) + x.shape[1:], fill, x.dtype)])
+
+  # Padding rows are zeros, each its own (empty) trajectory so that it shares no statistics.
+  traj = np.concatenate([cat["traj"], np.arange(len(items), len(items) + rows - n,
+                                                dtype=np.int32)])
+  return SAOBatch(prompt_bp=pad(cat["prompt"]), prompt_valid_bp=pad(cat["prompt_valid"]),
+                  tokens_bt=pad(cat["tokens"]), valid_bt=pad(cat["valid"]),
+                  logp_bt=pad(cat["logp"].astype(np.float32)), rewards_b=pad(cat["rewards"]),
+                  task_b=pad(cat["task"]), staleness_b=pad(cat["staleness"]),
+                  row_valid_b=np.arange(rows) < n, traj_b=traj, head_b=pad(cat["head"]),
+                  poison_b=np.zeros(rows, np.float32)), orphans

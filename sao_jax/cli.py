@@ -56,16 +56,16 @@ def main(argv: list[str] | None = None) -> int:
   # broker, so only its errors are shown.
   logging.getLogger("kafka").setLevel(logging.ERROR)
   # The runners (and their process machinery) load only for the command that needs them.
-  from sao_jax import config as config_lib
+  from sao_jax.setup import load_config
   try:
     if args.command in ("train", "learner"):
       overrides = list(args.set)
       if args.command == "learner":
         overrides += ["transport.kind=kafka", "rl.algorithm=sao",
                       f"sao.num_samplers={args.local_samplers}"]
-      cfg = config_lib.load_config(args.config, overrides=overrides)
-      from sao_jax.runners import train
-      summary = train.run(cfg, args.workdir, show_progress=not args.no_progress)
+      cfg = load_config(args.config, overrides=overrides)
+      from sao_jax.runners.run import run
+      summary = run(cfg, args.workdir, show_progress=not args.no_progress)
       keep = {k: summary[k] for k in ("sft", "start", "rl", "wall_s") if k in summary}
       for v in keep.values():
         if isinstance(v, dict):
@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "broker":
       return _broker(args.host, args.port)
     elif args.command == "eval":
-      from sao_jax.runners import train
-      print(json.dumps(train.eval_workdir(args.workdir, args.num), indent=2))
+      from sao_jax.runners.run import eval_workdir
+      print(json.dumps(eval_workdir(args.workdir, args.num), indent=2))
   except (ConfigError, FileNotFoundError, FileExistsError) as err:
     print(f"sao-jax: error: {err}", file=sys.stderr)
     return 2

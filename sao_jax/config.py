@@ -24,7 +24,7 @@ def _check(ok: bool, msg: str):
     raise ConfigError(msg)
 
 
-# Logical axis -> mesh axis rules. Model code names only logical axes (design card, style 3).
+# Logical axis -> mesh axis rules: model code names only logical axes; the mapping is config.
 DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("batch", ("data", "fsdp")),
     ("embed", "fsdp"),
@@ -78,9 +78,14 @@ class MeshConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
-  """Generated arithmetic word problems (see sao_jax.envs.arithmetic)."""
+  """Which tasks: a family by name (see sao_jax.tasks: "arithmetic", "longhorizon", or a
+  user's `package.module:Class` / `path/to/file.py:Class`), its split sizes and seed, and its
+  parameters: the arithmetic family's are the fields below; any other family's go in
+  `options` as (key, value) pairs (`--set task.options.n_steps=64`), checked against the
+  family's Options dataclass when the run is set up."""
 
   family: str = "arithmetic"
+  options: tuple[tuple[str, Any], ...] = ()
   n_ops: int = 2
   n_ops_mix: tuple[int, ...] = ()  # if set: equal parts of each n_ops (variable lengths)
   max_operand: int = 9
@@ -92,8 +97,10 @@ class TaskConfig:
   data_dir: str = ""
 
   def __post_init__(self):
-    _check(self.family == "arithmetic", f"task.family {self.family!r} unknown; known: arithmetic")
+    _check(bool(self.family), "task.family must name a task family")
     _check(self.num_train > 0 and self.num_test > 0, "task sizes must be positive")
+    _check(all(isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], str)
+               for kv in self.options), "task.options must be (key, value) pairs")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,11 +154,7 @@ class RLConfig:
     _check(self.kl_coef >= 0, "rl.kl_coef must be >= 0")
     # Epochs are unrolled inside the one jitted update: a handful, not hundreds.
     _check(1 <= self.ppo_epochs <= 16, f"rl.ppo_epochs {self.ppo_epochs} not in 1..16")
-    from sao_jax.rl import advantages, losses, trackers  # noqa: F401  (fills the registries)
-    from sao_jax.rl.registry import ADVANTAGES, LOSSES
-    _check(self.advantage in ADVANTAGES.names(),
-           f"rl.advantage {self.advantage!r} unknown; known: {ADVANTAGES.names()}")
-    _check(self.loss in LOSSES.names(), f"rl.loss {self.loss!r} unknown; known: {LOSSES.names()}")
+    # rl.advantage and rl.loss name registry entries: checked by sao_jax.setup.validate.
     _check(self.loss_agg in ("token_mean", "seq_mean"),
            f"rl.loss_agg {self.loss_agg!r} unknown; known: seq_mean, token_mean")
 
@@ -380,15 +383,30 @@ def override(cfg, key: str, value: Any):
     raise ConfigError(f"unknown config key {head!r} in {type(cfg).__name__}; "
                       f"known: {', '.join(sorted(fields))}")
   current = getattr(cfg, head)
+  if rest and head == "options":  # free-form (key, value) pairs, checked by their owner
+    value = _literal(value)
+    pairs = tuple((k, v) for k, v in current if k != rest) + ((rest, value),)
+    return dataclasses.replace(cfg, options=pairs)
   if rest:
     if not dataclasses.is_dataclass(current):
       raise ConfigError(f"config key {head!r} is a value, not a section (got {key!r})")
     return dataclasses.replace(cfg, **{head: override(current, rest, value)})
   hint = typing.get_type_hints(type(cfg))[head]
-  return dataclasses.replace(cfg, **{head: _coerce(value, hint, head)})
+  return dataclasses.replace(cfg, **{head: coerce(value, hint, head)})
 
 
-def _coerce(value: Any, hint, name: str):
+def _literal(value: Any) -> Any:
+  """A command-line value as a Python literal where it parses as one, else the string."""
+  if isinstance(value, str):
+    try:
+      return ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      return value
+  return value
+
+
+def coerce(value: Any, hint, name: str):
+  """`value` (a command-line string or a Python value) as type `hint`, or a ConfigError."""
   if isinstance(value, str) and hint is str and value[:1] in "'\"" and value[:1] == value[-1:]:
     value = ast.literal_eval(value)
   elif isinstance(value, str) and hint is not str:

@@ -1,46 +1,32 @@
-"""Learner state and the pure update functions `update(state, batch) -> (state, metrics)`.
+"""The pure update functions `update(state, batch) -> (state, metrics)` and their optimizer.
 
 Nothing here is jitted; `sao_jax.runners.compiled` applies `jax.jit` with shardings.
-
-Batches share one layout with the sampler: a left-padded prompt [B, P] followed by a
-completion [B, T] (for SFT the completion is the worked solution plus EOS).
+Batches are the typed dataclasses of `sao_jax.batches`; the state is `sao_jax.state.TrainState`.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-import flax
 import jax
 import jax.numpy as jnp
 import optax
 
+from sao_jax.batches import RLBatch, SAOBatch, SFTBatch
 from sao_jax.config import ModelConfig, OptimConfig, RLConfig, SAOConfig
 from sao_jax.models.transformer import TransformerLM
 from sao_jax.rl import advantages as adv_lib
 from sao_jax.rl import losses as loss_lib
 from sao_jax.rl import trackers
+from sao_jax.rl.losses import masked_mean
 from sao_jax.sampling import completion_logprobs
+from sao_jax.state import TrainState
 
-Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
 
 
-@flax.struct.dataclass
-class TrainState:
-  step: jax.Array
-  params: Any
-  opt_state: Any
-  rng: jax.Array
-  ref_params: Any = None  # frozen reference policy for the KL penalty (None: no KL)
-  tracker: Any = None  # SAO: per-task value tracker (checkpointed with the state)
-  lr_scale: jax.Array = None  # multiplies every update; lowered on a rollback
-  nonfinite: jax.Array = None  # updates skipped because gradients or loss were not finite
-
-
-def make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
-  """clip_by_global_norm -> AdamW with linear warm-up, then constant."""
-  del total_steps  # constant after warm-up: runs are stopped by wall-clock as often as by steps
+def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
+  """clip_by_global_norm -> AdamW with linear warm-up, then constant (runs stop on a
+  wall-clock budget as often as on a step count, so there is no decay to a fixed end)."""
   warmup = max(cfg.warmup_steps, 1)
   schedule = optax.linear_schedule(cfg.lr / warmup, cfg.lr, warmup)
   return optax.chain(
@@ -69,22 +55,22 @@ def init_state_fn(model: TransformerLM, tx: optax.GradientTransformation, prompt
   return init
 
 
-def _apply_grads(state: TrainState, tx, grads, metrics: Metrics, batch: Batch,
-                 step_scale: jax.Array | float = 1.0, advance: bool = True,
-                 **extra) -> tuple[TrainState, Metrics]:
+def apply_gradients(state: TrainState, tx, grads, metrics: Metrics, *,
+                    step_scale: jax.Array | float = 1.0, poison_b: jax.Array | None = None,
+                    advance: bool = True, **extra) -> tuple[TrainState, Metrics]:
   """Optimizer step scaled by `state.lr_scale * step_scale`, guarded against non-finite values.
 
   The scale multiplies the optimizer's output, so it is a step size exactly: gradient
   clipping and Adam's normalisation would cancel the same factor applied to the loss.
-
-  If the gradients or the loss are not finite (or the batch carries the test/soak fault
-  `poison`, which turns the gradients into NaN), params, optimizer state and `extra` (e.g.
-  the SAO tracker) stay exactly as they were; `step` still counts the update and
+  If the gradients or `metrics["loss"]` are not finite (or `poison_b`, the fault-injection
+  field, holds a NaN, which turns the gradients into NaN), params, optimizer state and `extra`
+  (e.g. the SAO tracker) stay exactly as they were; `step` still counts the update and
   `nonfinite` counts the skip. The run never sees a NaN in its parameters. `advance=False`
-  (the inner epochs of one update) leaves `step` as it is.
+  (the inner epochs of one update) leaves `step` as it is. Every update function of the
+  package goes through here.
   """
-  if "poison" in batch:
-    poison = jnp.sum(batch["poison"])  # 0, or NaN on an injected fault
+  if poison_b is not None:
+    poison = jnp.sum(poison_b)  # 0, or NaN on an injected fault
     grads = jax.tree.map(lambda g: g * (1.0 + poison).astype(g.dtype), grads)
   grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(grad_norm) & jnp.isfinite(metrics["loss"])
@@ -99,66 +85,61 @@ def _apply_grads(state: TrainState, tx, grads, metrics: Metrics, batch: Batch,
   kept = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
   metrics = dict(metrics, grad_norm=grad_norm, nonfinite_skipped=(~finite).astype(jnp.int32),
                  lr_scale=state.lr_scale)
-  return state.replace(step=state.step + int(advance), nonfinite=state.nonfinite + (~finite).astype(
-      jnp.int32), **kept), metrics
+  return state.replace(step=state.step + int(advance), nonfinite=state.nonfinite + (
+      ~finite).astype(jnp.int32), **kept), metrics
 
 
-def make_sft_update(model: TransformerLM, tx) -> Callable[[TrainState, Batch], tuple]:
-  """Cross-entropy on completion tokens (the worked solution and its EOS)."""
+def make_sft_update(model: TransformerLM, tx) -> Callable[[TrainState, SFTBatch], tuple]:
+  """Cross-entropy on completion tokens (the worked solution and its EOS), a mean over the
+  batch's tokens in which each row's tokens count weight_b times:
+  loss = sum_b w_b sum_t -logp_bt / sum_b w_b n_b   (n_b valid tokens of row b)."""
 
-  def update(state: TrainState, batch: Batch):
+  def update(state: TrainState, batch: SFTBatch):
     def loss_fn(params):
-      logp_bt = completion_logprobs(model, params, batch["prompt"], batch["prompt_valid"],
-                                    batch["tokens"], batch["valid"])
-      mask_bt = batch["valid"].astype(jnp.float32)
-      n_tok = jnp.maximum(jnp.sum(mask_bt), 1.0)
-      loss = -jnp.sum(logp_bt) / n_tok
-      return loss, {"loss": loss, "tokens": jnp.sum(mask_bt)}
+      lp = completion_logprobs(model, params, batch.prompt_bp, batch.prompt_valid_bp,
+                               batch.tokens_bt, batch.valid_bt)
+      w_bt = batch.weight_b[:, None] * batch.valid_bt
+      loss = -jnp.sum(lp.logp_bt * w_bt) / jnp.maximum(jnp.sum(w_bt), 1e-9)
+      return loss, {"loss": loss, "tokens": jnp.sum(batch.valid_bt)}
 
     grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params)
-    return _apply_grads(state, tx, grads, metrics, batch)
+    return apply_gradients(state, tx, grads, metrics)
   return update
 
 
-def make_rl_update(model: TransformerLM, tx, cfg: RLConfig) -> Callable[[TrainState, Batch], tuple]:
-  """Group-based policy-gradient update (synchronous GRPO with `cfg.group_size` rows/prompt);
-  `cfg.ppo_epochs` optimizer steps on the batch, one learner step.
-
-  batch: prompt [B,P], prompt_valid [B,P], tokens [B,T], valid [B,T], logp [B,T] (behaviour
-  log-probs recorded by the sampler), rewards [B]. Rows of one prompt are consecutive.
-  """
+def make_rl_update(model: TransformerLM, tx, cfg: RLConfig) -> Callable[[TrainState, RLBatch],
+                                                                        tuple]:
+  """Group-based policy-gradient update (synchronous GRPO with `cfg.group_size` rows per
+  prompt, consecutive); `cfg.ppo_epochs` optimizer steps on the batch make one learner step."""
   loss_fn_tok = loss_lib.LOSSES.get(cfg.loss)
   use_kl = cfg.kl_coef > 0
 
-  def update(state: TrainState, batch: Batch):
-    adv_b = adv_lib.grouped(cfg.advantage, batch["rewards"], cfg.group_size)
-    mask_bt = batch["valid"]
+  def update(state: TrainState, batch: RLBatch):
+    adv_b = adv_lib.grouped(cfg.advantage, batch.rewards_b, cfg.group_size)
+    mask_bt = batch.valid_bt
     ref_logp_bt = None
     if use_kl:
       ref_logp_bt = jax.lax.stop_gradient(completion_logprobs(
-          model, state.ref_params, batch["prompt"], batch["prompt_valid"], batch["tokens"],
-          mask_bt, temperature=cfg.temperature))
+          model, state.ref_params, batch.prompt_bp, batch.prompt_valid_bp, batch.tokens_bt,
+          mask_bt, temperature=cfg.temperature).logp_bt)
 
     def loss_fn(params):
-      logp_bt, ent_bt = completion_logprobs(
-          model, params, batch["prompt"], batch["prompt_valid"], batch["tokens"], mask_bt,
-          temperature=cfg.temperature, with_entropy=True)
+      lp = completion_logprobs(model, params, batch.prompt_bp, batch.prompt_valid_bp,
+                               batch.tokens_bt, mask_bt, temperature=cfg.temperature,
+                               with_entropy=True)
       tok_loss_bt, clipped_bt = jax.vmap(loss_fn_tok, in_axes=(0, 0, 0, 0, None))(
-          logp_bt, batch["logp"], adv_b, mask_bt, cfg.clip_eps)
+          lp.logp_bt, batch.logp_bt, adv_b, mask_bt, cfg.clip_eps)
       pg_loss = loss_lib.aggregate(tok_loss_bt, mask_bt, cfg.loss_agg)
-      n_tok = jnp.maximum(jnp.sum(mask_bt), 1)
       metrics = {
           "pg_loss": pg_loss,
-          "clip_frac": jnp.sum(clipped_bt) / n_tok,
-          "entropy": jnp.sum(ent_bt) / n_tok,
-"kl_behaviour": jnp.sum(jnp.where(mask_bt, loss_lib.kl_k3(logp_bt, batch["logp"]), 0.0))
-                          / n_tok,
-          "ratio_dev": jnp.sum(jnp.where(mask_bt, jnp.abs(jnp.exp(logp_bt - batch["logp"]) - 1),
-                                         0.0)) / n_tok,
+          "clip_frac": masked_mean(clipped_bt, mask_bt),
+          "entropy": masked_mean(lp.entropy_bt, mask_bt),
+          "kl_behaviour": masked_mean(loss_lib.kl_k3(lp.logp_bt, batch.logp_bt), mask_bt),
+          "ratio_dev": masked_mean(jnp.abs(jnp.exp(lp.logp_bt - batch.logp_bt) - 1), mask_bt),
       }
       loss = pg_loss
       if use_kl:
-        kl_bt = jnp.where(mask_bt, loss_lib.kl_k3(logp_bt, ref_logp_bt), 0.0)
+        kl_bt = jnp.where(mask_bt, loss_lib.kl_k3(lp.logp_bt, ref_logp_bt), 0.0)
         kl = loss_lib.aggregate(kl_bt, mask_bt, cfg.loss_agg)
         loss = loss + cfg.kl_coef * kl
         metrics["kl_ref"] = kl
@@ -169,25 +150,38 @@ def make_rl_update(model: TransformerLM, tx, cfg: RLConfig) -> Callable[[TrainSt
     # Further epochs on the same batch: the sampler's policy stays pi_old, so the ratio and
     # its clipping bound how far the later epochs move from it.
     for _ in range(cfg.ppo_epochs - 1):
-      state, _ = _apply_grads(state, tx, grads, metrics, batch, advance=False)
+      state, _ = apply_gradients(state, tx, grads, metrics, advance=False)
       grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params)
     metrics["adv_abs"] = jnp.mean(jnp.abs(adv_b))
-    metrics["reward"] = jnp.mean(batch["rewards"])
-    return _apply_grads(state, tx, grads, metrics, batch)
+    metrics["reward"] = jnp.mean(batch.rewards_b)
+    return apply_gradients(state, tx, grads, metrics)
   return update
 
 
+def sao_row_weights(batch: SAOBatch, sao: SAOConfig) -> dict[str, jax.Array]:
+  """Per-row bookkeeping of an SAO batch   [B] arrays and the step scale.
+
+  share_b: the row's share of its trajectory (1/S for each of S rows; 0 on padding), so that
+    every trajectory counts once in the batch statistics;
+  fresh_b: freshness factor 2^(-s/half_life) (decay) or 1 (drop), 0 beyond max_staleness;
+  step_scale: the token-weighted mean of fresh_b, the step size of this update;
+  weight_b: fresh_b / step_scale, each row's relative weight in the loss (mean 1 over tokens).
+  """
+  rows = batch.row_valid_b.shape[0]
+  valid_f_b = batch.row_valid_b.astype(jnp.float32)
+  steps_b = jax.ops.segment_sum(valid_f_b, batch.traj_b, rows)[batch.traj_b]
+  share_b = valid_f_b / jnp.maximum(steps_b, 1.0)
+  ntok_b = jnp.sum(batch.valid_bt & batch.row_valid_b[:, None], -1).astype(jnp.float32)
+  fresh_b = loss_lib.freshness_weights(batch.staleness_b, sao.freshness_half_life,
+                                       sao.max_staleness, sao.staleness_mode) * valid_f_b
+  step_scale = jnp.sum(fresh_b * ntok_b) / jnp.maximum(jnp.sum(ntok_b), 1.0)
+  return {"share_b": share_b, "fresh_b": fresh_b, "step_scale": step_scale,
+          "weight_b": fresh_b / jnp.maximum(step_scale, 1e-12)}
+
 
 def make_sao_update(model: TransformerLM, tx, rl: RLConfig, sao: SAOConfig
-                    ) -> Callable[[TrainState, Batch], tuple]:
-  """SAO update on a batch of single trajectories (from any policy versions).
-
-  batch: prompt [B,P], prompt_valid [B,P], tokens [B,T], valid [B,T], logp [B,T] (behaviour),
-  rewards [B] (the trajectory's total reward on each of its rows), task [B] int32 (index
-  into the tracker), staleness [B] int32 (learner version - behaviour version), row_valid [B]
-  bool (padding rows are False), and for multi-step trajectories (one row per environment
-  step) traj [B] int32 (which trajectory of the batch, 0..B-1) and head [B] bool (the
-  trajectory's first row); without them every row is its own trajectory.
+                    ) -> Callable[[TrainState, SAOBatch], tuple]:
+  """SAO update on a batch of single trajectories from any policy versions (`SAOBatch`).
 
   1. Baseline: the task's Beta-tracker value from before this reward (SPO, arXiv
      2509.13232), or with sao.baseline='value_head' a learned V(prompt) trained by squared
@@ -203,125 +197,102 @@ def make_sao_update(model: TransformerLM, tx, rl: RLConfig, sao: SAOConfig
      optimizer steps, and clipping bounds the later ones.
   3. Freshness (sao.staleness_mode='decay'): the step is multiplied by the batch's
      token-weighted mean factor 2^(-s/half_life) (after the optimizer, so it is a step
-     size), and each row's factor relative to that mean weights its loss.
+     size), and each row's factor relative to that mean weights its loss
+     (`sao_row_weights`).
   4. rl.kl_coef > 0 adds a k3 KL penalty to the frozen reference policy (state.ref_params).
   5. The tracker absorbs the trajectories' rewards (clipped to [0, 1]) with SPO's forgetting
      factor from the drift D = mean |log pi_behav - log pi_theta| over each trajectory.
   """
-
   use_value_head = sao.baseline == "value_head"
   use_kl = rl.kl_coef > 0
 
-  def update(state: TrainState, batch: Batch):
-    row_valid_b = batch["row_valid"]
-    n_rows_total = row_valid_b.shape[0]
-    traj_b = batch.get("traj", jnp.arange(n_rows_total, dtype=jnp.int32))
-    head_b = batch.get("head", row_valid_b) & row_valid_b
-    # Each trajectory counts once in the batch statistics, however many steps it has.
-    steps_b = jax.ops.segment_sum(row_valid_b.astype(jnp.float32), traj_b,
-                                  n_rows_total)[traj_b]
-    share_b = jnp.where(row_valid_b, 1.0 / jnp.maximum(steps_b, 1.0), 0.0)
+  def update(state: TrainState, batch: SAOBatch):
+    w = sao_row_weights(batch, sao)
+    head_b = batch.head_b & batch.row_valid_b
     n_traj = jnp.maximum(jnp.sum(head_b), 1)
-    mask_bt = batch["valid"] & row_valid_b[:, None]
-    ntok_b = jnp.sum(mask_bt, -1).astype(jnp.float32)
-    tracker_values_b = trackers.tracker_value(state.tracker, batch["task"])
-    fresh_b = loss_lib.freshness_weights(batch["staleness"], sao.freshness_half_life,
-                                         sao.max_staleness, sao.staleness_mode)
-    fresh_b = fresh_b * row_valid_b.astype(jnp.float32)
-    # Token-weighted mean freshness: the step size of this update. What is left of each
-    # row's factor after dividing by it (mean 1 over the batch's tokens) weights its loss.
-    step_scale = jnp.sum(fresh_b * ntok_b) / jnp.maximum(jnp.sum(ntok_b), 1.0)
-    weight_b = fresh_b / jnp.maximum(step_scale, 1e-12)
-    used_bt = mask_bt & (weight_b[:, None] > 0)
-    ref_logp_bt = None
-    if use_kl:
-      ref_logp_bt = jax.lax.stop_gradient(completion_logprobs(
-          model, state.ref_params, batch["prompt"], batch["prompt_valid"], batch["tokens"],
-          mask_bt, temperature=rl.temperature))
+    per_traj = lambda x_b: jnp.sum(jnp.where(head_b, x_b, 0.0)) / n_traj
+    per_share = lambda x_b: jnp.sum(x_b * w["share_b"]) / n_traj
+    mask_bt = batch.valid_bt & batch.row_valid_b[:, None]
+    used_bt = mask_bt & (w["weight_b"][:, None] > 0)
+    logprobs = lambda params, **kw: completion_logprobs(
+        model, params, batch.prompt_bp, batch.prompt_valid_bp, batch.tokens_bt, mask_bt,
+        temperature=rl.temperature, **kw)
+    ref_logp_bt = (jax.lax.stop_gradient(logprobs(state.ref_params).logp_bt) if use_kl
+                   else None)
 
     def loss_fn(params, prox_logp_bt):
-      value_loss = jnp.zeros((), jnp.float32)
+      lp = logprobs(params, with_entropy=True, with_value=use_value_head)
       if use_value_head:
-        logp_bt, ent_bt, values_b = completion_logprobs(
-            model, params, batch["prompt"], batch["prompt_valid"], batch["tokens"], mask_bt,
-            temperature=rl.temperature, with_entropy=True, with_value=True)
-        value_loss = (jnp.sum(jnp.square(values_b - batch["rewards"]) * share_b)
-                      / n_traj)
-        values_b = jax.lax.stop_gradient(values_b)
+        value_loss = per_share(jnp.square(lp.values_b - batch.rewards_b))
+        values_b = jax.lax.stop_gradient(lp.values_b)
       else:
-        logp_bt, ent_bt = completion_logprobs(
-            model, params, batch["prompt"], batch["prompt_valid"], batch["tokens"], mask_bt,
-            temperature=rl.temperature, with_entropy=True)
-        values_b = tracker_values_b
-      adv_b = trackers.spo_advantage(batch["rewards"], values_b, share_b, sao.adv_std_floor,
-                                     sao.adv_center)
+        value_loss = jnp.zeros((), jnp.float32)
+        values_b = trackers.tracker_value(state.tracker, batch.task_b)
+      adv_b = trackers.spo_advantage(batch.rewards_b, values_b, w["share_b"],
+                                     sao.adv_std_floor, sao.adv_center)
       if prox_logp_bt is None:  # the first step: pi_prox is exactly these parameters
-        prox_logp_bt = jax.lax.stop_gradient(logp_bt)
+        prox_logp_bt = jax.lax.stop_gradient(lp.logp_bt)
       tok_loss_bt, aux = jax.vmap(
-          lambda lp, px, bh, a, m: loss_lib.decoupled_ppo_loss(
-              lp, px, bh, a, m, rl.clip_eps, sao.is_cap, sao.is_level))(
-                  logp_bt, prox_logp_bt, batch["logp"], adv_b, mask_bt)
-      tok_loss_bt = tok_loss_bt * weight_b[:, None]
-      pg_loss = loss_lib.aggregate(tok_loss_bt, used_bt, rl.loss_agg)
+          lambda lp_t, px_t, bh_t, a, m_t: loss_lib.decoupled_ppo_loss(
+              lp_t, px_t, bh_t, a, m_t, rl.clip_eps, sao.is_cap, sao.is_level))(
+                  lp.logp_bt, prox_logp_bt, batch.logp_bt, adv_b, mask_bt)
+      pg_loss = loss_lib.aggregate(tok_loss_bt * w["weight_b"][:, None], used_bt, rl.loss_agg)
       loss = pg_loss + sao.value_coef * value_loss
-      out = {"aux": aux, "ent_bt": ent_bt, "prox_logp_bt": prox_logp_bt, "adv_b": adv_b,
-             "values_b": values_b, "value_loss": value_loss, "pg_loss": pg_loss}
+      out = {"aux": aux, "entropy_bt": lp.entropy_bt, "prox_logp_bt": prox_logp_bt,
+             "adv_b": adv_b, "values_b": values_b, "value_loss": value_loss,
+             "pg_loss": pg_loss}
       if use_kl:
-        kl = loss_lib.aggregate(jnp.where(used_bt, loss_lib.kl_k3(logp_bt, ref_logp_bt), 0.0),
-                                used_bt, rl.loss_agg)
-        loss = loss + rl.kl_coef * kl
-        out["kl_ref"] = kl
+        out["kl_ref"] = loss_lib.aggregate(
+            jnp.where(used_bt, loss_lib.kl_k3(lp.logp_bt, ref_logp_bt), 0.0), used_bt,
+            rl.loss_agg)
+        loss = loss + rl.kl_coef * out["kl_ref"]
       return loss, out
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-    (loss, out), grads = grad_fn(state.params, None)
-    prox_logp_bt = out["prox_logp_bt"]
-    clip_fracs = []
-    first_out, first_loss = out, loss
+    (loss, first), grads = grad_fn(state.params, None)
+    prox_logp_bt = first["prox_logp_bt"]
+    clip_fracs = [first["aux"]["clipped_t"]]
+    first_loss = loss
     for _ in range(rl.ppo_epochs - 1):
-      state, _ = _apply_grads(state, tx, grads, {"loss": loss}, batch, step_scale,
-                              advance=False)
+      state, _ = apply_gradients(state, tx, grads, {"loss": loss}, step_scale=w["step_scale"],
+                                 poison_b=batch.poison_b, advance=False)
       (loss, out), grads = grad_fn(state.params, prox_logp_bt)
       clip_fracs.append(out["aux"]["clipped_t"])
-    n_tok = jnp.maximum(jnp.sum(mask_bt), 1)
-    log_ratio_bt = jnp.where(mask_bt, prox_logp_bt - batch["logp"], 0.0)
-    # Tokens were drawn from the behaviour policy, so k3(behaviour, current) estimates
-    # KL(behaviour || current) without bias.
-    kl_bt = jnp.where(mask_bt, loss_lib.kl_k3(batch["logp"], prox_logp_bt), 0.0)
-    drift_b = trackers.trajectory_drift(batch["logp"], prox_logp_bt, mask_bt, traj_b)
+    drift_b = trackers.trajectory_drift(batch.logp_bt, prox_logp_bt, mask_bt, batch.traj_b)
     rho_b = trackers.forgetting_factor(drift_b, sao.tracker_d_half, sao.tracker_rho_min,
                                        sao.tracker_rho_max)
-    per_traj = lambda x_b: jnp.sum(jnp.where(head_b, x_b, 0.0)) / n_traj
-    aux = first_out["aux"]
+    log_ratio_bt = prox_logp_bt - batch.logp_bt
     metrics = {
         "loss": loss,  # the last epoch's: the one whose gradient this step applies
-        "pg_loss": first_out["pg_loss"],
-        "value_loss": first_out["value_loss"],
-        "reward": per_traj(batch["rewards"]),
-        "adv_abs": jnp.sum(jnp.abs(first_out["adv_b"]) * share_b) / n_traj,
-        "adv_neg_frac": jnp.sum((first_out["adv_b"] < 0) * share_b) / n_traj,
-        "value_mean": jnp.sum(first_out["values_b"] * share_b) / n_traj,
+        "pg_loss": first["pg_loss"],
+        "value_loss": first["value_loss"],
+        "reward": per_traj(batch.rewards_b),
+        "adv_abs": per_share(jnp.abs(first["adv_b"])),
+        "adv_neg_frac": per_share((first["adv_b"] < 0).astype(jnp.float32)),
+        "value_mean": per_share(first["values_b"]),
         # Off-policy deviation of the consumed tokens: |pi_prox / pi_behav - 1| and
-        # KL(behaviour || current) (k3 estimate), before truncation.
-        "is_dev": jnp.sum(jnp.where(mask_bt, jnp.abs(jnp.exp(log_ratio_bt) - 1), 0.0)) / n_tok,
-        "kl_behaviour": jnp.sum(kl_bt) / n_tok,
+        # KL(behaviour || current) (k3 estimate; tokens were drawn from the behaviour
+        # policy, so it is unbiased), before truncation.
+        "is_dev": masked_mean(jnp.abs(jnp.exp(log_ratio_bt) - 1), mask_bt),
+        "kl_behaviour": masked_mean(loss_lib.kl_k3(batch.logp_bt, prox_logp_bt), mask_bt),
         "drift": per_traj(drift_b),
         "tracker_rho": per_traj(rho_b),
-        "is_truncated_frac": jnp.sum(aux["truncated_t"]) / n_tok,
+        "is_truncated_frac": masked_mean(first["aux"]["truncated_t"], mask_bt),
         # Clipping can only bind from the second epoch on (pi_prox = pi_theta at the first).
-        "clip_frac": (jnp.mean(jnp.stack([jnp.sum(c) for c in clip_fracs])) / n_tok
-                      if clip_fracs else jnp.sum(aux["clipped_t"]) / n_tok),
-        "entropy": jnp.sum(first_out["ent_bt"]) / n_tok,
-        "freshness_mean": jnp.sum(fresh_b * share_b) / n_traj,
-        "step_scale": step_scale,
+        "clip_frac": jnp.mean(jnp.stack([masked_mean(c, mask_bt) for c in clip_fracs[1:]]))
+                     if rl.ppo_epochs > 1 else masked_mean(clip_fracs[0], mask_bt),
+        "entropy": masked_mean(first["entropy_bt"], mask_bt),
+        "freshness_mean": per_share(w["fresh_b"]),
+        "step_scale": w["step_scale"],
         "tokens_used": jnp.sum(used_bt),
         "trajectories": jnp.sum(head_b),
     }
     if use_kl:
-      metrics["kl_ref"] = first_out["kl_ref"]
+      metrics["kl_ref"] = first["kl_ref"]
     if rl.ppo_epochs > 1:
       metrics["first_loss"] = first_loss
-    tracker = trackers.update_beta_tracker(state.tracker, batch["task"], batch["rewards"], rho_b,
+    tracker = trackers.update_beta_tracker(state.tracker, batch.task_b, batch.rewards_b, rho_b,
                                            head_b)
-    return _apply_grads(state, tx, grads, metrics, batch, step_scale, tracker=tracker)
+    return apply_gradients(state, tx, grads, metrics, step_scale=w["step_scale"],
+                           poison_b=batch.poison_b, tracker=tracker)
   return update

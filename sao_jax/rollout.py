@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from sao_jax.envs.base import Env, Task
-from sao_jax.runners.batching import left_pad
+from sao_jax.packing import left_pad
 from sao_jax.tokenizer import Tokenizer
 
 
@@ -38,6 +38,7 @@ class Trajectory:
   step_seconds: np.ndarray  # [S] f32
   done: bool
   t_end: float  # time.time() when the trajectory finished
+  infos: list[dict]  # each step's StepResult.info (diagnostics; not shipped to the learner)
 
   @property
   def total_reward(self) -> float:
@@ -83,7 +84,7 @@ def sao_sampling(sample_fn: Callable, params, envs: Sequence[Env], tasks: Sequen
     for i in np.flatnonzero(active):
       res = envs[i].step(out.tokens_bt[i])
       steps[i].append((prompt[i], pvalid[i], out.tokens_bt[i], out.valid_bt[i], out.logp_bt[i],
-                       res.reward, dt))
+                       res.reward, dt, res.info))
       if res.done:
         active[i] = False
       else:
@@ -98,5 +99,5 @@ def sao_sampling(sample_fn: Callable, params, envs: Sequence[Env], tasks: Sequen
         prompt=np.stack(cols[0]), prompt_valid=np.stack(cols[1]), tokens=np.stack(cols[2]),
         valid=np.stack(cols[3]), logp=np.stack(cols[4]).astype(np.float32),
         rewards=np.asarray(cols[5], np.float32), step_seconds=np.asarray(cols[6], np.float32),
-        done=not active[i], t_end=now)))
+        done=not active[i], t_end=now, infos=list(cols[7]))))
   return trajs

@@ -59,12 +59,12 @@ def sample(model: TransformerLM, params, prompt_bp, prompt_valid_bp, rng, *,
   total = n_mem + plen + max_new_tokens
   cfg = model.cfg
   cache = init_cache(cfg, batch, total, jnp.dtype(cfg.dtype))
-  valid_bs = jnp.zeros((batch, total), bool)
+  valid_bk = jnp.zeros((batch, total), bool)
   if n_mem:
-    valid_bs = valid_bs.at[:, :n_mem].set(memory_valid_bm)
-  valid_bs = valid_bs.at[:, n_mem:n_mem + plen].set(prompt_valid_bp)
+    valid_bk = valid_bk.at[:, :n_mem].set(memory_valid_bm)
+  valid_bk = valid_bk.at[:, n_mem:n_mem + plen].set(prompt_valid_bp)
   pos_bp = positions_from_valid(prompt_valid_bp)
-  mask = causal_mask(valid_bs, jnp.arange(n_mem + plen))
+  mask = causal_mask(valid_bk, jnp.arange(n_mem + plen))
   logits_bpv, cache = model.apply({"params": params}, prompt_bp, pos_bp, mask,
                                   memory_bmd=memory_bmd, cache=cache, index=0)
   next_pos_b = jnp.sum(prompt_valid_bp, axis=-1).astype(jnp.int32)
@@ -82,14 +82,14 @@ def sample(model: TransformerLM, params, prompt_bp, prompt_valid_bp, rng, *,
   tokens_bt = jnp.full((batch, max_new_tokens), pad_id, jnp.int32)
   logp_bt = jnp.zeros((batch, max_new_tokens), jnp.float32)
   done_b = jnp.zeros((batch,), bool)
-  init = (0, logits_bpv[:, -1], cache, valid_bs, next_pos_b, tokens_bt, logp_bt, done_b, rng)
+  init = (0, logits_bpv[:, -1], cache, valid_bk, next_pos_b, tokens_bt, logp_bt, done_b, rng)
 
   def cond(carry):
     i, *_, done_b, _ = carry
     return (i < max_new_tokens) & ~jnp.all(done_b)
 
   def body(carry):
-    i, logits_bv, cache, valid_bs, pos_b, tokens_bt, logp_bt, done_b, rng = carry
+    i, logits_bv, cache, valid_bk, pos_b, tokens_bt, logp_bt, done_b, rng = carry
     rng, key = jax.random.split(rng)
     tok_b, lp_b = choose(logits_bv, key)
     tok_b = jnp.where(done_b, pad_id, tok_b)
@@ -97,15 +97,15 @@ def sample(model: TransformerLM, params, prompt_bp, prompt_valid_bp, rng, *,
     tokens_bt = tokens_bt.at[:, i].set(tok_b)
     logp_bt = logp_bt.at[:, i].set(lp_b)
     slot = n_mem + plen + i
-    valid_bs = valid_bs.at[:, slot].set(~done_b)
+    valid_bk = valid_bk.at[:, slot].set(~done_b)
     done_b = done_b | (tok_b == eos_id)
-    mask = causal_mask(valid_bs, slot[None])
+    mask = causal_mask(valid_bk, slot[None])
     logits_b1v, cache = model.apply({"params": params}, tok_b[:, None], pos_b[:, None], mask,
                                     cache=cache, index=slot)
-    return (i + 1, logits_b1v[:, 0], cache, valid_bs, pos_b + 1, tokens_bt, logp_bt, done_b, rng)
+    return (i + 1, logits_b1v[:, 0], cache, valid_bk, pos_b + 1, tokens_bt, logp_bt, done_b, rng)
 
-  _, _, _, valid_bs, _, tokens_bt, logp_bt, _, _ = jax.lax.while_loop(cond, body, init)
-  valid_bt = valid_bs[:, n_mem + plen:]
+  _, _, _, valid_bk, _, tokens_bt, logp_bt, _, _ = jax.lax.while_loop(cond, body, init)
+  valid_bt = valid_bk[:, n_mem + plen:]
   return SampleOutput(tokens_bt, logp_bt, valid_bt, jnp.sum(valid_bt, axis=-1).astype(jnp.int32))
 
 
@@ -113,24 +113,33 @@ def sequence_logits(model: TransformerLM, params, tokens_bl, valid_bl, memory_bm
                     memory_valid_bm=None, with_values: bool = False):
   """Full-row forward: logits [B, L, V] predicting the token after each slot (and the value
   head's outputs [B, L] with `with_values`)."""
-  valid_bs = valid_bl
+  valid_bk = valid_bl
   if memory_bmd is not None:
-    valid_bs = jnp.concatenate([memory_valid_bm, valid_bl], axis=1)
-  mask = causal_mask(valid_bs, jnp.arange(valid_bs.shape[1]))
+    valid_bk = jnp.concatenate([memory_valid_bm, valid_bl], axis=1)
+  mask = causal_mask(valid_bk, jnp.arange(valid_bk.shape[1]))
   out = model.apply({"params": params}, tokens_bl, positions_from_valid(valid_bl), mask,
                     memory_bmd=memory_bmd, with_values=with_values)
   return (out[0], out[2]) if with_values else out[0]
 
 
+class LogProbs(NamedTuple):
+  """Per-token log-probs of given completions, and what was asked for with them."""
+
+  logp_bt: jax.Array  # f32, 0 where invalid
+  entropy_bt: jax.Array | None = None  # f32 entropy of each token's distribution (0 invalid)
+  values_b: jax.Array | None = None  # value head at the last prompt token
+
+
 def completion_logprobs(model: TransformerLM, params, prompt_bp, prompt_valid_bp, tokens_bt,
                         valid_bt, *, temperature: float = 1.0, memory_bmd=None,
                         memory_valid_bm=None, with_entropy: bool = False,
-                        with_value: bool = False):
+                        with_value: bool = False) -> LogProbs:
   """Per-token log-probs [B, T] of `tokens_bt` following each prompt (0 where invalid).
 
   Formula: logp[b, t] = log softmax(logits[b, P-1+t] / temperature)[tokens[b, t]], where
   logits come from one forward pass over [memory | prompt | completion]. With
-  `with_entropy` also returns the per-token entropy of that distribution.
+  `with_entropy` also the per-token entropy of that distribution; with `with_value` the value
+  head's output V(prompt) at the last prompt token.
   """
   plen = prompt_bp.shape[1]
   tokens_bl = jnp.concatenate([prompt_bp, tokens_bt], axis=1)
@@ -141,10 +150,9 @@ def completion_logprobs(model: TransformerLM, params, prompt_bp, prompt_valid_bp
   logits_btv = logits_blv[:, plen - 1:-1] / temperature
   logp_btv = jax.nn.log_softmax(logits_btv, axis=-1)
   logp_bt = jnp.take_along_axis(logp_btv, tokens_bt[..., None], axis=-1)[..., 0]
-  result = [jnp.where(valid_bt, logp_bt, 0.0)]
+  entropy_bt = values_b = None
   if with_entropy:
-    ent_bt = -jnp.sum(jnp.exp(logp_btv) * logp_btv, axis=-1)
-    result.append(jnp.where(valid_bt, ent_bt, 0.0))
+    entropy_bt = jnp.where(valid_bt, -jnp.sum(jnp.exp(logp_btv) * logp_btv, axis=-1), 0.0)
   if with_value:
-    result.append(out[1][:, plen - 1])
-  return result[0] if len(result) == 1 else tuple(result)
+    values_b = out[1][:, plen - 1]
+  return LogProbs(jnp.where(valid_bt, logp_bt, 0.0), entropy_bt, values_b)

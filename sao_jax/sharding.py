@@ -1,4 +1,4 @@
-"""Device mesh and logical-axis shardings, both from config (design style 3)."""
+"""Device mesh and logical-axis shardings, both from config."""
 from __future__ import annotations
 
 import math

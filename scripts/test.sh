@@ -3,5 +3,5 @@
 # e.g. scripts/test.sh -m "not slow" for the fast half).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
-ruff check sao_jax experiments tests
+ruff check sao_jax experiments tests scripts
 python -m pytest -q "$@"

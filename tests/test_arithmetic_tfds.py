@@ -73,7 +73,7 @@ def test_setup_mixture_interleaves_parts(tmp_path):
   """task.n_ops_mix: equal parts per number of operations, interleaved so that any prefix of
   the test split (what evaluation uses) is balanced."""
   from sao_jax.config import Config, EvalConfig, RLConfig, TaskConfig
-  from sao_jax.runners.train import make_setup
+  from sao_jax.setup import make_setup
   cfg = Config(task=TaskConfig(n_ops_mix=(2, 3), num_train=40, num_test=20,
                                data_dir=str(tmp_path)),
                eval=EvalConfig(num_problems=20), rl=RLConfig(max_new_tokens=32))

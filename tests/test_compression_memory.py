@@ -72,7 +72,7 @@ def test_stream_steps_equal_the_scan_and_visible_memory_is_the_last_entries():
 def sampled():
   cfg = Config(model=MODEL, compression=COMP)
   policy = MemoryPolicy(TransformerLM(MODEL), Compressor(COMP, TOK.vocab_size))
-  tx = make_optimizer(OptimConfig(lr=1e-3, warmup_steps=1), 1)
+  tx = make_optimizer(OptimConfig(lr=1e-3, warmup_steps=1))
   progs = compile_memory_programs(cfg, policy, tx, make_memory_update(policy, tx, mode="rl"),
                                   max_new_tokens=3, temperature=1.0, eos_id=TOK.eos_id,
                                   pad_id=TOK.pad_id,
@@ -95,7 +95,7 @@ def test_learner_recomputes_the_sampler_log_probs_from_the_shipped_bank(sampled)
     b = t.bank
     n = b["entries"]
     steps = b["step_c"][:n]
-    assert 0 < n <= COMP.capacity and b["vec_cmd"].dtype == np.int8
+    assert 0 < n <= COMP.capacity and b["vec_ced"].dtype == np.int8
     assert np.all(np.diff(steps) > 0) and steps[0] == 0 and steps[-1] == 11  # first, last
     assert np.all(np.isin(np.flatnonzero(t.boundary), steps))  # boundaries always kept
   batch = trajectories_to_batch(trajs, 12)

@@ -42,12 +42,12 @@ def test_turning_points_kept_under_perfect_prediction_and_zero_budget():
   c_d = jnp.linspace(-1.0, 1.0, CFG.vectors_per_step * CFG.dim)
   params = _perfect_predictor(comp, params, c_d)
   s = 12
-  v_smd = jnp.broadcast_to(c_d.reshape(CFG.vectors_per_step, CFG.dim), (s, CFG.vectors_per_step,
+  v_sed = jnp.broadcast_to(c_d.reshape(CFG.vectors_per_step, CFG.dim), (s, CFG.vectors_per_step,
                                                                           CFG.dim))
   rewards = jnp.asarray([0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0], jnp.float32)  # change at 3, 4
   boundary = jnp.zeros(s, bool).at[7].set(True)
   valid = jnp.ones(s, bool).at[10:].set(False)  # episode ends at step 9
-  final, info = jax.jit(comp.scan_trajectory)(params, v_smd, rewards, boundary, valid)
+  final, info = jax.jit(comp.scan_trajectory)(params, v_sed, rewards, boundary, valid)
   surprise = np.asarray(info["surprise"])
   assert np.all(surprise[1:10] < 1e-6)  # the LSTM predicted every step after the first
   kept_steps = np.asarray(final.bank.step_c[:int(final.bank.count)])
@@ -60,9 +60,9 @@ def test_budget_caps_surprise_kept_steps_but_not_turning_points():
   comp = Compressor(cfg, vocab_size=20)
   params = comp.init(jax.random.key(1))
   s = 10
-  v_smd = jax.random.normal(jax.random.key(2), (s, cfg.vectors_per_step, cfg.dim))
+  v_sed = jax.random.normal(jax.random.key(2), (s, cfg.vectors_per_step, cfg.dim))
   boundary = jnp.zeros(s, bool).at[6].set(True)
-  final, info = comp.scan_trajectory(params, v_smd, jnp.zeros(s), boundary, jnp.ones(s, bool))
+  final, info = comp.scan_trajectory(params, v_sed, jnp.zeros(s), boundary, jnp.ones(s, bool))
   turning = np.asarray(info["turning"])
   kept = np.asarray(info["keep"])
   assert turning[0] and turning[6] and turning[9]
@@ -73,7 +73,7 @@ def test_budget_caps_surprise_kept_steps_but_not_turning_points():
   assert n == turning.sum() + 2 and int(final.evicted) == (kept & ~turning).sum() - 2
   # First-come rule (no eviction): the first two candidates, and only they, are written.
   comp = Compressor(dataclasses.replace(cfg, evict=False), vocab_size=20)
-  final, info = comp.scan_trajectory(params, v_smd, jnp.zeros(s), boundary, jnp.ones(s, bool))
+  final, info = comp.scan_trajectory(params, v_sed, jnp.zeros(s), boundary, jnp.ones(s, bool))
   kept = np.asarray(info["keep"])
   assert (kept & ~turning).sum() == 2 and int(final.bank.count) == kept.sum()
 

@@ -3,6 +3,7 @@ import dataclasses
 import pytest
 
 from sao_jax import config as C
+from sao_jax.setup import validate
 
 CFG = "experiments/configs/arith_grpo.py"
 
@@ -29,7 +30,7 @@ def test_override_nested_and_types():
 ])
 def test_bad_overrides_are_clear_errors(pair, match):
   with pytest.raises(C.ConfigError, match=match):
-    C.apply_overrides(C.Config(), [pair])
+    validate(C.apply_overrides(C.Config(), [pair]))  # registry names: checked at validation
 
 
 def test_load_config_variants_and_roundtrip():

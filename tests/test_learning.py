@@ -5,10 +5,11 @@ import jax
 import numpy as np
 import pytest
 
+from sao_jax.batches import RLBatch, SAOBatch
 from sao_jax.config import Config, MeshConfig, ModelConfig, OptimConfig, RLConfig
 from sao_jax.learner import make_optimizer, make_rl_update
 from sao_jax.models.transformer import TransformerLM
-from sao_jax.runners.batching import encode_prompts
+from sao_jax.packing import encode_prompts
 from sao_jax.runners.compiled import compile_programs
 from sao_jax.sharding import make_mesh
 from sao_jax.tokenizer import CharTokenizer
@@ -25,7 +26,7 @@ def test_grpo_learns_a_bandit():
                rl=RLConfig(prompts_per_step=8, group_size=8, max_new_tokens=2,
                            optim=OptimConfig(lr=3e-3, warmup_steps=1)))
   model = TransformerLM(cfg.model)
-  tx = make_optimizer(cfg.rl.optim, 0)
+  tx = make_optimizer(cfg.rl.optim)
   progs = compile_programs(cfg, model, tx, make_rl_update(model, tx, cfg.rl), with_ref=False,
                            prompt_len=4, max_new_tokens=2, temperature=1.0, eos_id=TOK.eos_id,
                            pad_id=TOK.pad_id, mesh=make_mesh(cfg.mesh, jax.devices()[:1]))
@@ -38,8 +39,8 @@ def test_grpo_learns_a_bandit():
     out = jax.device_get(progs.sample(state.params, prompt, pvalid, sub))
     rewards = np.isin(out.tokens_bt[:, 0], list(DIGITS)).astype(np.float32)
     rates.append(rewards.mean())
-    batch = {"prompt": prompt, "prompt_valid": pvalid, "tokens": out.tokens_bt,
-             "valid": out.valid_bt, "logp": out.logp_bt, "rewards": rewards}
+    batch = RLBatch(prompt_bp=prompt, prompt_valid_bp=pvalid, tokens_bt=out.tokens_bt,
+                    valid_bt=out.valid_bt, logp_bt=out.logp_bt, rewards_b=rewards)
     state, metrics = progs.update(state, progs.shard_batch(batch))
     assert np.isfinite(metrics["loss"])
   assert np.mean(rates[:3]) < 0.3
@@ -51,7 +52,7 @@ def test_sft_then_grpo_runner_learns_arithmetic(tmp_path):
   """The trainer itself: SFT on one-digit sums (57 train facts, 24 held out) reaches well
   above chance (answers span 2..18), and the GRPO phase runs on it and keeps the skill."""
   from sao_jax.config import EvalConfig, SFTConfig, TaskConfig
-  from sao_jax.runners import train
+  from sao_jax.runners.run import run
   cfg = Config(model=ModelConfig(width=64, depth=2, heads=4, max_len=64),
                task=TaskConfig(n_ops=1, max_operand=9, ops="+", num_train=2000, num_test=24,
                                data_dir=str(tmp_path / "data")),
@@ -59,7 +60,7 @@ def test_sft_then_grpo_runner_learns_arithmetic(tmp_path):
                rl=RLConfig(steps=10, prompts_per_step=4, max_new_tokens=16),
                eval=EvalConfig(num_problems=24, batch_size=24), log_every=5)
   cfg = dataclasses.replace(cfg, name="learn")
-  summary = train.run(cfg, tmp_path / "run", show_progress=False)
+  summary = run(cfg, tmp_path / "run", show_progress=False)
   # Held-out facts are never seen in training (disjoint splits): chance is about 1/17.
   assert summary["sft"]["accuracy"] > 0.2, summary
   assert summary["sft"]["format_rate"] > 0.9
@@ -79,7 +80,7 @@ def test_sao_update_learns_a_bandit_and_tracks_values(baseline):
                rl=RLConfig(max_new_tokens=2, optim=OptimConfig(lr=3e-3, warmup_steps=1)),
                sao=SAOConfig(batch_size=64, baseline=baseline))
   model = TransformerLM(cfg.model)
-  tx = make_optimizer(cfg.rl.optim, 0)
+  tx = make_optimizer(cfg.rl.optim)
   progs = compile_programs(cfg, model, tx, make_sao_update(model, tx, cfg.rl, cfg.sao),
                            with_ref=False, prompt_len=4, max_new_tokens=2, temperature=1.0,
                            eos_id=TOK.eos_id, pad_id=TOK.pad_id,
@@ -95,10 +96,10 @@ def test_sao_update_learns_a_bandit_and_tracks_values(baseline):
     behaviour = jax.device_get(state.params)
     rewards = np.isin(out.tokens_bt[:, 0], list(DIGITS)).astype(np.float32)
     rates.append(rewards.mean())
-    batch = {"prompt": prompt, "prompt_valid": pvalid, "tokens": out.tokens_bt,
-             "valid": out.valid_bt, "logp": out.logp_bt, "rewards": rewards,
-             "task": np.arange(64, dtype=np.int32), "staleness": np.ones(64, np.int32),
-             "row_valid": np.ones(64, bool)}
+    batch = SAOBatch.single_steps(
+        prompt_bp=prompt, prompt_valid_bp=pvalid, tokens_bt=out.tokens_bt,
+        valid_bt=out.valid_bt, logp_bt=out.logp_bt, rewards_b=rewards,
+        task_b=np.arange(64, dtype=np.int32), staleness_b=np.ones(64, np.int32))
     state, metrics = progs.update(state, progs.shard_batch(batch))
     devs.append(float(metrics["is_dev"]))
     value_means.append(float(metrics["value_mean"]))

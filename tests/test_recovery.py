@@ -9,6 +9,7 @@ import pytest
 
 from sao_jax import checkpoint as ckpt
 from sao_jax import recovery
+from sao_jax.batches import SAOBatch
 from sao_jax.buffer import Item, TrajectoryBuffer
 from sao_jax.config import Config, MeshConfig, ModelConfig, OptimConfig, RLConfig, SAOConfig
 from sao_jax.learner import make_optimizer, make_sao_update
@@ -79,7 +80,7 @@ def _sao_programs():
                rl=RLConfig(optim=OptimConfig(lr=1e-2, warmup_steps=1)),
                sao=SAOConfig(batch_size=4))
   model = TransformerLM(cfg.model)
-  tx = make_optimizer(cfg.rl.optim, 0)
+  tx = make_optimizer(cfg.rl.optim)
   return compile_programs(cfg, model, tx, make_sao_update(model, tx, cfg.rl, cfg.sao),
                           with_ref=False, prompt_len=4, max_new_tokens=4, temperature=1.0,
                           eos_id=2, pad_id=0, mesh=make_mesh(cfg.mesh, jax.devices()[:1]),
@@ -88,13 +89,13 @@ def _sao_programs():
 
 def _sao_batch(poison=0.0):
   rng = np.random.default_rng(0)
-  return {"prompt": rng.integers(3, 16, (4, 4)).astype(np.int32),
-          "prompt_valid": np.ones((4, 4), bool),
-          "tokens": rng.integers(3, 16, (4, 4)).astype(np.int32), "valid": np.ones((4, 4), bool),
-          "logp": np.full((4, 4), -2.0, np.float32),
-          "rewards": np.array([1, 0, 1, 0], np.float32), "task": np.arange(4, dtype=np.int32),
-          "staleness": np.zeros(4, np.int32), "row_valid": np.ones(4, bool),
-          "poison": np.array([poison, 0, 0, 0], np.float32)}
+  return SAOBatch.single_steps(
+      prompt_bp=rng.integers(3, 16, (4, 4)).astype(np.int32),
+      prompt_valid_bp=np.ones((4, 4), bool),
+      tokens_bt=rng.integers(3, 16, (4, 4)).astype(np.int32), valid_bt=np.ones((4, 4), bool),
+      logp_bt=np.full((4, 4), -2.0, np.float32),
+      rewards_b=np.array([1, 0, 1, 0], np.float32), task_b=np.arange(4, dtype=np.int32),
+      staleness_b=np.zeros(4, np.int32), poison_b=np.array([poison, 0, 0, 0], np.float32))
 
 
 def test_nonfinite_gradients_leave_the_state_unchanged():

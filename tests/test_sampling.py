@@ -9,7 +9,7 @@ import pytest
 
 from sao_jax.config import ModelConfig
 from sao_jax.models.transformer import TransformerLM
-from sao_jax.runners.batching import encode_prompts
+from sao_jax.packing import encode_prompts
 from sao_jax.sampling import completion_logprobs, sample
 from sao_jax.tokenizer import CharTokenizer
 
@@ -46,7 +46,7 @@ def test_recorded_logprobs_equal_recomputed(temperature):
   prompt, pvalid = _prompts()
   out = _sample(model, params, prompt, pvalid, temperature=temperature)
   recomputed = completion_logprobs(model, params, prompt, pvalid, out.tokens_bt, out.valid_bt,
-                                   temperature=temperature)
+                                   temperature=temperature).logp_bt
   np.testing.assert_allclose(out.logp_bt, recomputed, atol=LOGP_ATOL)
   assert np.all(out.logp_bt[out.valid_bt] < 0) and np.all(out.logp_bt[~out.valid_bt] == 0)
 
@@ -96,9 +96,9 @@ def test_memory_prefix_is_used_and_consistent():
   mvalid = np.array([[True] * 4, [True, True, False, False], [False] * 4, [True] * 4])
   out = _sample(model, params, prompt, pvalid, memory_bmd=mem, memory_valid_bm=mvalid)
   recomputed = completion_logprobs(model, params, prompt, pvalid, out.tokens_bt, out.valid_bt,
-                                   memory_bmd=mem, memory_valid_bm=mvalid)
+                                   memory_bmd=mem, memory_valid_bm=mvalid).logp_bt
   np.testing.assert_allclose(out.logp_bt, recomputed, atol=LOGP_ATOL)
   other = completion_logprobs(model, params, prompt, pvalid, out.tokens_bt, out.valid_bt,
-                              memory_bmd=mem * 3.0, memory_valid_bm=mvalid)
+                              memory_bmd=mem * 3.0, memory_valid_bm=mvalid).logp_bt
   moved = np.abs(np.asarray(other) - np.asarray(recomputed)).max(axis=1)
   assert moved[0] > 1e-3 and moved[2] < 1e-6  # row 2 has no valid memory: unaffected

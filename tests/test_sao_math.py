@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from sao_jax.batches import SAOBatch
 from sao_jax.buffer import Item, TrajectoryBuffer, batch_rows
 from sao_jax.config import Config, MeshConfig, ModelConfig, OptimConfig, RLConfig, SAOConfig
 from sao_jax.envs.base import StepResult, Task
@@ -62,7 +63,7 @@ def _programs(**sao_kw):
                rl=RLConfig(max_new_tokens=T, optim=OptimConfig(lr=lr, warmup_steps=1), **rl_kw),
                sao=SAOConfig(batch_size=B, **sao_kw))
   model = TransformerLM(cfg.model)
-  tx = make_optimizer(cfg.rl.optim, 0)
+  tx = make_optimizer(cfg.rl.optim)
   progs = compile_programs(cfg, model, tx, make_sao_update(model, tx, cfg.rl, cfg.sao),
                            with_ref=cfg.rl.kl_coef > 0, prompt_len=P, max_new_tokens=T,
                            temperature=1.0, eos_id=TOK.eos_id, pad_id=TOK.pad_id,
@@ -72,12 +73,13 @@ def _programs(**sao_kw):
 
 def _batch(staleness=0, logp=None, seed=0):
   rng = np.random.default_rng(seed)
-  return {"prompt": rng.integers(3, 40, (B, P)).astype(np.int32),
-          "prompt_valid": np.ones((B, P), bool),
-          "tokens": rng.integers(3, 40, (B, T)).astype(np.int32), "valid": np.ones((B, T), bool),
-          "logp": np.full((B, T), -3.0, np.float32) if logp is None else logp,
-          "rewards": (np.arange(B) % 2).astype(np.float32), "task": np.arange(B, dtype=np.int32),
-          "staleness": np.full(B, staleness, np.int32), "row_valid": np.ones(B, bool)}
+  return SAOBatch.single_steps(
+      prompt_bp=rng.integers(3, 40, (B, P)).astype(np.int32),
+      prompt_valid_bp=np.ones((B, P), bool),
+      tokens_bt=rng.integers(3, 40, (B, T)).astype(np.int32), valid_bt=np.ones((B, T), bool),
+      logp_bt=np.full((B, T), -3.0, np.float32) if logp is None else logp,
+      rewards_b=(np.arange(B) % 2).astype(np.float32), task_b=np.arange(B, dtype=np.int32),
+      staleness_b=np.full(B, staleness, np.int32))
 
 
 def _copy(state):
@@ -127,11 +129,11 @@ def test_forgetting_factor_moves_with_a_realistic_drift():
   progs, model = _programs(tracker_d_half=0.06, tracker_rho_min=0.5, tracker_rho_max=0.96)
   state = progs.init(jax.random.key(0))
   batch = _batch()
-  current = np.asarray(completion_logprobs(model, jax.device_get(state.params), batch["prompt"],
-                                           batch["prompt_valid"], batch["tokens"],
-                                           batch["valid"]))
+  current = np.asarray(completion_logprobs(model, jax.device_get(state.params), batch.prompt_bp,
+                                           batch.prompt_valid_bp, batch.tokens_bt,
+                                           batch.valid_bt).logp_bt)
   sign = np.where(np.random.default_rng(1).uniform(size=current.shape) < 0.5, -1.0, 1.0)
-  batch["logp"] = (current + 0.02 * sign).astype(np.float32)
+  batch = batch.replace(logp_bt=(current + 0.02 * sign).astype(np.float32))
   state, metrics = progs.update(state, progs.shard_batch(batch))
   counts = np.asarray(state.tracker.alpha_n + state.tracker.beta_n)
   rho = (counts - 1.0) / 2.0  # from the Beta(1, 1) prior: rho * 2 + one trajectory
@@ -182,12 +184,13 @@ def test_multi_step_trajectories_fill_batches_by_rows_and_count_once():
   assert [it.seq for it in buf] == [2] and not buf.ready(0)  # left in the buffer, not dropped
   batch, orphans = batch_rows(first, 0, B, 4)
   assert orphans == 0
-  np.testing.assert_array_equal(batch["row_valid"], [True] * 6 + [False] * 2)
-  np.testing.assert_array_equal(batch["traj"][:6], [0, 0, 0, 1, 1, 1])
-  np.testing.assert_array_equal(batch["head"], [1, 0, 0, 1, 0, 0, 0, 0])
-  np.testing.assert_array_equal(batch["rewards"][:6], 3.0)  # the trajectory's total, per row
-  for k in ("tokens", "logp", "prompt"):  # every step's row, in order
-    np.testing.assert_array_equal(batch[k][:6], np.concatenate([it.rec.arrays[k] for it in first]))
+  np.testing.assert_array_equal(batch.row_valid_b, [True] * 6 + [False] * 2)
+  np.testing.assert_array_equal(batch.traj_b[:6], [0, 0, 0, 1, 1, 1])
+  np.testing.assert_array_equal(batch.head_b, [1, 0, 0, 1, 0, 0, 0, 0])
+  np.testing.assert_array_equal(batch.rewards_b[:6], 3.0)  # the trajectory's total, per row
+  for k, f in (("tokens", "tokens_bt"), ("logp", "logp_bt"), ("prompt", "prompt_bp")):
+    np.testing.assert_array_equal(getattr(batch, f)[:6],  # every step's row, in order
+                                  np.concatenate([it.rec.arrays[k] for it in first]))
   state, metrics = progs.update(state, progs.shard_batch(batch))
   alpha, beta = np.asarray(state.tracker.alpha_n), np.asarray(state.tracker.beta_n)
   # Tasks 0 and 1: one trajectory each, its summed reward 3 clipped to one success:

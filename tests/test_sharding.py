@@ -5,10 +5,11 @@ import numpy as np
 import optax
 import pytest
 
+from sao_jax.batches import RLBatch, SAOBatch, SFTBatch
 from sao_jax.config import Config, MeshConfig, ModelConfig, RLConfig
 from sao_jax.learner import make_optimizer, make_rl_update, make_sao_update, make_sft_update
 from sao_jax.models.transformer import TransformerLM
-from sao_jax.runners.batching import encode_prompts, encode_targets
+from sao_jax.packing import encode_prompts, encode_targets
 from sao_jax.runners.compiled import compile_programs
 from sao_jax.sharding import make_mesh
 from sao_jax.tokenizer import CharTokenizer
@@ -38,8 +39,8 @@ def _rl_batch():
                                        for i in range(16)], 14)
   logp = np.where(valid, -rng.uniform(0.1, 3.0, valid.shape), 0.0).astype(np.float32)
   rewards = rng.integers(0, 2, 16).astype(np.float32)
-  return {"prompt": prompt, "prompt_valid": pvalid, "tokens": tokens, "valid": valid,
-          "logp": logp, "rewards": rewards}
+  return RLBatch(prompt_bp=prompt, prompt_valid_bp=pvalid, tokens_bt=tokens, valid_bt=valid,
+                 logp_bt=logp, rewards_b=rewards)
 
 
 def _one_update(cfg, mesh, tx, batch, make_update, num_tasks=0):
@@ -69,12 +70,15 @@ def test_sharded_update_equals_single_device(kind, axes, shape):
   elif kind == "sao":
     make = lambda m, t: make_sao_update(m, t, cfg.rl, cfg.sao)
     num_tasks = 5
-    batch = dict(batch, task=np.arange(16, dtype=np.int32) % 5,
-                 staleness=np.arange(16, dtype=np.int32) % 4,
-                 row_valid=np.arange(16) < 14)
+    batch = SAOBatch.single_steps(**{f: getattr(batch, f) for f in RLBatch.DTYPES},
+                                  task_b=np.arange(16, dtype=np.int32) % 5,
+                                  staleness_b=np.arange(16, dtype=np.int32) % 4,
+                                  row_valid_b=np.arange(16) < 14)
   else:
     make = make_sft_update
-    batch = {k: batch[k] for k in ("prompt", "prompt_valid", "tokens", "valid")}
+    batch = SFTBatch(prompt_bp=batch.prompt_bp, prompt_valid_bp=batch.prompt_valid_bp,
+                     tokens_bt=batch.tokens_bt, valid_bt=batch.valid_bt,
+                     weight_b=np.ones(16, np.float32))
   one = make_mesh(MeshConfig(axes=axes, shape=(1, 1, 1)), jax.devices()[:1])
   many = make_mesh(cfg.mesh)
   assert many.devices.size == 8
@@ -91,7 +95,7 @@ def test_sharded_update_equals_single_device(kind, axes, shape):
 def test_params_and_optimizer_state_are_sharded():
   cfg = _cfg(("data", "fsdp", "tensor"), (2, 2, 2))
   model = TransformerLM(cfg.model)
-  tx = make_optimizer(cfg.rl.optim, 0)
+  tx = make_optimizer(cfg.rl.optim)
   progs = compile_programs(cfg, model, tx, make_rl_update(model, tx, cfg.rl), with_ref=False,
                            prompt_len=40, max_new_tokens=14, temperature=1.0,
                            eos_id=TOK.eos_id, pad_id=TOK.pad_id)
@@ -106,7 +110,7 @@ def test_params_and_optimizer_state_are_sharded():
 def test_update_traces_once_across_steps():
   cfg = _cfg(("data", "fsdp", "tensor"), (4, 2, 1))
   model = TransformerLM(cfg.model)
-  tx = make_optimizer(cfg.rl.optim, 0)
+  tx = make_optimizer(cfg.rl.optim)
   traced = chex.assert_max_traces(make_rl_update(model, tx, cfg.rl), n=1)
   progs = compile_programs(cfg, model, tx, traced, with_ref=False, prompt_len=40,
                            max_new_tokens=14, temperature=1.0, eos_id=TOK.eos_id,
@@ -115,7 +119,7 @@ def test_update_traces_once_across_steps():
   batch = _rl_batch()
   losses = []
   for i in range(4):
-    batch = dict(batch, rewards=np.roll(batch["rewards"], i))  # new values, same shapes
+    batch = batch.replace(rewards_b=np.roll(batch.rewards_b, i))  # new values, same shapes
     state, metrics = progs.update(state, progs.shard_batch(batch))
     losses.append(float(metrics["loss"]))
   assert int(state.step) == 4 and len(set(losses)) > 1  # chex raised had it traced twice

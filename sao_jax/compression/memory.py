@@ -39,8 +39,8 @@ from sao_jax.config import CompressionConfig
 class Bank:
   """Kept steps of one trajectory (leading axes may add a batch)."""
 
-  vec_cmd: jax.Array  # int8 when quantised, else float32
-  scale_cm: jax.Array  # float32 per-vector scale (1 when not quantised)
+  vec_ced: jax.Array  # int8 when quantised, else float32
+  scale_ce: jax.Array  # float32 per-vector scale (1 when not quantised)
   step_c: jax.Array  # int32 step index of each entry, -1 where empty
   turning_c: jax.Array  # bool, entry was a turning point
   count: jax.Array  # int32 entries written
@@ -94,7 +94,7 @@ class Compressor:
   def empty_stream(self) -> Stream:
     c, m, d = self.cfg.capacity, self.cfg.vectors_per_step, self.cfg.dim
     dtype = jnp.int8 if self.cfg.quantize else jnp.float32
-    bank = Bank(vec_cmd=jnp.zeros((c, m, d), dtype), scale_cm=jnp.zeros((c, m), jnp.float32),
+    bank = Bank(vec_ced=jnp.zeros((c, m, d), dtype), scale_ce=jnp.zeros((c, m), jnp.float32),
                 step_c=jnp.full((c,), -1, jnp.int32), turning_c=jnp.zeros((c,), bool),
                 count=jnp.zeros((), jnp.int32))
     carry = jax.tree.map(lambda x: x[0], self.temporal.initial_carry(1))
@@ -104,7 +104,7 @@ class Compressor:
                   prio_c=jnp.full((c,), jnp.inf, jnp.float32), evicted=jnp.zeros((), jnp.int32),
                   last_evict=jnp.full((), -1, jnp.int32))
 
-  def filter_and_store(self, params, s: Stream, v_md, reward, boundary, last):
+  def filter_and_store(self, params, s: Stream, v_ed, reward, boundary, last):
     """Stage 2 (keep or drop) and stage 3 (INT8 into the bank) for one encoded step.
 
     With `cfg.evict` the budget holds the `budget` *most surprising* non-turning steps seen so
@@ -118,7 +118,7 @@ class Compressor:
     was compared against this step), evict (this step evicted an entry).
     """
     cfg = self.cfg
-    v_d = v_md.reshape(-1)
+    v_d = v_ed.reshape(-1)
     surprise = temporal.relative_surprise(s.pred_d, v_d)
     structural = (s.step == 0) | last | boundary | (reward != s.prev_reward)
     keep, is_turning, by_surprise = temporal.keep_step(
@@ -138,9 +138,9 @@ class Compressor:
       evict = jnp.zeros((), bool)
     write = (keep & room) | evict
     if cfg.quantize:
-      q_md, scale_m = quant.quantize(v_md)
+      q_ed, scale_e = quant.quantize(v_ed)
     else:
-      q_md, scale_m = v_md.astype(jnp.float32), jnp.ones(v_md.shape[:1], jnp.float32)
+      q_ed, scale_e = v_ed.astype(jnp.float32), jnp.ones(v_ed.shape[:1], jnp.float32)
     # Remove the victim (shift later entries down by one), then append at the end.
     src_c = jnp.arange(cfg.capacity)
     src_c = jnp.where(evict & (src_c >= victim), jnp.minimum(src_c + 1, cfg.capacity - 1), src_c)
@@ -151,7 +151,7 @@ class Compressor:
       arr = arr[src_c]
       return arr.at[idx].set(jnp.where(write, val, arr[idx]))
 
-    bank = Bank(vec_cmd=put(b.vec_cmd, q_md), scale_cm=put(b.scale_cm, scale_m),
+    bank = Bank(vec_ced=put(b.vec_ced, q_ed), scale_ce=put(b.scale_ce, scale_e),
                 step_c=put(b.step_c, s.step), turning_c=put(b.turning_c, is_turning),
                 count=count + write.astype(jnp.int32))
     prio_c = put(s.prio_c, new_prio)
@@ -173,10 +173,10 @@ class Compressor:
 
   def stream_step(self, params, s: Stream, seg_l, segv_l, reward, boundary, last) -> Stream:
     """All three stages for one step of one trajectory (vmap over slots; jit once)."""
-    v_md = self.encode(params, seg_l[None], segv_l[None])[0]
-    return self.filter_and_store(params, s, v_md, reward, boundary, last)[0]
+    v_ed = self.encode(params, seg_l[None], segv_l[None])[0]
+    return self.filter_and_store(params, s, v_ed, reward, boundary, last)[0]
 
-  def scan_trajectory(self, params, v_smd, rewards_s, boundary_s, step_valid_s):
+  def scan_trajectory(self, params, v_sed, rewards_s, boundary_s, step_valid_s):
     """The online logic over a whole (encoded) trajectory; padding steps change nothing.
 
     Returns (final stream, info with [S] / [S, D] arrays).
@@ -184,13 +184,13 @@ class Compressor:
     last_s = step_valid_s & ~jnp.concatenate([step_valid_s[1:], jnp.zeros((1,), bool)])
 
     def body(s, xs):
-      v_md, r, bnd, last, ok = xs
-      new, info = self.filter_and_store(params, s, v_md, r, bnd, last)
+      v_ed, r, bnd, last, ok = xs
+      new, info = self.filter_and_store(params, s, v_ed, r, bnd, last)
       new = jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, s)
       return new, info
 
     return jax.lax.scan(body, self.empty_stream(),
-                        (v_smd, rewards_s, boundary_s, last_s, step_valid_s))
+                        (v_sed, rewards_s, boundary_s, last_s, step_valid_s))
 
   # What the policy sees ------------------------------------------------------------------
   def visible_memory(self, bank: Bank, t):
@@ -200,16 +200,16 @@ class Compressor:
     """
     cfg = self.cfg
     n_before = jnp.sum((bank.step_c >= 0) & (bank.step_c < t)).astype(jnp.int32)
-    idx_v = n_before - cfg.visible + jnp.arange(cfg.visible)
-    ok_v = idx_v >= 0
-    idx_v = jnp.maximum(idx_v, 0)
+    idx_c = n_before - cfg.visible + jnp.arange(cfg.visible)
+    ok_c = idx_c >= 0
+    idx_c = jnp.maximum(idx_c, 0)
     if cfg.quantize:
-      vec_vmd = quant.dequantize(bank.vec_cmd[idx_v], bank.scale_cm[idx_v])
+      vis_ced = quant.dequantize(bank.vec_ced[idx_c], bank.scale_ce[idx_c])
     else:
-      vec_vmd = bank.vec_cmd[idx_v].astype(jnp.float32)
-    vec_vmd = jnp.where(ok_v[:, None, None], vec_vmd, 0.0)
+      vis_ced = bank.vec_ced[idx_c].astype(jnp.float32)
+    vis_ced = jnp.where(ok_c[:, None, None], vis_ced, 0.0)
     m = cfg.vectors_per_step
-    return (vec_vmd.reshape(cfg.visible * m, cfg.dim), jnp.repeat(ok_v, m), idx_v)
+    return (vis_ced.reshape(cfg.visible * m, cfg.dim), jnp.repeat(ok_c, m), idx_c)
 
 
 def valid_entries(bank: Bank) -> int:
@@ -220,8 +220,8 @@ def bank_nbytes(bank: Bank, n: int | None = None) -> int:
   """Bytes of the first `n` (default: all written) entries as shipped: vectors, per-vector
   scales (only when quantised), and an int16 step index per entry."""
   n = int(bank.count) if n is None else n
-  m, d = bank.vec_cmd.shape[-2:]
-  per = m * d * bank.vec_cmd.dtype.itemsize + 2
-  if bank.vec_cmd.dtype == jnp.int8:
+  m, d = bank.vec_ced.shape[-2:]
+  per = m * d * bank.vec_ced.dtype.itemsize + 2
+  if bank.vec_ced.dtype == jnp.int8:
     per += m * 4
   return n * per

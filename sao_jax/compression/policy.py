@@ -12,8 +12,10 @@ values are exactly those the sampler saw (encoder gradients flow straight-throug
 `stored=False` (supervised training on scripted episodes) the bank is built in-graph by the
 same per-step logic.
 
-Losses (`make_memory_update`): the policy term (cross-entropy on scripted actions for "sft";
-the decoupled PPO surrogate on graded steps for "rl") + `recon_coef` * the encoder's
+Both update functions go through `sao_jax.learner.apply_gradients` (non-finite guard,
+`lr_scale`) like every other update. Losses (`make_memory_update`): the policy term
+(cross-entropy on scripted actions for "sft"; the decoupled PPO surrogate on graded steps
+for "rl") + `recon_coef` * the encoder's
 reconstruction loss + `predict_coef` * the LSTM's next-step prediction loss.
 
 `make_full_context_sft_update` is the control: the same transformer without memory, trained
@@ -24,15 +26,15 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from sao_jax import sampling
 from sao_jax.compression import quant, temporal
 from sao_jax.compression.encoder import reconstruction_loss
 from sao_jax.compression.memory import Compressor, Stream
-from sao_jax.learner import TrainState
+from sao_jax.learner import apply_gradients
 from sao_jax.models.transformer import TransformerLM
 from sao_jax.rl import losses as loss_lib
+from sao_jax.state import TrainState
 
 
 class MemoryPolicy:
@@ -85,49 +87,42 @@ class MemoryPolicy:
     b, s = batch["step_valid"].shape
     r = batch["row_step"].shape[1]
     seg = batch["seg"].reshape(b * s, -1)
-    v_bsmd = comp.encode(params, seg, batch["seg_valid"].reshape(b * s, -1))
-    v_bsmd = v_bsmd.reshape((b, s) + v_bsmd.shape[1:])
+    v_bsed = comp.encode(params, seg, batch["seg_valid"].reshape(b * s, -1))
+    v_bsed = v_bsed.reshape((b, s) + v_bsed.shape[1:])
     final, info = jax.vmap(comp.scan_trajectory, in_axes=(None, 0, 0, 0, 0))(
-        params, v_bsmd, batch["rewards"], batch["boundary"], batch["step_valid"])
+        params, v_bsed, batch["rewards"], batch["boundary"], batch["step_valid"])
     bank = final.bank
     if stored:
-      bank = bank.replace(vec_cmd=batch["bank_vec"], scale_cm=batch["bank_scale"],
+      bank = bank.replace(vec_ced=batch["bank_vec"], scale_ce=batch["bank_scale"],
                           step_c=batch["bank_step"], turning_c=batch["bank_turning"],
                           count=batch["bank_count"])
 
-    def row_memory(bank_one, v_smd, t):
-      vec, ok, idx_v = comp.visible_memory(bank_one, t)
-      fresh = v_smd[jnp.maximum(bank_one.step_c[idx_v], 0)].reshape(vec.shape)
+    def row_memory(bank_one, v_sed, t):
+      vec, ok, idx_c = comp.visible_memory(bank_one, t)
+      fresh = v_sed[jnp.maximum(bank_one.step_c[idx_c], 0)].reshape(vec.shape)
       return quant.straight_through(vec, jnp.where(ok[:, None], fresh, 0.0)), ok
 
     mem, mvalid = jax.vmap(lambda bk, v, ts: jax.vmap(lambda t: row_memory(bk, v, t))(ts))(
-        bank, v_bsmd, batch["row_step"])
+        bank, v_bsed, batch["row_step"])
     flat = lambda x: x.reshape((b * r,) + x.shape[2:])  # noqa: E731
-    logp, ent = sampling.completion_logprobs(
+    logp, ent, _ = sampling.completion_logprobs(
         self.model, params["policy"], flat(batch["prompt"]), flat(batch["prompt_valid"]),
         flat(batch["tokens"]), flat(batch["valid"]), temperature=temperature,
         memory_bmd=flat(mem), memory_valid_bm=flat(mvalid), with_entropy=True)
-    logits = comp.decoder.apply({"params": params["decoder"]}, v_bsmd.reshape((b * s,) +
-                                                                             v_bsmd.shape[2:]))
+    logits = comp.decoder.apply({"params": params["decoder"]}, v_bsed.reshape((b * s,) +
+                                                                             v_bsed.shape[2:]))
     sv = batch["step_valid"]
     recon = reconstruction_loss(logits, seg, batch["seg_valid"].reshape(b * s, -1),
                                 sv.reshape(-1).astype(jnp.float32))
     # The prediction made after step s-1 is scored against step s (step 0 has none).
     pred_w = (sv & (jnp.arange(s)[None] > 0)).astype(jnp.float32)
-    predict = temporal.prediction_loss(info["pred_d"], v_bsmd.reshape(b, s, -1), pred_w)
+    predict = temporal.prediction_loss(info["pred_d"], v_bsed.reshape(b, s, -1), pred_w)
     kept = info["keep"] & sv
     aux = {"recon": recon, "predict": predict,
            "kept_frac": jnp.sum(kept) / jnp.maximum(jnp.sum(sv), 1),
            "surprise": jnp.sum(info["surprise"] * pred_w) / jnp.maximum(jnp.sum(pred_w), 1)}
     shape = (b, r, -1)
     return logp.reshape(shape), ent.reshape(shape), aux
-
-
-def _apply(state: TrainState, tx, grads, metrics):
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
-  return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                       opt_state=opt_state), metrics
 
 
 def make_memory_update(policy: MemoryPolicy, tx, *, mode: str, temperature: float = 1.0,
@@ -173,7 +168,7 @@ def make_memory_update(policy: MemoryPolicy, tx, *, mode: str, temperature: floa
       return loss, dict(aux, loss=loss, policy_loss=pol, entropy=ent_mean)
 
     grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params)
-    return _apply(state, tx, grads, metrics)
+    return apply_gradients(state, tx, grads, metrics)
   return update
 
 
@@ -191,5 +186,5 @@ def make_full_context_sft_update(model: TransformerLM, tx):
       return loss, {"loss": loss, "policy_loss": loss}
 
     grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params)
-    return _apply(state, tx, grads, metrics)
+    return apply_gradients(state, tx, grads, metrics)
   return update

@@ -23,9 +23,9 @@ QMAX = 127
 TINY = 1e-30
 
 
-def quantize(x_nd: jax.Array) -> tuple[jax.Array, jax.Array]:
+def quantize(x_d: jax.Array) -> tuple[jax.Array, jax.Array]:
   """x [..., d] float -> (q [..., d] int8, scale [...] float32), per-vector absmax scale."""
-  x = x_nd.astype(jnp.float32)
+  x = x_d.astype(jnp.float32)
   x = jnp.where(jnp.isfinite(x), x, 0.0)
   absmax = jnp.max(jnp.abs(x), axis=-1)
   scale = jnp.where(absmax >= TINY, absmax / QMAX, 0.0)
@@ -35,12 +35,12 @@ def quantize(x_nd: jax.Array) -> tuple[jax.Array, jax.Array]:
   return q.astype(jnp.int8), scale
 
 
-def dequantize(q_nd: jax.Array, scale_n: jax.Array) -> jax.Array:
+def dequantize(q_d: jax.Array, scale_e: jax.Array) -> jax.Array:
   """Inverse of `quantize` up to the rounding error: q * scale, float32."""
-  return q_nd.astype(jnp.float32) * scale_n[..., None].astype(jnp.float32)
+  return q_d.astype(jnp.float32) * scale_e[..., None].astype(jnp.float32)
 
 
-def straight_through(stored_nd: jax.Array, fresh_nd: jax.Array) -> jax.Array:
+def straight_through(stored_d: jax.Array, fresh_d: jax.Array) -> jax.Array:
   """Value of `stored` (bit-exact), gradient of `fresh`.
 
   The learner conditions on exactly the memory the sampler stored (dequantised INT8), while
@@ -48,4 +48,4 @@ def straight_through(stored_nd: jax.Array, fresh_nd: jax.Array) -> jax.Array:
   straight-through estimator). `fresh - stop_gradient(fresh)` is exactly 0 for finite values,
   so the sum equals `stored` bit for bit.
   """
-  return stored_nd + (fresh_nd - jax.lax.stop_gradient(fresh_nd))
+  return stored_d + (fresh_d - jax.lax.stop_gradient(fresh_d))

@@ -19,10 +19,10 @@ import numpy as np
 
 from sao_jax.envs.base import Env, Task
 from sao_jax.envs.longhorizon import BOUNDARIES, SEP, graded_steps
-from sao_jax.runners.batching import left_pad, right_pad
+from sao_jax.packing import left_pad, right_pad
 from sao_jax.tokenizer import Tokenizer
 
-BANK_KEYS = ("vec_cmd", "scale_cm", "step_c", "turning_c", "count")
+BANK_KEYS = ("vec_ced", "scale_ce", "step_c", "turning_c", "count")
 
 
 @dataclasses.dataclass

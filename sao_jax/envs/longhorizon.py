@@ -51,7 +51,7 @@ class LongHorizonSpec:
     n_steps: episode length in steps (turns), min_gap+1..1000.
     n_facts: facts (retention) or keys (navigation) per episode; each is asked exactly once,
       at least `min_gap` steps after it was given. At most 8.
-    min_gap: steps between a fact and its question (the seed's retention test uses 32).
+    min_gap: steps between a fact and its question (retention is measured at 32+).
     p_noise: probability that a redundant step is a less common variant (chat phrase, lamp).
     period: a boundary step (new session / stairs) every `period` steps; 0: none.
   """

@@ -6,7 +6,7 @@ Layout of one row (all shapes fixed, so sampling and training compile once):
 
 Memory slots are prefix vectors (the compressed context of long-horizon tasks); they are
 projected to the model width and attended to like tokens. Which slots exist is given by
-`valid_bs`; a query attends to valid keys at or before its own slot. Token positions count
+`valid_bk`; a query attends to valid keys at or before its own slot. Token positions count
 valid tokens only, so left padding does not shift them.
 
 Parameters carry logical axis names (batch, embed, heads, kv, mlp, vocab); the mesh rules
@@ -26,7 +26,7 @@ _NEG_INF = -1e30
 
 
 class KVCache(NamedTuple):
-  """Per-layer keys and values: tuples of [B, S, H, Dh] arrays."""
+  """Per-layer keys and values: tuples of [B, K, H, D/H] arrays (K key/value slots)."""
 
   k: tuple[jax.Array, ...]
   v: tuple[jax.Array, ...]
@@ -48,7 +48,7 @@ class Attention(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_btd, mask_bts, cache_kv=None, index=None):
+  def __call__(self, x_btd, mask_btk, cache_kv=None, index=None):
     cfg = self.cfg
     dtype = jnp.dtype(cfg.dtype)
     head_dim = cfg.width // cfg.heads
@@ -61,11 +61,11 @@ class Attention(nn.Module):
       k_bthd = jax.lax.dynamic_update_slice(k_cache, k_bthd.astype(k_cache.dtype), (0, index, 0, 0))
       v_bthd = jax.lax.dynamic_update_slice(v_cache, v_bthd.astype(v_cache.dtype), (0, index, 0, 0))
       new_kv = (k_bthd, v_bthd)
-    logits_bhts = jnp.einsum("bthd,bshd->bhts", q_bthd, k_bthd).astype(jnp.float32)
-    logits_bhts = logits_bhts / jnp.sqrt(head_dim).astype(jnp.float32)
-    logits_bhts = jnp.where(mask_bts[:, None], logits_bhts, _NEG_INF)
-    probs_bhts = jax.nn.softmax(logits_bhts, axis=-1).astype(dtype)
-    out_bthd = jnp.einsum("bhts,bshd->bthd", probs_bhts, v_bthd)
+    logits_bhtk = jnp.einsum("bthd,bkhd->bhtk", q_bthd, k_bthd).astype(jnp.float32)
+    logits_bhtk = logits_bhtk / jnp.sqrt(head_dim).astype(jnp.float32)
+    logits_bhtk = jnp.where(mask_btk[:, None], logits_bhtk, _NEG_INF)
+    probs_bhtk = jax.nn.softmax(logits_bhtk, axis=-1).astype(dtype)
+    out_bthd = jnp.einsum("bhtk,bkhd->bthd", probs_bhtk, v_bthd)
     out_btd = _dense(cfg.width, ("heads", "kv", "embed"), "out", dtype, axis=(-2, -1))(out_bthd)
     return out_btd, new_kv
 
@@ -74,11 +74,11 @@ class Block(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_btd, mask_bts, cache_kv=None, index=None):
+  def __call__(self, x_btd, mask_btk, cache_kv=None, index=None):
     cfg = self.cfg
     dtype = jnp.dtype(cfg.dtype)
     h_btd, new_kv = Attention(cfg, name="attn")(
-        nn.RMSNorm(dtype=dtype, name="norm_attn")(x_btd), mask_bts, cache_kv, index)
+        nn.RMSNorm(dtype=dtype, name="norm_attn")(x_btd), mask_btk, cache_kv, index)
     x_btd = x_btd + h_btd
     h_btd = nn.RMSNorm(dtype=dtype, name="norm_mlp")(x_btd)
     h_btf = _dense(cfg.width * cfg.mlp_ratio, ("embed", "mlp"), "mlp_in", dtype)(h_btd)
@@ -93,7 +93,7 @@ class TransformerLM(nn.Module):
   Args (of __call__):
     tokens_bt: int32 token ids of the new token slots.
     positions_bt: int32 position of each token (counting valid tokens of its row).
-    mask_bts: bool, query t may attend key slot s (s spans the cache, or the full row
+    mask_btk: bool, query t may attend key slot k (k spans the cache, or the full row
       when no cache is used).
     memory_bmd: optional [B, M, memory_dim] prefix vectors, placed before the tokens.
     cache: optional KVCache; new keys/values are written at slot `index`.
@@ -103,7 +103,7 @@ class TransformerLM(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, tokens_bt, positions_bt, mask_bts, memory_bmd=None, cache=None, index=0,
+  def __call__(self, tokens_bt, positions_bt, mask_btk, memory_bmd=None, cache=None, index=0,
                with_values: bool = False):
     cfg = self.cfg
     dtype = jnp.dtype(cfg.dtype)
@@ -120,16 +120,16 @@ class TransformerLM(nn.Module):
       mem_dim = cfg.memory_dim or cfg.width
       if memory_bmd is None:
         memory_bmd = jnp.zeros((tokens_bt.shape[0], 0, mem_dim), dtype)
-      mem_btd = _dense(cfg.width, (None, "embed"), "memory_in", dtype)(memory_bmd.astype(dtype))
-      n_mem = mem_btd.shape[1]
-      x_btd = jnp.concatenate([mem_btd, x_btd], axis=1)
+      mem_in_bmd = _dense(cfg.width, (None, "embed"), "memory_in", dtype)(memory_bmd.astype(dtype))
+      n_mem = mem_in_bmd.shape[1]
+      x_btd = jnp.concatenate([mem_in_bmd, x_btd], axis=1)
     elif memory_bmd is not None:
       raise ValueError("memory given but model.memory_slots == 0")
     x_btd = nn.with_logical_constraint(x_btd, ("batch", "length", "act_embed"))
     new_k, new_v = [], []
     for i in range(cfg.depth):
       layer_kv = None if cache is None else (cache.k[i], cache.v[i])
-      x_btd, kv = Block(cfg, name=f"block_{i}")(x_btd, mask_bts, layer_kv, index)
+      x_btd, kv = Block(cfg, name=f"block_{i}")(x_btd, mask_btk, layer_kv, index)
       if kv is not None:
         new_k.append(kv[0])
         new_v.append(kv[1])
@@ -145,12 +145,12 @@ class TransformerLM(nn.Module):
     return logits_btv, new_cache
 
 
-def positions_from_valid(valid_bs: jax.Array) -> jax.Array:
+def positions_from_valid(valid_bk: jax.Array) -> jax.Array:
   """Position of each slot = number of valid slots before it (0 for the first valid)."""
-  return jnp.maximum(jnp.cumsum(valid_bs.astype(jnp.int32), axis=-1) - 1, 0)
+  return jnp.maximum(jnp.cumsum(valid_bk.astype(jnp.int32), axis=-1) - 1, 0)
 
 
-def causal_mask(valid_bs: jax.Array, query_slots_t: jax.Array) -> jax.Array:
-  """[B, t, S]: query at slot q sees valid key slots s <= q."""
-  s = jnp.arange(valid_bs.shape[-1])
-  return valid_bs[:, None, :] & (s[None, None, :] <= query_slots_t[None, :, None])
+def causal_mask(valid_bk: jax.Array, query_slots_t: jax.Array) -> jax.Array:
+  """[B, T, K]: query at slot q sees valid key slots k <= q."""
+  s = jnp.arange(valid_bk.shape[-1])
+  return valid_bk[:, None, :] & (s[None, None, :] <= query_slots_t[None, :, None])

@@ -139,16 +139,23 @@ def kl_k3(logp_t: jax.Array, ref_logp_t: jax.Array) -> jax.Array:
   return jnp.exp(d_t) - d_t - 1.0
 
 
+def masked_mean(x: jax.Array, mask: jax.Array, axis=None) -> jax.Array:
+  """Mean of x over the positions where mask is True (0 where nothing is masked in).
+
+  sum(x * mask) / max(sum(mask), 1) over `axis` (all axes by default); x and mask broadcast.
+  """
+  m = jnp.broadcast_to(mask, jnp.shape(x)).astype(jnp.float32)
+  return jnp.sum(jnp.where(m > 0, x, 0.0), axis) / jnp.maximum(jnp.sum(m, axis), 1.0)
+
+
 def aggregate(loss_bt: jax.Array, mask_bt: jax.Array, how: str) -> jax.Array:
   """Reduces per-token losses to a scalar.
 
   token_mean: sum over all tokens / number of tokens (DAPO, arXiv 2503.14476);
   seq_mean: mean over sequences of each sequence's token mean (original GRPO).
   """
-  mask_bt = mask_bt.astype(jnp.float32)
   if how == "token_mean":
-    return jnp.sum(loss_bt) / jnp.maximum(jnp.sum(mask_bt), 1.0)
+    return masked_mean(loss_bt, mask_bt)
   if how == "seq_mean":
-    per_seq_b = jnp.sum(loss_bt, -1) / jnp.maximum(jnp.sum(mask_bt, -1), 1.0)
-    return jnp.mean(per_seq_b)
+    return jnp.mean(masked_mean(loss_bt, mask_bt, axis=-1))
   raise KeyError(f"unknown loss aggregation {how!r}; known: seq_mean, token_mean")

@@ -1,4 +1,4 @@
-"""Name -> function registries, so configs select estimators by string (design style 6)."""
+"""Name -> function registries, so configs select estimators by string."""
 from __future__ import annotations
 
 from collections.abc import Callable

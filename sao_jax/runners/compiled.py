@@ -7,31 +7,51 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
 
 from sao_jax import sampling, sharding
 from sao_jax.config import Config
-from sao_jax.learner import TrainState, init_state_fn
+from sao_jax.learner import init_state_fn
 from sao_jax.models.transformer import TransformerLM
+from sao_jax.state import TrainState
 
 
 @dataclasses.dataclass
-class Programs:
-  """Jitted functions of one training phase, all on `mesh`."""
+class LearnerPrograms:
+  """The learner's jitted functions of one training phase, all on `mesh`."""
 
   mesh: jax.sharding.Mesh
   state_sharding: TrainState
   batch_sharding: jax.sharding.NamedSharding
   init: Callable[[jax.Array], TrainState]
-  update: Callable[[TrainState, dict], tuple[TrainState, dict]]
+  update: Callable[[TrainState, Any], tuple[TrainState, dict]]
+  batch_divisor: int
+
+  def shard_batch(self, batch):
+    return jax.device_put(batch, self.batch_sharding)
+
+
+@dataclasses.dataclass
+class SamplerPrograms:
+  """The sampler's jitted functions: what a sampler process and evaluation build."""
+
+  mesh: jax.sharding.Mesh
+  params_sharding: Any
+  abstract_params: Any  # shapes and dtypes of the params (what published files unflatten to)
   sample: Callable  # (params, prompt, prompt_valid, rng) -> SampleOutput
   greedy: Callable  # (params, prompt, prompt_valid, rng) -> SampleOutput
   batch_divisor: int
 
-  def shard_batch(self, batch: dict) -> dict:
-    return jax.device_put(batch, self.batch_sharding)
+
+@dataclasses.dataclass
+class Programs(LearnerPrograms):
+  """Both halves, for a runner that trains and evaluates in one process."""
+
+  sample: Callable = None
+  greedy: Callable = None
 
 
 def _with_rules(fn, rules):
@@ -42,10 +62,11 @@ def _with_rules(fn, rules):
   return wrapped
 
 
-def compile_programs(cfg: Config, model: TransformerLM, tx, update_fn, *, with_ref: bool,
-                     prompt_len: int, max_new_tokens: int, temperature: float,
-                     eos_id: int, pad_id: int, mesh: jax.sharding.Mesh | None = None,
-                     num_tasks: int = 0) -> Programs:
+def compile_learner(cfg: Config, model: TransformerLM, tx, update_fn, *, with_ref: bool,
+                    prompt_len: int, mesh: jax.sharding.Mesh | None = None,
+                    num_tasks: int = 0) -> LearnerPrograms:
+  """init and update (state donated) with the state sharded by the logical-axis rules and
+  every batch field split over the batch axis."""
   mesh = mesh or sharding.make_mesh(cfg.mesh)
   rules = cfg.mesh.rules
   init_boxed = init_state_fn(model, tx, prompt_len, with_ref, num_tasks)
@@ -53,20 +74,54 @@ def compile_programs(cfg: Config, model: TransformerLM, tx, update_fn, *, with_r
   state_sh = sharding.logical_shardings(abstract, mesh, rules)
   batch_sh = sharding.batch_sharding(mesh, rules)
   repl = sharding.replicated(mesh)
+  return LearnerPrograms(
+      mesh=mesh, state_sharding=state_sh, batch_sharding=batch_sh,
+      init=jax.jit(lambda rng: nn.meta.unbox(init_boxed(rng)), out_shardings=state_sh),
+      update=jax.jit(_with_rules(update_fn, rules), in_shardings=(state_sh, batch_sh),
+                     out_shardings=(state_sh, repl), donate_argnums=(0,)),
+      batch_divisor=sharding.batch_divisor(mesh, rules))
 
-  init = jax.jit(lambda rng: nn.meta.unbox(init_boxed(rng)), out_shardings=state_sh)
-  update = jax.jit(_with_rules(update_fn, rules), in_shardings=(state_sh, batch_sh),
-                   out_shardings=(state_sh, repl), donate_argnums=(0,))
+
+def compile_sampler(cfg: Config, model: TransformerLM, *, prompt_len: int, max_new_tokens: int,
+                    temperature: float, eos_id: int, pad_id: int,
+                    mesh: jax.sharding.Mesh | None = None) -> SamplerPrograms:
+  """sample and greedy over a batch of rows, params sharded like the learner's."""
+  mesh = mesh or sharding.make_mesh(cfg.mesh)
+  rules = cfg.mesh.rules
+  tokens = jax.ShapeDtypeStruct((1, prompt_len), jax.numpy.int32)
+  mask = jax.ShapeDtypeStruct((1, prompt_len, prompt_len), jax.numpy.bool_)
+  memory = None
+  if model.cfg.memory_slots:
+    memory = jax.ShapeDtypeStruct((1, 0, model.cfg.memory_dim or model.cfg.width),
+                                  jax.numpy.float32)
+  boxed = jax.eval_shape(lambda rng, t, m, mem: model.init(rng, t, t, m, mem)["params"],
+                         jax.random.key(0), tokens, mask, memory)
+  params_sh = sharding.logical_shardings(boxed, mesh, rules)
+  batch_sh = sharding.batch_sharding(mesh, rules)
+  repl = sharding.replicated(mesh)
 
   def sampler(greedy):
     fn = functools.partial(sampling.sample, model, max_new_tokens=max_new_tokens, eos_id=eos_id,
                            pad_id=pad_id, temperature=temperature, greedy=greedy)
-    return jax.jit(_with_rules(fn, rules), in_shardings=(state_sh.params, batch_sh, batch_sh, repl),
+    return jax.jit(_with_rules(fn, rules), in_shardings=(params_sh, batch_sh, batch_sh, repl),
                    out_shardings=batch_sh)
 
-  return Programs(mesh=mesh, state_sharding=state_sh, batch_sharding=batch_sh, init=init,
-                  update=update, sample=sampler(False), greedy=sampler(True),
-                  batch_divisor=sharding.batch_divisor(mesh, rules))
+  return SamplerPrograms(mesh=mesh, params_sharding=params_sh,
+                         abstract_params=nn.meta.unbox(boxed), sample=sampler(False),
+                         greedy=sampler(True), batch_divisor=sharding.batch_divisor(mesh, rules))
+
+
+def compile_programs(cfg: Config, model: TransformerLM, tx, update_fn, *, with_ref: bool,
+                     prompt_len: int, max_new_tokens: int, temperature: float,
+                     eos_id: int, pad_id: int, mesh: jax.sharding.Mesh | None = None,
+                     num_tasks: int = 0) -> Programs:
+  mesh = mesh or sharding.make_mesh(cfg.mesh)
+  learner = compile_learner(cfg, model, tx, update_fn, with_ref=with_ref, prompt_len=prompt_len,
+                            mesh=mesh, num_tasks=num_tasks)
+  smp = compile_sampler(cfg, model, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
+                        temperature=temperature, eos_id=eos_id, pad_id=pad_id, mesh=mesh)
+  return Programs(**{f.name: getattr(learner, f.name) for f in dataclasses.fields(learner)},
+                  sample=smp.sample, greedy=smp.greedy)
 
 
 @dataclasses.dataclass
@@ -97,7 +152,9 @@ def compile_memory_programs(cfg: Config, policy, tx, update_fn, *, max_new_token
   def init_fn(rng):
     params = nn.meta.unbox(policy.init(rng))
     return TrainState(step=jax.numpy.zeros((), jax.numpy.int32), params=params,
-                      opt_state=tx.init(params), rng=rng)
+                      opt_state=tx.init(params), rng=rng,
+                      lr_scale=jax.numpy.ones((), jax.numpy.float32),
+                      nonfinite=jax.numpy.zeros((), jax.numpy.int32))
 
   def sampler(greedy):
     fn = functools.partial(policy.sample, max_new_tokens=max_new_tokens, eos_id=eos_id,

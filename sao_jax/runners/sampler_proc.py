@@ -1,7 +1,7 @@
 """A sampler process: policy copy + environments, tasks in, trajectory records out.
 
-Started with the `spawn` method by `sao_jax.runners.sao`. JAX is imported only inside
-`sampler_main`, after this process has set its own XLA flags and CPU affinity.
+Started with the `spawn` method by `sao_jax.runners.samplers.SamplerGroup`. JAX is imported
+only inside `sampler_main`, after this process has set its own XLA flags and CPU affinity.
 """
 from __future__ import annotations
 
@@ -66,19 +66,20 @@ def _run(spec: SamplerSpec, end, stop) -> None:
 
   from sao_jax import config as config_lib
   from sao_jax.config import MeshConfig
-  from sao_jax.learner import make_sft_update
   from sao_jax.rollout import sao_sampling
-  from sao_jax.runners import train
+  from sao_jax.runners.compiled import compile_sampler
+  from sao_jax.setup import make_setup
   from sao_jax.sharding import make_mesh
   from sao_jax.transport import records
   from sao_jax.transport.params import ParamSubscriber, unflatten
 
   cfg = config_lib.from_dict(spec.config)
-  s = train.make_setup(cfg)
+  s = make_setup(cfg)
   mesh = make_mesh(MeshConfig(shape=(1, 1, 1)), jax.devices()[:1])
   slots = cfg.sao.sampler_slots
-  progs = train.programs_for(s, cfg.sft.optim, make_sft_update, mesh=mesh)
-  like = progs.init(jax.random.key(0)).params
+  progs = compile_sampler(cfg, s.model, prompt_len=s.prompt_len,
+                          max_new_tokens=cfg.rl.max_new_tokens, temperature=cfg.rl.temperature,
+                          eos_id=s.tok.eos_id, pad_id=s.tok.pad_id, mesh=mesh)
   sub = ParamSubscriber(spec.param_dir)
   version, params = -1, None
   key = jax.random.key(spec.seed)
@@ -92,7 +93,7 @@ def _run(spec: SamplerSpec, end, stop) -> None:
     got = sub.poll(version)
     if got is not None:
       version, flat = got
-      params = jax.device_put(unflatten(like, flat), progs.state_sharding.params)
+      params = jax.device_put(unflatten(progs.abstract_params, flat), progs.params_sharding)
     if params is None:
       time.sleep(0.05)
       continue
@@ -100,10 +101,10 @@ def _run(spec: SamplerSpec, end, stop) -> None:
     if not indices:
       continue
     tasks = [s.train[i] for i in indices]
-    envs = [train.make_env(s) for _ in tasks]
+    envs = [s.family.make_env(s.tok) for _ in tasks]
     key, sub_key = jax.random.split(key)
     trajs = sao_sampling(progs.sample, params, envs, tasks, indices, s.tok, slots=slots,
-                         prompt_len=s.prompt_len, max_steps=envs[0].max_steps, rng=sub_key,
+                         prompt_len=s.prompt_len, max_steps=s.max_steps, rng=sub_key,
                          policy_version=version)
     for traj in trajs:
       counter += 1

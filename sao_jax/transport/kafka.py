@@ -128,6 +128,10 @@ class KafkaSpec:
     finally:
       consumer.close()
 
+  def watch_control(self) -> ControlWatcher:
+    """Announcements made on the control topic from now on (see `ControlWatcher`)."""
+    return ControlWatcher(self)
+
   def learner_end(self) -> KafkaLearnerEnd:
     return KafkaLearnerEnd(self)
 
@@ -236,6 +240,33 @@ def _close(producer, consumer, watch: _BrokerWatch) -> None:
     producer._sender.force_close()
     producer.close(timeout=_CLOSE_TIMEOUT_S)
   consumer.close(timeout_ms=int(_CLOSE_TIMEOUT_S * 1000))
+
+
+class ControlWatcher:
+  """Follows the control topic from its end: `poll()` returns the announcements made since
+  the last call (JSON objects; anything else on the topic is skipped)."""
+
+  def __init__(self, spec: KafkaSpec):
+    from kafka import KafkaConsumer, TopicPartition
+    self._consumer = KafkaConsumer(bootstrap_servers=spec.bootstrap, enable_auto_commit=False,
+                                   auto_offset_reset="latest", fetch_max_wait_ms=200, **_CLIENT)
+    self._consumer.assign([TopicPartition(spec.topic("control"), 0)])
+
+  def poll(self, timeout_s: float = 1.0) -> list[dict]:
+    import json
+    out = []
+    for recs in self._consumer.poll(timeout_ms=int(timeout_s * 1000)).values():
+      for r in recs:
+        try:
+          news = json.loads(r.value)
+        except (ValueError, TypeError):
+          continue
+        if isinstance(news, dict):
+          out.append(news)
+    return out
+
+  def close(self) -> None:
+    self._consumer.close()
 
 
 class KafkaLearnerEnd:

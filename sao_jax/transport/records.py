@@ -40,10 +40,8 @@ Payload:
 Meta is for scalars (task id, reward, timings); arrays are for anything bulky. Only the dtypes
 in `DTYPE_CODES` are accepted, so no object, string or structured data can ride along.
 
-Quantised arrays are not a dtype of their own but a naming convention: an int8 array `name`
-and a float32 array `name + SCALE_SUFFIX` (`"name__scale"`) holding its per-vector scales,
-with the quantised axis kept as size 1 so that `dequantize_int8(q, scale)` broadcasts. See
-`quantize_int8`.
+Quantised data (the compressed memory's INT8 bank, `sao_jax.compression.quant`) travels as
+two plain arrays, the int8 values and their float32 scales.
 
 Decoded arrays are fresh, writable copies in native byte order: they never alias the
 message buffer, which a transport may reuse.
@@ -67,7 +65,6 @@ MAGIC = b"SAOR"
 SCHEMA_VERSION = 1
 DEFAULT_MAX_BYTES = 8 * 1024 * 1024
 MAX_NDIM = 32
-SCALE_SUFFIX = "__scale"
 
 _PREFIX = struct.Struct("<4sHBBQqI")  # the header up to, not including, the checksum
 HEADER = struct.Struct("<4sHBBQqII")
@@ -212,26 +209,6 @@ def decode(data: bytes | bytearray | memoryview, *,
   record_kind = _checked_kind(kind, flags)
   meta, arrays = _decode_payload(view[HEADER_SIZE:])
   return Record(record_kind, record_id, policy_version, arrays, meta, end)
-
-
-def quantize_int8(x: npt.ArrayLike, axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
-  """Symmetric per-vector INT8 with dynamic range: scale = max|x| / 127 along `axis`, so each
-  vector uses the full int8 range and the error per element is at most scale / 2. Returns
-  `(q, scale)`: int8 `q` shaped like `x`, float32 `scale` with `axis` kept as size 1. An
-  all-zero vector gets scale 0 and q 0. Input is computed in float32; non-finite values raise
-  `ValueError`, since they would poison the scale of their whole vector."""
-  x = np.asarray(x, dtype=np.float32)
-  if not np.isfinite(x).all():
-    raise ValueError("cannot quantise non-finite values")
-  scale = np.max(np.abs(x), axis=axis, keepdims=True) / np.float32(127)
-  divisor = np.where(scale > 0, scale, np.float32(1))
-  q = np.clip(np.rint(x / divisor), -127, 127).astype(np.int8)
-  return q, scale
-
-
-def dequantize_int8(q: npt.ArrayLike, scale: npt.ArrayLike) -> np.ndarray:
-  """Inverse of `quantize_int8`, as float32."""
-  return np.asarray(q).astype(np.float32) * np.asarray(scale, dtype=np.float32)
 
 
 def _record_kind(kind: RecordKind | int) -> RecordKind:

@@ -1,0 +1,109 @@
+"""The built-in task families (see `sao_jax.tasks`).
+
+* ``arithmetic``: generated GSM8K-style word problems, one step (`sao_jax.envs.arithmetic`);
+  parameters are `task.n_ops`, `task.n_ops_mix`, `task.max_operand`, `task.ops`,
+  `task.reverse_digits`.
+* ``longhorizon``: multi-turn retention dialogues or corridor walks of up to 1,000 steps
+  (`sao_jax.envs.longhorizon`); parameters in `task.options` (`LongHorizonOptions`). The
+  policy sees a raw window of the last `window` tokens of the episode; compressed memory of
+  the earlier steps (`compression.enabled`) is not yet available from the runners.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from sao_jax.data import arithmetic_tfds, longhorizon_tfds
+from sao_jax.envs.arithmetic import ArithmeticEnv, ArithmeticSpec
+from sao_jax.envs.base import Task
+from sao_jax.envs.longhorizon import SEP, LongHorizonEnv, LongHorizonSpec, graded_steps
+from sao_jax.tasks import SFTExample, TaskFamily, register_family
+from sao_jax.tokenizer import Tokenizer
+
+
+def _interleave(parts: list[list[Task]]) -> list[Task]:
+  return [t for group in zip(*parts, strict=True) for t in group]
+
+
+@register_family("arithmetic")
+class Arithmetic(TaskFamily):
+  """Reward 1 for the right final answer (and a well-formed solution), else 0."""
+
+  def specs(self) -> list[ArithmeticSpec]:
+    t = self.cfg
+    return [ArithmeticSpec(n_ops=n, max_operand=t.max_operand, ops=t.ops,
+                           reverse_digits=t.reverse_digits) for n in (t.n_ops_mix or (t.n_ops,))]
+
+  def tasks(self, split: str) -> list[Task]:
+    t, specs = self.cfg, self.specs()
+    kw = dict(num_train=t.num_train // len(specs), num_test=t.num_test // len(specs),
+              seed=t.seed, data_dir=t.data_dir or None)
+    # A mixture interleaves its parts, so any prefix of the test split (eval.num_problems)
+    # holds every part in equal measure.
+    return _interleave([arithmetic_tfds.load_tasks(spec, split, **kw) for spec in specs])
+
+  def make_env(self, tok: Tokenizer) -> ArithmeticEnv:
+    return ArithmeticEnv(tok)
+
+
+@dataclasses.dataclass(frozen=True)
+class LongHorizonOptions:
+  """kind: "retention" or "navigation"; n_steps, n_facts, min_gap, p_noise, period as in
+  `LongHorizonSpec`; window: raw context tokens the policy sees at each step;
+  graded_weight: supervised weight of a graded step against 1 for each filler step (a
+  36-step episode has 35 filler steps: the answers must dominate the objective)."""
+
+  kind: str = "retention"
+  n_steps: int = 36
+  n_facts: int = 1
+  min_gap: int = 32
+  p_noise: float = 0.1
+  period: int = 0
+  window: int = 24
+  graded_weight: float = 100.0
+
+  def __post_init__(self):
+    self.spec()  # validates the episode parameters
+    if self.window < 8 or self.graded_weight <= 0:
+      raise ValueError("window must be >= 8 and graded_weight > 0")
+
+  def spec(self) -> LongHorizonSpec:
+    return LongHorizonSpec(self.kind, n_steps=self.n_steps, n_facts=self.n_facts,
+                           min_gap=self.min_gap, p_noise=self.p_noise, period=self.period)
+
+
+@register_family("longhorizon")
+class LongHorizon(TaskFamily):
+  """One step per turn; reward 1 at each graded step answered right (accuracy: the
+  fraction of graded steps)."""
+
+  Options = LongHorizonOptions
+
+  def tasks(self, split: str) -> list[Task]:
+    t = self.cfg
+    return longhorizon_tfds.load_tasks(self.options.spec(), split, t.num_train, t.num_test,
+                                       t.seed, data_dir=t.data_dir or None)
+
+  def make_env(self, tok: Tokenizer) -> LongHorizonEnv:
+    return LongHorizonEnv(tok, max_steps=self.options.n_steps)
+
+  def max_reward(self, task: Task) -> float:
+    return float(len(graded_steps(task)))
+
+  def sft_examples(self, task: Task, tok: Tokenizer, prompt_len: int) -> list[SFTExample]:
+    """Every step of the expert script, each seeing the last `prompt_len` tokens of the
+    episode so far (as the sampler's rows do)."""
+    graded = graded_steps(task)
+    ctx, out = [tok.bos_id], []
+    for t, (obs, act) in enumerate(zip(task.prompt.split(SEP), task.solution.split(SEP),
+                                       strict=True)):
+      ctx = ctx + tok.encode(obs)
+      target = tok.encode(act, add_eos=True)
+      out.append(SFTExample(ctx[-prompt_len:], target,
+                            self.options.graded_weight if t in graded else 1.0))
+      ctx = ctx + target  # the action with its EOS, as sao_sampling appends it
+    return out
+
+  def budget(self, tasks: list[Task], tok: Tokenizer) -> tuple[int, int]:
+    target = max(len(tok.encode(a, add_eos=True)) for t in tasks
+                 for a in t.solution.split(SEP))
+    return self.options.window, target

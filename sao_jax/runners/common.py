@@ -1,0 +1,121 @@
+"""What every training phase shares: its clock, its programs, its logging and its ending."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from sao_jax import checkpoint as ckpt_lib
+from sao_jax.batches import SFTBatch
+from sao_jax.config import Config, OptimConfig
+from sao_jax.envs.base import Task
+from sao_jax.evaluation import evaluate
+from sao_jax.learner import make_optimizer
+from sao_jax.metrics import MetricsWriter
+from sao_jax.packing import left_pad, right_pad
+from sao_jax.runners.compiled import Programs, compile_programs
+from sao_jax.setup import Setup
+from sao_jax.state import TrainState
+
+
+class PhaseClock:
+  """Training wall-clock of a phase, excluding held-out evaluation, so that time budgets and
+  accuracy-vs-time curves compare arms on training time alone."""
+
+  def __init__(self, steps: int, max_seconds: float, eval_every: float, eval_fn):
+    self.steps, self.max_seconds = steps, max_seconds
+    self.eval_every, self.eval_fn = eval_every, eval_fn
+    self.t0 = time.time()
+    self.eval_seconds = 0.0
+    self.last_eval = 0.0
+    self.curve: list[tuple[float, int, float]] = []  # (train seconds, step, eval accuracy)
+
+  def resume_at(self, seconds: float) -> None:
+    """Continues a phase that already trained `seconds` before a restart."""
+    self.t0 = time.time() - seconds - self.eval_seconds
+
+  @property
+  def elapsed(self) -> float:
+    return time.time() - self.t0 - self.eval_seconds
+
+  def running(self, step: int) -> bool:
+    if self.steps and step >= self.steps:
+      return False
+    return not (self.max_seconds and self.elapsed >= self.max_seconds)
+
+  def maybe_eval(self, step: int, params, force: bool = False) -> dict[str, float]:
+    """Held-out eval every `eval_every` training seconds (and at step 0 / the end)."""
+    if not (force or (self.eval_every and self.elapsed - self.last_eval >= self.eval_every)):
+      return {}
+    te = time.time()
+    result = self.eval_fn(params)
+    self.eval_seconds += time.time() - te
+    self.last_eval = self.elapsed
+    self.curve.append((round(self.elapsed, 2), step, result["accuracy"]))
+    return {f"eval_{k}": v for k, v in result.items()}
+
+
+def programs_for(s: Setup, optim: OptimConfig, update_maker: Callable, *, with_ref=False,
+                 mesh=None, num_tasks: int = 0) -> Programs:
+  """The phase's learner (init, update) and sampler (sample, greedy) programs."""
+  tx = make_optimizer(optim)
+  return compile_programs(s.cfg, s.model, tx, update_maker(s.model, tx), with_ref=with_ref,
+                          prompt_len=s.prompt_len, max_new_tokens=s.cfg.rl.max_new_tokens,
+                          temperature=s.cfg.rl.temperature, eos_id=s.tok.eos_id,
+                          pad_id=s.tok.pad_id, mesh=mesh, num_tasks=num_tasks)
+
+
+def eval_fn(s: Setup, progs: Programs, tasks: list[Task] | None = None):
+  """params -> held-out accuracy dict (on `tasks`, default the test split's first
+  eval.num_problems)."""
+  return lambda params: evaluate(s, progs.greedy, params, batch_divisor=progs.batch_divisor,
+                                 tasks=tasks)
+
+
+def sft_batch(s: Setup, tasks: list[Task], rng: np.random.Generator, rows: int,
+              target_len: int) -> SFTBatch:
+  """One teacher-forced row per task. A multi-step task contributes one of its steps, drawn
+  with probability proportional to the step's weight (so that in expectation the loss is
+  the weighted one); a one-step task its only row."""
+  contexts, targets = [], []
+  for task in tasks:
+    examples = s.family.sft_examples(task, s.tok, s.prompt_len)
+    if len(examples) > 1:
+      w = np.asarray([e.weight for e in examples], np.float64)
+      ex = examples[rng.choice(len(examples), p=w / w.sum())]
+    else:
+      ex = examples[0]
+    contexts.append(ex.context)
+    targets.append(ex.target)
+  prompt, pvalid = left_pad(contexts, s.prompt_len, s.tok.pad_id)
+  target, tvalid = right_pad(targets, target_len, s.tok.pad_id)
+  return SFTBatch(prompt_bp=prompt, prompt_valid_bp=pvalid, tokens_bt=target, valid_bt=tvalid,
+                  weight_b=np.ones(rows, np.float32))
+
+
+def log_step(writer: MetricsWriter, clock: PhaseClock, cfg: Config, step: int, params,
+             row: dict, phase: str):
+  """Adds a periodic held-out eval to `row` when due, writes it every `log_every` steps (and
+  whenever it carries an eval), and advances the progress bar."""
+  row.update(clock.maybe_eval(step, params))
+  if step % cfg.log_every == 0 or "eval_accuracy" in row:
+    writer.write(step, row, phase=phase, advance=0)
+  writer.tick()
+
+
+def finish_phase(mngr, state: TrainState, cfg: Config, clock: PhaseClock, step: int,
+                 phase: str, meta: dict | None = None) -> dict:
+  """Final snapshot, then the final held-out eval; returns the phase's common summary."""
+  ckpt_lib.save(mngr, state, cfg, meta or {"phase": phase}, force=True)
+  mngr.wait_until_finished()
+  mngr.close()
+  seconds = clock.elapsed
+  final = clock.maybe_eval(step, state.params, force=True)
+  return {"steps": step, "seconds": seconds, "eval_curve": clock.curve,
+          **{k.removeprefix("eval_"): v for k, v in final.items()}}
+
+
+def delay_stats(delays: list[float]) -> dict:
+  d = np.asarray(delays or [0.0])
+  return {"delay_mean_s": float(d.mean()), "delay_p95_s": float(np.percentile(d, 95))}

@@ -1,0 +1,107 @@
+"""Synchronous GRPO(N=group_size): the 'Traditional' baseline SAO is compared with."""
+from __future__ import annotations
+
+import pathlib
+import time
+
+import jax
+import numpy as np
+
+from sao_jax import checkpoint as ckpt_lib
+from sao_jax import config as config_lib
+from sao_jax.batches import RLBatch
+from sao_jax.learner import make_rl_update
+from sao_jax.metrics import MetricsWriter, peak_memory_mb
+from sao_jax.packing import encode_prompts
+from sao_jax.runners.common import (
+    PhaseClock,
+    delay_stats,
+    eval_fn,
+    finish_phase,
+    log_step,
+    programs_for,
+)
+from sao_jax.runners.compiled import Programs
+from sao_jax.setup import Setup
+from sao_jax.state import TrainState, copy_tree
+
+
+def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathlib.Path, *,
+             max_seconds: float | None = None, eval_every: float = 0.0
+             ) -> tuple[TrainState, Programs, dict]:
+  """Sample G completions for each of `prompts_per_step` prompts, wait for all of them,
+  score, one update; repeat. One-step task families only (`sao_jax.setup` checks)."""
+  cfg, rl = s.cfg, s.cfg.rl
+  max_seconds = rl.max_seconds if max_seconds is None else max_seconds
+  with_ref = rl.kl_coef > 0
+  progs = programs_for(s, rl.optim, lambda m, tx: make_rl_update(m, tx, rl), with_ref=with_ref)
+  fresh = progs.init(jax.random.key(cfg.seed + 1))
+  state = fresh.replace(params=copy_tree(state.params),
+                        ref_params=copy_tree(state.params) if with_ref else None)
+  rows = rl.prompts_per_step * rl.group_size
+  if rows % progs.batch_divisor:
+    raise config_lib.ConfigError(f"prompts_per_step*group_size = {rows} must divide over "
+                                 f"{progs.batch_divisor} batch shards")
+  env = s.family.make_env(s.tok)
+  rng = np.random.default_rng((cfg.seed, 2))
+  key = jax.random.key(cfg.seed + 2)
+  mngr = ckpt_lib.manager(workdir / "checkpoints" / "rl", every=cfg.checkpoint_every,
+                          keep=cfg.recovery.keep, keep_best=False)
+  clock = PhaseClock(rl.steps, max_seconds, eval_every, eval_fn(s, progs))
+  writer.progress("grpo", rl.steps or None)
+  step, busy, tokens, delays = 0, 0.0, 0, []
+  resumed = ckpt_lib.restore_latest_valid(mngr, state) if mngr.all_steps() else None
+  if resumed is not None:
+    state, meta, step, _ = resumed
+    rng.bit_generator.state = meta["stream"]["rng"]
+    key = jax.random.wrap_key_data(np.asarray(meta["stream"]["key"], np.uint32))
+    clock.resume_at(meta["stream"]["train_seconds"])
+    print(f"grpo: resuming from snapshot step {step}", flush=True)
+  else:
+    clock.maybe_eval(step, state.params, force=bool(eval_every))
+
+  def meta():
+    return {"phase": "rl", "stream": {"rng": rng.bit_generator.state,
+                                      "key": np.asarray(jax.random.key_data(key)).tolist(),
+                                      "train_seconds": clock.elapsed}}
+
+  t_loop = time.time()
+  while clock.running(step):
+    ts = time.time()
+    idx = rng.integers(0, len(s.train), rl.prompts_per_step)
+    tasks = [s.train[i] for i in idx for _ in range(rl.group_size)]
+    prompt, pvalid = encode_prompts(s.tok, [t.prompt for t in tasks], s.prompt_len)
+    key, sub = jax.random.split(key)
+    out = jax.device_get(progs.sample(state.params, prompt, pvalid, sub))
+    rewards, fmt = np.zeros(rows, np.float32), []
+    for i, task in enumerate(tasks):
+      env.reset(task)
+      res = env.step(out.tokens_bt[i])
+      rewards[i] = res.reward
+      if "format_ok" in res.info:
+        fmt.append(res.info["format_ok"])
+    t_sampled = time.time()
+    batch = RLBatch(prompt_bp=prompt, prompt_valid_bp=pvalid, tokens_bt=out.tokens_bt,
+                    valid_bt=out.valid_bt, logp_bt=out.logp_bt, rewards_b=rewards)
+    tu = time.time()
+    state, metrics = progs.update(state, progs.shard_batch(batch))
+    metrics = jax.device_get(metrics)
+    busy += time.time() - tu
+    tokens += int(out.lengths_b.sum())
+    delays.append(time.time() - t_sampled)  # every row of the group waited for the last one
+    step += 1
+    ckpt_lib.save(mngr, state, cfg, meta())
+    t_end = time.time()
+    row = dict(metrics, accuracy=float(rewards.mean()), step_time=t_end - ts,
+               sampling_time=t_sampled - ts, learner_time=t_end - t_sampled,
+               tokens_per_s=float(out.lengths_b.sum()) / (t_end - ts),
+               mean_len=float(out.lengths_b.mean()), train_seconds=clock.elapsed,
+               learner_busy=busy / (time.time() - t_loop), peak_memory_mb=peak_memory_mb())
+    if fmt:
+      row["format_rate"] = float(np.mean(fmt))
+    log_step(writer, clock, cfg, step, state.params, row, "rl")
+  wall = time.time() - t_loop
+  info = finish_phase(mngr, state, cfg, clock, step, "rl", meta())
+  return state, progs, dict(info, trajectories=step * rows, trajectories_per_s=step * rows / wall,
+                            tokens_per_s=tokens / wall, learner_busy=busy / wall,
+                            peak_rss_all_mb=peak_memory_mb(), **delay_stats(delays))

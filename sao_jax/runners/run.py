@@ -1,0 +1,162 @@
+"""A whole run, as `sao-jax train` does it: supervised warm start, then the RL phase that
+`rl.algorithm` names, in one workdir that a rerun of the same command resumes.
+
+The workdir gets metrics.jsonl (phase-tagged rows), tb/, checkpoints/{sft,rl}/,
+config.json, progress.json (finished phases) and summary.json.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import time
+from typing import Any
+
+import jax
+
+from sao_jax import checkpoint as ckpt_lib
+from sao_jax import config as config_lib
+from sao_jax.config import Config
+from sao_jax.evaluation import evaluate
+from sao_jax.learner import make_sft_update
+from sao_jax.metrics import MetricsWriter, peak_memory_mb, write_summary
+from sao_jax.runners.common import eval_fn, programs_for
+from sao_jax.runners.compiled import compile_sampler
+from sao_jax.runners.grpo import run_grpo
+from sao_jax.runners.sao import run_sao
+from sao_jax.runners.sft import run_sft
+from sao_jax.setup import Setup, make_setup
+from sao_jax.state import TrainState
+
+# rl.algorithm -> the phase that runs it: (setup, writer, start state, workdir, *,
+# eval_every) -> (state, programs, summary)
+RL_PHASES = {"grpo": run_grpo, "sao": run_sao}
+
+
+def restore_init(s: Setup, path: str) -> TrainState:
+  """Params from another run's latest checkpoint (a workdir or a checkpoint folder)."""
+  directory = _checkpoint_dir(pathlib.Path(path))
+  progs = programs_for(s, s.cfg.sft.optim, make_sft_update)
+  like = progs.init(jax.random.key(0))
+  params, _, _ = ckpt_lib.restore_params(directory, like.params)
+  return like.replace(params=params)
+
+
+def _checkpoint_dir(path: pathlib.Path) -> pathlib.Path:
+  """`path` itself if it holds steps; else the newest phase under path/checkpoints."""
+  if (path / "checkpoints").is_dir():
+    for phase in ("rl", "sft"):
+      d = path / "checkpoints" / phase
+      if d.is_dir() and any(p.name.isdigit() for p in d.iterdir()):
+        return d
+    raise FileNotFoundError(f"no checkpoints under {path}/checkpoints")
+  return path
+
+
+def _eval_row(info: dict) -> dict:
+  return {f"eval_{k}": info[k] for k in ("accuracy", "format_rate", "num_problems") if k in info}
+
+
+def _check_resume(cfg: Config, workdir: pathlib.Path) -> dict | None:
+  """None for a new workdir; for one that holds this run: the phases it finished (rerunning
+  the same command resumes). A different config in the same workdir is an error."""
+  old_path = workdir / "config.json"
+  if not (workdir / "checkpoints").exists() or not old_path.exists():
+    return None
+  try:  # keys added to the code since (absent from the file) take their defaults
+    old_cfg = config_lib.from_dict(json.loads(old_path.read_text()))
+  except (config_lib.ConfigError, TypeError, ValueError) as err:
+    raise config_lib.ConfigError(f"{workdir} holds a run whose config.json this code cannot "
+                                 f"read ({err}); pass a new --workdir") from None
+  old = _flat(json.loads(config_lib.to_json(old_cfg)))
+  new = _flat(json.loads(config_lib.to_json(cfg)))
+  diff = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+  if diff:
+    shown = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:5])
+    raise config_lib.ConfigError(
+        f"{workdir} already holds a run with a different config ({shown}); rerun with the same "
+        "config to resume it, or pass a new --workdir")
+  path = workdir / "progress.json"
+  progress = json.loads(path.read_text()) if path.exists() else {}
+  return progress
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def _save_progress(workdir: pathlib.Path, phase: str, info: dict) -> None:
+  path = workdir / "progress.json"
+  progress = json.loads(path.read_text()) if path.exists() else {}
+  progress[phase] = {k: v for k, v in info.items() if k != "eval_curve"}
+  tmp = path.with_suffix(".tmp")
+  tmp.write_text(json.dumps(progress, default=float))
+  os.replace(tmp, path)
+
+
+def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True) -> dict[str, Any]:
+  workdir = pathlib.Path(workdir)
+  progress = _check_resume(cfg, workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / "config.json").write_text(config_lib.to_json(cfg))
+  t_start = time.time()
+  s = make_setup(cfg)
+  writer = MetricsWriter(workdir, show_progress=show_progress)
+  summary: dict[str, Any] = {"name": cfg.name, "devices": [str(d) for d in jax.devices()],
+                             "train_problems": len(s.train), "test_problems": len(s.test)}
+  if progress is not None:
+    print(f"resuming the run in {workdir} (finished phases: {', '.join(progress) or 'none'})",
+          flush=True)
+    if (workdir / "summary.json").exists() and ("rl" in progress or not (
+        cfg.rl.steps or cfg.rl.max_seconds)):
+      writer.close()
+      print("the run had already finished; its summary is unchanged", flush=True)
+      return json.loads((workdir / "summary.json").read_text())
+  progress = progress or {}
+  state = restore_init(s, cfg.init_from) if cfg.init_from else None
+  try:
+    if "sft" in progress:  # finished before the restart: its final snapshot is the start
+      state = restore_init(s, str(workdir / "checkpoints" / "sft"))
+      summary["sft"] = progress["sft"]
+    elif cfg.sft.steps or cfg.sft.max_seconds:
+      state, progs, info = run_sft(s, writer, state, workdir, eval_every=cfg.eval.every_seconds)
+      summary["sft"] = info
+      writer.write(info["steps"], _eval_row(info), phase="sft_eval", advance=0)
+      _save_progress(workdir, "sft", info)
+    if state is None:
+      raise config_lib.ConfigError("nothing to train from: set sft.steps/max_seconds or init_from")
+    if cfg.rl.steps or cfg.rl.max_seconds:
+      if "sft" not in summary:
+        progs = programs_for(s, cfg.sft.optim, make_sft_update)
+        summary["start"] = eval_fn(s, progs)(state.params)
+      rl_phase = RL_PHASES[cfg.rl.algorithm]
+      state, progs, info = rl_phase(s, writer, state, workdir, eval_every=cfg.eval.every_seconds)
+      summary["rl"] = info
+      writer.write(info["steps"], _eval_row(info), phase="rl_eval", advance=0)
+      _save_progress(workdir, "rl", info)
+  finally:
+    writer.close()
+  summary["wall_s"] = time.time() - t_start
+  summary["peak_memory_mb"] = peak_memory_mb()
+  write_summary(workdir, summary)
+  return summary
+
+
+def eval_workdir(workdir: str | pathlib.Path, num: int | None = None) -> dict[str, Any]:
+  """Held-out greedy accuracy of the latest checkpoint in `workdir`, rebuilt from its config."""
+  directory = _checkpoint_dir(pathlib.Path(workdir))
+  step, meta = ckpt_lib.read_meta(directory)
+  cfg = config_lib.from_dict(meta["config"])
+  s = make_setup(cfg)
+  progs = compile_sampler(cfg, s.model, prompt_len=s.prompt_len,
+                          max_new_tokens=cfg.rl.max_new_tokens, temperature=cfg.rl.temperature,
+                          eos_id=s.tok.eos_id, pad_id=s.tok.pad_id)
+  params, _, _ = ckpt_lib.restore_params(directory, progs.abstract_params)
+  result = evaluate(s, progs.greedy, params, batch_divisor=progs.batch_divisor, num=num)
+  return dict(result, checkpoint=str(directory), step=step)

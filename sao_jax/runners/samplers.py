@@ -1,0 +1,225 @@
+"""Sampler processes: one supervisor for every place that runs them, and the learner's pool.
+
+`SamplerGroup` starts K sampler processes (spawn), reports an exception raised in any of them,
+restarts one that died (kill -9, the OOM killer) up to a budget, and stops them all; the
+embedded pool of `sao-jax train` and `sao-jax sampler` (which joins a run over Kafka) both
+use it. `SamplerPool` is the learner's side: the transport (multiprocessing queues, or Kafka
+on a given cluster or a local broker started here) plus a group of local samplers.
+"""
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import pathlib
+import queue
+import time
+import uuid
+from collections.abc import Callable
+
+from sao_jax import config as config_lib
+from sao_jax.procs import stop_processes
+from sao_jax.runners.sampler_proc import SamplerError, SamplerSpec, sampler_main
+from sao_jax.transport.base import EmbeddedSpec
+from sao_jax.transport.broker import LocalBroker, wait_until_answers
+from sao_jax.transport.kafka import KafkaSpec
+
+
+class SamplerGroup:
+  """`num` sampler processes built from `make_spec(index, restarts_so_far)`."""
+
+  def __init__(self, ctx, make_spec: Callable[[int, int], SamplerSpec], num: int,
+               max_restarts: int, name: str = "sao-sampler"):
+    self.ctx, self.make_spec, self.num = ctx, make_spec, num
+    self.max_restarts, self.name = max_restarts, name
+    self.errors = ctx.Queue()
+    self.stop = ctx.Event()
+    self.procs: list[mp.Process] = []
+    self.restarts = 0
+
+  def _spawn(self, i: int) -> mp.Process:
+    p = self.ctx.Process(target=sampler_main, name=f"{self.name}-{i}",
+                         args=(self.make_spec(i, self.restarts), self.stop, self.errors),
+                         daemon=True)
+    p.start()
+    return p
+
+  def start(self) -> SamplerGroup:
+    self.procs = [self._spawn(i) for i in range(self.num)]
+    return self
+
+  def dead(self) -> list[int]:
+    """Indices of samplers that died; raises SamplerError if one reported an exception (a
+    bug that a restart would repeat)."""
+    with contextlib.suppress(queue.Empty):
+      raise SamplerError(f"a sampler failed:\n{self.errors.get_nowait()}")
+    if self.stop.is_set():
+      return []
+    return [i for i, p in enumerate(self.procs) if p.exitcode not in (None, 0)]
+
+  def count_restarts(self, dead: list[int]) -> None:
+    """Charges `dead` to the restart budget; SamplerError when it is spent."""
+    for i in dead:
+      p = self.procs[i]
+      if self.restarts >= self.max_restarts:
+        raise SamplerError(f"{p.name} died with exit code {p.exitcode} and "
+                           f"{self.restarts} samplers were already restarted (the limit); "
+                           "stopping")
+      self.restarts += 1
+      print(f"sao: {p.name} died with exit code {p.exitcode}; restarting it "
+            f"({self.restarts}/{self.max_restarts})", flush=True)
+
+  def restart(self, dead: list[int]) -> None:
+    self.count_restarts(dead)
+    for i in dead:
+      self.procs[i] = self._spawn(i)
+
+  def replace_all(self, make_spec: Callable[[int, int], SamplerSpec] | None = None) -> None:
+    """Stops every sampler (they finish and send their current call) and starts them again,
+    from `make_spec` if given (a new transport or learner incarnation)."""
+    self.stop.set()
+    stop_processes(self.procs, timeout=30)
+    self.stop = self.ctx.Event()
+    if make_spec is not None:
+      self.make_spec = make_spec
+    self.start()
+
+  def alive(self) -> int:
+    return sum(p.is_alive() for p in self.procs)
+
+  def pids(self) -> list[int]:
+    return [p.pid for p in self.procs if p.pid is not None]
+
+  def close(self) -> None:
+    self.stop.set()
+    stop_processes(self.procs)
+    self.errors.cancel_join_thread()
+    self.errors.close()
+
+
+def new_run_id(cfg: config_lib.Config) -> str:
+  return f"{cfg.name}-{time.strftime('%Y%m%d%H%M%S')}-{os.getpid()}"
+
+
+class SamplerPool:
+  """The learner's transport and its local sampler processes; a context manager that always
+  cleans up (processes, queues, and the local broker if it started one)."""
+
+  def __init__(self, cfg: config_lib.Config, param_dir: pathlib.Path, run_id: str = ""):
+    self.ctx = mp.get_context("spawn")
+    self.cfg, self.param_dir, self.run_id = cfg, param_dir, run_id
+    self.broker = None
+    self.transport = None
+    self.learner = None
+    sao = cfg.sao
+    self.cores: list[tuple[int, ...]] = [()] * sao.num_samplers
+    self.learner_cores: tuple[int, ...] = ()
+    if sao.pin_cores:
+      allowed = sorted(os.sched_getaffinity(0))
+      if len(allowed) < 2:
+        raise config_lib.ConfigError("sao.pin_cores needs at least 2 CPU cores")
+      self.learner_cores = (allowed[0],)
+      rest = allowed[1:]
+      self.cores = [tuple(rest[i::sao.num_samplers]) or tuple(rest)
+                    for i in range(sao.num_samplers)]
+    self.group = SamplerGroup(self.ctx, self._spec_maker(), sao.num_samplers,
+                              sao.max_sampler_restarts)
+
+  def _spec_maker(self):
+    transport, cfg = self.transport, self.cfg
+
+    def make(i: int, restarts: int) -> SamplerSpec:
+      return SamplerSpec(sampler_id=i, config=config_lib.to_dict(cfg),
+                         param_dir=str(self.param_dir), transport=transport,
+                         seed=cfg.seed * 1000 + i + 7919 * restarts,
+                         threads=cfg.sao.sampler_threads, cores=self.cores[i])
+    return make
+
+  def _make_transport(self):
+    t = self.cfg.transport
+    if t.kind == "embedded":
+      return EmbeddedSpec(self.ctx)
+    bootstrap = t.bootstrap_servers
+    if not bootstrap:
+      self.broker = LocalBroker().start()
+      bootstrap = self.broker.bootstrap
+    else:
+      wait_until_answers(bootstrap, timeout=10.0)
+    run_id = self.run_id or t.run_id or new_run_id(self.cfg)
+    spec = KafkaSpec(bootstrap=bootstrap, run_id=run_id, partitions=t.partitions,
+                     broker_timeout_s=t.broker_timeout_s, incarnation=uuid.uuid4().hex[:8])
+    spec.create_topics()
+    spec.announce({"status": "running", "config": config_lib.to_dict(self.cfg),
+                   "param_dir": str(self.param_dir.absolute()), "partitions": t.partitions,
+                   "incarnation": spec.incarnation})
+    print(f"sao: kafka transport at {bootstrap}, run id {run_id}; more samplers can join with: "
+          f"sao-jax sampler --bootstrap {bootstrap} --run-id {run_id}", flush=True)
+    return spec
+
+  def __enter__(self):
+    try:
+      self.transport = self._make_transport()
+      self.learner = self.transport.learner_end()
+      self.group.make_spec = self._spec_maker()
+      self.group.start()
+      if self.learner_cores:
+        os.sched_setaffinity(0, self.learner_cores)
+    except BaseException:
+      self.__exit__(None, None, None)
+      raise
+    return self
+
+  def check(self) -> list[bytes] | None:
+    """Restarts samplers that died, within `sao.max_sampler_restarts` per run (SamplerError
+    beyond that, or on an exception in a sampler).
+
+    On Kafka the dead sampler alone is restarted; the group gives its unacknowledged tasks to
+    the others. On the embedded transport a process killed while it held a queue's lock can
+    block that queue for everyone, so the sampler group restarts on fresh queues: the live
+    samplers finish and send their current call first, and the records still in the old
+    queue are returned to the caller. Returns None if nothing died, else those records
+    (and the caller's count of tasks in flight starts again from zero).
+    """
+    dead = self.group.dead()
+    if not dead:
+      if self.learner is not None:
+        self.learner.check()  # the transport itself (Kafka: a lost broker -> BrokerError)
+      return None
+    if self.cfg.transport.kind != "embedded":
+      self.group.restart(dead)
+      return []
+    self.group.count_restarts(dead)
+    old = self.transport
+    self.group.stop.set()
+    stop_processes(self.group.procs, timeout=30)
+    leftovers = []
+    with contextlib.suppress(queue.Empty):
+      while True:
+        leftovers.append(old.traj_q.get(timeout=0.2))
+    old.close()
+    self.transport = EmbeddedSpec(self.ctx)
+    self.learner = self.transport.learner_end()
+    self.group.replace_all(self._spec_maker())
+    return leftovers
+
+  def __exit__(self, *exc):
+    if isinstance(self.transport, KafkaSpec):
+      with contextlib.suppress(Exception):
+        self.transport.announce({"status": "finished"})  # remote samplers stop
+    self.group.close()
+    for closer in (self.learner, self.transport):
+      if closer is not None:
+        with contextlib.suppress(Exception):
+          closer.close()
+    if self.broker is not None:
+      self.broker.stop()
+    if self.learner_cores:
+      os.sched_setaffinity(0, range(os.cpu_count()))
+    return False
+
+  @property
+  def restarts(self) -> int:
+    return self.group.restarts
+
+  def pids(self) -> list[int]:
+    return self.group.pids()

@@ -1,0 +1,83 @@
+"""The supervised warm start: teacher-forced cross-entropy on the task family's worked
+solutions."""
+from __future__ import annotations
+
+import pathlib
+import time
+import zlib
+
+import jax
+import numpy as np
+
+from sao_jax import checkpoint as ckpt_lib
+from sao_jax.learner import make_sft_update
+from sao_jax.metrics import MetricsWriter, peak_memory_mb
+from sao_jax.packing import round_up
+from sao_jax.runners.common import (
+    PhaseClock,
+    eval_fn,
+    finish_phase,
+    log_step,
+    programs_for,
+    sft_batch,
+)
+from sao_jax.runners.compiled import Programs
+from sao_jax.setup import Setup
+from sao_jax.state import TrainState, copy_tree
+
+
+def run_sft(s: Setup, writer: MetricsWriter, state: TrainState | None, workdir: pathlib.Path,
+            *, steps: int | None = None, max_seconds: float | None = None, tag: str = "sft",
+            eval_every: float = 0.0, keep_opt_state: bool = False
+            ) -> tuple[TrainState, Programs, dict]:
+  """Teacher-forced cross-entropy on worked solutions of random training tasks.
+
+  Starts from `state`'s params (a copy: the caller's state stays valid) and, with
+  `keep_opt_state`, its optimizer state too (continuing an SFT run rather than restarting).
+  Resumes by itself from the newest snapshot in `workdir/checkpoints/<tag>`.
+  """
+  cfg = s.cfg
+  steps = cfg.sft.steps if steps is None else steps
+  max_seconds = cfg.sft.max_seconds if max_seconds is None else max_seconds
+  progs = programs_for(s, cfg.sft.optim, make_sft_update)
+  fresh = progs.init(jax.random.key(cfg.seed))
+  if state is not None:
+    state = copy_tree(state) if keep_opt_state else fresh.replace(params=copy_tree(state.params))
+  else:
+    state = fresh
+  bs = round_up(cfg.sft.batch_size, progs.batch_divisor)
+  rng = np.random.default_rng((cfg.seed, 1, zlib.crc32(tag.encode())))
+  clock = PhaseClock(steps, max_seconds, eval_every, eval_fn(s, progs))
+  writer.progress(tag, steps or None)
+  mngr = ckpt_lib.manager(workdir / "checkpoints" / tag, every=cfg.checkpoint_every,
+                          keep=cfg.recovery.keep, keep_best=False)
+  step, tokens = 0, 0
+  resumed = ckpt_lib.restore_latest_valid(mngr, state) if mngr.all_steps() else None
+  if resumed is not None:  # a restart: same batches from here as the uninterrupted run
+    state, meta, step, _ = resumed
+    rng.bit_generator.state = meta["stream"]["rng"]
+    clock.resume_at(meta["stream"]["train_seconds"])
+    print(f"{tag}: resuming from snapshot step {step}", flush=True)
+  else:
+    clock.maybe_eval(step, state.params, force=bool(eval_every))
+
+  def meta():
+    return {"phase": tag, "stream": {"rng": rng.bit_generator.state,
+                                     "train_seconds": clock.elapsed}}
+
+  while clock.running(step):
+    ts = time.time()
+    tasks = [s.train[i] for i in rng.integers(0, len(s.train), bs)]
+    batch = sft_batch(s, tasks, rng, bs, s.target_len)
+    state, metrics = progs.update(state, progs.shard_batch(batch))
+    step += 1
+    tokens += int(batch.valid_bt.sum())
+    ckpt_lib.save(mngr, state, cfg, meta())
+    row = {}
+    if step % cfg.log_every == 0:  # fetching metrics waits for the step: only when logged
+      dt = time.time() - ts
+      row = dict(jax.device_get(metrics), step_time=dt, learner_time=dt,
+                 train_seconds=clock.elapsed, tokens_per_s=tokens / max(clock.elapsed, 1e-9),
+                 peak_memory_mb=peak_memory_mb())
+    log_step(writer, clock, cfg, step, state.params, row, tag)
+  return state, progs, finish_phase(mngr, state, cfg, clock, step, tag, meta())

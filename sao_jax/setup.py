@@ -1,0 +1,79 @@
+"""What a run is made of before it starts: the validated config, the tokenizer, the model,
+the task family and its tasks, and the shapes the programs are compiled for."""
+from __future__ import annotations
+
+import dataclasses
+
+from sao_jax import config as config_lib
+from sao_jax import families  # noqa: F401  (registers the built-in task families)
+from sao_jax.config import Config, ConfigError
+from sao_jax.envs.base import Task
+from sao_jax.models.transformer import TransformerLM
+from sao_jax.rl import advantages, losses, trackers  # noqa: F401  (fill the registries)
+from sao_jax.rl.registry import ADVANTAGES, LOSSES
+from sao_jax.tasks import TaskFamily, get_family
+from sao_jax.tokenizer import Tokenizer, get_tokenizer
+
+
+@dataclasses.dataclass
+class Setup:
+  """Everything a phase needs that does not change during the run."""
+
+  cfg: Config
+  tok: Tokenizer
+  model: TransformerLM
+  family: TaskFamily
+  train: list[Task]
+  test: list[Task]
+  prompt_len: int
+  target_len: int
+  max_steps: int  # environment steps per episode (1: single-turn tasks)
+
+
+def validate(cfg: Config) -> TaskFamily:
+  """Checks what a config's own dataclasses cannot: names that registries resolve, the task
+  family and its options, and what the runners can honour. Returns the task family."""
+  if cfg.rl.advantage not in ADVANTAGES.names():
+    raise ConfigError(f"rl.advantage {cfg.rl.advantage!r} unknown; known: {ADVANTAGES.names()}")
+  if cfg.rl.loss not in LOSSES.names():
+    raise ConfigError(f"rl.loss {cfg.rl.loss!r} unknown; known: {LOSSES.names()}")
+  if cfg.compression.enabled:
+    raise ConfigError(
+        "compression.enabled: the compressed-memory policy is trained by "
+        "experiments/bench_compression.py; sao-jax train cannot run it yet (it would "
+        "silently train without compression)")
+  return get_family(cfg.task)
+
+
+def load_config(path: str, variant: str = "default", overrides: list[str] = ()) -> Config:
+  """A config file's `get_config(variant)` with overrides, validated as a whole."""
+  cfg = config_lib.load_config(path, variant, overrides)
+  validate(cfg)
+  return cfg
+
+
+def make_setup(cfg: Config) -> Setup:
+  family = validate(cfg)
+  tok = get_tokenizer(cfg.tokenizer)
+  train, test = family.tasks("train"), family.tasks("test")
+  if len(test) < cfg.eval.num_problems:
+    raise ConfigError(f"eval.num_problems {cfg.eval.num_problems} > the {len(test)} test tasks")
+  prompt_len, target_len = family.budget(train + test, tok)
+  if prompt_len + max(target_len, cfg.rl.max_new_tokens) > cfg.model.max_len:
+    raise ConfigError(
+        f"model.max_len {cfg.model.max_len} < prompt {prompt_len} + completion "
+        f"{max(target_len, cfg.rl.max_new_tokens)} tokens")
+  if cfg.rl.max_new_tokens < target_len:
+    raise ConfigError(f"rl.max_new_tokens {cfg.rl.max_new_tokens} cannot hold the longest "
+                      f"solution ({target_len} tokens with EOS)")
+  n_val = cfg.recovery.val_problems if cfg.recovery.shadow_every else 0
+  if cfg.rl.algorithm == "sao" and n_val >= len(train):
+    raise ConfigError(f"recovery.val_problems {n_val} >= the {len(train)} training tasks (the "
+                      "SAO learner validates its shadow models on the tail of the train split)")
+  max_steps = family.max_steps(tok)
+  if max_steps > 1 and cfg.rl.algorithm == "grpo" and (cfg.rl.steps or cfg.rl.max_seconds):
+    raise ConfigError(f"task family {cfg.task.family!r} has episodes of up to {max_steps} "
+                      "steps; rl.algorithm='grpo' samples one step per task (use 'sao')")
+  model_cfg = dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or tok.vocab_size)
+  return Setup(cfg=cfg, tok=tok, model=TransformerLM(model_cfg), family=family, train=train,
+               test=test, prompt_len=prompt_len, target_len=target_len, max_steps=max_steps)

@@ -1,0 +1,45 @@
+"""The package's layering: no import cycle, no import from a higher layer, and every module
+imports on its own in dependency order."""
+import importlib.util
+import subprocess
+import sys
+
+from conftest import REPO_ROOT, subprocess_env
+
+
+def _graph_module():
+  spec = importlib.util.spec_from_file_location("import_graph",
+                                                REPO_ROOT / "scripts" / "import_graph.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_no_cycles_and_no_upward_imports():
+  ig = _graph_module()
+  g = ig.graph()
+  assert len(g) > 40 and "sao_jax.runners.sao" in g
+  assert ig.cycles(g) == []
+  assert ig.upward(g) == []
+  # The checker sees a cycle when there is one.
+  assert ig.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_every_module_imports_in_dependency_order():
+  ig = _graph_module()
+  g = ig.graph()
+  order, seen = [], set()
+
+  def visit(m):
+    if m not in seen:
+      seen.add(m)
+      for d in sorted(g[m]):
+        visit(d)
+      order.append(m)
+
+  for m in sorted(g):
+    visit(m)
+  code = "import importlib, sys\nfor m in sys.argv[1:]:\n  importlib.import_module(m)\n"
+  proc = subprocess.run([sys.executable, "-c", code, *order], cwd=REPO_ROOT,
+                        env=subprocess_env(), capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]

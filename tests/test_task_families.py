@@ -1,0 +1,122 @@
+"""Task families by config: the registry, options, the long-horizon family's supervised rows,
+and a family defined in this file trained by `sao-jax train` with no edit to the package."""
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from sao_jax.config import Config as RunConfig
+from sao_jax.config import ConfigError, TaskConfig, apply_overrides
+from sao_jax.envs.base import StepResult, Task
+from sao_jax.families import LongHorizon
+from sao_jax.setup import validate
+from sao_jax.tasks import FAMILIES, TaskFamily, family_class
+from sao_jax.tokenizer import CharTokenizer
+
+TOK = CharTokenizer()
+HERE = pathlib.Path(__file__).resolve()
+
+
+class EchoEnv:
+  max_steps = 1
+
+  def reset(self, task):
+    self.want = task.answer
+    return np.asarray(TOK.encode(task.prompt), np.int32)
+
+  def step(self, action_tokens):
+    return StepResult(np.zeros(0, np.int32), float(TOK.decode(action_tokens) == self.want),
+                      True, {})
+
+
+class Echo(TaskFamily):
+  """A toy family that lives in this test file: repeat a two-digit number."""
+
+  def tasks(self, split):
+    nums = range(10, 60) if split == "train" else range(60, 100)
+    return [Task(i, f"say {n}:", str(n), str(n), 1) for i, n in enumerate(nums)]
+
+  def make_env(self, tok):
+    return EchoEnv()
+
+
+def test_builtin_families_and_clear_errors():
+  validate(RunConfig())  # the default family resolves
+  assert {"arithmetic", "longhorizon"} <= set(FAMILIES.names())
+  with pytest.raises(ConfigError, match="task.family 'nope' unknown; known: arithmetic"):
+    family_class("nope")
+  with pytest.raises(ConfigError, match="not a TaskFamily subclass"):
+    family_class(f"{HERE}:EchoEnv")
+  with pytest.raises(ConfigError, match="cannot import"):
+    family_class("no_such_module_xyz:Thing")
+  assert family_class(f"{HERE}:Echo").__name__ == "Echo"
+
+
+def test_options_are_typed_overridable_and_checked():
+  cfg = apply_overrides(RunConfig(task=TaskConfig(family="longhorizon")),
+                        ["task.options.n_steps=48", "task.options.kind=navigation",
+                         "task.options.n_steps=40"])
+  assert dict(cfg.task.options) == {"n_steps": 40, "kind": "navigation"}
+  fam = validate(cfg)
+  assert fam.options.n_steps == 40 and fam.options.kind == "navigation"
+  bad = [("task.options.n_step=40", "unknown option .* known: graded_weight, kind"),
+         ("task.options.n_steps=4.5", "expects int"),
+         ("task.options.n_steps=5", "n_steps must be in")]
+  for override, message in bad:
+    with pytest.raises(ConfigError, match=message):
+      validate(apply_overrides(cfg, [override]))
+  with pytest.raises(ConfigError, match="unknown option"):  # a family without options
+    validate(apply_overrides(RunConfig(), ["task.options.x=1"]))
+
+
+def test_compression_config_is_refused_by_the_runners():
+  from sao_jax.config import CompressionConfig, ModelConfig
+  cfg = RunConfig(model=ModelConfig(memory_slots=8, memory_dim=32),
+                  compression=CompressionConfig(enabled=True, visible=4, vectors_per_step=2,
+                                                dim=32))
+  with pytest.raises(ConfigError, match="compression.enabled"):
+    validate(cfg)
+
+
+def test_longhorizon_sft_rows_are_what_the_sampler_shows():
+  """Each supervised row is the window the sampler's context holds at that step when the
+  expert acts: [BOS, obs_0, act_0 + EOS, obs_1, ...][-window:] -> act_t + EOS."""
+  cfg = TaskConfig(family="longhorizon", num_train=4, num_test=2,
+                   options=(("n_steps", 12), ("n_facts", 2), ("min_gap", 4), ("window", 16),
+                            ("graded_weight", 50.0)))
+  fam = LongHorizon(cfg)
+  task = fam.tasks("train")[0]
+  rows = fam.sft_examples(task, TOK, 16)
+  env = fam.make_env(TOK)
+  context = [TOK.bos_id] + env.reset(task).tolist()
+  graded = 0
+  for row, act in zip(rows, task.solution.split("\n"), strict=True):
+    assert row.context == context[-16:]
+    assert row.target == TOK.encode(act, add_eos=True)
+    res = env.step(np.asarray(row.target))
+    graded += row.weight == 50.0
+    assert res.reward == (1.0 if row.weight == 50.0 else 0.0)  # the expert answers right
+    context += row.target + res.observation.tolist()
+  assert res.done and graded == 2 == fam.max_reward(task)
+
+
+@pytest.mark.slow
+def test_a_family_from_this_file_trains_through_the_cli(repo_root, tmp_path):
+  from conftest import subprocess_env  # here: the run imports this file without pytest's path
+  workdir = tmp_path / "w"
+  proc = subprocess.run(
+      [sys.executable, "-m", "sao_jax.cli", "train", "--config",
+       "experiments/configs/reverse.py:tiny", "--workdir", str(workdir), "--no-progress",
+       "--set", f"task.family={HERE}:Echo", "--set", "task.num_train=50",
+       "--set", "task.num_test=40", "--set", "eval.num_problems=40",
+       "--set", "recovery.val_problems=10"],
+      cwd=repo_root, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["train_problems"] == 50 and summary["test_problems"] == 40
+  assert summary["sft"]["steps"] == 20 and summary["rl"]["steps"] == 4
+  assert summary["rl"]["trajectories"] >= 4 * 16 and summary["rl"]["bad_records"] == 0
+  assert json.loads((workdir / "config.json").read_text())["task"]["family"] == f"{HERE}:Echo"
