@@ -316,13 +316,14 @@ def _child_env(scratch: str) -> dict[str, str]:
 
 
 def _uids_processes(uid: int) -> list[int]:
+  """Live processes of `uid` (zombies, already dead, are left to whoever reaps them)."""
   pids = []
   for d in pathlib.Path("/proc").iterdir():
     if d.name.isdigit():
       try:
-        if d.stat().st_uid == uid:
+        if d.stat().st_uid == uid and (d / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
           pids.append(int(d.name))
-      except OSError:
+      except (OSError, IndexError):
         pass
   return pids
 
