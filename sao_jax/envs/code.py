@@ -7,14 +7,15 @@ short string, or an int): list and string stages (sort, reverse, slices, maps, f
 reductions (sum, count) and integer arithmetic. The prompt names the stages in order, as a
 docstring, and shows two input/output examples; the policy writes the function body:
 
-  prompt:   def f(x): "over 3, times 2, sum" # f([5,1,4])==18; f([2])==0
-  solution: return sum([v*2 for v in [v for v in x if v>3]])
+  prompt:   def f(x): "sort, first 2, sum" # f([5,1,4])==5; f([2])==2
+  solution: return sum(sorted(x)[:2])
 
 Everything is printable ASCII on one line (the char tokenizer has no newline). The program
 that runs is `def f(x): ` + the completion; the reward is the fraction of the hidden tests
 (5 other inputs, never the shown ones) it passes, each test checking the exact type and
-value. Prompts are at most `MAX_PROMPT_CHARS` characters and canonical solutions at most
-`MAX_SOLUTION_CHARS`, so a 128-token context holds both.
+value. Prompts are at most `MAX_PROMPT_CHARS` (72) characters, 54 on average, and canonical
+solutions at most `MAX_SOLUTION_CHARS` (47), 20 on average: BOS + prompt padded to 80 tokens
+plus solution + EOS fit a 128-token context.
 
 Splits are disjoint by program: a program (canonical body) is a test program iff a hash of
 it and the seed falls in the test fraction, so no test program is ever a train program (a
