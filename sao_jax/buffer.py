@@ -58,6 +58,9 @@ def check_trajectory(rec: records.Record, widths: tuple[int, int], num_tasks: in
   if not (all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in numbers)
           and isinstance(m.get("task_index"), int) and 0 <= m["task_index"] < num_tasks):
     raise records.Malformed(f"trajectory meta lacks a valid reward/t_end/task_index: {m}"[:300])
+  rs = m.get("reward_s", 0.0)
+  if not (isinstance(rs, (int, float)) and not isinstance(rs, bool) and 0 <= rs < float("inf")):
+    raise records.Malformed(f"trajectory meta reward_s {rs!r} is not a duration")
 
 
 def decode_trajectory(data: bytes, learner, counts: collections.Counter,

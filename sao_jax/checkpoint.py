@@ -186,3 +186,14 @@ class ShadowBank:
 
   def close(self) -> None:
     self.mngr.close()
+
+
+def checkpoint_dir(path: pathlib.Path) -> pathlib.Path:
+  """`path` itself if it holds steps; else the newest phase under path/checkpoints."""
+  if (path / "checkpoints").is_dir():
+    for phase in ("rl", "sft"):
+      d = path / "checkpoints" / phase
+      if d.is_dir() and any(p.name.isdigit() for p in d.iterdir()):
+        return d
+    raise FileNotFoundError(f"no checkpoints under {path}/checkpoints")
+  return path

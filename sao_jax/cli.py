@@ -39,9 +39,14 @@ def _parser() -> argparse.ArgumentParser:
   b = sub.add_parser("broker", help="run a local Kafka-protocol broker until Ctrl-C")
   b.add_argument("--host", default="127.0.0.1")
   b.add_argument("--port", type=int, default=9092)
-  e = sub.add_parser("eval", help="held-out greedy accuracy of a workdir's latest checkpoint")
+  e = sub.add_parser("eval", help="held-out greedy accuracy of a workdir's latest checkpoint, "
+                     "or HumanEval pass@1/pass@10 (--suite humaneval)")
   e.add_argument("--workdir", required=True)
   e.add_argument("--num", type=int, default=None, help="number of test problems")
+  e.add_argument("--suite", default="heldout", choices=("heldout", "humaneval"),
+                 help="heldout: the run's own test split (default); humaneval: sandboxed "
+                 "HumanEval, needs a tokenizer that can encode its prompts")
+  e.add_argument("--samples", type=int, default=10, help="humaneval: completions per problem")
   return p
 
 
@@ -78,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
                               wait_s=args.wait)
     elif args.command == "broker":
       return _broker(args.host, args.port)
+    elif args.command == "eval" and args.suite == "humaneval":
+      from sao_jax.runners.code_eval import eval_humaneval_workdir
+      result = eval_humaneval_workdir(args.workdir, n=args.samples, num_problems=args.num)
+      print(json.dumps({k: v for k, v in result.items() if k != "per_problem"}, indent=2))
     elif args.command == "eval":
       from sao_jax.runners.run import eval_workdir
       print(json.dumps(eval_workdir(args.workdir, args.num), indent=2))

@@ -30,7 +30,8 @@ def evaluate(s: Setup, greedy: Callable, params, *, batch_divisor: int = 1,
     trajs = sao_sampling(greedy, params, [s.family.make_env(s.tok) for _ in chunk], chunk,
                          list(range(i, i + len(chunk))), s.tok, slots=slots,
                          prompt_len=s.prompt_len, max_steps=s.max_steps,
-                         rng=jax.random.key(0), policy_version=0)
+                         rng=jax.random.key(0), policy_version=0,
+                         step_many=s.family.step_many)
     for task, traj in zip(chunk, trajs, strict=True):
       scores.append(traj.total_reward / s.family.max_reward(task))
       fmt += [info["format_ok"] for info in traj.infos if "format_ok" in info]

@@ -3,6 +3,10 @@
 * ``arithmetic``: generated GSM8K-style word problems, one step (`sao_jax.envs.arithmetic`);
   parameters are `task.n_ops`, `task.n_ops_mix`, `task.max_operand`, `task.ops`,
   `task.reverse_digits`.
+* ``code``: one-line Python function bodies from a docstring and two examples, rewarded by
+  the fraction of hidden tests passed in the sandbox (`sao_jax.envs.code`); parameters in
+  `task.options` (`CodeOptions`). Each process scores its batch of completions concurrently on
+  one `SandboxPool`.
 * ``longhorizon``: multi-turn retention dialogues or corridor walks of up to 1,000 steps
   (`sao_jax.envs.longhorizon`); parameters in `task.options` (`LongHorizonOptions`). The
   policy sees a raw window of the last `window` tokens of the episode; compressed memory of
@@ -12,10 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from sao_jax.data import arithmetic_tfds, longhorizon_tfds
+from sao_jax.data import arithmetic_tfds, code_tfds, longhorizon_tfds
 from sao_jax.envs.arithmetic import ArithmeticEnv, ArithmeticSpec
 from sao_jax.envs.base import Task
+from sao_jax.envs.code import CodeEnv, CodeSpec
 from sao_jax.envs.longhorizon import SEP, LongHorizonEnv, LongHorizonSpec, graded_steps
+from sao_jax.sandbox import SandboxPool
 from sao_jax.tasks import SFTExample, TaskFamily, register_family
 from sao_jax.tokenizer import Tokenizer
 
@@ -43,6 +49,56 @@ class Arithmetic(TaskFamily):
 
   def make_env(self, tok: Tokenizer) -> ArithmeticEnv:
     return ArithmeticEnv(tok)
+
+
+@dataclasses.dataclass(frozen=True)
+class CodeOptions:
+  """min_depth/max_depth: stages per program (difficulty, 1..4); kinds: input kinds ("lsi":
+  lists, strings, ints); num_hidden: hidden tests per task; test_fraction: share of the
+  program space held out; format_weight: reward share for a body that compiles and returns."""
+
+  min_depth: int = 1
+  max_depth: int = 3
+  kinds: str = "lsi"
+  num_hidden: int = 5
+  test_fraction: float = 0.2
+  format_weight: float = 0.0
+
+  def __post_init__(self):
+    self.spec()  # validates the generator's parameters
+    if not 0.0 <= self.format_weight < 1.0:
+      raise ValueError("format_weight must be in [0, 1)")
+
+  def spec(self) -> CodeSpec:
+    return CodeSpec(min_depth=self.min_depth, max_depth=self.max_depth, kinds=self.kinds,
+                    num_hidden=self.num_hidden, test_fraction=self.test_fraction)
+
+
+@register_family("code")
+class Code(TaskFamily):
+  """Reward: fraction of hidden tests the completion passes (0 for a blocked run)."""
+
+  Options = CodeOptions
+
+  def __init__(self, cfg):
+    super().__init__(cfg)
+    self._pool = None
+
+  def tasks(self, split: str) -> list[Task]:
+    t = self.cfg
+    return code_tfds.load_tasks(self.options.spec(), split, t.num_train, t.num_test, t.seed,
+                                data_dir=t.data_dir or None)
+
+  def make_env(self, tok: Tokenizer) -> CodeEnv:
+    if self._pool is None:  # one pool per process, shared by all of its envs
+      self._pool = SandboxPool()
+    return CodeEnv(tok, pool=self._pool, format_weight=self.options.format_weight)
+
+  def max_steps(self, tok: Tokenizer) -> int:
+    return CodeEnv.max_steps
+
+  def step_many(self, envs: list[CodeEnv], actions: list) -> list:
+    return CodeEnv.step_many(envs, actions)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,6 +39,7 @@ class Trajectory:
   done: bool
   t_end: float  # time.time() when the trajectory finished
   infos: list[dict]  # each step's StepResult.info (diagnostics; not shipped to the learner)
+  reward_seconds: float = 0.0  # this trajectory's share of the environment-step time
 
   @property
   def total_reward(self) -> float:
@@ -49,6 +50,10 @@ class Trajectory:
                                          "rewards", "step_seconds")}
 
 
+def _step_each(envs, actions):
+  return [env.step(a) for env, a in zip(envs, actions, strict=True)]
+
+
 def identity_compression(traj: Trajectory) -> Trajectory:
   return traj
 
@@ -56,14 +61,16 @@ def identity_compression(traj: Trajectory) -> Trajectory:
 def sao_sampling(sample_fn: Callable, params, envs: Sequence[Env], tasks: Sequence[Task],
                  task_indices: Sequence[int], tok: Tokenizer, *, slots: int, prompt_len: int,
                  max_steps: int, rng: jax.Array, policy_version: int,
-                 compress: Callable[[Trajectory], Trajectory] = identity_compression
-                 ) -> list[Trajectory]:
+                 compress: Callable[[Trajectory], Trajectory] = identity_compression,
+                 step_many: Callable | None = None) -> list[Trajectory]:
   """Samples one trajectory for each of `tasks` (at most `slots`), in one batch of slots.
 
   Args:
     sample_fn: jitted `(params, prompt_bp, prompt_valid_bp, rng) -> SampleOutput` over
       exactly `slots` rows.
     envs: one environment per task (episodes run side by side).
+    step_many: `(envs, actions) -> [StepResult]` for the active slots of one decode call
+      (default: each env's `step` in turn); a task family's `step_many` scores them at once.
   """
   n = len(tasks)
   if not 0 < n <= slots or len(envs) != n or len(task_indices) != n:
@@ -71,6 +78,7 @@ def sao_sampling(sample_fn: Callable, params, envs: Sequence[Env], tasks: Sequen
   contexts = [list(tok.encode("", add_bos=True)) + env.reset(t).tolist()
               for env, t in zip(envs, tasks, strict=True)]
   steps: list[list[tuple]] = [[] for _ in range(n)]
+  reward_s = 0.0  # host time in the environments' steps (rewards), all slots together
   active = np.ones(n, bool)
   for _ in range(max_steps):
     if not active.any():
@@ -81,8 +89,11 @@ def sao_sampling(sample_fn: Callable, params, envs: Sequence[Env], tasks: Sequen
     rng, key = jax.random.split(rng)
     out = jax.device_get(sample_fn(params, prompt, pvalid, key))
     dt = time.time() - t0
-    for i in np.flatnonzero(active):
-      res = envs[i].step(out.tokens_bt[i])
+    live = np.flatnonzero(active)
+    t_env = time.time()
+    results = (step_many or _step_each)([envs[i] for i in live], [out.tokens_bt[i] for i in live])
+    reward_s += time.time() - t_env
+    for i, res in zip(live, results, strict=True):
       steps[i].append((prompt[i], pvalid[i], out.tokens_bt[i], out.valid_bt[i], out.logp_bt[i],
                        res.reward, dt, res.info))
       if res.done:
@@ -99,5 +110,5 @@ def sao_sampling(sample_fn: Callable, params, envs: Sequence[Env], tasks: Sequen
         prompt=np.stack(cols[0]), prompt_valid=np.stack(cols[1]), tokens=np.stack(cols[2]),
         valid=np.stack(cols[3]), logp=np.stack(cols[4]).astype(np.float32),
         rewards=np.asarray(cols[5], np.float32), step_seconds=np.asarray(cols[6], np.float32),
-        done=not active[i], t_end=now, infos=list(cols[7]))))
+        done=not active[i], t_end=now, infos=list(cols[7]), reward_seconds=reward_s / n)))
   return trajs

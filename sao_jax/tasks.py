@@ -76,6 +76,12 @@ class TaskFamily:
   def make_env(self, tok: Tokenizer) -> Env:
     raise NotImplementedError
 
+  def step_many(self, envs: list[Env], actions: list) -> list:
+    """One environment step of several episodes side by side (`rollout.sao_sampling` calls
+    it for every active slot at once); families whose reward is costly (code execution)
+    override it to score the batch concurrently."""
+    return [env.step(a) for env, a in zip(envs, actions, strict=True)]
+
   def max_steps(self, tok: Tokenizer) -> int:
     return self.make_env(tok).max_steps
 

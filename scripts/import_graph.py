@@ -28,7 +28,7 @@ LAYERS: dict[str, int] = {
     "sao_jax.buffer": 2,
     "sao_jax.compression.policy": 2, "sao_jax.compression.rollout": 2,
     "sao_jax.models": 1, "sao_jax.rl": 1, "sao_jax.envs": 1, "sao_jax.data": 1,
-    "sao_jax.transport": 1, "sao_jax.compression": 1, "sao_jax.sampling": 1,
+    "sao_jax.transport": 1, "sao_jax.compression": 1, "sao_jax.sampling": 1, "sao_jax.sandbox": 1,
     "sao_jax.packing": 1, "sao_jax.state": 1, "sao_jax.batches": 1,
     "sao_jax": 0,
 }

@@ -114,27 +114,27 @@ def load_tasks(spec: ArithmeticSpec, split: str, num_train: int, num_test: int, 
   if split not in ("train", "test"):
     raise ValueError(f"split must be 'train' or 'test', got {split!r}")
   config = ArithmeticTasksConfig.create(spec, num_train, num_test, seed)
-  with _quiet_tfds():
+  with quiet_tfds():
     builder = ArithmeticTasks(config=config, data_dir=data_dir or default_data_dir())
     builder.download_and_prepare()
   source = builder.as_data_source(split=split)
   # One batched read is about twice as fast as indexing record by record.
   tasks = [
-      Task(task_id=int(ex["task_id"]), prompt=_text(ex["prompt"]),
-           solution=_text(ex["solution"]), answer=_text(ex["answer"]),
+      Task(task_id=int(ex["task_id"]), prompt=decode_text(ex["prompt"]),
+           solution=decode_text(ex["solution"]), answer=decode_text(ex["answer"]),
            difficulty=int(ex["difficulty"]))
       for ex in source.__getitems__(range(len(source)))
   ]
   return sorted(tasks, key=lambda t: t.task_id)
 
 
-def _text(value: bytes) -> str:
+def decode_text(value: bytes) -> str:
   # Text features read back through `as_data_source` are bytes, not str.
   return value.decode("utf-8")
 
 
 @contextlib.contextmanager
-def _quiet_tfds() -> Iterator[None]:
+def quiet_tfds() -> Iterator[None]:
   """Silences TFDS's build chatter but keeps errors.
 
   Quieted: absl info/warnings (e.g. "Using custom data configuration"), the progress bars and

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import tensorflow_datasets as tfds
 
-from sao_jax.data.arithmetic_tfds import _quiet_tfds, _text, default_data_dir
+from sao_jax.data.arithmetic_tfds import decode_text, default_data_dir, quiet_tfds
 from sao_jax.envs.base import Task
 from sao_jax.envs.longhorizon import LongHorizonSpec, make_split
 
@@ -82,13 +82,13 @@ def load_tasks(spec: LongHorizonSpec, split: str, num_train: int, num_test: int,
   if split not in ("train", "test"):
     raise ValueError(f"split must be 'train' or 'test', got {split!r}")
   config = LongHorizonTasksConfig.create(spec, num_train, num_test, seed)
-  with _quiet_tfds():
+  with quiet_tfds():
     builder = LongHorizonTasks(config=config, data_dir=data_dir or default_data_dir())
     builder.download_and_prepare()
   source = builder.as_data_source(split=split)
   tasks = [
-      Task(task_id=int(ex["task_id"]), prompt=_text(ex["prompt"]),
-           solution=_text(ex["solution"]), answer=_text(ex["answer"]),
+      Task(task_id=int(ex["task_id"]), prompt=decode_text(ex["prompt"]),
+           solution=decode_text(ex["solution"]), answer=decode_text(ex["answer"]),
            difficulty=int(ex["difficulty"]))
       for ex in source.__getitems__(range(len(source)))
   ]

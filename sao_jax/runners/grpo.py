@@ -42,14 +42,13 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
   if rows % progs.batch_divisor:
     raise config_lib.ConfigError(f"prompts_per_step*group_size = {rows} must divide over "
                                  f"{progs.batch_divisor} batch shards")
-  env = s.family.make_env(s.tok)
   rng = np.random.default_rng((cfg.seed, 2))
   key = jax.random.key(cfg.seed + 2)
   mngr = ckpt_lib.manager(workdir / "checkpoints" / "rl", every=cfg.checkpoint_every,
                           keep=cfg.recovery.keep, keep_best=False)
   clock = PhaseClock(rl.steps, max_seconds, eval_every, eval_fn(s, progs))
   writer.progress("grpo", rl.steps or None)
-  step, busy, tokens, delays = 0, 0.0, 0, []
+  step, busy, tokens, delays, reward_s = 0, 0.0, 0, [], 0.0
   resumed = ckpt_lib.restore_latest_valid(mngr, state) if mngr.all_steps() else None
   if resumed is not None:
     state, meta, step, _ = resumed
@@ -73,14 +72,15 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
     prompt, pvalid = encode_prompts(s.tok, [t.prompt for t in tasks], s.prompt_len)
     key, sub = jax.random.split(key)
     out = jax.device_get(progs.sample(state.params, prompt, pvalid, sub))
-    rewards, fmt = np.zeros(rows, np.float32), []
-    for i, task in enumerate(tasks):
+    t_decoded = time.time()
+    envs = [s.family.make_env(s.tok) for _ in tasks]
+    for env, task in zip(envs, tasks, strict=True):
       env.reset(task)
-      res = env.step(out.tokens_bt[i])
-      rewards[i] = res.reward
-      if "format_ok" in res.info:
-        fmt.append(res.info["format_ok"])
+    results = s.family.step_many(envs, list(out.tokens_bt))
+    rewards = np.asarray([r.reward for r in results], np.float32)
+    fmt = [r.info["format_ok"] for r in results if "format_ok" in r.info]
     t_sampled = time.time()
+    reward_s += t_sampled - t_decoded
     batch = RLBatch(prompt_bp=prompt, prompt_valid_bp=pvalid, tokens_bt=out.tokens_bt,
                     valid_bt=out.valid_bt, logp_bt=out.logp_bt, rewards_b=rewards)
     tu = time.time()
@@ -93,7 +93,8 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
     ckpt_lib.save(mngr, state, cfg, meta())
     t_end = time.time()
     row = dict(metrics, accuracy=float(rewards.mean()), step_time=t_end - ts,
-               sampling_time=t_sampled - ts, learner_time=t_end - t_sampled,
+               sampling_time=t_sampled - ts, reward_time=t_sampled - t_decoded,
+               learner_time=t_end - t_sampled,
                tokens_per_s=float(out.lengths_b.sum()) / (t_end - ts),
                mean_len=float(out.lengths_b.mean()), train_seconds=clock.elapsed,
                learner_busy=busy / (time.time() - t_loop), peak_memory_mb=peak_memory_mb())
@@ -104,4 +105,5 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
   info = finish_phase(mngr, state, cfg, clock, step, "rl", meta())
   return state, progs, dict(info, trajectories=step * rows, trajectories_per_s=step * rows / wall,
                             tokens_per_s=tokens / wall, learner_busy=busy / wall,
+                            reward_s_per_trajectory=reward_s / max(step * rows, 1),
                             peak_rss_all_mb=peak_memory_mb(), **delay_stats(delays))

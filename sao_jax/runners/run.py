@@ -35,22 +35,11 @@ RL_PHASES = {"grpo": run_grpo, "sao": run_sao}
 
 def restore_init(s: Setup, path: str) -> TrainState:
   """Params from another run's latest checkpoint (a workdir or a checkpoint folder)."""
-  directory = _checkpoint_dir(pathlib.Path(path))
+  directory = ckpt_lib.checkpoint_dir(pathlib.Path(path))
   progs = programs_for(s, s.cfg.sft.optim, make_sft_update)
   like = progs.init(jax.random.key(0))
   params, _, _ = ckpt_lib.restore_params(directory, like.params)
   return like.replace(params=params)
-
-
-def _checkpoint_dir(path: pathlib.Path) -> pathlib.Path:
-  """`path` itself if it holds steps; else the newest phase under path/checkpoints."""
-  if (path / "checkpoints").is_dir():
-    for phase in ("rl", "sft"):
-      d = path / "checkpoints" / phase
-      if d.is_dir() and any(p.name.isdigit() for p in d.iterdir()):
-        return d
-    raise FileNotFoundError(f"no checkpoints under {path}/checkpoints")
-  return path
 
 
 def _eval_row(info: dict) -> dict:
@@ -150,7 +139,7 @@ def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True)
 
 def eval_workdir(workdir: str | pathlib.Path, num: int | None = None) -> dict[str, Any]:
   """Held-out greedy accuracy of the latest checkpoint in `workdir`, rebuilt from its config."""
-  directory = _checkpoint_dir(pathlib.Path(workdir))
+  directory = ckpt_lib.checkpoint_dir(pathlib.Path(workdir))
   step, meta = ckpt_lib.read_meta(directory)
   cfg = config_lib.from_dict(meta["config"])
   s = make_setup(cfg)

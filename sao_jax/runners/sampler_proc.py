@@ -105,11 +105,12 @@ def _run(spec: SamplerSpec, end, stop) -> None:
     key, sub_key = jax.random.split(key)
     trajs = sao_sampling(progs.sample, params, envs, tasks, indices, s.tok, slots=slots,
                          prompt_len=s.prompt_len, max_steps=s.max_steps, rng=sub_key,
-                         policy_version=version)
+                         policy_version=version, step_many=s.family.step_many)
     for traj in trajs:
       counter += 1
       meta = {"task_index": traj.task_index, "task_id": traj.task_id, "reward": traj.total_reward,
-              "t_end": traj.t_end, "sampler": spec.sampler_id, "done": traj.done}
+              "t_end": traj.t_end, "sampler": spec.sampler_id, "done": traj.done,
+              "reward_s": traj.reward_seconds}
       end.put_trajectory(records.encode(records.RecordKind.TRAJECTORY,
                                         id_prefix | counter, traj.policy_version,
                                         traj.arrays(), meta))

@@ -91,6 +91,7 @@ class LoopState:
   probs: np.ndarray | None = None  # task-sampling distribution (prioritised)
   pending_commit: dict[int, int] | None = None  # Kafka offsets to commit once saved
   busy: float = 0.0  # seconds inside the jitted update
+  reward_s: float = 0.0  # samplers' environment-step (reward) seconds of consumed trajectories
   delays: list[float] = dataclasses.field(default_factory=list)  # trajectory end -> its update
   rss_peak: float = 0.0
   nonfinite_recent: collections.deque = dataclasses.field(default_factory=collections.deque)
@@ -272,6 +273,7 @@ class SAOLearner:
     loop.counts["nonfinite_skipped"] += skipped
     loop.nonfinite_recent.append(skipped)
     loop.counts["consumed"] += len(items)
+    loop.reward_s += sum(it.rec.meta.get("reward_s", 0.0) for it in items)
     loop.counts["tokens"] += int(batch.valid_bt.sum())
     # (replayed records waited through the crash: not a transport delay)
     loop.delays.extend(t_done - it.rec.meta["t_end"] for it in items if not it.replayed)
@@ -423,6 +425,7 @@ class SAOLearner:
                 learner_busy=loop.busy / max(wall, 1e-9), learner_busy_steady=steady,
                 trajectories_per_s=c["consumed"] / max(wall, 1e-9),
                 tokens_per_s=c["tokens"] / max(wall, 1e-9), peak_rss_all_mb=loop.rss_peak,
+                reward_s_per_trajectory=loop.reward_s / max(c["consumed"], 1),
                 **delay_stats(loop.delays))
     if loop.resume_info is not None:
       info["recovery_s"] = loop.resume_info.get("recovery_s")
