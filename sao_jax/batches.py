@@ -64,7 +64,8 @@ class SAOBatch:
   """Single trajectories from any policy versions, one row per environment step.
 
   rewards_b: the trajectory's total reward on each of its rows; task_b: tracker index;
-  staleness_b: learner version - behaviour version; row_valid_b: False on padding rows;
+  staleness_bt: learner version - the version that produced each token (a sampler that
+  takes new parameters mid-completion mixes versions); row_valid_b: False on padding rows;
   traj_b: which trajectory of the batch (0..B-1) a row belongs to; head_b: its first row;
   poison_b: 0, or NaN on a row of an update chosen for fault injection.
   """
@@ -76,22 +77,26 @@ class SAOBatch:
   logp_bt: jax.Array
   rewards_b: jax.Array
   task_b: jax.Array
-  staleness_b: jax.Array
+  staleness_bt: jax.Array
   row_valid_b: jax.Array
   traj_b: jax.Array
   head_b: jax.Array
   poison_b: jax.Array
 
-  DTYPES = {**RLBatch.DTYPES, "task_b": jnp.int32, "staleness_b": jnp.int32,
+  DTYPES = {**RLBatch.DTYPES, "task_b": jnp.int32, "staleness_bt": jnp.int32,
             "row_valid_b": jnp.bool_, "traj_b": jnp.int32, "head_b": jnp.bool_,
             "poison_b": jnp.float32}
   abstract = classmethod(_abstract)
 
   @classmethod
-  def single_steps(cls, **fields) -> SAOBatch:
+  def single_steps(cls, staleness_b=None, **fields) -> SAOBatch:
     """A batch in which every row is a whole one-step trajectory: traj_b = row index,
-    head_b = row_valid_b (all rows valid unless given), no poison (unless given)."""
+    head_b = row_valid_b (all rows valid unless given), no poison (unless given), and
+    staleness_b [B] (one version per row) broadcast over the row's tokens."""
     rows = len(fields["rewards_b"])
+    if staleness_b is not None:
+      fields["staleness_bt"] = np.broadcast_to(np.asarray(staleness_b, np.int32)[:, None],
+                                               np.shape(fields["tokens_bt"])).copy()
     fields.setdefault("row_valid_b", np.ones(rows, bool))
     fields.setdefault("traj_b", np.arange(rows, dtype=np.int32))
     fields.setdefault("head_b", np.asarray(fields["row_valid_b"], bool))

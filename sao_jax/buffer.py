@@ -51,6 +51,10 @@ def check_trajectory(rec: records.Record, widths: tuple[int, int], num_tasks: in
                                 f"{a[k].shape if k in a else None}")
   if len({len(a[k]) for names in TRAJECTORY_ARRAYS for k in names}) != 1:
     raise records.Malformed("trajectory arrays disagree on the number of steps")
+  if "version" in a and (a["version"].shape != a["tokens"].shape
+                         or a["version"].dtype.kind not in "iu"):
+    raise records.Malformed(f"trajectory array 'version' must be integers shaped like tokens "
+                            f"{a['tokens'].shape}, got {a['version'].dtype} {a['version'].shape}")
   if len(a["tokens"]) > max_rows:
     raise records.Malformed(f"trajectory of {len(a['tokens'])} steps does not fit a batch of "
                             f"{max_rows} rows")
@@ -150,23 +154,27 @@ def batch_rows(items: list[Item], step: int, rows: int, max_staleness: int
   """The SAO update's batch from whole trajectories: one row per environment step, padded to
   `rows` (numpy fields). Returns (batch, number of records whose version is ahead of `step`:
   made by a lineage that a resume or rollback discarded; they are given the largest staleness
-  still used)."""
+  still used). Staleness is per token, from the record's per-token `version` array (the
+  record's policy_version on every token when it has none)."""
   if not items:
     raise ValueError("a batch needs at least one trajectory")
   parts: dict[str, list] = collections.defaultdict(list)
   orphans = 0
   for j, it in enumerate(items):
     rec, a = it.rec, it.rec.arrays
-    lag = step - rec.policy_version
-    if lag < 0:
+    version = a.get("version")
+    if version is None:
+      version = np.full(a["tokens"].shape, rec.policy_version, np.int64)
+    lag = step - np.where(a["valid"], version, rec.policy_version).astype(np.int64)
+    if (lag < 0).any():
       orphans += 1
-      lag = max_staleness
+      lag = np.where(lag < 0, max_staleness, lag)
     n = len(a["tokens"])
     for k in ("prompt", "prompt_valid", "tokens", "valid", "logp"):
       parts[k].append(a[k])
     parts["rewards"].append(np.full(n, rec.meta["reward"], np.float32))
     parts["task"].append(np.full(n, rec.meta["task_index"], np.int32))
-    parts["staleness"].append(np.full(n, lag, np.int32))
+    parts["staleness"].append(lag.astype(np.int32))
     parts["traj"].append(np.full(n, j, np.int32))
     parts["head"].append(np.arange(n) == 0)
   cat = {k: np.concatenate(v) for k, v in parts.items()}
@@ -183,6 +191,6 @@ def batch_rows(items: list[Item], step: int, rows: int, max_staleness: int
   return SAOBatch(prompt_bp=pad(cat["prompt"]), prompt_valid_bp=pad(cat["prompt_valid"]),
                   tokens_bt=pad(cat["tokens"]), valid_bt=pad(cat["valid"]),
                   logp_bt=pad(cat["logp"].astype(np.float32)), rewards_b=pad(cat["rewards"]),
-                  task_b=pad(cat["task"]), staleness_b=pad(cat["staleness"]),
+                  task_b=pad(cat["task"]), staleness_bt=pad(cat["staleness"]),
                   row_valid_b=np.arange(rows) < n, traj_b=traj, head_b=pad(cat["head"]),
                   poison_b=np.zeros(rows, np.float32)), orphans

@@ -192,6 +192,14 @@ class SAOConfig:
   tracker_rho_max: float = 0.96
   prioritized: bool = True
   priority_eps: float = 0.05
+  # Continuous batching: a slot whose completion ends is refilled at once (its episode's next
+  # step or a new task), `refill_rows` prompts per prefill call; off: a call decodes its
+  # batch until the slowest slot ends. inflight: when a sampler takes new parameters:
+  # "tokens" at once (tokens record their version), "steps" between environment steps,
+  # "off" between trajectories (see sao_jax.rollout.ContinuousSampler).
+  continuous: bool = True
+  refill_rows: int = 8
+  inflight: str = "tokens"
   sampler_threads: int = 0  # XLA intra-op threads per sampler process (0: XLA default)
   pin_cores: bool = False  # learner on core 0, samplers on the others (needs >= 2 cores)
   max_sampler_restarts: int = 5  # a sampler that dies is restarted, this many times per run
@@ -207,6 +215,10 @@ class SAOConfig:
     _check(self.baseline in ("tracker", "value_head"),
            f"sao.baseline {self.baseline!r} unknown; known: tracker, value_head")
     _check(self.value_coef >= 0, "sao.value_coef must be >= 0")
+    _check(1 <= self.refill_rows <= self.sampler_slots,
+           f"sao.refill_rows {self.refill_rows} not in 1..sampler_slots {self.sampler_slots}")
+    _check(self.inflight in ("off", "steps", "tokens"),
+           f"sao.inflight {self.inflight!r} unknown; known: off, steps, tokens")
     _check(self.adv_std_floor > 0, "sao.adv_std_floor must be > 0")
     _check(self.max_sampler_restarts >= 0, "sao.max_sampler_restarts must be >= 0")
     _check(self.is_cap >= 1.0 and self.freshness_half_life > 0, "sao.is_cap >= 1, half_life > 0")

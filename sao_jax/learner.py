@@ -159,24 +159,26 @@ def make_rl_update(model: TransformerLM, tx, cfg: RLConfig) -> Callable[[TrainSt
 
 
 def sao_row_weights(batch: SAOBatch, sao: SAOConfig) -> dict[str, jax.Array]:
-  """Per-row bookkeeping of an SAO batch   [B] arrays and the step scale.
+  """Per-row and per-token bookkeeping of an SAO batch, and the step scale.
 
   share_b: the row's share of its trajectory (1/S for each of S rows; 0 on padding), so that
     every trajectory counts once in the batch statistics;
-  fresh_b: freshness factor 2^(-s/half_life) (decay) or 1 (drop), 0 beyond max_staleness;
-  step_scale: the token-weighted mean of fresh_b, the step size of this update;
-  weight_b: fresh_b / step_scale, each row's relative weight in the loss (mean 1 over tokens).
+  fresh_bt: freshness factor 2^(-s/half_life) (decay) or 1 (drop) of each token's staleness,
+    0 beyond max_staleness and on padding;
+  step_scale: the mean of fresh_bt over the batch's tokens, the step size of this update;
+  weight_bt: fresh_bt / step_scale, each token's relative weight in the loss (mean 1).
   """
   rows = batch.row_valid_b.shape[0]
   valid_f_b = batch.row_valid_b.astype(jnp.float32)
   steps_b = jax.ops.segment_sum(valid_f_b, batch.traj_b, rows)[batch.traj_b]
   share_b = valid_f_b / jnp.maximum(steps_b, 1.0)
-  ntok_b = jnp.sum(batch.valid_bt & batch.row_valid_b[:, None], -1).astype(jnp.float32)
-  fresh_b = loss_lib.freshness_weights(batch.staleness_b, sao.freshness_half_life,
-                                       sao.max_staleness, sao.staleness_mode) * valid_f_b
-  step_scale = jnp.sum(fresh_b * ntok_b) / jnp.maximum(jnp.sum(ntok_b), 1.0)
-  return {"share_b": share_b, "fresh_b": fresh_b, "step_scale": step_scale,
-          "weight_b": fresh_b / jnp.maximum(step_scale, 1e-12)}
+  mask_bt = batch.valid_bt & batch.row_valid_b[:, None]
+  fresh_bt = jnp.where(mask_bt, loss_lib.freshness_weights(
+      batch.staleness_bt.reshape(-1), sao.freshness_half_life, sao.max_staleness,
+      sao.staleness_mode).reshape(mask_bt.shape), 0.0)
+  step_scale = masked_mean(fresh_bt, mask_bt)
+  return {"share_b": share_b, "fresh_bt": fresh_bt, "step_scale": step_scale,
+          "weight_bt": fresh_bt / jnp.maximum(step_scale, 1e-12)}
 
 
 def make_sao_update(model: TransformerLM, tx, rl: RLConfig, sao: SAOConfig
@@ -195,9 +197,9 @@ def make_sao_update(model: TransformerLM, tx, rl: RLConfig, sao: SAOConfig
      and rl.clip_eps has no effect (AReaL's reuse of the training forward); with
      rl.ppo_epochs = E > 1 the first epoch's log-probs are kept as pi_prox for all E
      optimizer steps, and clipping bounds the later ones.
-  3. Freshness (sao.staleness_mode='decay'): the step is multiplied by the batch's
-     token-weighted mean factor 2^(-s/half_life) (after the optimizer, so it is a step
-     size), and each row's factor relative to that mean weights its loss
+  3. Freshness (sao.staleness_mode='decay'): the step is multiplied by the mean over the
+     batch's tokens of 2^(-s/half_life), s each token's staleness (after the optimizer, so
+     it is a step size), and each token's factor relative to that mean weights its loss
      (`sao_row_weights`).
   4. rl.kl_coef > 0 adds a k3 KL penalty to the frozen reference policy (state.ref_params).
   5. The tracker absorbs the trajectories' rewards (clipped to [0, 1]) with SPO's forgetting
@@ -213,7 +215,7 @@ def make_sao_update(model: TransformerLM, tx, rl: RLConfig, sao: SAOConfig
     per_traj = lambda x_b: jnp.sum(jnp.where(head_b, x_b, 0.0)) / n_traj
     per_share = lambda x_b: jnp.sum(x_b * w["share_b"]) / n_traj
     mask_bt = batch.valid_bt & batch.row_valid_b[:, None]
-    used_bt = mask_bt & (w["weight_b"][:, None] > 0)
+    used_bt = mask_bt & (w["weight_bt"] > 0)
     logprobs = lambda params, **kw: completion_logprobs(
         model, params, batch.prompt_bp, batch.prompt_valid_bp, batch.tokens_bt, mask_bt,
         temperature=rl.temperature, **kw)
@@ -236,7 +238,7 @@ def make_sao_update(model: TransformerLM, tx, rl: RLConfig, sao: SAOConfig
           lambda lp_t, px_t, bh_t, a, m_t: loss_lib.decoupled_ppo_loss(
               lp_t, px_t, bh_t, a, m_t, rl.clip_eps, sao.is_cap, sao.is_level))(
                   lp.logp_bt, prox_logp_bt, batch.logp_bt, adv_b, mask_bt)
-      pg_loss = loss_lib.aggregate(tok_loss_bt * w["weight_b"][:, None], used_bt, rl.loss_agg)
+      pg_loss = loss_lib.aggregate(tok_loss_bt * w["weight_bt"], used_bt, rl.loss_agg)
       loss = pg_loss + sao.value_coef * value_loss
       out = {"aux": aux, "entropy_bt": lp.entropy_bt, "prox_logp_bt": prox_logp_bt,
              "adv_b": adv_b, "values_b": values_b, "value_loss": value_loss,
@@ -282,7 +284,7 @@ def make_sao_update(model: TransformerLM, tx, rl: RLConfig, sao: SAOConfig
         "clip_frac": jnp.mean(jnp.stack([masked_mean(c, mask_bt) for c in clip_fracs[1:]]))
                      if rl.ppo_epochs > 1 else masked_mean(clip_fracs[0], mask_bt),
         "entropy": masked_mean(first["entropy_bt"], mask_bt),
-        "freshness_mean": per_share(w["fresh_b"]),
+        "freshness_mean": masked_mean(w["fresh_bt"], mask_bt),
         "step_scale": w["step_scale"],
         "tokens_used": jnp.sum(used_bt),
         "trajectories": jnp.sum(head_b),

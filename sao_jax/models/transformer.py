@@ -38,6 +38,17 @@ def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=jnp.float32) -> 
   return KVCache(k=zeros, v=zeros)
 
 
+def write_cache(cache_bkhd: jax.Array, new_bthd: jax.Array, index) -> jax.Array:
+  """Writes the new keys (or values) of t slots into the cache at slot `index`: one index for
+  every row (a scalar), or one per row ([B] int32, continuous batching: each row of the batch
+  is at its own position in its own sequence)."""
+  new_bthd = new_bthd.astype(cache_bkhd.dtype)
+  if jnp.ndim(index) == 0:
+    return jax.lax.dynamic_update_slice(cache_bkhd, new_bthd, (0, index, 0, 0))
+  return jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (i, 0, 0)))(
+      cache_bkhd, new_bthd, index)
+
+
 def _dense(features, axes, name, dtype, axis=-1):
   return nn.DenseGeneral(
       features=features, axis=axis, use_bias=False, dtype=dtype, name=name,
@@ -58,8 +69,7 @@ class Attention(nn.Module):
     new_kv = None
     if cache_kv is not None:
       k_cache, v_cache = cache_kv
-      k_bthd = jax.lax.dynamic_update_slice(k_cache, k_bthd.astype(k_cache.dtype), (0, index, 0, 0))
-      v_bthd = jax.lax.dynamic_update_slice(v_cache, v_bthd.astype(v_cache.dtype), (0, index, 0, 0))
+      k_bthd, v_bthd = write_cache(k_cache, k_bthd, index), write_cache(v_cache, v_bthd, index)
       new_kv = (k_bthd, v_bthd)
     logits_bhtk = jnp.einsum("bthd,bkhd->bhtk", q_bthd, k_bthd).astype(jnp.float32)
     logits_bhtk = logits_bhtk / jnp.sqrt(head_dim).astype(jnp.float32)
@@ -96,7 +106,8 @@ class TransformerLM(nn.Module):
     mask_btk: bool, query t may attend key slot k (k spans the cache, or the full row
       when no cache is used).
     memory_bmd: optional [B, M, memory_dim] prefix vectors, placed before the tokens.
-    cache: optional KVCache; new keys/values are written at slot `index`.
+    cache: optional KVCache; new keys/values are written at slot `index` (a scalar, or [B]
+      int32 for a different slot in every row).
     with_values: also return the value head's output [B, t] (model.value_head only).
   """
 

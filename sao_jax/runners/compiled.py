@@ -13,6 +13,7 @@ import flax.linen as nn
 import jax
 
 from sao_jax import sampling, sharding
+from sao_jax import slots as slots_lib
 from sao_jax.config import Config
 from sao_jax.learner import init_state_fn
 from sao_jax.models.transformer import TransformerLM
@@ -44,6 +45,11 @@ class SamplerPrograms:
   sample: Callable  # (params, prompt, prompt_valid, rng) -> SampleOutput
   greedy: Callable  # (params, prompt, prompt_valid, rng) -> SampleOutput
   batch_divisor: int
+  # Continuous batching (sao_jax.slots), built by `compile_slots`:
+  fill: Callable | None = None  # (params, slots, prompt_rp, prompt_valid_rp, slot_r) -> slots
+  decode: Callable | None = None  # (params, slots, version, rng, min_done) -> slots
+  refresh: Callable | None = None  # (params, slots) -> slots, caches under new params
+  empty_slots: Callable | None = None  # () -> an empty slot state
 
 
 @dataclasses.dataclass
@@ -109,6 +115,36 @@ def compile_sampler(cfg: Config, model: TransformerLM, *, prompt_len: int, max_n
   return SamplerPrograms(mesh=mesh, params_sharding=params_sh,
                          abstract_params=nn.meta.unbox(boxed), sample=sampler(False),
                          greedy=sampler(True), batch_divisor=sharding.batch_divisor(mesh, rules))
+
+
+def compile_slots(cfg: Config, model: TransformerLM, progs: SamplerPrograms, *, slots: int,
+                  prompt_len: int, max_new_tokens: int, temperature: float, eos_id: int,
+                  pad_id: int) -> SamplerPrograms:
+  """`progs` with the continuous-batching programs over `slots` rows: fill (its prompt
+  rows replicated) and decode, the slot state split over the batch axis and donated."""
+  rules, mesh = cfg.mesh.rules, progs.mesh
+  batch_sh = sharding.batch_sharding(mesh, rules)
+  repl = sharding.replicated(mesh)
+  fill = functools.partial(slots_lib.fill, model, pad_id=pad_id)
+  decode = functools.partial(slots_lib.decode, model, eos_id=eos_id, pad_id=pad_id,
+                             temperature=temperature)
+
+  def decode_fn(params, state, version, rng, min_done):
+    return decode(params, state, version, rng, min_done=min_done)
+
+  empty = jax.jit(lambda: slots_lib.empty(model, slots, prompt_len, max_new_tokens, pad_id),
+                  out_shardings=batch_sh)
+  return dataclasses.replace(
+      progs, empty_slots=empty,
+      refresh=jax.jit(_with_rules(functools.partial(slots_lib.refresh, model), rules),
+                      in_shardings=(progs.params_sharding, batch_sh), out_shardings=batch_sh,
+                      donate_argnums=(1,)),
+      fill=jax.jit(_with_rules(fill, rules),
+                   in_shardings=(progs.params_sharding, batch_sh, repl, repl, repl),
+                   out_shardings=batch_sh, donate_argnums=(1,)),
+      decode=jax.jit(_with_rules(decode_fn, rules),
+                     in_shardings=(progs.params_sharding, batch_sh, repl, repl, repl),
+                     out_shardings=batch_sh, donate_argnums=(1,)))
 
 
 def compile_programs(cfg: Config, model: TransformerLM, tx, update_fn, *, with_ref: bool,

@@ -66,52 +66,128 @@ def _run(spec: SamplerSpec, end, stop) -> None:
 
   from sao_jax import config as config_lib
   from sao_jax.config import MeshConfig
-  from sao_jax.rollout import sao_sampling
-  from sao_jax.runners.compiled import compile_sampler
+  from sao_jax.runners.compiled import compile_sampler, compile_slots
   from sao_jax.setup import make_setup
   from sao_jax.sharding import make_mesh
-  from sao_jax.transport import records
   from sao_jax.transport.params import ParamSubscriber, unflatten
 
   cfg = config_lib.from_dict(spec.config)
   s = make_setup(cfg)
   mesh = make_mesh(MeshConfig(shape=(1, 1, 1)), jax.devices()[:1])
-  slots = cfg.sao.sampler_slots
-  progs = compile_sampler(cfg, s.model, prompt_len=s.prompt_len,
-                          max_new_tokens=cfg.rl.max_new_tokens, temperature=cfg.rl.temperature,
-                          eos_id=s.tok.eos_id, pad_id=s.tok.pad_id, mesh=mesh)
+  kw = dict(prompt_len=s.prompt_len, max_new_tokens=cfg.rl.max_new_tokens,
+            temperature=cfg.rl.temperature, eos_id=s.tok.eos_id, pad_id=s.tok.pad_id)
+  progs = compile_sampler(cfg, s.model, mesh=mesh, **kw)
   sub = ParamSubscriber(spec.param_dir)
-  version, params = -1, None
-  key = jax.random.key(spec.seed)
   parent = multiprocessing.parent_process()
-  # Record ids must be unique across samplers on any machine: a random prefix per process.
-  id_prefix = int.from_bytes(os.urandom(3), "little") << 40
-  counter = 0
-  while not stop.is_set():
-    if parent is not None and not parent.is_alive():
-      return  # learner gone (e.g. kill -9): nothing to deliver to
+  out = _Outbox(spec, end)
+  version = -1
+
+  def poll():
+    nonlocal version
     got = sub.poll(version)
+    if got is None:
+      return None
+    version, flat = got
+    return version, jax.device_put(unflatten(progs.abstract_params, flat), progs.params_sharding)
+
+  def alive() -> bool:
+    # The learner gone (e.g. kill -9): nothing to deliver to.
+    return not stop.is_set() and (parent is None or parent.is_alive())
+
+  if cfg.sao.continuous:
+    progs = compile_slots(cfg, s.model, progs, slots=cfg.sao.sampler_slots, **kw)
+    _run_continuous(spec, cfg, s, progs, poll, alive, end, out)
+  else:
+    _run_batches(spec, cfg, s, progs, poll, alive, end, out)
+
+
+class _Outbox:
+  """Encodes finished trajectories as records (ids unique across samplers on any machine:
+  a random prefix per process) and puts them on the transport."""
+
+  def __init__(self, spec: SamplerSpec, end):
+    self.spec, self.end = spec, end
+    self.id_prefix = int.from_bytes(os.urandom(3), "little") << 40
+    self.counter = 0
+
+  def send(self, traj) -> None:
+    from sao_jax.transport import records
+    self.counter += 1
+    meta = {"task_index": traj.task_index, "task_id": traj.task_id, "reward": traj.total_reward,
+            "t_end": traj.t_end, "sampler": self.spec.sampler_id, "done": traj.done,
+            "reward_s": traj.reward_seconds}
+    self.end.put_trajectory(records.encode(records.RecordKind.TRAJECTORY,
+                                           self.id_prefix | self.counter, traj.policy_version,
+                                           traj.arrays(), meta))
+
+
+def _run_batches(spec, cfg, s, progs, poll, alive, end, out) -> None:
+  """Calls of `sampler_slots` tasks, each decoded until its slowest slot is done."""
+  import jax
+
+  from sao_jax.rollout import sao_sampling
+  params, version = None, -1
+  key = jax.random.key(spec.seed)
+  while alive():
+    got = poll()
     if got is not None:
-      version, flat = got
-      params = jax.device_put(unflatten(progs.abstract_params, flat), progs.params_sharding)
+      version, params = got
     if params is None:
       time.sleep(0.05)
       continue
-    indices = end.get_tasks(slots, timeout=0.2)
+    indices = end.get_tasks(cfg.sao.sampler_slots, timeout=0.2)
     if not indices:
       continue
     tasks = [s.train[i] for i in indices]
     envs = [s.family.make_env(s.tok) for _ in tasks]
     key, sub_key = jax.random.split(key)
-    trajs = sao_sampling(progs.sample, params, envs, tasks, indices, s.tok, slots=slots,
-                         prompt_len=s.prompt_len, max_steps=s.max_steps, rng=sub_key,
-                         policy_version=version, step_many=s.family.step_many)
-    for traj in trajs:
-      counter += 1
-      meta = {"task_index": traj.task_index, "task_id": traj.task_id, "reward": traj.total_reward,
-              "t_end": traj.t_end, "sampler": spec.sampler_id, "done": traj.done,
-              "reward_s": traj.reward_seconds}
-      end.put_trajectory(records.encode(records.RecordKind.TRAJECTORY,
-                                        id_prefix | counter, traj.policy_version,
-                                        traj.arrays(), meta))
+    for traj in sao_sampling(progs.sample, params, envs, tasks, indices, s.tok,
+                             slots=cfg.sao.sampler_slots, prompt_len=s.prompt_len,
+                             max_steps=s.max_steps, rng=sub_key, policy_version=version,
+                             step_many=s.family.step_many):
+      out.send(traj)
     end.ack_tasks()
+
+
+def _run_continuous(spec, cfg, s, progs, poll, alive, end, out) -> None:
+  """Continuous batching: slots refilled as completions end, trajectories sent as they
+  finish; tasks acknowledged in the order they were taken, as soon as every earlier one is
+  done, so a crash redelivers exactly the unfinished ones."""
+  import collections
+
+  from sao_jax.rollout import ContinuousSampler
+  sampler = ContinuousSampler(
+      lambda p, st, pr, pv, sl: progs.fill(p, st, pr, pv, sl),
+      lambda p, st, v, k, n: progs.decode(p, st, v, k, n), progs.refresh, progs.empty_slots(),
+      s.tok,
+      slots=cfg.sao.sampler_slots, refill_rows=cfg.sao.refill_rows, prompt_len=s.prompt_len,
+      max_steps=s.max_steps, make_env=lambda: s.family.make_env(s.tok),
+      step_many=s.family.step_many, inflight=cfg.sao.inflight, seed=spec.seed)
+  taken: collections.deque = collections.deque()  # [task index, finished?] in taken order
+  while alive():
+    got = poll()
+    if got is not None:
+      sampler.offer_params(*got)
+    if sampler.params is None:
+      time.sleep(0.05)
+      continue
+
+    def take(n: int):
+      # Block briefly only when nothing is in flight (else keep decoding what is there).
+      indices = end.get_tasks(n, timeout=0.0 if sampler.active() else 0.2)
+      taken.extend([i, False] for i in indices)
+      return [(i, s.train[i]) for i in indices]
+
+    finished = sampler.step(take)
+    for traj in finished:
+      out.send(traj)
+      for entry in taken:  # the oldest unfinished entry of this task
+        if entry[0] == traj.task_index and not entry[1]:
+          entry[1] = True
+          break
+    n = 0
+    while taken and taken[0][1]:
+      taken.popleft()
+      n += 1
+    if n:
+      end.ack_tasks(n)

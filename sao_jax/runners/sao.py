@@ -295,7 +295,8 @@ class SAOLearner:
     loop = self.loop
     loop.rss_peak = max(loop.rss_peak, process_tree_rss_mb([os.getpid(), *self.pool.pids()]))
     wall = time.time() - loop.t_loop
-    staleness = batch.staleness_b[batch.head_b]  # one per trajectory
+    # One per trajectory: its oldest token's.
+    staleness = np.where(batch.valid_bt, batch.staleness_bt, 0).max(-1)[batch.head_b]
     hist = np.bincount(np.minimum(staleness, STALENESS_BINS - 1), minlength=STALENESS_BINS)
     c = loop.counts
     row = dict(metrics, accuracy=float(metrics["reward"]),

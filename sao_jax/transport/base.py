@@ -55,9 +55,10 @@ class SamplerEnd(Protocol):
 
   def put_trajectory(self, data: bytes) -> None: ...
 
-  def ack_tasks(self) -> None:
-    """The tasks taken so far are done once their trajectories are delivered (redelivery
-    point on a crash). May return before that is confirmed (see `flush`)."""
+  def ack_tasks(self, n: int | None = None) -> None:
+    """The first `n` tasks not yet acknowledged, in the order `get_tasks` returned them (all
+    taken so far when None), are done once the trajectories put so far are delivered (the
+    redelivery point on a crash). May return before that is confirmed (see `flush`)."""
     ...
 
   def flush(self) -> None:
@@ -145,8 +146,8 @@ class EmbeddedSamplerEnd:
   def put_trajectory(self, data):
     self.spec.traj_q.put(data)
 
-  def ack_tasks(self):
-    pass
+  def ack_tasks(self, n: int | None = None):
+    pass  # a task taken off the queue is gone; a crashed sampler's tasks are not redelivered
 
   def flush(self):
     pass  # a queue put is delivered once it returns (the feeder thread sends it)

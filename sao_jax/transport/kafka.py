@@ -365,7 +365,10 @@ class KafkaSamplerEnd:
         heartbeat_interval_ms=2000, **_CLIENT)
     self._watch = _BrokerWatch(spec, "sampler")
     self._pending: list = []  # send futures of trajectories not yet acknowledged
-    self._taken: dict = {}  # TopicPartition -> next offset after the tasks taken so far
+    # Every record taken, in the order taken: [TopicPartition, offset, is a task]. Tasks are
+    # acknowledged in this order (a prefix at a time), so a committed offset never covers a
+    # task whose trajectory is still being generated.
+    self._taken: collections.deque = collections.deque()
     self._acks: collections.deque = collections.deque()  # (send futures, offsets) per call
     self.commit_failures = 0  # async commits refused (e.g. a rebalance): tasks redelivered
 
@@ -378,27 +381,43 @@ class KafkaSamplerEnd:
     self._watch.alive()
     out = []
     for tp, recs in polled.items():
-      self._taken[tp] = max(self._taken.get(tp, 0), recs[-1].offset + 1)
       for r in recs:
         try:
           out.append(int(records.decode(r.value).meta["task_index"]))
+          self._taken.append((tp, r.offset, True))
         except (records.RecordError, TypeError, KeyError, ValueError):
-          continue  # not a task record: nothing to do with it
+          self._taken.append((tp, r.offset, False))  # not a task record: nothing to do
     return out
 
   def put_trajectory(self, data):
     self._pending.append(self.producer.send(self.spec.topic("trajectories"), value=data))
 
-  def ack_tasks(self):
-    """The tasks taken so far are acknowledged once their trajectories are on the broker.
-    Returns at once unless more than `_MAX_UNSETTLED` calls are still unconfirmed."""
-    self._acks.append((self._pending, dict(self._taken)))
+  def ack_tasks(self, n: int | None = None):
+    """The first `n` tasks not yet acknowledged, in the order `get_tasks` returned them (all
+    taken so far when None), are done: their offsets are committed once every trajectory
+    put before this call is on the broker. Returns at once unless more than
+    `_MAX_UNSETTLED` acknowledgements are still unconfirmed."""
+    self._acks.append((self._pending, self._pop_taken(n)))
     self._pending = []
     self._settle(keep=self._MAX_UNSETTLED)
 
+  def _pop_taken(self, n: int | None) -> dict:
+    """Offsets to commit (per partition, one past the last record) for the first n tasks
+    taken, with the other records taken before and between them."""
+    offsets, tasks = {}, 0
+    while self._taken and (n is None or tasks < n or not self._taken[0][2]):
+      tp, offset, is_task = self._taken[0]
+      if is_task and n is not None and tasks >= n:
+        break
+      self._taken.popleft()
+      tasks += is_task
+      offsets[tp] = offset + 1
+    return offsets
+
   def flush(self):
-    """Every trajectory sent is on the broker and every acknowledgement committed (sync)."""
-    self._acks.append((self._pending, dict(self._taken)))
+    """Every trajectory sent is on the broker and every acknowledgement committed (sync);
+    tasks still in progress stay unacknowledged."""
+    self._acks.append((self._pending, {}))
     self._pending = []
     self._settle(keep=0, sync=True)
 
@@ -407,7 +426,7 @@ class KafkaSamplerEnd:
     (asynchronously unless `sync`); waits for the oldest while more than `keep` are
     unconfirmed (None: never waits). BrokerError if a record was refused or not delivered
     within `broker_timeout_s`."""
-    latest = None
+    latest: dict = {}
     while self._acks:
       futures, offsets = self._acks[0]
       what = f"{len(futures)} trajectory records"
@@ -418,7 +437,7 @@ class KafkaSamplerEnd:
       else:
         self._watch.flush(self.producer, list(futures), what)  # waits, then checks them
       self._acks.popleft()
-      latest = offsets
+      latest.update(offsets)  # per partition, later acknowledgements reach further
     if not latest:
       return
     self._watch.alive()
