@@ -1,0 +1,72 @@
+"""Statistics over seeds: mean, standard error and a Student-t confidence interval.
+
+For n values x_1..x_n (one per seed):
+
+  mean  m  = (1/n) sum_i x_i
+  sd    s  = sqrt( sum_i (x_i - m)^2 / (n - 1) )        (Bessel-corrected)
+  s.e.  se = s / sqrt(n)
+  CI       = m -/+ t_{(1 + c)/2, n - 1} * se             (two-sided, confidence c = 0.95)
+
+t is Student's t quantile with n - 1 degrees of freedom (scipy.stats.t), which is what
+makes a 3-seed interval honest: t_{0.975, 2} = 4.30, not the normal 1.96. With one seed the
+spread is unknown and se and the interval are NaN.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable
+
+import numpy as np
+from scipy import stats as sp_stats
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedStats:
+  """Summary of one quantity over seeds."""
+
+  n: int
+  mean: float
+  se: float
+  ci_low: float
+  ci_high: float
+  confidence: float = 0.95
+
+  def as_dict(self, prefix: str = "") -> dict[str, float | int]:
+    return {f"{prefix}n": self.n, f"{prefix}mean": self.mean, f"{prefix}se": self.se,
+            f"{prefix}ci_low": self.ci_low, f"{prefix}ci_high": self.ci_high}
+
+  def __str__(self) -> str:
+    if self.n == 0:
+      return "n/a (no values)"
+    if self.n == 1:
+      return f"{self.mean:.4g} (n=1, no spread)"
+    return (f"{self.mean:.4g} +- {self.se:.2g} s.e. ({self.confidence:.0%} CI "
+            f"{self.ci_low:.4g} .. {self.ci_high:.4g}, n={self.n})")
+
+
+def t_quantile(confidence: float, dof: int) -> float:
+  """Two-sided Student-t multiplier: t_{(1 + confidence)/2, dof}."""
+  if not 0 < confidence < 1:
+    raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+  if dof < 1:
+    raise ValueError(f"degrees of freedom must be >= 1, got {dof}")
+  return float(sp_stats.t.ppf(0.5 + confidence / 2, dof))
+
+
+def seed_stats(values: Iterable[float], confidence: float = 0.95) -> SeedStats:
+  """Mean, standard error and t-interval of `values` (one per seed; all must be finite:
+  the caller decides what a failed or diverged seed means and drops it explicitly)."""
+  x = np.asarray([float(v) for v in values], np.float64)
+  if not np.all(np.isfinite(x)):
+    raise ValueError(f"seed_stats needs finite values, got {x.tolist()}")
+  n = int(x.size)
+  nan = math.nan
+  if n == 0:
+    return SeedStats(0, nan, nan, nan, nan, confidence)
+  mean = float(x.mean())
+  if n == 1:
+    return SeedStats(1, mean, nan, nan, nan, confidence)
+  se = float(x.std(ddof=1) / math.sqrt(n))
+  half = t_quantile(confidence, n - 1) * se
+  return SeedStats(n, mean, se, mean - half, mean + half, confidence)
