@@ -391,15 +391,60 @@ def default_parallel() -> int:
   return max(1, len(os.sched_getaffinity(0)))
 
 
-def trial_env(threads: int) -> dict[str, str]:
+TRIAL_ENV = "SAO_JAX_SWEEP_TRIAL"
+
+
+def trial_env(threads: int, workdir: pathlib.Path) -> dict[str, str]:
   """Environment of a trial: XLA limited to `threads` intra-op threads (as the SAO samplers
-  do), so that `parallel` trials share the cores instead of each spreading over all."""
+  do), so that `parallel` trials share the cores instead of each spreading over all; and
+  SAO_JAX_SWEEP_TRIAL=workdir, inherited by every process of the trial, by which a later run
+  finds what an interrupted one left behind (`trial_processes`)."""
   flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
            if not f.startswith("--xla_force_host_platform_device_count")
            and not f.startswith("intra_op_parallelism_threads")
            and not f.startswith("--xla_cpu_multi_thread_eigen")]
   flags += ["--xla_cpu_multi_thread_eigen=false", f"intra_op_parallelism_threads={threads}"]
-  return dict(os.environ, XLA_FLAGS=" ".join(flags), PYTHONUNBUFFERED="1")
+  return dict(os.environ, XLA_FLAGS=" ".join(flags), PYTHONUNBUFFERED="1",
+              **{TRIAL_ENV: str(workdir)})
+
+
+def trial_processes(sweep_dir: pathlib.Path) -> list[int]:
+  """Live processes started for a trial of the sweep in `sweep_dir` (by their environment;
+  immune to pid reuse). After a `kill -9` of the sweep its trial leaders die with it
+  (PR_SET_PDEATHSIG), but a child that does not watch its parent would run on."""
+  prefix = f"{TRIAL_ENV}={sweep_dir / 'trials'}/".encode()
+  out = []
+  for d in pathlib.Path("/proc").iterdir():
+    if not d.name.isdigit() or int(d.name) == os.getpid():
+      continue
+    try:
+      env = (d / "environ").read_bytes().split(b"\0")
+    except OSError:
+      continue
+    if any(e.startswith(prefix) for e in env) and _running(int(d.name)):
+      out.append(int(d.name))
+  return out
+
+
+def _running(pid: int) -> bool:
+  try:
+    return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+  except OSError:
+    return False
+
+
+def kill_leftovers(sweep_dir: pathlib.Path, timeout: float = 10.0) -> int:
+  """SIGKILLs the processes an interrupted run of this sweep left; returns how many."""
+  pids = trial_processes(sweep_dir)
+  for pid in pids:
+    try:
+      os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+  deadline = time.time() + timeout
+  while any(_running(p) for p in pids) and time.time() < deadline:
+    time.sleep(0.05)
+  return len(pids)
 
 
 def start_group(cmd: list[str], *, log: pathlib.Path, env: dict, cwd: str) -> subprocess.Popen:
@@ -497,11 +542,18 @@ class _Running:
 
 
 class SweepRunner:
-  """Runs (or resumes) a sweep in `sweep_dir` with at most `parallel` trials at once."""
+  """Runs (or resumes) a sweep in `sweep_dir` with at most `parallel` trials at once.
+
+  `train_cmd` is what a trial runs before `--config ... --set ... --workdir ...`:
+  `sao-jax train` in this Python by default; a wrapper (a scheduler's launcher, a test's
+  stand-in) takes the same arguments.
+  """
 
   def __init__(self, sweep: Sweep, sweep_file: pathlib.Path, sweep_dir: str | pathlib.Path, *,
-               parallel: int | None = None, show_progress: bool = True, poll_s: float = 0.25):
+               parallel: int | None = None, show_progress: bool = True, poll_s: float = 0.25,
+               train_cmd: tuple[str, ...] | None = None):
     self.sweep = sweep
+    self.train_cmd = list(train_cmd or (sys.executable, "-m", "sao_jax.cli", "train"))
     self.dir = pathlib.Path(sweep_dir).resolve()
     self.base, self.variant = resolve_base(sweep, sweep_file)
     self.parallel = parallel or default_parallel()
@@ -540,7 +592,8 @@ class SweepRunner:
 
   def _check_same_sweep(self) -> None:
     """sweep.json pins what DIR holds; only the budget (points) may change on a rerun."""
-    mine = dict(self.sweep.to_dict(), base_config=str(self.base), base_variant=self.variant)
+    mine = json.loads(json.dumps(dict(self.sweep.to_dict(), base_config=str(self.base),
+                                      base_variant=self.variant)))
     path = self.dir / "sweep.json"
     if path.exists():
       old = json.loads(path.read_text())
@@ -673,12 +726,11 @@ class SweepRunner:
       return None
     attempt = trial.user_attrs.get("attempts", 0) + 1
     trial.set_user_attr("attempts", attempt)
-    cmd = [sys.executable, "-m", "sao_jax.cli", "train",
-           "--config", f"{self.base}:{self.variant}",
+    cmd = [*self.train_cmd, "--config", f"{self.base}:{self.variant}",
            *itertools.chain.from_iterable(("--set", o) for o in overrides),
            "--workdir", str(workdir), "--no-progress"]
     (workdir / "command.json").write_text(json.dumps(cmd))
-    proc = start_group(cmd, log=workdir / "train.log", env=trial_env(self.threads),
+    proc = start_group(cmd, log=workdir / "train.log", env=trial_env(self.threads, workdir),
                        cwd=str(pathlib.Path.cwd()))
     self._event(event="start", trial=trial.number, point=point, seed=seed, attempt=attempt,
                 pid=proc.pid)
@@ -788,6 +840,12 @@ class SweepRunner:
     bar = None
     try:
       self._check_same_sweep()
+      # The lock is ours, so any process of a trial of this sweep is a leftover: it must
+      # not write into a workdir that its trial's re-run is about to use.
+      left = kill_leftovers(self.dir)
+      if left:
+        print(f"sweep {self.sweep.name}: stopped {left} process(es) left by an interrupted "
+              "run", flush=True)
       self.study = self._open_study()
       self._rerun = self._reconcile()
       if self._rerun:

@@ -189,15 +189,17 @@ def best_config_source(sweep, base: pathlib.Path, variant: str, best: dict,
         if math.isfinite(best["ci_low"]) else "one seed: no interval")
   mean_se = f"{best['mean']:.4g}" + (f" +- {best['se']:.2g} s.e." if math.isfinite(best["se"])
                                      else "")
+  sets = " ".join(f"--set {o!r}" if " " in o else f"--set {o}" for o in overrides)
   lines = [
       f'"""Best point of sweep {sweep.name}: {sweep.metric} ({sweep.direction}) = {mean_se}',
       f"({ci}, over {sweep.seeds} seed(s)); point {best['point']}.",
       "",
-      "Run it (seed 0; add --set seed=N for others):",
+      f"Variant 'default' is the swept one ({variant!r} of the base config); any other name",
+      "is that variant of the base config with the same values. Run it (seed 0; add",
+      "--set seed=N for others):",
       f"  sao-jax train --config {here} --workdir runs/{sweep.name}_best",
-      *([] if variant == "default" else [
-          "The same values on the base config's default variant:",
-          f"  sao-jax train --config {here}:default --workdir runs/{sweep.name}_best_default"]),
+      "The same values on the base config directly (any variant):",
+      f"  sao-jax train --config {base}:{variant} {sets} --workdir runs/{sweep.name}_best",
       '"""',
       "import pathlib",
       "",
@@ -210,8 +212,9 @@ def best_config_source(sweep, base: pathlib.Path, variant: str, best: dict,
       "]",
       "",
       "",
-      "def get_config(variant: str = BASE_VARIANT) -> config_lib.Config:",
-      "  return config_lib.load_config(str(BASE), variant, overrides=OVERRIDES)",
+      'def get_config(variant: str = "default") -> config_lib.Config:',
+      '  base_variant = BASE_VARIANT if variant == "default" else variant',
+      "  return config_lib.load_config(str(BASE), base_variant, overrides=OVERRIDES)",
       "",
   ]
   return "\n".join(lines)
