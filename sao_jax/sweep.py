@@ -566,6 +566,7 @@ class SweepRunner:
       from sao_jax.metrics import require_wandb
       require_wandb()
     self.study = None
+    self._rerun: list[int] = []  # trial ids RUNNING in the journal when this run started
     self._lock_file = None
 
   # -- state in DIR --------------------------------------------------------------------------

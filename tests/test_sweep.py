@@ -305,9 +305,26 @@ import pathlib, sys
 from sao_jax.sweep import SweepRunner, Sweep, Choice
 s = Sweep(name="k", config="experiments/configs/arith_grpo.py:tiny", strategy="grid", seeds=2,
           axes=(Choice("rl.optim.lr", (0.1, 0.2, 0.3)),), fixed=("rl.max_seconds=SECS",))
-SweepRunner(s, pathlib.Path(sys.argv[0]), sys.argv[1], parallel=2, show_progress=False, poll_s=0.05,
-            train_cmd=(sys.executable, sys.argv[2])).run()
+r = SweepRunner(s, pathlib.Path(sys.argv[0]), sys.argv[1], parallel=2, show_progress=False,
+                poll_s=0.05, train_cmd=(sys.executable, sys.argv[2]))
+try:
+  r.run()
+except KeyboardInterrupt:
+  sys.exit(130)
 """
+
+
+def _wait_running(d: pathlib.Path, ended: int, running: int, proc) -> set[int]:
+  deadline = time.time() + 60
+  while time.time() < deadline:
+    ev = _events(d)
+    done = {e["trial"] for e in ev if e["event"] == "end"}
+    live = {e["trial"] for e in ev if e["event"] == "start"} - done
+    if len(done) >= ended and len(live) >= running:
+      return live
+    assert proc.poll() is None, proc.stdout.read().decode()[-2000:]
+    time.sleep(0.05)
+  pytest.fail(f"sweep never reached {ended} ended + {running} running: {_events(d)}")
 
 
 def _events(d: pathlib.Path) -> list[dict]:
@@ -325,16 +342,7 @@ def test_kill_9_and_resume_with_stand_in_trials(tmp_path, repo_root):
   proc = subprocess.Popen(cmd, cwd=repo_root, env=subprocess_env(), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT)
   try:
-    deadline = time.time() + 60
-    while time.time() < deadline:
-      ev = _events(d)
-      ended = {e["trial"] for e in ev if e["event"] == "end"}
-      live = {e["trial"] for e in ev if e["event"] == "start"} - ended
-      if len(ended) >= 2 and len(live) == 2:
-        break
-      time.sleep(0.05)
-    else:
-      pytest.fail(f"sweep never reached 2 ended + 2 running: {_events(d)}")
+    _wait_running(d, 2, 2, proc)
     time.sleep(0.3)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -391,3 +399,45 @@ def test_sampled_points_share_params_across_seeds(tmp_path, repo_root, monkeypat
   assert all(len({p[:2] for p in v}) == 1 and {p[2] for p in v} == {0, 1}
              for v in points.values())
   assert len({next(iter(v))[:2] for v in points.values()}) == 3
+
+
+def test_ctrl_c_stops_every_trial_process(tmp_path, repo_root):
+  """SIGINT (Ctrl-C) to the sweep: it stops each running trial's whole process group, exits
+  130, and leaves the interrupted trials to be re-run."""
+  d = tmp_path / "d"
+  driver = tmp_path / "driver.py"
+  driver.write_text(_DRIVER.replace("SECS", "30.0"))
+  proc = subprocess.Popen([sys.executable, str(driver), str(d), FAKE], cwd=repo_root,
+                          env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  try:
+    live = _wait_running(d, 0, 2, proc)
+    deadline = time.time() + 10
+    while not all((d / "trials" / str(n) / "child.pid").exists() for n in live):
+      assert time.time() < deadline
+      time.sleep(0.05)
+    pids = [int((d / "trials" / str(n) / "child.pid").read_text()) for n in live]
+    pids += [e["pid"] for e in _events(d) if e["event"] == "start"]
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 130
+    assert not any(_alive(p) for p in pids) and not trial_processes(d.resolve())
+    assert {e["trial"] for e in _events(d) if e["event"] == "stopped"} == live
+    rows = json.loads((d / "trials.json").read_text())["trials"]
+    assert {r["trial"] for r in rows if r["status"] == "running"} == live
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+    kill_leftovers(d.resolve())
+
+
+def test_one_sweep_per_dir(tmp_path, repo_root, monkeypatch):
+  import fcntl
+  monkeypatch.chdir(repo_root)
+  d = tmp_path / "d"
+  d.mkdir()
+  with open(d / "sweep.lock", "w") as held:
+    held.write("4242")
+    held.flush()
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with pytest.raises(ConfigError, match=r"another sweep \(pid 4242\) is running in"):
+      _runner(_sweep(), d).run()
