@@ -72,7 +72,8 @@ def main(argv=None) -> int:
       ev = _events(d)
       ended = {e["trial"] for e in ev if e["event"] == "end"}
       running = {e["trial"] for e in ev if e["event"] == "start"} - ended
-      if len(ended) >= args.kill_after and running:
+      # Halfway, with as many trials running as --parallel allows: several interrupted.
+      if len(ended) >= args.kill_after and len(running) >= args.parallel:
         break
       if proc.poll() is not None:
         raise SystemExit(f"the sweep ended ({proc.returncode}) before the kill")

@@ -660,7 +660,7 @@ class SweepRunner:
         # A trial still waiting in the queue has its values only as fixed_params.
         params = dict(t.params or t.system_attrs.get("fixed_params", {}))
         p = out.setdefault(t.user_attrs["point"], {"params": params, "seeds": {}})
-        p["seeds"][t.user_attrs["seed"]] = t.number
+        p["seeds"][t.user_attrs.get("seed", 0)] = t.number
     return out
 
   def _enqueue(self, point: int, params: dict, seeds) -> None:
@@ -675,11 +675,14 @@ class SweepRunner:
     running = []
     points = self._points()
     for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+      # Only a sampled point's first trial gets its attributes after creation (point,
+      # then seed); enqueued trials carry them from the start.
       if "point" not in t.user_attrs:
         p = max(points, default=-1) + 1
         self.study._storage.set_trial_user_attr(t._trial_id, "point", p)
-        self.study._storage.set_trial_user_attr(t._trial_id, "seed", 0)
         points[p] = {"params": dict(t.params), "seeds": {0: t.number}}
+      if "seed" not in t.user_attrs:
+        self.study._storage.set_trial_user_attr(t._trial_id, "seed", 0)
       running.append(t._trial_id)
     for p, info in sorted(points.items()):
       missing = [s for s in range(self.sweep.seeds) if s not in info["seeds"]]

@@ -441,3 +441,25 @@ def test_one_sweep_per_dir(tmp_path, repo_root, monkeypatch):
     fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
     with pytest.raises(ConfigError, match=r"another sweep \(pid 4242\) is running in"):
       _runner(_sweep(), d).run()
+
+
+def test_resume_repairs_a_point_cut_short(tmp_path, repo_root, monkeypatch):
+  """A sweep killed between sampling a point and queueing its other seeds: the rerun runs
+  that trial (RUNNING in the journal) and the missing seed, then the rest of the budget."""
+  monkeypatch.chdir(repo_root)
+  s = Sweep(name="c", config=BASE, strategy="random", points=2, seeds=2,
+            axes=(LogUniform("rl.optim.lr", 0.01, 0.4),))
+  first = _runner(s, tmp_path / "d")
+  first._acquire()
+  first._check_same_sweep()
+  first.study = first._open_study()
+  cut = first.study.ask(s.distributions())
+  cut.set_user_attr("point", 0)  # ... and killed here: no seed, no queued seed 1
+  first._release()
+  summary = _runner(s, tmp_path / "d").run()
+  assert summary["status"] == {"complete": 4}
+  rows = json.loads((tmp_path / "d" / "trials.json").read_text())["trials"]
+  assert sorted((r["point"], r["seed"]) for r in rows) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+  p0 = [r for r in rows if r["point"] == 0]
+  assert {r["rl.optim.lr"] for r in p0} == {cut.params["rl.optim.lr"]}
+  assert [r["trial"] for r in p0 if r["seed"] == 0] == [cut.number]
