@@ -42,6 +42,8 @@ from sao_jax import config as config_lib
 from sao_jax.config import ConfigError
 
 STRATEGIES = ("grid", "random", "tpe")
+TABLE_COLUMNS = ("trial", "point", "seed", "status", "attempts", "trial_wall_s", "reason",
+                 "workdir")
 PRUNERS = ("median", "halving")
 _CHOICE_TYPES = (type(None), bool, int, float, str)
 
@@ -269,6 +271,9 @@ class Sweep:
            f"sweep.metric {self.metric!r} must be a dotted path like 'rl.accuracy'")
     _check(all(r and "" not in r.split(".") for r in self.report),
            f"sweep.report entries must be dotted paths, got {self.report!r}")
+    taken = [c for c in (self.metric, *self.report, *keys) if c in TABLE_COLUMNS]
+    _check(not taken, f"sweep: {taken} would clash with the table's own columns "
+                      f"{TABLE_COLUMNS}")
     _check(self.strategy in STRATEGIES,
            f"sweep.strategy {self.strategy!r} unknown; known: {', '.join(STRATEGIES)}")
     _check(self.points >= 0 and self.startup_points >= 1,

@@ -2,7 +2,8 @@
 
 * trials.csv / trials.json: one row per trial (point x seed): its parameters, seed, status
   (complete, failed, diverged, pruned; running/waiting while the sweep is unfinished),
-  metrics, attempts (2+ after a restart), wall time of the finishing attempt, reason;
+  metrics, attempts (2+ after a restart), trial_wall_s (wall time of the finishing attempt),
+  reason;
   trials.json also holds the sweep, the per-point statistics and the best point;
 * points.csv: one row per point: the metric's mean, standard error and 95 % t-interval over
   the seeds that completed (sao_jax.stats), and how many seeds ended how;
@@ -53,7 +54,7 @@ def trial_rows(study, sweep) -> list[dict]:
            "status": status}
     row.update({a.key: params.get(a.key) for a in sweep.axes})
     row.update({m: metrics.get(m) for m in (sweep.metric, *sweep.report)})
-    row.update({"attempts": attrs.get("attempts", 0), "wall_s": attrs.get("wall_s"),
+    row.update({"attempts": attrs.get("attempts", 0), "trial_wall_s": attrs.get("wall_s"),
                 "reason": attrs.get("reason", ""), "workdir": f"trials/{t.number}"})
     rows.append(row)
   return rows

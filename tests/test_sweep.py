@@ -96,6 +96,7 @@ def test_seed_stats_values():
     (lambda: {"axes": (IntRange("x", 1, 4, step=2),)}, "multiple of step"),
     (lambda: {"axes": (IntRange("x", 0, 4, log=True),)}, "low >= 1"),
     (lambda: {"pruning": Pruning(kind="hyper")}, "pruning.kind"),
+    (lambda: {"report": ("status",)}, "clash with the table's own columns"),
 ])
 def test_sweep_validation(make, message):
   """Each bad sweep (or axis: built inside `make`) fails on construction, naming the problem."""
@@ -193,7 +194,8 @@ def _rows():
       st = status.get(p, ["complete"] * 3)[seed]
       rows.append({"trial": 3 * p + seed, "point": p, "seed": seed, "status": st,
                    "rl.optim.lr": lr, "tokenizer": "char", "rl.accuracy": vals[p][seed],
-                   "attempts": 1, "wall_s": 1.0, "reason": "", "workdir": f"trials/{3*p+seed}"})
+                   "attempts": 1, "trial_wall_s": 1.0, "reason": "",
+                   "workdir": f"trials/{3 * p + seed}"})
   return s, rows
 
 
@@ -259,7 +261,7 @@ def test_statuses_table_and_best(tmp_path, repo_root, monkeypatch):
   with its status; every trial's process group is gone at the end."""
   monkeypatch.chdir(repo_root)
   s = _sweep(axes=(Choice("rl.optim.lr", (0.1, 0.5, 0.6, 0.7, 0.3)),), seeds=2,
-             report=("rl.steps",))
+             report=("rl.steps", "wall_s"))
   summary = _runner(s, tmp_path / "d").run()
   assert summary["status"] == {"complete": 4, "failed": 4, "diverged": 2}
   rows = json.loads((tmp_path / "d" / "trials.json").read_text())["trials"]
@@ -269,6 +271,7 @@ def test_statuses_table_and_best(tmp_path, repo_root, monkeypatch):
   assert by[(2, 1)]["status"] == "diverged" and by[(2, 1)]["rl.accuracy"] is None
   assert "missing from summary.json" in by[(3, 0)]["reason"]
   assert by[(4, 1)]["rl.accuracy"] == pytest.approx(0.31) and by[(4, 1)]["rl.steps"] >= 1
+  assert by[(4, 1)]["wall_s"] == 0.1 and by[(4, 1)]["trial_wall_s"] > 0.1  # summary's, ours
   assert summary["best"]["point"] == 4 and summary["best"]["mean"] == pytest.approx(0.305)
   files = sorted(p.name for p in (tmp_path / "d").iterdir())
   for f in ("best_config.py", "points.csv", "sweep.png", "trials.csv", "trials.json"):
