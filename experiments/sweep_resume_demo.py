@@ -41,6 +41,10 @@ def _events(d: pathlib.Path) -> list[dict]:
   return out
 
 
+def _snapshots(d: pathlib.Path, trial: int) -> list[pathlib.Path]:
+  return [p for p in (d / "trials" / str(trial) / "checkpoints").glob("*/*") if p.name.isdigit()]
+
+
 def _git_commit() -> str:
   try:
     return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -72,8 +76,10 @@ def main(argv=None) -> int:
       ev = _events(d)
       ended = {e["trial"] for e in ev if e["event"] == "end"}
       running = {e["trial"] for e in ev if e["event"] == "start"} - ended
-      # Halfway, with as many trials running as --parallel allows: several interrupted.
-      if len(ended) >= args.kill_after and len(running) >= args.parallel:
+      # Halfway, with as many trials running as --parallel allows (several interrupted),
+      # one of them far enough to have a snapshot to resume from.
+      if (len(ended) >= args.kill_after and len(running) >= args.parallel
+          and any(_snapshots(d, n) for n in running)):
         break
       if proc.poll() is not None:
         raise SystemExit(f"the sweep ended ({proc.returncode}) before the kill")
@@ -88,6 +94,7 @@ def main(argv=None) -> int:
   ev = _events(d)
   done_before = sorted({e["trial"] for e in ev if e["event"] == "end"})
   interrupted = sorted({e["trial"] for e in ev if e["event"] == "start"} - set(done_before))
+  with_snapshot = [n for n in interrupted if _snapshots(d, n)]
   time.sleep(5.0)
   survivors = trial_processes(d)
   kill_leftovers(d)
@@ -127,6 +134,9 @@ def main(argv=None) -> int:
                                                for r in rows),
       "done_before_kill_started_again": sum(starts.get(n, 0) - 1 for n in done_before),
       "interrupted_rerun_attempts": {n: starts.get(n, 0) for n in interrupted},
+      "interrupted_with_snapshot": with_snapshot,
+      "resumed_from_snapshot": [n for n in with_snapshot if "resuming the run in" in
+                                (d / "trials" / str(n) / "train.log").read_text()],
       "seconds_to_kill": round(t_kill, 1),
       "seconds_resume": round(t_resume, 1),
       "best": json.loads(rerun.stdout[rerun.stdout.index("{"):]).get("best"),
