@@ -1,5 +1,5 @@
-"""`sao-jax` command line: train, eval, broker, and the two roles of a multi-machine SAO run
-(learner, sampler)."""
+"""`sao-jax` command line: train, eval, sweep, broker, and the two roles of a multi-machine SAO
+run (learner, sampler)."""
 from __future__ import annotations
 
 import argparse
@@ -39,6 +39,13 @@ def _parser() -> argparse.ArgumentParser:
   b = sub.add_parser("broker", help="run a local Kafka-protocol broker until Ctrl-C")
   b.add_argument("--host", default="127.0.0.1")
   b.add_argument("--port", type=int, default=9092)
+  sw = sub.add_parser("sweep", help="run or resume a hyperparameter sweep (a sweep file's "
+                      "get_sweep(variant)); rerun the same command to resume")
+  sw.add_argument("sweep", help="sweep file, optionally with :variant")
+  sw.add_argument("--dir", required=True, help="where the study, trials and reports go")
+  sw.add_argument("--parallel", type=int, default=None,
+                  help="trials at once (default: the number of cores)")
+  sw.add_argument("--no-progress", action="store_true")
   e = sub.add_parser("eval", help="held-out greedy accuracy of a workdir's latest checkpoint, "
                      "or HumanEval pass@1/pass@10 (--suite humaneval)")
   e.add_argument("--workdir", required=True)
@@ -81,6 +88,12 @@ def main(argv: list[str] | None = None) -> int:
       from sao_jax.runners.roles import run_sampler_role
       return run_sampler_role(args.bootstrap, args.run_id, args.num, args.threads,
                               wait_s=args.wait)
+    elif args.command == "sweep":
+      from sao_jax.sweep import run_sweep
+      summary = run_sweep(args.sweep, args.dir, parallel=args.parallel,
+                          show_progress=not args.no_progress)
+      print(json.dumps(summary, indent=2))
+      return 0 if summary["status"].get("complete") else 1
     elif args.command == "broker":
       return _broker(args.host, args.port)
     elif args.command == "eval" and args.suite == "humaneval":

@@ -353,6 +353,30 @@ class CompressionConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoggingConfig:
+  """Metric sinks besides metrics.jsonl and TensorBoard, which are always written.
+
+  `wandb`: also log to Weights & Biases (needs the `wandb` package, e.g. the `sao_jax[wandb]`
+  extra; asking for it without the package is a clear error). Mode 'offline' writes the run
+  under the workdir with no network (`wandb sync` uploads it later); 'online' uploads as it
+  goes. The run's id derives from the workdir, so a resumed run continues the same W&B run.
+  `sao-jax sweep` sets `wandb_group` to the sweep's name and `wandb_name` per trial.
+  """
+
+  wandb: bool = False
+  wandb_mode: str = "offline"
+  wandb_project: str = "sao_jax"
+  wandb_entity: str = ""
+  wandb_group: str = ""
+  wandb_name: str = ""  # empty: the workdir's folder name
+
+  def __post_init__(self):
+    _check(self.wandb_mode in ("offline", "online"),
+           f"logging.wandb_mode {self.wandb_mode!r} unknown; known: offline, online")
+    _check(bool(self.wandb_project), "logging.wandb_project must not be empty")
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
   name: str = "run"
   seed: int = 0
@@ -368,6 +392,7 @@ class Config:
   recovery: RecoveryConfig = RecoveryConfig()
   faults: FaultsConfig = FaultsConfig()
   compression: CompressionConfig = CompressionConfig()
+  logging: LoggingConfig = LoggingConfig()
   log_every: int = 10
   checkpoint_every: int = 100
   init_from: str = ""

@@ -1,7 +1,9 @@
 """Run metrics: one JSON line per logged step, TensorBoard events, a console progress bar,
-and a final summary.json. Everything a plot or a notebook needs is in the workdir."""
+and a final summary.json. Everything a plot or a notebook needs is in the workdir.
+Optionally (config `logging.wandb`) the same rows also go to Weights & Biases."""
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import pathlib
@@ -26,13 +28,38 @@ def _plain(v: Any):
   return v
 
 
+def require_wandb():
+  """The wandb module, or a ConfigError that says how to get it."""
+  try:
+    import wandb
+  except ImportError:
+    from sao_jax.config import ConfigError
+    raise ConfigError("logging.wandb=True needs the wandb package: pip install wandb "
+                      "(or the sao_jax[wandb] extra), or set logging.wandb=False") from None
+  return wandb
+
+
+def _start_wandb(logging, workdir: pathlib.Path, run_config: dict | None):
+  wandb = require_wandb()
+  # One W&B run per workdir: a resumed run (same workdir) continues it.
+  run_id = hashlib.sha1(str(workdir.resolve()).encode()).hexdigest()[:16]
+  return wandb.init(project=logging.wandb_project, entity=logging.wandb_entity or None,
+                    group=logging.wandb_group or None, name=logging.wandb_name or workdir.name,
+                    id=run_id, resume="allow", mode=logging.wandb_mode, dir=str(workdir),
+                    config=run_config)
+
+
 class MetricsWriter:
-  """Appends to `workdir/metrics.jsonl` and `workdir/tb/`; resumes by appending."""
+  """Appends to `workdir/metrics.jsonl` and `workdir/tb/` (and a W&B run when
+  `logging.wandb`); resumes by appending."""
 
   def __init__(self, workdir: str | pathlib.Path, *, total: int | None = None, desc: str = "",
-               show_progress: bool = True):
+               show_progress: bool = True, logging=None, run_config: dict | None = None):
     self.workdir = pathlib.Path(workdir)
     self.workdir.mkdir(parents=True, exist_ok=True)
+    self._wandb = (_start_wandb(logging, self.workdir, run_config)
+                   if logging is not None and logging.wandb else None)
+    self._wandb_phases: set[str] = set()
     path = self.workdir / "metrics.jsonl"
     if path.exists() and path.stat().st_size:
       with open(path, "rb") as f:  # after a crash mid-line: start the next row on a new line
@@ -53,9 +80,16 @@ class MetricsWriter:
     row = {"phase": phase, "step": int(step), "wall_s": round(time.time() - self.t0, 3)}
     row.update({k: _plain(v) for k, v in metrics.items()})
     self._jsonl.write(json.dumps(row) + "\n")
-    for k, v in row.items():
-      if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-        self._tb.add_scalar(f"{phase}/{k}", v, step)
+    scalars = {k: v for k, v in row.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    for k, v in scalars.items():
+      self._tb.add_scalar(f"{phase}/{k}", v, step)
+    if self._wandb is not None:
+      if phase not in self._wandb_phases:  # each phase on its own step axis
+        self._wandb.define_metric(f"{phase}/step")
+        self._wandb.define_metric(f"{phase}/*", step_metric=f"{phase}/step")
+        self._wandb_phases.add(phase)
+      self._wandb.log({f"{phase}/{k}": v for k, v in scalars.items()})
     shown = {k: row[k] for k in ("loss", "reward", "accuracy") if k in row}
     self._bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items()}, refresh=False)
     self._bar.update(advance)
@@ -67,6 +101,9 @@ class MetricsWriter:
     self._bar.close()
     self._tb.close()
     self._jsonl.close()
+    if self._wandb is not None:
+      self._wandb.finish()
+      self._wandb = None
 
 
 def write_summary(workdir: str | pathlib.Path, summary: dict[str, Any]) -> pathlib.Path:

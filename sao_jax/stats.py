@@ -1,28 +1,88 @@
-"""Statistics over seeds: every headline number is a mean with its standard error and a 95 %
-interval (Student's t, since seeds are few)."""
+"""Statistics over seeds: mean, standard error and a Student-t confidence interval.
+
+For n values x_1..x_n (one per seed):
+
+  mean  m  = (1/n) sum_i x_i
+  sd    s  = sqrt( sum_i (x_i - m)^2 / (n - 1) )        (Bessel-corrected)
+  s.e.  se = s / sqrt(n)
+  CI       = m -/+ t_{(1 + c)/2, n - 1} * se             (two-sided, confidence c = 0.95)
+
+t is Student's t quantile with n - 1 degrees of freedom (scipy.stats.t), which is what
+makes a 3-seed interval honest: t_{0.975, 2} = 4.30, not the normal 1.96. With one seed the
+spread is unknown and se and the interval are NaN.
+"""
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable
 
 import numpy as np
-from scipy import stats as _st
+from scipy import stats as sp_stats
 
 
-def summarize(values: Sequence[float | None]) -> dict:
-  """Mean, standard error, 95 % t-interval and the values themselves. `None` values (e.g.
-  "never reached the target") are counted in `missing` and left out of the statistics."""
-  vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-  n = len(vals)
-  out = {"n": n, "values": list(values), "missing": len(values) - n}
+@dataclasses.dataclass(frozen=True)
+class SeedStats:
+  """Summary of one quantity over seeds."""
+
+  n: int
+  mean: float
+  se: float
+  ci_low: float
+  ci_high: float
+  confidence: float = 0.95
+
+  def as_dict(self, prefix: str = "") -> dict[str, float | int]:
+    return {f"{prefix}n": self.n, f"{prefix}mean": self.mean, f"{prefix}se": self.se,
+            f"{prefix}ci_low": self.ci_low, f"{prefix}ci_high": self.ci_high}
+
+  def __str__(self) -> str:
+    if self.n == 0:
+      return "n/a (no values)"
+    if self.n == 1:
+      return f"{self.mean:.4g} (n=1, no spread)"
+    return (f"{self.mean:.4g} +- {self.se:.2g} s.e. ({self.confidence:.0%} CI "
+            f"{self.ci_low:.4g} .. {self.ci_high:.4g}, n={self.n})")
+
+
+def t_quantile(confidence: float, dof: int) -> float:
+  """Two-sided Student-t multiplier: t_{(1 + confidence)/2, dof}."""
+  if not 0 < confidence < 1:
+    raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+  if dof < 1:
+    raise ValueError(f"degrees of freedom must be >= 1, got {dof}")
+  return float(sp_stats.t.ppf(0.5 + confidence / 2, dof))
+
+
+def seed_stats(values: Iterable[float], confidence: float = 0.95) -> SeedStats:
+  """Mean, standard error and t-interval of `values` (one per seed; all must be finite:
+  the caller decides what a failed or diverged seed means and drops it explicitly)."""
+  x = np.asarray([float(v) for v in values], np.float64)
+  if not np.all(np.isfinite(x)):
+    raise ValueError(f"seed_stats needs finite values, got {x.tolist()}")
+  n = int(x.size)
+  nan = math.nan
   if n == 0:
-    return dict(out, mean=None, se=None, ci95=None)
-  mean = float(np.mean(vals))
+    return SeedStats(0, nan, nan, nan, nan, confidence)
+  mean = float(x.mean())
   if n == 1:
-    return dict(out, mean=mean, se=None, ci95=None)
-  se = float(np.std(vals, ddof=1) / math.sqrt(n))
-  half = float(_st.t.ppf(0.975, n - 1) * se)
-  return dict(out, mean=mean, se=se, ci95=[mean - half, mean + half])
+    return SeedStats(1, mean, nan, nan, nan, confidence)
+  se = float(x.std(ddof=1) / math.sqrt(n))
+  half = t_quantile(confidence, n - 1) * se
+  return SeedStats(n, mean, se, mean - half, mean + half, confidence)
+
+
+def summarize(values: Iterable[float | None], confidence: float = 0.95) -> dict:
+  """`seed_stats` as a JSON-ready dict that also keeps the values themselves. `None` or
+  non-finite values (a seed that never reached a target, say) are counted in `missing` and
+  left out; mean, se and ci95 are None where they are undefined."""
+  values = list(values)
+  kept = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+  st = seed_stats(kept, confidence)
+  num = lambda x: None if math.isnan(x) else x  # noqa: E731
+  return {"n": st.n, "values": values, "missing": len(values) - st.n, "mean": num(st.mean),
+          "se": num(st.se),
+          "ci95": None if math.isnan(st.ci_low) else [st.ci_low, st.ci_high]}
 
 
 def fmt(s: dict, spec: str = "{:.3g}", scale: float = 1.0) -> str:

@@ -22,14 +22,14 @@ PACKAGE = "sao_jax"
 # Most specific prefix wins. Layer 4 is the command line, 0 what everything may use.
 LAYERS: dict[str, int] = {
     "sao_jax.cli": 4,
-    "sao_jax.runners": 3,
+    "sao_jax.runners": 3, "sao_jax.sweep": 3, "sao_jax.sweep_report": 3,
     "sao_jax.learner": 2, "sao_jax.rollout": 2, "sao_jax.evaluation": 2, "sao_jax.setup": 2,
     "sao_jax.tasks": 2, "sao_jax.families": 2, "sao_jax.checkpoint": 2, "sao_jax.recovery": 2,
     "sao_jax.buffer": 2,
     "sao_jax.compression.policy": 2, "sao_jax.compression.rollout": 2,
     "sao_jax.models": 1, "sao_jax.rl": 1, "sao_jax.envs": 1, "sao_jax.data": 1,
     "sao_jax.transport": 1, "sao_jax.compression": 1, "sao_jax.sampling": 1, "sao_jax.sandbox": 1,
-    "sao_jax.packing": 1, "sao_jax.state": 1, "sao_jax.batches": 1,
+    "sao_jax.packing": 1, "sao_jax.state": 1, "sao_jax.batches": 1, "sao_jax.slots": 1,
     "sao_jax": 0,
 }
 LAYER_NAMES = {4: "cli", 3: "runners", 2: "learner/rollout/evaluation/setup",

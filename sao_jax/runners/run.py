@@ -96,7 +96,8 @@ def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True)
   (workdir / "config.json").write_text(config_lib.to_json(cfg))
   t_start = time.time()
   s = make_setup(cfg)
-  writer = MetricsWriter(workdir, show_progress=show_progress)
+  writer = MetricsWriter(workdir, show_progress=show_progress, logging=cfg.logging,
+                         run_config=config_lib.to_dict(cfg))
   summary: dict[str, Any] = {"name": cfg.name, "devices": [str(d) for d in jax.devices()],
                              "train_problems": len(s.train), "test_problems": len(s.test)}
   if progress is not None:
