@@ -340,9 +340,10 @@ def load_params(path: str | os.PathLike, cfg: ModelConfig, *, mesh: Mesh | None 
       raise CheckpointError(f"parameters not in the checkpoint need an rng to initialise: "
                             f"{['/'.join(k) for k in fresh][:5]}")
     # Only the fresh leaves leave the jitted init; XLA drops the rest of it as dead code.
-    pick = jax.jit(lambda r: {k: _flat(nn.meta.unbox(init(r)))[k] for k in fresh},
-                   out_shardings={k: shardings[k] for k in fresh})
-    result.update(pick(rng))
+    def pick(r):
+      every = _flat(nn.meta.unbox(init(r)))
+      return {k: every[k] for k in fresh}
+    result.update(jax.jit(pick, out_shardings={k: shardings[k] for k in fresh})(rng))
   return _unflat(result)
 
 
@@ -370,7 +371,7 @@ def save(path: str | os.PathLike, params: dict, cfg: ModelConfig, *, dtype: str 
     raise CheckpointError(f"dtype {dtype!r} not one of {sorted(_DTYPES)}")
   config = hf_config(cfg, base_config, dtype)
   if lora.has_adapters(params):
-    params = lora.merge(params, cfg)
+    params = jax.jit(lora.merge, static_argnums=1)(params, cfg)
   flat = _flat(params)
   maps = layouts(cfg)
   missing = sorted(set(maps) - set(flat))
