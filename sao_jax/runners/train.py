@@ -25,6 +25,7 @@ from sao_jax.envs.arithmetic import ArithmeticEnv, ArithmeticSpec
 from sao_jax.envs.base import Task
 from sao_jax.learner import TrainState, make_optimizer, make_rl_update, make_sft_update
 from sao_jax.metrics import MetricsWriter, peak_memory_mb, write_summary
+from sao_jax.models import make_model
 from sao_jax.models.transformer import TransformerLM
 from sao_jax.runners.batching import encode_prompts, encode_targets, round_up
 from sao_jax.runners.compiled import Programs, compile_programs
@@ -75,7 +76,7 @@ def make_setup(cfg: Config) -> Setup:
     raise config_lib.ConfigError(f"rl.max_new_tokens {cfg.rl.max_new_tokens} cannot hold the "
                                  f"longest solution ({target_len} tokens with EOS)")
   model_cfg = dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or tok.vocab_size)
-  return Setup(cfg=cfg, tok=tok, model=TransformerLM(model_cfg), train=train, test=test,
+  return Setup(cfg=cfg, tok=tok, model=make_model(model_cfg), train=train, test=test,
                env=ArithmeticEnv(tok), prompt_len=prompt_len, target_len=target_len)
 
 
