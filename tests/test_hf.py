@@ -221,6 +221,10 @@ def test_bad_checkpoints_fail_clearly(tmp_path):
   save_file(tensors, d / hf.SINGLE_FILE)
   with pytest.raises(hf.CheckpointError, match="k_proj.bias' not in the checkpoint"):
     hf.load(d)
+  tensors["model.layers.1.self_attn.k_proj.bias"] = np.zeros((32,), np.float32)
+  tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.zeros((8,), np.float32)
+  save_file(tensors, d / hf.SINGLE_FILE)
+  hf.load(d)  # derived buffers of older files are ignored
   tensors["model.layers.9.mlp.up_proj.weight"] = np.zeros((2, 2), np.float32)
   save_file(tensors, d / hf.SINGLE_FILE)
   with pytest.raises(hf.CheckpointError, match="no place for"):

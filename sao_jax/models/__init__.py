@@ -11,16 +11,14 @@ from sao_jax.config import ModelConfig
 from sao_jax.models import llama, transformer
 from sao_jax.models.transformer import KVCache
 
-_FAMILIES = {"gpt": transformer, "llama": llama}
+_FAMILIES = {"gpt": (transformer, transformer.TransformerLM), "llama": (llama, llama.LlamaLM)}
 
 
 def make_model(cfg: ModelConfig):
   """The flax module of `cfg.arch`: TransformerLM ("gpt") or LlamaLM ("llama")."""
-  if cfg.arch == "gpt":
-    return transformer.TransformerLM(cfg)
-  return llama.LlamaLM(cfg)
+  return _FAMILIES[cfg.arch][1](cfg)
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=jnp.float32) -> KVCache:
   """Zero KV cache of the model `cfg` describes (a Llama-family cache holds kv_heads heads)."""
-  return _FAMILIES[cfg.arch].init_cache(cfg, batch, length, dtype)
+  return _FAMILIES[cfg.arch][0].init_cache(cfg, batch, length, dtype)

@@ -316,8 +316,10 @@ def load_params(path: str | os.PathLike, cfg: ModelConfig, *, mesh: Mesh | None 
   with contextlib.ExitStack() as stack:
     files = _Files(path, stack)
     names = {lay.name for lay in maps.values()}
-    # A tied checkpoint may still carry lm_head.weight (a copy of the embedding).
-    extra = files.names() - names - ({"lm_head.weight"} if cfg.tie_embeddings else set())
+    # A tied checkpoint may still carry lm_head.weight (a copy of the embedding), and older
+    # Llama files carry the rotary frequencies as buffers; both are derived, not needed.
+    extra = {n for n in files.names() - names if not n.endswith("rotary_emb.inv_freq")}
+    extra -= {"lm_head.weight"} if cfg.tie_embeddings else set()
     if extra:
       raise CheckpointError(f"{path}: tensors this model has no place for: {sorted(extra)[:5]}")
     for key, layout in maps.items():
