@@ -20,6 +20,9 @@ parameter sync would publish with LoRA adapters against full parameters (about 1
 on a 2-core CPU):
   python experiments/bench_learner.py --variants gpt-f32,gpt-bf16,llama-f32,llama-bf16 \
       --repeats 3 --out results/bench_learner_variants.json
+On XLA:CPU the bf16 reference matmul ran slower than the model's own bf16 matmuls (MFU
+above 100% was measured), so on a CPU compare the bf16 variants by tokens/s. On a GPU pass
+`--matmul-n 8192`: a 2048^3 product is too small to approach the device's peak.
 The Llama-style variant (sao_jax.models.llama) has `--kv-heads` key/value heads (default
 heads / 4) and a SwiGLU MLP of hidden size `--llama-mlp-dim` (default 2/3 * mlp_ratio *
 width rounded up to a multiple of 64: its three matrices then hold about the parameters of
