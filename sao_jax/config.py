@@ -55,8 +55,8 @@ class ModelConfig:
   keep their defaults with "gpt".
 
   `dtype` is the compute dtype; parameters are float32 either way (the optimizer's master
-  copy), cast to `dtype` where they are used. Logits, softmax statistics and norms are
-  computed in float32.
+  copy), cast to `dtype` where they are used. Attention softmax and norm statistics run in
+  float32; the unembedding runs in `dtype` and its logits are returned as float32.
   """
 
   vocab_size: int = 0
