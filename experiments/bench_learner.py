@@ -14,10 +14,25 @@ Smoke run (seconds):
 
 Writes JSON (default results/bench_learner.json) and prints a short table.
 
+Variants side by side (f32 GPT, bf16 GPT, Llama-style f32 and bf16, each run `--repeats`
+times in this process; mean and standard error over the repeats), plus the bytes one
+parameter sync would publish with LoRA adapters against full parameters (about 15 minutes
+on a 2-core CPU):
+  python experiments/bench_learner.py --variants gpt-f32,gpt-bf16,llama-f32,llama-bf16 \
+      --repeats 3 --out results/bench_learner_variants.json
+On XLA:CPU the bf16 reference matmul ran slower than the model's own bf16 matmuls (MFU
+above 100% was measured), so on a CPU compare the bf16 variants by tokens/s. On a GPU pass
+`--matmul-n 8192`: a 2048^3 product is too small to approach the device's peak.
+The Llama-style variant (sao_jax.models.llama) has `--kv-heads` key/value heads (default
+heads / 4) and a SwiGLU MLP of hidden size `--llama-mlp-dim` (default 2/3 * mlp_ratio *
+width rounded up to a multiple of 64: its three matrices then hold about the parameters of
+the GPT MLP's two; 1408 at width 512).
+
 FLOPs per update, counted analytically (forward + backward = 3x forward):
   6 * non_embedding_params * tokens          dense layers (Kaplan et al.'s 6N per token)
-  + 6 * vocab * width * tokens               logits: the unembedding is tied to the token
-                                             embedding, so it is not in non_embedding_params
+  + 6 * vocab * width * tokens               logits: the unembedding (tied to the token
+                                             embedding, or an untied lm_head) is not in
+                                             non_embedding_params
   + 12 * depth * width * L^2 * batch         attention scores and weighted values; the model
                                              computes the full L x L matrix, so no causal 1/2
 with tokens = batch * L and L = prompt_len + completion_len (every position is computed).
@@ -27,13 +42,17 @@ includes the softmaxes, norms and the AdamW update.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import io
 import json
 import os
 import pathlib
 import platform
+import subprocess
 import sys
 import time
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,9 +60,14 @@ import numpy as np
 from sao_jax.batches import SFTBatch
 from sao_jax.config import Config, ModelConfig, OptimConfig
 from sao_jax.learner import make_optimizer, make_sft_update
-from sao_jax.models.transformer import TransformerLM
+from sao_jax.models import lora, make_model
 from sao_jax.runners.compiled import compile_programs
 from sao_jax.tokenizer import CharTokenizer
+from sao_jax.transport.params import flatten
+
+# --variants: name -> (arch, dtype).
+VARIANTS = {"gpt-f32": ("gpt", "float32"), "gpt-bf16": ("gpt", "bfloat16"),
+            "llama-f32": ("llama", "float32"), "llama-bf16": ("llama", "bfloat16")}
 
 # --tiny: a seconds-long smoke run of the same code path (used by tests).
 TINY = dict(width=64, depth=1, heads=2, batch=4, prompt_len=16, completion_len=16, reps=3,
@@ -58,6 +82,16 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--mlp-ratio", type=int, default=4)
   p.add_argument("--vocab", type=int, default=0, help="0: the char tokenizer's vocabulary")
   p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+  p.add_argument("--arch", default="gpt", choices=("gpt", "llama"))
+  p.add_argument("--kv-heads", type=int, default=0, help="llama: 0 means heads / 4")
+  p.add_argument("--llama-mlp-dim", type=int, default=0,
+                 help="llama SwiGLU hidden size; 0: 2/3 * mlp_ratio * width, rounded up to 64")
+  p.add_argument("--variants", default="",
+                 help=f"comma-separated, from {', '.join(VARIANTS)}: run each (overrides "
+                      "--arch/--dtype) --repeats times and write one JSON")
+  p.add_argument("--repeats", type=int, default=1, help="runs per variant (with --variants)")
+  p.add_argument("--lora-ranks", default="8,64",
+                 help="with --variants: LoRA ranks whose per-sync bytes are reported")
   p.add_argument("--batch", type=int, default=16)
   p.add_argument("--prompt-len", type=int, default=64)
   p.add_argument("--completion-len", type=int, default=64)
@@ -97,10 +131,51 @@ def make_matmul(n: int, dtype):
 
 
 def param_counts(params) -> dict:
-  """Total, embedding (token + position tables) and non-embedding parameter counts."""
+  """Total, embedding (token and position tables, untied lm_head) and non-embedding counts."""
   total = sum(int(x.size) for x in jax.tree.leaves(params))
-  emb = int(params["embed"]["embedding"].size) + int(params["pos_embed"].size)
+  emb = int(params["embed"]["embedding"].size)
+  emb += int(params["pos_embed"].size) if "pos_embed" in params else 0
+  emb += int(params["lm_head"]["kernel"].size) if "lm_head" in params else 0
   return {"total": total, "embedding": emb, "non_embedding": total - emb}
+
+
+def model_config(args: argparse.Namespace, vocab: int, seq_len: int) -> ModelConfig:
+  kw = {}
+  if args.arch == "llama":
+    mlp = args.llama_mlp_dim or -(-(2 * args.mlp_ratio * args.width // 3) // 64) * 64
+    kw = dict(arch="llama", kv_heads=args.kv_heads or max(args.heads // 4, 1), mlp_dim=mlp)
+  return ModelConfig(vocab_size=vocab, width=args.width, depth=args.depth, heads=args.heads,
+                     mlp_ratio=args.mlp_ratio, max_len=seq_len, dtype=args.dtype, **kw)
+
+
+def npz_bytes(tree) -> int:
+  """Bytes of the file the parameter channel (sao_jax.transport.params) writes for `tree`."""
+  buf = io.BytesIO()
+  np.savez(buf, **flatten(tree))
+  return buf.getbuffer().nbytes
+
+
+def _zero_params(cfg: ModelConfig) -> dict:
+  """Zero arrays of the parameter shapes of `cfg`'s model (nothing is computed)."""
+  tokens = jnp.zeros((1, 1), jnp.int32)
+  shapes = jax.eval_shape(make_model(cfg).init, jax.random.key(0), tokens, tokens,
+                          jnp.ones((1, 1, 1), bool))["params"]
+  return jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), nn.meta.unbox(shapes))
+
+
+def lora_sync_bytes(model_cfg: ModelConfig, ranks: list[int]) -> dict:
+  """Bytes per parameter sync: full parameters against LoRA adapters on every projection.
+
+  Sizes depend only on shapes (np.savez does not compress), so zero arrays are written.
+  """
+  full = npz_bytes(_zero_params(dataclasses.replace(model_cfg, lora_rank=0)))
+  out = {"full_bytes": full, "adapters": {}}
+  for rank in ranks:
+    cfg = dataclasses.replace(model_cfg, lora_rank=rank)
+    adapter = npz_bytes(lora.adapters(_zero_params(cfg)))
+    out["adapters"][str(rank)] = {"bytes": adapter, "fraction_of_full": adapter / full,
+                                  "targets": list(cfg.lora_targets)}
+  return out
 
 
 def analytic_flops(*, non_emb: int, vocab: int, width: int, depth: int, batch: int,
@@ -137,11 +212,9 @@ def _cpu_model() -> str:
 def run(args: argparse.Namespace) -> dict:
   vocab = args.vocab or CharTokenizer().vocab_size
   seq_len = args.prompt_len + args.completion_len
-  model_cfg = ModelConfig(vocab_size=vocab, width=args.width, depth=args.depth,
-                          heads=args.heads, mlp_ratio=args.mlp_ratio, max_len=seq_len,
-                          dtype=args.dtype)
+  model_cfg = model_config(args, vocab, seq_len)
   cfg = Config(name="bench_learner", model=model_cfg)
-  model = TransformerLM(model_cfg)
+  model = make_model(model_cfg)
   tx = make_optimizer(OptimConfig(lr=1e-4, warmup_steps=10))
   progs = compile_programs(cfg, model, tx, make_sft_update(model, tx), with_ref=False,
                            prompt_len=args.prompt_len, max_new_tokens=args.completion_len,
@@ -194,8 +267,10 @@ def run(args: argparse.Namespace) -> dict:
   achieved_xla = flops_xla / step_med if flops_xla else None
   dev = jax.devices()[0]
   return {
-      "config": {"width": args.width, "depth": args.depth, "heads": args.heads,
-                 "mlp_ratio": args.mlp_ratio, "vocab": vocab, "dtype": args.dtype,
+      "config": {"arch": args.arch, "width": args.width, "depth": args.depth,
+                 "heads": args.heads, "kv_heads": model_cfg.n_kv_heads,
+                 "mlp_dim": model_cfg.ffn_dim, "mlp_ratio": args.mlp_ratio, "vocab": vocab,
+                 "dtype": args.dtype,
                  "batch": b, "prompt_len": p, "completion_len": t, "seq_len": seq_len,
                  "reps": args.reps, "warmup": args.warmup, "tiny": args.tiny},
       "params": params,
@@ -223,8 +298,82 @@ def run(args: argparse.Namespace) -> dict:
       "cpu_count": os.cpu_count(),
       "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
       "python": platform.python_version(),
+      "platform": platform.platform(),
       "argv": sys.argv[1:],
+      "command": " ".join([sys.executable, *sys.argv]),
+      "git_commit": _git_commit(),
   }
+
+
+def _git_commit() -> str | None:
+  try:
+    root = pathlib.Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                           capture_output=True, text=True, check=True).stdout.strip()
+    return head + ("-dirty" if dirty else "")
+  except (OSError, subprocess.CalledProcessError):
+    return None
+
+
+def _mean_se(xs: list[float]) -> dict:
+  a = np.asarray(xs, float)
+  se = float(a.std(ddof=1) / np.sqrt(len(a))) if len(a) > 1 else None
+  return {"mean": float(a.mean()), "se": se, "n": len(a), "values": a.tolist()}
+
+
+def run_variants(args: argparse.Namespace) -> dict:
+  """Each variant `args.repeats` times (interleaved, so drifting machine load is shared)."""
+  names = [v.strip() for v in args.variants.split(",") if v.strip()]
+  unknown = [n for n in names if n not in VARIANTS]
+  if unknown:
+    raise SystemExit(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+  runs: dict[str, list[dict]] = {n: [] for n in names}
+  for _ in range(args.repeats):
+    for name in names:
+      arch, dtype = VARIANTS[name]
+      runs[name].append(run(argparse.Namespace(**dict(vars(args), arch=arch, dtype=dtype))))
+  summary = {}
+  for name, rs in runs.items():
+    summary[name] = {
+        "config": rs[0]["config"], "params": rs[0]["params"],
+        "mfu": _mean_se([r["mfu"] for r in rs]),
+        "mfu_xla": _mean_se([r["mfu_xla"] for r in rs]) if rs[0]["mfu_xla"] else None,
+        "tokens_per_s": _mean_se([r["tokens_per_s"] for r in rs]),
+        "step_time_s_median": _mean_se([r["step_time_s_median"] for r in rs]),
+        "matmul_peak_flops_per_s": _mean_se([r["matmul_peak_flops_per_s"] for r in rs]),
+        "runs": rs}
+  first = next(iter(runs.values()))[0]
+  llama_args = argparse.Namespace(**dict(vars(args), arch="llama", dtype="float32"))
+  ranks = [int(r) for r in args.lora_ranks.split(",") if r.strip()]
+  return {
+      "variants": summary,
+      "lora_sync": dict(lora_sync_bytes(model_config(llama_args, first["config"]["vocab"],
+                                                     first["config"]["seq_len"]), ranks),
+                        model="llama-f32 of this run"),
+      "repeats": args.repeats,
+      **{k: first[k] for k in ("jax_version", "backend", "device", "num_devices", "cpu_count",
+                               "cpu_affinity", "python", "platform", "argv", "command",
+                               "git_commit")},
+  }
+
+
+def _fmt_variants(r: dict) -> str:
+  pct = lambda m: "n/a" if m is None else (
+      f"{100 * m['mean']:.1f}%" + (f" +- {100 * m['se']:.1f}" if m["se"] is not None else ""))
+  lines = [f"{'variant':<12} {'params':>8} {'tokens/s':>10} {'MFU (analytic)':>18} "
+           f"{'MFU (XLA)':>16}"]
+  for name, v in r["variants"].items():
+    lines.append(f"{name:<12} {v['params']['total'] / 1e6:>7.2f}M "
+                 f"{v['tokens_per_s']['mean']:>10.0f} {pct(v['mfu']):>18} "
+                 f"{pct(v['mfu_xla']):>16}")
+  sync = r["lora_sync"]
+  for rank, a in sync["adapters"].items():
+    lines.append(f"LoRA rank {rank}: {a['bytes'] / 1e6:.2f} MB per sync vs "
+                 f"{sync['full_bytes'] / 1e6:.2f} MB full ({100 * a['fraction_of_full']:.2f}%)")
+  lines.append(f"device: {r['device']}, {r['cpu_count']} CPUs, jax {r['jax_version']}")
+  return "\n".join(lines)
 
 
 def _fmt_table(r: dict) -> str:
@@ -232,8 +381,8 @@ def _fmt_table(r: dict) -> str:
   gf = lambda x: "n/a" if x is None else f"{x / 1e9:.2f} GFLOP/s"
   pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"
   rows = [
-      ("model", f"width {c['width']} depth {c['depth']} heads {c['heads']} "
-                f"mlp x{c['mlp_ratio']} vocab {c['vocab']} {c['dtype']}"),
+      ("model", f"{c['arch']} width {c['width']} depth {c['depth']} heads {c['heads']} "
+                f"kv {c['kv_heads']} mlp {c['mlp_dim']} vocab {c['vocab']} {c['dtype']}"),
       ("params", f"{r['params']['total'] / 1e6:.2f}M total, "
                  f"{r['params']['non_embedding'] / 1e6:.2f}M non-embedding"),
       ("batch", f"{c['batch']} x ({c['prompt_len']} + {c['completion_len']}) = "
@@ -258,11 +407,11 @@ def _fmt_table(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
   args = parse_args(argv)
-  result = run(args)
+  result = run_variants(args) if args.variants else run(args)
   out = pathlib.Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps(result, indent=2) + "\n")
-  print(_fmt_table(result))
+  print(_fmt_variants(result) if args.variants else _fmt_table(result))
   print(f"wrote {out}")
   return 0
 

@@ -29,17 +29,35 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("batch", ("data", "fsdp")),
     ("embed", "fsdp"),
     ("heads", "tensor"),
+    ("kv_heads", "tensor"),
     ("kv", None),
     ("mlp", "tensor"),
     ("vocab", "tensor"),
     ("length", None),
     ("act_embed", None),
+    ("norm", None),
 )
+
+# Projections that can carry LoRA adapters (model.lora_targets), by their parameter names.
+LORA_TARGETS = ("query", "key", "value", "out", "gate", "up", "down")
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Decoder-only transformer. `vocab_size` 0 means: take it from the tokenizer."""
+  """Decoder-only transformer. `vocab_size` 0 means: take it from the tokenizer.
+
+  `arch` picks the family: "gpt" (sao_jax.models.transformer: learned positions, GELU MLP,
+  tied embeddings) or "llama" (sao_jax.models.llama, the Llama/Qwen2 layout: rotary
+  positions with base `rope_theta`, SwiGLU MLP of hidden size `mlp_dim`, grouped-query
+  attention with `kv_heads` key/value heads, optional q/k/v biases, tied or untied
+  embeddings, RMSNorm epsilon `norm_eps`, optional LoRA adapters of rank `lora_rank` on the
+  `lora_targets` projections, scaled by lora_alpha / lora_rank). The llama-only fields must
+  keep their defaults with "gpt".
+
+  `dtype` is the compute dtype; parameters are float32 either way (the optimizer's master
+  copy), cast to `dtype` where they are used. Attention softmax and norm statistics run in
+  float32; the unembedding runs in `dtype` and its logits are returned as float32.
+  """
 
   vocab_size: int = 0
   width: int = 128
@@ -51,6 +69,16 @@ class ModelConfig:
   memory_dim: int = 0
   value_head: bool = False  # a scalar head on the final hidden state (SAO's learned baseline)
   dtype: str = "float32"
+  arch: str = "gpt"
+  kv_heads: int = 0  # 0: as many as `heads` (plain multi-head attention)
+  mlp_dim: int = 0  # 0: width * mlp_ratio
+  rope_theta: float = 10000.0
+  tie_embeddings: bool = True
+  qkv_bias: bool = False
+  norm_eps: float = 1e-6
+  lora_rank: int = 0  # 0: no adapters
+  lora_alpha: float = 16.0
+  lora_targets: tuple[str, ...] = LORA_TARGETS
 
   def __post_init__(self):
     _check(self.width > 0 and self.depth > 0 and self.heads > 0, "model sizes must be positive")
@@ -60,6 +88,39 @@ class ModelConfig:
     _check(self.memory_slots >= 0 and self.memory_dim >= 0, "memory sizes must be >= 0")
     _check(self.dtype in ("float32", "bfloat16"),
            f"model.dtype {self.dtype!r} not float32/bfloat16")
+    _check(self.arch in ("gpt", "llama"), f"model.arch {self.arch!r} unknown; known: gpt, llama")
+    _check(self.kv_heads >= 0 and self.mlp_dim >= 0 and self.lora_rank >= 0,
+           "model.kv_heads, mlp_dim and lora_rank must be >= 0")
+    _check(self.heads % self.n_kv_heads == 0,
+           f"model.heads {self.heads} not divisible by kv_heads {self.n_kv_heads}")
+    _check(self.rope_theta > 0 and self.norm_eps > 0 and self.lora_alpha > 0,
+           "model.rope_theta, norm_eps and lora_alpha must be > 0")
+    _check(set(self.lora_targets) <= set(LORA_TARGETS) and len(set(self.lora_targets)) == len(
+        self.lora_targets), f"model.lora_targets {self.lora_targets} must be distinct names "
+           f"from {LORA_TARGETS}")
+    _check(not self.lora_rank or self.lora_targets, "model.lora_rank > 0 needs lora_targets")
+    if self.arch == "llama":
+      _check(self.head_dim % 2 == 0, f"model.arch='llama' needs an even head dim (rotary "
+             f"pairs), got width / heads = {self.head_dim}")
+    else:
+      defaults = ModelConfig.__dataclass_fields__
+      changed = [f for f in ("kv_heads", "mlp_dim", "rope_theta", "tie_embeddings", "qkv_bias",
+                             "norm_eps", "lora_rank")
+                 if getattr(self, f) != defaults[f].default and not (
+                     f == "kv_heads" and self.kv_heads == self.heads)]
+      _check(not changed, f"model.{', model.'.join(changed)} only apply to arch='llama'")
+
+  @property
+  def n_kv_heads(self) -> int:
+    return self.kv_heads or self.heads
+
+  @property
+  def head_dim(self) -> int:
+    return self.width // self.heads
+
+  @property
+  def ffn_dim(self) -> int:
+    return self.mlp_dim or self.width * self.mlp_ratio
 
 
 @dataclasses.dataclass(frozen=True)

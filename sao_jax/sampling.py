@@ -19,7 +19,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from sao_jax.models.transformer import TransformerLM, causal_mask, init_cache, positions_from_valid
+from sao_jax.models import init_cache
+from sao_jax.models.transformer import TransformerLM, causal_mask, positions_from_valid
 
 
 class SampleOutput(NamedTuple):

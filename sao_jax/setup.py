@@ -8,7 +8,7 @@ from sao_jax import config as config_lib
 from sao_jax import families  # noqa: F401  (registers the built-in task families)
 from sao_jax.config import Config, ConfigError
 from sao_jax.envs.base import Task
-from sao_jax.models.transformer import TransformerLM
+from sao_jax.models import make_model
 from sao_jax.rl import advantages, losses, trackers  # noqa: F401  (fill the registries)
 from sao_jax.rl.registry import ADVANTAGES, LOSSES
 from sao_jax.tasks import TaskFamily, get_family
@@ -21,7 +21,7 @@ class Setup:
 
   cfg: Config
   tok: Tokenizer
-  model: TransformerLM
+  model: object  # a flax module of `sao_jax.models` (by model.arch)
   family: TaskFamily
   train: list[Task]
   test: list[Task]
@@ -75,5 +75,5 @@ def make_setup(cfg: Config) -> Setup:
     raise ConfigError(f"task family {cfg.task.family!r} has episodes of up to {max_steps} "
                       "steps; rl.algorithm='grpo' samples one step per task (use 'sao')")
   model_cfg = dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or tok.vocab_size)
-  return Setup(cfg=cfg, tok=tok, model=TransformerLM(model_cfg), family=family, train=train,
+  return Setup(cfg=cfg, tok=tok, model=make_model(model_cfg), family=family, train=train,
                test=test, prompt_len=prompt_len, target_len=target_len, max_steps=max_steps)

@@ -24,7 +24,8 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from sao_jax.models.transformer import KVCache, TransformerLM, causal_mask, init_cache
+from sao_jax.models import init_cache
+from sao_jax.models.transformer import KVCache, causal_mask
 from sao_jax.models.transformer import positions_from_valid as _positions
 
 
@@ -45,7 +46,7 @@ class Slots:
   version_bt: jax.Array  # int32 policy version that produced each token (-1 where none)
 
 
-def empty(model: TransformerLM, rows: int, prompt_len: int, max_new_tokens: int,
+def empty(model, rows: int, prompt_len: int, max_new_tokens: int,
           pad_id: int) -> Slots:
   cfg = model.cfg
   k = prompt_len + max_new_tokens
@@ -61,7 +62,7 @@ def empty(model: TransformerLM, rows: int, prompt_len: int, max_new_tokens: int,
       version_bt=jnp.full((rows, max_new_tokens), -1, jnp.int32))
 
 
-def fill(model: TransformerLM, params, slots: Slots, prompt_rp, prompt_valid_rp, slot_r, *,
+def fill(model, params, slots: Slots, prompt_rp, prompt_valid_rp, slot_r, *,
          pad_id: int) -> Slots:
   """Prefills R prompts (left-padded [R, P]) into slots `slot_r` [R] int32; an index >= B
   marks an unused row (dropped). Those slots start a new completion; the others are
@@ -94,7 +95,7 @@ def fill(model: TransformerLM, params, slots: Slots, prompt_rp, prompt_valid_rp,
       version_bt=put(slots.version_bt, jnp.full((r, t), -1, jnp.int32)))
 
 
-def refresh(model: TransformerLM, params, slots: Slots) -> Slots:
+def refresh(model, params, slots: Slots) -> Slots:
   """Recomputes every slot's cache and next-token logits under `params`: what a sampler does
   when it takes new parameters mid-completion, so that each later token is drawn from the
   new policy given its whole prefix (not from new weights over keys and values that the old
@@ -112,7 +113,7 @@ def refresh(model: TransformerLM, params, slots: Slots) -> Slots:
                                                         slots.logits_bv))
 
 
-def decode(model: TransformerLM, params, slots: Slots, version, rng, *, eos_id: int,
+def decode(model, params, slots: Slots, version, rng, *, eos_id: int,
            pad_id: int, temperature: float = 1.0, greedy: bool = False, min_done: int = 1,
            max_steps: int = 0) -> Slots:
   """Decode steps for every active slot until at least `min_done` completions ended in this

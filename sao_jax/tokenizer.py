@@ -1,11 +1,21 @@
-"""Tokenizers behind one small interface.
+"""Tokenizers behind one small interface, chosen by the `tokenizer` config string.
 
-The generated tasks only need characters, but everything downstream (envs, sampler,
-learner) talks to the :class:`Tokenizer` protocol, so a SentencePiece/BPE tokenizer can
-be dropped in by implementing the same five members.
+  "char"                       printable-ASCII characters (the generated tasks' default)
+  "hf:/path/tokenizer.json"    a Hugging Face `tokenizers` file (BPE, WordPiece, ...)
+  "spm:/path/tokenizer.model"  a SentencePiece model
+
+Everything downstream (envs, sampler, learner) talks to the :class:`Tokenizer` protocol.
+PAD, BOS and EOS ids come from the tokenizer: a SentencePiece model's own ids, or for a
+tokenizer.json the `pad_token`/`bos_token`/`eos_token` of the tokenizer_config.json beside
+it. One it lacks can be given after a `?`, as a token or an id, e.g.
+"hf:/m/tokenizer.json?bos=<|endoftext|>" or "spm:/m/tokenizer.model?pad_id=0"; a missing
+one is an error naming the fix. Prompts are encoded as plain text: no chat template and no
+special tokens are added except the BOS/EOS the caller asks for.
 """
 from __future__ import annotations
 
+import json
+import pathlib
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
@@ -62,7 +72,129 @@ class CharTokenizer:
     return "".join(out)
 
 
+_SPECIALS = ("pad", "bos", "eos")
+
+
+def _parse_spec(spec: str) -> tuple[str, dict[str, str]]:
+  """'PATH?pad=<t>&eos_id=2' -> ('PATH', {'pad': '<t>', 'eos_id': '2'})."""
+  path, sep, query = spec.partition("?")
+  opts: dict[str, str] = {}
+  for item in query.split("&") if sep else ():
+    key, eq, value = item.partition("=")
+    allowed = _SPECIALS + tuple(f"{k}_id" for k in _SPECIALS)
+    if not eq or key not in allowed:
+      raise ValueError(f"tokenizer option {item!r} in {spec!r}: expected one of "
+                       f"{', '.join(k + '=...' for k in allowed)}")
+    opts[key] = value
+  return path, opts
+
+
+def _special_ids(spec: str, found: dict[str, int | None], opts: dict[str, str], token_to_id,
+                 vocab_size: int) -> dict[str, int]:
+  """PAD/BOS/EOS ids: an option ('eos=<tok>' or 'eos_id=N') wins over what the tokenizer
+  names; each must exist and lie inside the vocabulary."""
+  ids = {}
+  for name in _SPECIALS:
+    if f"{name}_id" in opts:
+      try:
+        value = int(opts[f"{name}_id"])
+      except ValueError:
+        raise ValueError(f"{spec!r}: {name}_id must be an integer") from None
+    elif name in opts:
+      value = token_to_id(opts[name])
+      if value is None:
+        raise ValueError(f"{spec!r}: {name} token {opts[name]!r} is not in the vocabulary")
+    else:
+      value = found.get(name)
+    if value is None:
+      raise ValueError(f"tokenizer {spec!r} has no {name.upper()} token; name one with "
+                       f"'?{name}=<token>' or '?{name}_id=<id>'")
+    if not 0 <= value < vocab_size:
+      raise ValueError(f"{spec!r}: {name} id {value} outside the vocabulary (0..{vocab_size - 1})")
+    ids[name] = value
+  return ids
+
+
+def _kept_ids(ids: Sequence[int] | np.ndarray, eos_id: int, skip: tuple[int, ...],
+              vocab_size: int) -> list[int]:
+  """Ids before the first EOS, without `skip` ids and ids past the tokenizer's vocabulary
+  (a model's output layer may be padded beyond it)."""
+  out = []
+  for i in np.asarray(ids).tolist():
+    if i == eos_id:
+      break
+    if i not in skip and 0 <= i < vocab_size:
+      out.append(i)
+  return out
+
+
+class HFTokenizer:
+  """A Hugging Face tokenizer.json, through the `tokenizers` library."""
+
+  def __init__(self, spec: str):
+    from tokenizers import Tokenizer as _Backend
+    path, opts = _parse_spec(spec)
+    file = pathlib.Path(path)
+    if not file.is_file():
+      raise ValueError(f"tokenizer file {path!r} not found")
+    self._tok = _Backend.from_file(str(file))
+    self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+    found: dict[str, int | None] = {}
+    config = file.parent / "tokenizer_config.json"
+    if config.is_file():
+      settings = json.loads(config.read_text())
+      for name in _SPECIALS:
+        token = settings.get(f"{name}_token")
+        if isinstance(token, dict):  # serialised AddedToken
+          token = token.get("content")
+        found[name] = self._tok.token_to_id(token) if token else None
+    ids = _special_ids(spec, found, opts, self._tok.token_to_id, self.vocab_size)
+    self.pad_id, self.bos_id, self.eos_id = ids["pad"], ids["bos"], ids["eos"]
+
+  def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+    ids = self._tok.encode(text, add_special_tokens=False).ids
+    return [self.bos_id] * add_bos + ids + [self.eos_id] * add_eos
+
+  def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+    kept = _kept_ids(ids, self.eos_id, (self.pad_id, self.bos_id), self.vocab_size)
+    return self._tok.decode(kept, skip_special_tokens=False)
+
+
+class SentencePieceTokenizer:
+  """A SentencePiece model file, through the `sentencepiece` library."""
+
+  def __init__(self, spec: str):
+    import sentencepiece
+    path, opts = _parse_spec(spec)
+    if not pathlib.Path(path).is_file():
+      raise ValueError(f"SentencePiece model {path!r} not found")
+    self._sp = sentencepiece.SentencePieceProcessor(model_file=path)
+    self.vocab_size = self._sp.get_piece_size()
+    found = {name: getattr(self._sp, f"{name}_id")() for name in _SPECIALS}
+    found = {k: (v if v >= 0 else None) for k, v in found.items()}  # -1: not defined
+
+    def token_to_id(token: str) -> int | None:
+      i = self._sp.piece_to_id(token)
+      return i if self._sp.id_to_piece(i) == token else None
+    ids = _special_ids(spec, found, opts, token_to_id, self.vocab_size)
+    self.pad_id, self.bos_id, self.eos_id = ids["pad"], ids["bos"], ids["eos"]
+
+  def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+    ids = self._sp.encode(text)
+    return [self.bos_id] * add_bos + ids + [self.eos_id] * add_eos
+
+  def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+    return self._sp.decode(_kept_ids(ids, self.eos_id, (self.pad_id, self.bos_id),
+                                     self.vocab_size))
+
+
 def get_tokenizer(name: str) -> Tokenizer:
+  """The tokenizer a config string names (see the module docstring)."""
   if name == "char":
     return CharTokenizer()
-  raise ValueError(f"unknown tokenizer {name!r}; known: 'char'")
+  kind, sep, spec = name.partition(":")
+  if sep and kind == "hf":
+    return HFTokenizer(spec)
+  if sep and kind == "spm":
+    return SentencePieceTokenizer(spec)
+  raise ValueError(f"unknown tokenizer {name!r}; known: 'char', 'hf:PATH', 'spm:PATH'")

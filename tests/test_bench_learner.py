@@ -38,3 +38,24 @@ def test_bench_learner_tiny(tmp_path, repo_root):
     assert 0.5 < r["flops_per_step_xla"] / r["flops_per_step_analytic"] < 2.0
     assert 0 < r["mfu_xla"] < 1.5
   assert r["jax_version"] and r["cpu_count"] >= 1 and r["device"]
+
+
+def test_bench_learner_variants_tiny(tmp_path, repo_root):
+  """The Llama-style variant through the repeats/summary path, and the LoRA sync sizes."""
+  out = tmp_path / "v.json"
+  cmd = [sys.executable, str(repo_root / "experiments" / "bench_learner.py"), "--tiny",
+         "--variants", "llama-f32", "--repeats", "2", "--reps", "2", "--lora-ranks", "2,4",
+         "--out", str(out)]
+  proc = subprocess.run(cmd, cwd=repo_root, capture_output=True, text=True, timeout=300,
+                        env=subprocess_env())
+  assert proc.returncode == 0, proc.stderr
+  r = json.loads(out.read_text())
+  v = r["variants"]["llama-f32"]
+  assert v["config"]["arch"] == "llama" and v["config"]["dtype"] == "float32"
+  assert v["config"]["kv_heads"] == 1 and v["config"]["mlp_dim"] == 192  # 2/3 * 4 * 64 -> 192
+  assert len(v["runs"]) == 2 and v["mfu"]["n"] == 2 and v["mfu"]["se"] is not None
+  assert 0 < v["mfu"]["mean"] < 1.5
+  sync = r["lora_sync"]
+  small, big = sync["adapters"]["2"]["bytes"], sync["adapters"]["4"]["bytes"]
+  assert 0 < small < big < 0.2 * sync["full_bytes"]
+  assert r["git_commit"] and r["command"] and r["cpu_count"] >= 1

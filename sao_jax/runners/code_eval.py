@@ -18,7 +18,7 @@ import numpy as np
 from sao_jax import checkpoint as ckpt_lib
 from sao_jax import config as config_lib
 from sao_jax.envs import humaneval
-from sao_jax.models.transformer import TransformerLM
+from sao_jax.models import make_model
 from sao_jax.packing import encode_prompts, round_up
 from sao_jax.runners.compiled import SamplerPrograms, compile_sampler
 from sao_jax.sandbox import SandboxPool
@@ -76,7 +76,7 @@ def eval_humaneval_workdir(workdir: str | pathlib.Path, *, n: int = 10,
     raise config_lib.ConfigError(
         f"HumanEval prompts need {prompt_len} tokens plus {max_new} to generate, more than "
         f"the model's context of {cfg.model.max_len}")
-  model = TransformerLM(dataclasses.replace(cfg.model,
+  model = make_model(dataclasses.replace(cfg.model,
                                             vocab_size=cfg.model.vocab_size or tok.vocab_size))
   progs = compile_sampler(cfg, model, prompt_len=prompt_len, max_new_tokens=max_new,
                           temperature=temperature, eos_id=tok.eos_id, pad_id=tok.pad_id)
