@@ -62,9 +62,9 @@ class SamplerGroup:
     for i in dead:
       p = self.procs[i]
       if self.restarts >= self.max_restarts:
-        raise SamplerError(f"{p.name} died with exit code {p.exitcode} and "
-                           f"{self.restarts} samplers were already restarted (the limit); "
-                           "stopping")
+        raise SamplerError(f"{p.name} died with exit code {p.exitcode} and the run already "
+                           f"restarted {self.restarts} samplers (sao.max_sampler_restarts); "
+                           "run stopped")
       self.restarts += 1
       print(f"sao: {p.name} died with exit code {p.exitcode}; restarting it "
             f"({self.restarts}/{self.max_restarts})", flush=True)
