@@ -192,6 +192,10 @@ class RLConfig:
   single-trajectory learner (its own knobs are in `Config.sao`)."""
 
   algorithm: str = "grpo"
+  # Where GRPO samples: "inline" in the learner process, or "samplers": the SAO sampler
+  # processes, transport and pinning (sao.*), one synchronous step at a time. SAO always uses
+  # samplers.
+  sampling: str = "inline"
   steps: int = 0
   max_seconds: float = 0.0
   prompts_per_step: int = 16
@@ -210,6 +214,13 @@ class RLConfig:
     _check(self.algorithm in ("grpo", "sao"),
            f"rl.algorithm {self.algorithm!r} unknown; known: grpo, sao")
     _check(self.group_size >= 1 and self.prompts_per_step >= 1, "rl sizes must be >= 1")
+    _check(self.sampling in ("inline", "samplers"),
+           f"rl.sampling {self.sampling!r} unknown; known: inline, samplers")
+
+  @property
+  def uses_samplers(self) -> bool:
+    """Whether the RL phase samples in sampler processes (SAO always does)."""
+    return self.algorithm == "sao" or self.sampling == "samplers"
     _check(self.temperature > 0, "rl.temperature must be > 0")
     _check(0 < self.clip_eps < 1, "rl.clip_eps must be in (0, 1)")
     _check(self.kl_coef >= 0, "rl.kl_coef must be >= 0")
@@ -462,6 +473,10 @@ class Config:
     _check(self.log_every > 0 and self.checkpoint_every > 0, "log/checkpoint intervals > 0")
     _check(self.sao.num_samplers > 0 or self.transport.kind == "kafka",
            "sao.num_samplers=0 (remote samplers only) needs transport.kind=kafka")
+    _check(not (self.rl.algorithm == "grpo" and self.rl.sampling == "samplers")
+           or self.sao.param_sync_every == 1,
+           "rl.sampling='samplers' (synchronous GRPO) publishes every update: "
+           "sao.param_sync_every must be 1")
     _check(self.sao.baseline != "value_head" or self.model.value_head,
            "sao.baseline='value_head' needs model.value_head=True")
     _check(self.eval.num_problems <= self.task.num_test,

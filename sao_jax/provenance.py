@@ -23,7 +23,9 @@ def machine() -> dict:
   import jax
   return {"platform": platform.platform(), "python": platform.python_version(),
           "cpus": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)),
-          "devices": [str(d) for d in jax.devices()], "jax": jax.__version__}
+          "devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
+          # other work on the machine: 1-, 5- and 15-minute load averages when this was read
+          "loadavg": [round(x, 2) for x in os.getloadavg()]}
 
 
 def provenance(argv: list[str] | None = None) -> dict:

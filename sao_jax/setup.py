@@ -67,11 +67,12 @@ def make_setup(cfg: Config) -> Setup:
     raise ConfigError(f"rl.max_new_tokens {cfg.rl.max_new_tokens} cannot hold the longest "
                       f"solution ({target_len} tokens with EOS)")
   n_val = cfg.recovery.val_problems if cfg.recovery.shadow_every else 0
-  if cfg.rl.algorithm == "sao" and n_val >= len(train):
+  if cfg.rl.uses_samplers and n_val >= len(train):
     raise ConfigError(f"recovery.val_problems {n_val} >= the {len(train)} training tasks (the "
                       "SAO learner validates its shadow models on the tail of the train split)")
   max_steps = family.max_steps(tok)
   if max_steps > 1 and cfg.rl.algorithm == "grpo" and (cfg.rl.steps or cfg.rl.max_seconds):
+    # (the synchronous learner's batches hold one row per trajectory)
     raise ConfigError(f"task family {cfg.task.family!r} has episodes of up to {max_steps} "
                       "steps; rl.algorithm='grpo' samples one step per task (use 'sao')")
   model_cfg = dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or tok.vocab_size)

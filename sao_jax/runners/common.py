@@ -116,6 +116,15 @@ def finish_phase(mngr, state: TrainState, cfg: Config, clock: PhaseClock, step: 
           **{k.removeprefix("eval_"): v for k, v in final.items()}}
 
 
+def length_stats(lengths: list[int]) -> dict:
+  """Distribution of completion lengths (tokens per trajectory): the long tail a synchronous
+  batch waits for."""
+  x = np.asarray(lengths or [0])
+  return {"length_mean": float(x.mean()), "length_p10": float(np.percentile(x, 10)),
+          "length_p50": float(np.percentile(x, 50)), "length_p90": float(np.percentile(x, 90)),
+          "length_max": int(x.max())}
+
+
 def delay_stats(delays: list[float]) -> dict:
   d = np.asarray(delays or [0.0])
   return {"delay_mean_s": float(d.mean()), "delay_p95_s": float(np.percentile(d, 95))}

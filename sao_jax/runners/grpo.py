@@ -14,14 +14,16 @@ from sao_jax.learner import make_rl_update
 from sao_jax.metrics import MetricsWriter, peak_memory_mb
 from sao_jax.packing import encode_prompts
 from sao_jax.runners.common import (
-    PhaseClock,
-    delay_stats,
-    eval_fn,
-    finish_phase,
-    log_step,
-    programs_for,
+  PhaseClock,
+  delay_stats,
+  eval_fn,
+  finish_phase,
+  length_stats,
+  log_step,
+  programs_for,
 )
 from sao_jax.runners.compiled import Programs
+from sao_jax.runners.sao import SAOLearner
 from sao_jax.setup import Setup
 from sao_jax.state import TrainState, copy_tree
 
@@ -48,7 +50,7 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
                           keep=cfg.recovery.keep, keep_best=False)
   clock = PhaseClock(rl.steps, max_seconds, eval_every, eval_fn(s, progs))
   writer.progress("grpo", rl.steps or None)
-  step, busy, tokens, delays, reward_s = 0, 0.0, 0, [], 0.0
+  step, busy, tokens, delays, reward_s, lengths = 0, 0.0, 0, [], 0.0, []
   resumed = ckpt_lib.restore_latest_valid(mngr, state) if mngr.all_steps() else None
   if resumed is not None:
     state, meta, step, _ = resumed
@@ -88,6 +90,7 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
     metrics = jax.device_get(metrics)
     busy += time.time() - tu
     tokens += int(out.lengths_b.sum())
+    lengths.extend(out.lengths_b.tolist())
     delays.append(time.time() - t_sampled)  # every row of the group waited for the last one
     step += 1
     ckpt_lib.save(mngr, state, cfg, meta())
@@ -106,4 +109,65 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
   return state, progs, dict(info, trajectories=step * rows, trajectories_per_s=step * rows / wall,
                             tokens_per_s=tokens / wall, learner_busy=busy / wall,
                             reward_s_per_trajectory=reward_s / max(step * rows, 1),
+                            learner_peak_mb=peak_memory_mb(),
+                            seconds_per_step=info["seconds"] / max(step, 1),
+                            **length_stats(lengths),
                             peak_rss_all_mb=peak_memory_mb(), **delay_stats(delays))
+
+
+class SyncGRPOLearner(SAOLearner):
+  """Synchronous GRPO(N=group_size) through the same sampler processes, transport, buffer,
+  snapshots and metrics as the SAO learner: the comparison in which the algorithm is the only
+  difference. Each step hands out `prompts_per_step` tasks `group_size` times, waits for all
+  of their trajectories (staleness 0: samplers take the new policy before starting a step's
+  tasks), takes one GRPO update on them and publishes; the samplers idle meanwhile."""
+
+  def make_programs(self):
+    rl = self.cfg.rl
+    return programs_for(self.s, rl.optim, lambda m, tx: make_rl_update(m, tx, rl),
+                        with_ref=self.with_ref)
+
+  def batch_rows(self) -> int:
+    return self.cfg.rl.prompts_per_step * self.cfg.rl.group_size
+
+  def max_staleness(self) -> int:
+    return 0
+
+  def fill(self) -> None:
+    loop, rl = self.loop, self.cfg.rl
+    self.check_samplers()
+    if loop.outstanding == 0 and not self.buffer.ready(loop.step):
+      prompts = self.task_rng.integers(0, self.n_sample, rl.prompts_per_step)
+      tasks = np.repeat(prompts, rl.group_size).tolist()
+      self.pool.learner.put_tasks(tasks)
+      loop.outstanding += len(tasks)
+    while not self.buffer.ready(loop.step):
+      got = self.pool.learner.get_records(self.rows, timeout=0.05)
+      if got:
+        self.ingest(got)
+      else:
+        self.check_samplers()
+      self._report_stall()
+
+  def next_batch(self):
+    items, stale = self.buffer.take_batch(self.loop.step)
+    # A group's rows are consecutive: sort by task (stable, so arrival order within a task).
+    items = sorted(items, key=lambda it: it.rec.meta["task_index"])
+    arrays = [it.rec.arrays for it in items]
+    batch = RLBatch(
+        prompt_bp=np.stack([a["prompt"][0] for a in arrays]),
+        prompt_valid_bp=np.stack([a["prompt_valid"][0] for a in arrays]),
+        tokens_bt=np.stack([a["tokens"][0] for a in arrays]),
+        valid_bt=np.stack([a["valid"][0] for a in arrays]),
+        logp_bt=np.stack([a["logp"][0] for a in arrays]).astype(np.float32),
+        rewards_b=np.asarray([it.rec.meta["reward"] for it in items], np.float32))
+    return batch, items, stale, np.zeros(len(items), np.int64)
+
+
+def run_grpo_samplers(s: Setup, writer: MetricsWriter, state: TrainState,
+                      workdir: pathlib.Path, *, max_seconds: float | None = None,
+                      eval_every: float = 0.0) -> tuple:
+  """`rl.algorithm='grpo'` with `rl.sampling='samplers'` (see SyncGRPOLearner)."""
+  learner = SyncGRPOLearner(s, writer, workdir, max_seconds=max_seconds, eval_every=eval_every)
+  state, info = learner.run(state)
+  return state, learner.progs, info

@@ -22,15 +22,16 @@ from sao_jax.learner import make_sft_update
 from sao_jax.metrics import MetricsWriter, peak_memory_mb, write_summary
 from sao_jax.runners.common import eval_fn, programs_for
 from sao_jax.runners.compiled import compile_sampler
-from sao_jax.runners.grpo import run_grpo
+from sao_jax.runners.grpo import run_grpo, run_grpo_samplers
 from sao_jax.runners.sao import run_sao
 from sao_jax.runners.sft import run_sft
 from sao_jax.setup import Setup, make_setup
 from sao_jax.state import TrainState
 
-# rl.algorithm -> the phase that runs it: (setup, writer, start state, workdir, *,
-# eval_every) -> (state, programs, summary)
-RL_PHASES = {"grpo": run_grpo, "sao": run_sao}
+# (rl.algorithm, in sampler processes?) -> the phase that runs it: (setup, writer, start
+# state, workdir, *, eval_every) -> (state, programs, summary)
+RL_PHASES = {("grpo", False): run_grpo, ("grpo", True): run_grpo_samplers,
+             ("sao", True): run_sao}
 
 
 def restore_init(s: Setup, path: str) -> TrainState:
@@ -125,7 +126,7 @@ def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True)
       if "sft" not in summary:
         progs = programs_for(s, cfg.sft.optim, make_sft_update)
         summary["start"] = eval_fn(s, progs)(state.params)
-      rl_phase = RL_PHASES[cfg.rl.algorithm]
+      rl_phase = RL_PHASES[cfg.rl.algorithm, cfg.rl.uses_samplers]
       state, progs, info = rl_phase(s, writer, state, workdir, eval_every=cfg.eval.every_seconds)
       summary["rl"] = info
       writer.write(info["steps"], _eval_row(info), phase="rl_eval", advance=0)

@@ -138,6 +138,9 @@ def _run_batches(spec, cfg, s, progs, poll, alive, end, out) -> None:
     indices = end.get_tasks(cfg.sao.sampler_slots, timeout=0.2)
     if not indices:
       continue
+    got = poll()  # a learner that publishes before handing out tasks is seen at once
+    if got is not None:
+      version, params = got
     tasks = [s.train[i] for i in indices]
     envs = [s.family.make_env(s.tok) for _ in tasks]
     key, sub_key = jax.random.split(key)
@@ -176,6 +179,9 @@ def _run_continuous(spec, cfg, s, progs, poll, alive, end, out) -> None:
       # Block briefly only when nothing is in flight (else keep decoding what is there).
       indices = end.get_tasks(n, timeout=0.0 if sampler.active() else 0.2)
       taken.extend([i, False] for i in indices)
+      got = poll() if indices else None  # a learner that publishes before handing out tasks
+      if got is not None:  # (synchronous GRPO) is seen before they start
+        sampler.offer_params(*got)
       return [(i, s.train[i]) for i in indices]
 
     finished = sampler.step(take)

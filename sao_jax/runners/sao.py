@@ -32,19 +32,19 @@ import sao_jax
 from sao_jax import checkpoint as ckpt_lib
 from sao_jax import config as config_lib
 from sao_jax import recovery
-from sao_jax.batches import SAOBatch
 from sao_jax.buffer import Item, TrajectoryBuffer, batch_rows, decode_trajectory
 from sao_jax.learner import make_sao_update
 from sao_jax.metrics import MetricsWriter, peak_memory_mb
 from sao_jax.packing import round_up
 from sao_jax.rl import trackers
 from sao_jax.runners.common import (
-    PhaseClock,
-    delay_stats,
-    eval_fn,
-    finish_phase,
-    log_step,
-    programs_for,
+  PhaseClock,
+  delay_stats,
+  eval_fn,
+  finish_phase,
+  length_stats,
+  log_step,
+  programs_for,
 )
 from sao_jax.runners.samplers import SamplerPool, new_run_id
 from sao_jax.setup import Setup
@@ -93,6 +93,7 @@ class LoopState:
   busy: float = 0.0  # seconds inside the jitted update
   reward_s: float = 0.0  # samplers' environment-step (reward) seconds of consumed trajectories
   delays: list[float] = dataclasses.field(default_factory=list)  # trajectory end -> its update
+  lengths: list[int] = dataclasses.field(default_factory=list)  # tokens per used trajectory
   rss_peak: float = 0.0
   nonfinite_recent: collections.deque = dataclasses.field(default_factory=collections.deque)
   last_fresh: float = dataclasses.field(default_factory=time.time)  # last new record arrived
@@ -108,16 +109,15 @@ class SAOLearner:
 
   def __init__(self, s: Setup, writer: MetricsWriter, workdir: pathlib.Path, *,
                max_seconds: float | None = None, eval_every: float = 0.0):
-    cfg, rl, sao, rcfg = s.cfg, s.cfg.rl, s.cfg.sao, s.cfg.recovery
+    cfg, rl, rcfg = s.cfg, s.cfg.rl, s.cfg.recovery
     self.s, self.cfg, self.writer, self.workdir = s, cfg, writer, workdir
     self.n_val = rcfg.val_problems if rcfg.shadow_every else 0  # < len(s.train): setup checks
     self.val_tasks = s.train[len(s.train) - self.n_val:]
     self.n_sample = len(s.train) - self.n_val  # the validation tail is never sampled in RL
     self.with_ref = rl.kl_coef > 0
-    self.progs = programs_for(s, rl.optim, lambda m, tx: make_sao_update(m, tx, rl, sao),
-                              num_tasks=len(s.train), with_ref=self.with_ref)
-    self.rows = round_up(sao.batch_size, self.progs.batch_divisor)
-    self.buffer = TrajectoryBuffer(self.rows, sao.max_staleness)
+    self.progs = self.make_programs()
+    self.rows = round_up(self.batch_rows(), self.progs.batch_divisor)
+    self.buffer = TrajectoryBuffer(self.rows, self.max_staleness())
     self.mngr = ckpt_lib.manager(workdir / "checkpoints" / "rl", every=cfg.checkpoint_every,
                                  keep=rcfg.keep)
     self.shadows = ckpt_lib.ShadowBank(workdir / "checkpoints" / "shadows", rcfg.shadow_keep)
@@ -135,6 +135,32 @@ class SAOLearner:
     self.run_id = ""
     # (prompt_len, completion_len), tasks, rows: what a record must fit to be batched
     self.expect = ((s.prompt_len, rl.max_new_tokens), len(s.train), self.rows)
+
+  # What a subclass changes ---------------------------------------------------------------------
+  def make_programs(self):
+    rl, sao = self.cfg.rl, self.cfg.sao
+    return programs_for(self.s, rl.optim, lambda m, tx: make_sao_update(m, tx, rl, sao),
+                        num_tasks=len(self.s.train), with_ref=self.with_ref)
+
+  def batch_rows(self) -> int:
+    return self.cfg.sao.batch_size
+
+  def max_staleness(self) -> int:
+    return self.cfg.sao.max_staleness
+
+  def next_batch(self) -> tuple[object, list[Item], list[Item], np.ndarray]:
+    """(batch for the jitted update, records in it, records dropped as stale, staleness of
+    each trajectory in it)."""
+    loop, sao = self.loop, self.cfg.sao
+    items, stale = self.buffer.take_batch(loop.step)
+    batch, orphans = batch_rows(items, loop.step, self.rows, sao.max_staleness)
+    loop.counts["orphan_version"] += orphans
+    if poisoned(self.cfg, loop.step + 1):
+      batch.poison_b[0] = np.nan
+      loop.counts["poisoned"] += 1
+    # One per trajectory: its oldest token's.
+    staleness = np.where(batch.valid_bt, batch.staleness_bt, 0).max(-1)[batch.head_b]
+    return batch, items, stale, staleness
 
   # Start ----------------------------------------------------------------------------------
   def start(self, init: TrainState) -> bool:
@@ -246,13 +272,8 @@ class SAOLearner:
     """The next batch from the buffer through the jitted update, and its bookkeeping.
     Returns the metrics row of this update."""
     loop, sao, rcfg = self.loop, self.cfg.sao, self.cfg.recovery
-    items, stale = self.buffer.take_batch(loop.step)
+    batch, items, stale, staleness = self.next_batch()
     loop.counts["dropped_stale"] += len(stale)
-    batch, orphans = batch_rows(items, loop.step, self.rows, sao.max_staleness)
-    loop.counts["orphan_version"] += orphans
-    if poisoned(self.cfg, loop.step + 1):
-      batch.poison_b[0] = np.nan
-      loop.counts["poisoned"] += 1
     tu = time.time()
     self.state, metrics = self.progs.update(self.state, self.progs.shard_batch(batch))
     metrics = jax.device_get(metrics)
@@ -275,6 +296,7 @@ class SAOLearner:
     loop.counts["consumed"] += len(items)
     loop.reward_s += sum(it.rec.meta.get("reward_s", 0.0) for it in items)
     loop.counts["tokens"] += int(batch.valid_bt.sum())
+    loop.lengths.extend(int(it.rec.arrays["valid"].sum()) for it in items)
     # (replayed records waited through the crash: not a transport delay)
     loop.delays.extend(t_done - it.rec.meta["t_end"] for it in items if not it.replayed)
     val_acc = None
@@ -289,14 +311,12 @@ class SAOLearner:
     if loop.pending_commit is not None and not self.mngr.is_saving_in_progress():
       self.pool.learner.commit_positions(loop.pending_commit)  # what a finished snapshot holds
       loop.pending_commit = None
-    return self._row(metrics, batch, tu, t_done, val_acc)
+    return self._row(metrics, staleness, tu, t_done, val_acc)
 
-  def _row(self, metrics, batch: SAOBatch, tu: float, t_done: float, val_acc) -> dict:
+  def _row(self, metrics, staleness: np.ndarray, tu: float, t_done: float, val_acc) -> dict:
     loop = self.loop
     loop.rss_peak = max(loop.rss_peak, process_tree_rss_mb([os.getpid(), *self.pool.pids()]))
     wall = time.time() - loop.t_loop
-    # One per trajectory: its oldest token's.
-    staleness = np.where(batch.valid_bt, batch.staleness_bt, 0).max(-1)[batch.head_b]
     hist = np.bincount(np.minimum(staleness, STALENESS_BINS - 1), minlength=STALENESS_BINS)
     c = loop.counts
     row = dict(metrics, accuracy=float(metrics["reward"]),
@@ -427,7 +447,9 @@ class SAOLearner:
                 trajectories_per_s=c["consumed"] / max(wall, 1e-9),
                 tokens_per_s=c["tokens"] / max(wall, 1e-9), peak_rss_all_mb=loop.rss_peak,
                 reward_s_per_trajectory=loop.reward_s / max(c["consumed"], 1),
-                **delay_stats(loop.delays))
+                learner_peak_mb=peak_memory_mb(), seconds_per_step=info["seconds"] / max(
+                    loop.step - loop.steady_from, 1),
+                **delay_stats(loop.delays), **length_stats(loop.lengths))
     if loop.resume_info is not None:
       info["recovery_s"] = loop.resume_info.get("recovery_s")
     return info
