@@ -121,7 +121,7 @@ def test_make_generate_samples_n_completions_per_prompt():
   tok = CharTokenizer()
   cfg = Config(model=ModelConfig(width=16, depth=1, heads=2, max_len=32))
   model = TransformerLM(dataclasses.replace(cfg.model, vocab_size=tok.vocab_size))
-  tx = make_optimizer(cfg.sft.optim, 0)
+  tx = make_optimizer(cfg.sft.optim)
   progs = compile_programs(cfg, model, tx, make_sft_update(model, tx), with_ref=False,
                            prompt_len=16, max_new_tokens=8, temperature=1.0,
                            eos_id=tok.eos_id, pad_id=tok.pad_id)

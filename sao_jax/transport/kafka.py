@@ -373,8 +373,13 @@ class KafkaSamplerEnd:
     self.commit_failures = 0  # async commits refused (e.g. a rebalance): tasks redelivered
 
   def get_tasks(self, max_n, timeout):
+    from kafka.errors import KafkaError
+
     self._settle(keep=None)
-    polled = self.consumer.poll(timeout_ms=int(timeout * 1000), max_records=max_n)
+    try:
+      polled = self.consumer.poll(timeout_ms=int(timeout * 1000), max_records=max_n)
+    except KafkaError:  # a lost connection: probed below, BrokerError once the budget is spent
+      polled = {}
     if not polled:
       self._watch.check()  # no tasks for a while: idle learner, or a lost broker?
       return []

@@ -7,6 +7,7 @@ machines as it does across processes; readers never see a half-written file.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -36,7 +37,9 @@ def _atomic_write(path: pathlib.Path, write):
       write(f)
     os.replace(tmp, path)
   except BaseException:
-    os.unlink(tmp)
+    # (an interrupt may land after the rename: then there is nothing left to remove)
+    with contextlib.suppress(FileNotFoundError):
+      os.unlink(tmp)
     raise
 
 
