@@ -114,6 +114,7 @@ class Simulation:
     self.outstanding = 0
     self.inbox: list[_Rec] = []
     self.buffer: collections.deque[_Rec] = collections.deque()
+    self.buffer_versions: collections.Counter[int] = collections.Counter()
     self.waiting = False
     self.expect = 0  # grpo with samplers: rows still to arrive this step
     self.busy = 0.0
@@ -217,19 +218,22 @@ class Simulation:
     self._gather()
 
   def _fresh(self) -> int:
-    return sum(self.step - r.version <= self.s.max_staleness for r in self.buffer)
+    oldest = self.step - self.s.max_staleness
+    return sum(n for v, n in self.buffer_versions.items() if v >= oldest)
 
   def _gather(self):
     bs = self.s.batch_size
     while self._fresh() < bs and self.inbox:
       chunk, self.inbox = self.inbox[:bs], self.inbox[bs:]
       self.buffer.extend(chunk)
+      self.buffer_versions.update(r.version for r in chunk)
       self.outstanding = max(0, self.outstanding - len(chunk))
     if self._fresh() >= bs:
       self.waiting = False
       batch = []
       while len(batch) < bs:
         r = self.buffer.popleft()
+        self.buffer_versions[r.version] -= 1
         if self.step - r.version > self.s.max_staleness:
           self.dropped += 1
         else:
