@@ -21,13 +21,17 @@ ours PPO-clip with token-mean); the supervised warm start (our SFT loop vs a pla
 loop over the Tunix model, cosine vs our schedule); so accuracies differ from the start.
 Throughput compares the frameworks' sampling + update machinery at equal work per step.
 
-Order: Tunix first (its RL wall-clock sets the budget), then our benchmark
-(experiments/bench_sync_vs_async.py) with the same RL seconds per arm, evaluation at the
-same number of points. Writes results/bench_peers.json and prints the table.
+Order: Tunix first (its RL wall-clock for --rl-steps sets the budget), then our benchmark
+(experiments/bench_sync_vs_async.py) with the same RL seconds per arm. Reported per arm:
+trajectories/s; held-out greedy accuracy before and after RL; the training reward per step
+(mean over the step's sampled rows, at the RL temperature) against wall-clock, and the RL
+seconds until its 5-step mean first reaches a target (default: the best 5-step start of
+the three arms + 0.05). Writes results/bench_peers.json and prints the table.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -35,6 +39,8 @@ import platform
 import subprocess
 import sys
 import time
+
+import numpy as np
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -65,10 +71,9 @@ def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--config", default=str(HERE / "configs" / "sao_arith.py"))
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-  p.add_argument("--segments", type=int, default=4, help="RL segments (an eval after each)")
-  p.add_argument("--segment-steps", type=int, default=10, help="Tunix GRPO steps per segment")
+  p.add_argument("--rl-steps", type=int, default=40, help="Tunix GRPO steps (sets the budget)")
   p.add_argument("--target", type=float, default=0.0,
-                 help="target held-out accuracy (0: the higher SFT start + 0.05)")
+                 help="target training reward, mean of 5 steps (0: the best start + 0.05)")
   p.add_argument("--quick", action="store_true")
   p.add_argument("--venv", default=str(ROOT / ".venv-tunix"))
   p.add_argument("--out", default="results/bench_peers.json")
@@ -93,8 +98,7 @@ def main(argv=None) -> dict:
   # same parameter count
   hidden = min(range(8, 8 * mc.width), key=lambda h: abs(
       qwen3_params(s.tok.vocab_size, mc.width, mc.depth, mc.heads, head_dim, h) - ours_params))
-  segments = 2 if args.quick else args.segments
-  seg_steps = 3 if args.quick else args.segment_steps
+  rl_steps = 6 if args.quick else args.rl_steps
   out_dir = pathlib.Path(args.out).with_suffix("")
   out_dir.mkdir(parents=True, exist_ok=True)
   rl = cfg.rl
@@ -102,12 +106,12 @@ def main(argv=None) -> dict:
       "model": {"num_layers": mc.depth, "vocab_size": s.tok.vocab_size, "embed_dim": mc.width,
                 "hidden_dim": hidden, "num_heads": mc.heads, "head_dim": head_dim},
       "run": {"seed": cfg.seed, "sft_steps": cfg.sft.steps, "sft_batch": cfg.sft.batch_size,
-              "sft_lr": cfg.sft.optim.lr, "sft_warmup": cfg.sft.optim.warmup_steps,
+              "sft_optim": dataclasses.asdict(cfg.sft.optim),
+              "rl_optim": dataclasses.asdict(rl.optim),
               "sft_len": s.prompt_len + s.target_len, "prompt_len": s.prompt_len,
               "max_new_tokens": rl.max_new_tokens, "temperature": rl.temperature,
               "prompts_per_step": rl.prompts_per_step, "group_size": rl.group_size,
-              "rl_lr": rl.optim.lr, "rl_warmup": rl.optim.warmup_steps,
-              "segments": segments, "segment_steps": seg_steps,
+              "rl_steps": rl_steps,
               "eval_problems": cfg.eval.num_problems, "eval_batch": cfg.eval.batch_size},
       "train": [{"prompt": t.prompt, "solution": t.solution, "answer": t.answer} for t in s.train],
       "test": [{"prompt": t.prompt, "solution": t.solution, "answer": t.answer} for t in s.test],
@@ -121,36 +125,47 @@ def main(argv=None) -> dict:
                   str(spec_path), str(tunix_out)], check=True)
   tun = json.loads(tunix_out.read_text())
 
-  # ours: the same RL wall-clock per arm, evaluated as often
+  # ours: the same RL wall-clock per arm; held-out evaluation only before and after
   sys.path.insert(0, str(HERE))
   from bench_sync_vs_async import main as bench_main
+
+  from sao_jax.metrics import read_jsonl
   seconds = tun["rl_seconds"]
   ours = bench_main(["--config", args.config, *[x for kv in args.set for x in ("--set", kv)],
                      *(["--set", "sft.steps=60", "--set", "eval.num_problems=100"]
                        if args.quick else []),
-                     "--seconds", f"{seconds:.1f}", "--eval-every", f"{seconds / segments:.2f}",
+                     "--seconds", f"{seconds:.1f}", "--eval-every", "1e9",
                      "--out", str(out_dir / "ours"), "--no-progress"])
-  target = args.target or max(tun["sft_accuracy"], ours["sft"]["accuracy"]) + 0.05
+  curves = {"tunix_grpo": [(t, rw) for t, _, rw in tun["reward_curve"]]}
+  for arm in ("grpo", "sao"):
+    rows = [r for r in read_jsonl(out_dir / "ours" / arm / "metrics.jsonl")
+            if r.get("phase") == "rl" and "accuracy" in r and "train_seconds" in r]
+    curves[f"ours_{arm}"] = [(r["train_seconds"], r["accuracy"]) for r in rows]
 
-  def time_to(curve, sft_s):
-    t = next((c[0] for c in curve if c[2] >= target - 1e-9), None)
-    return {"rl_s": t, "sft_plus_rl_s": None if t is None else sft_s + t}
+  def rolling(curve, k=5):
+    return [(curve[i][0], float(np.mean([rw for _, rw in curve[max(0, i - k + 1):i + 1]])))
+            for i in range(len(curve))]
 
-  arms = {
-      "tunix_grpo": {"trajectories_per_s": tun["trajectories_per_s"],
-                     "trajectories_per_s_steady": tun["trajectories_per_s_steady"],
-                     "steps": tun["steps"], "rl_seconds": tun["rl_seconds"],
-                     "sft_accuracy": tun["sft_accuracy"], "accuracy": tun["accuracy"],
-                     "model_params": tun["model_params"], "eval_curve": tun["eval_curve"],
-                     "time_to_target": time_to(tun["eval_curve"], tun["sft_seconds"])},
-  }
+  smooth = {a: rolling(c) for a, c in curves.items()}
+  target = args.target or max(c[min(4, len(c) - 1)][1] for c in smooth.values()) + 0.05
+  arms = {"tunix_grpo": {"trajectories_per_s": tun["trajectories_per_s"],
+                         "trajectories_per_s_steady": tun["trajectories_per_s_steady"],
+                         "steps": tun["steps"], "rl_seconds": tun["rl_seconds"],
+                         "sft_accuracy": tun["sft_accuracy"], "accuracy": tun["accuracy"],
+                         "model_params": tun["model_params"], "sft_seconds": tun["sft_seconds"]}}
   for arm in ("grpo", "sao"):
     info = ours[arm]
     arms[f"ours_{arm}"] = {"trajectories_per_s": info["trajectories_per_s"],
                            "steps": info["steps"], "rl_seconds": info["seconds"],
                            "sft_accuracy": ours["sft"]["accuracy"], "accuracy": info["accuracy"],
-                           "model_params": ours_params, "eval_curve": info["eval_curve"],
-                           "time_to_target": time_to(info["eval_curve"], ours["sft"]["seconds"])}
+                           "model_params": ours_params, "sft_seconds": ours["sft"]["seconds"]}
+  for a, c in smooth.items():
+    t = next((t for t, rw in c if rw >= target - 1e-9), None)
+    arms[a]["reward_first_5_steps"] = c[min(4, len(c) - 1)][1]
+    arms[a]["reward_last_5_steps"] = c[-1][1]
+    arms[a]["time_to_target"] = {"rl_s": t, "sft_plus_rl_s": None if t is None else
+                                 arms[a]["sft_seconds"] + t}
+    arms[a]["reward_curve"] = curves[a]
   ratios = {f"{a}_over_tunix": arms[a]["trajectories_per_s"] / tun["trajectories_per_s"]
             for a in ("ours_grpo", "ours_sao")}
   with open("/proc/loadavg") as f:
@@ -168,15 +183,16 @@ def main(argv=None) -> dict:
                "max_new_tokens": rl.max_new_tokens, "prompt_len": s.prompt_len,
                "temperature": rl.temperature, "sft_steps": cfg.sft.steps,
                "rl_lr": rl.optim.lr, "eval_problems": cfg.eval.num_problems},
-      "target_accuracy": target, "arms": arms, "throughput_ratios": ratios,
+      "target_training_reward": target, "arms": arms, "throughput_ratios": ratios,
       "wall_s": time.time() - t0}
   pathlib.Path(args.out).write_text(json.dumps(result, indent=2, default=float))
   print(f"\n{'':28s}{'Tunix GRPO':>14s}{'ours GRPO':>14s}{'ours SAO':>14s}")
   for key, fmt in (("model_params", "{:d}"), ("trajectories_per_s", "{:.1f}"),
-                   ("sft_accuracy", "{:.1%}"), ("accuracy", "{:.1%}")):
+                   ("sft_accuracy", "{:.1%}"), ("accuracy", "{:.1%}"),
+                   ("reward_first_5_steps", "{:.1%}"), ("reward_last_5_steps", "{:.1%}")):
     print(f"{key:28s}" + "".join(f"{fmt.format(arms[a][key]):>14s}"
                                  for a in ("tunix_grpo", "ours_grpo", "ours_sao")))
-  print(f"{'RL s to ' + format(target, '.0%'):28s}" + "".join(
+  print(f"{'RL s to reward ' + format(target, '.0%'):28s}" + "".join(
       f"{str(arms[a]['time_to_target']['rl_s']):>14s}" for a in ("tunix_grpo", "ours_grpo",
                                                                  "ours_sao")))
   print(f"throughput ours/Tunix: GRPO {ratios['ours_grpo_over_tunix']:.2f}x, "

@@ -20,9 +20,11 @@ that the benchmark runs (`experiments/bench_sync_vs_async.py`, same --config/--s
                    sampler process is (`sao.sampler_threads`); plus its start-up (spawn to
                    the end of its first call), parameter load (poll + unflatten + device_put)
                    and per-record encode + queue put.
-  contention       the sampler process runs full-length calls in a loop while this process
-                   runs SAO updates: the slowdown of each against its solo median (the two
-                   share the cores).
+  contention       windows of a few seconds, in rounds: the sampler process alone (full-length
+                   calls), both (calls and SAO updates), the updates alone; the slowdown of
+                   each is its median in "both" over its median alone (they share the cores).
+Everything timed in this process is timed in rounds (one sample of each cost per round),
+so that drift in the machine's other load falls on all costs alike.
   update           the jitted SAO and GRPO updates at the benchmark's rows (and half of them),
                    the first call's compilation, parameter publish, the learner's per-step
                    bookkeeping (record decode, journal, metrics row), and the shadow-model
@@ -97,7 +99,7 @@ def _one_token_programs(s, mesh=None):
                           pad_id=s.tok.pad_id, mesh=mesh)
 
 
-def _sampler_child(cfg_dict, param_dir, sizes, reps, t_spawn, out_q, go, stop):
+def _sampler_child(cfg_dict, param_dir, sizes, reps, t_spawn, out_q, window, run):
   """Runs in a process configured like a sampler process; reports through `out_q`."""
   from sao_jax.runners.sampler_proc import SamplerSpec, _configure_process
   cfg_threads = cfg_dict["sao"]["sampler_threads"]
@@ -154,15 +156,17 @@ def _sampler_child(cfg_dict, param_dir, sizes, reps, t_spawn, out_q, go, stop):
     for pr, fn in ((rand_params, progs.sample), (rand_params, one_tok.sample),
                    (params, progs.sample)):
       call(pr, b, fn)  # compile + warm
-    full, one, check = [], [], []
-    for _ in range(reps):
+  samples = {b: {"full": [], "one": [], "check": []} for b in sizes}
+  for _ in range(reps):  # rounds over all sizes: load drift on a shared machine hits each alike
+    for b in sizes:
       dt, steps, _ = call(rand_params, b)
-      full.append((steps, dt))
-      one.append(call(rand_params, b, one_tok.sample)[0])
+      samples[b]["full"].append((steps, dt))
+      samples[b]["one"].append(call(rand_params, b, one_tok.sample)[0])
       dt, steps, _ = call(params, b)
-      check.append((steps, dt))
-    fits[b] = _two_point(full, one, t_max, check)
-    raw[b] = {"full": full, "one": one, "check": check}
+      samples[b]["check"].append((steps, dt))
+  for b in sizes:
+    fits[b] = _two_point(samples[b]["full"], samples[b]["one"], t_max, samples[b]["check"])
+    raw[b] = samples[b]
   _, _, trajs = call(params, slots)
   q = mp.get_context("spawn").Queue()
   enc = []
@@ -179,14 +183,15 @@ def _sampler_child(cfg_dict, param_dir, sizes, reps, t_spawn, out_q, go, stop):
     q.get()
   q.close()
   out_q.put({"start_s": start_s, "load_s": float(np.median(loads)), "fits": fits, "raw": raw,
-             "emit_s": float(np.median(enc)), "record_bytes": record_bytes,
-             "slot_fit_solo": fits.get(slots)})
-  go.wait()
-  contended = []
-  while not stop.is_set():
-    dt, steps, _ = call(rand_params, slots)
-    contended.append((steps, dt))
-  out_q.put({"contended": contended})
+             "emit_s": float(np.median(enc)), "record_bytes": record_bytes})
+  calls = []  # (window, seconds) of full-length calls while the parent says "run"
+  while window.value >= 0:
+    if run.value:
+      w = window.value
+      calls.append((w, call(rand_params, slots)[0]))
+    else:
+      time.sleep(0.01)
+  out_q.put({"calls": calls})
 
 
 def main(argv=None) -> dict:
@@ -243,48 +248,34 @@ def main(argv=None) -> dict:
     out = jax.device_get((fn or progs.sample)(pr, prompt, pvalid, sub))
     return time.perf_counter() - t0, out, tasks
 
-  # -- lengths of the SFT policy and the inline (learner-process) profile ---------------------
+  # -- lengths of the SFT policy; programs of the inline profile and of the updates ----------
   rows = rl.prompts_per_step * rl.group_size
   t0 = time.perf_counter()
   sample(params, rows)
   inline_compile = time.perf_counter() - t0
   lengths = []
   for _ in range(4 if args.quick else 16):
-    _, out, _ = sample(params, rows)
+    _, out, tasks = sample(params, rows)
     lengths += np.asarray(out.lengths_b).tolist()
   inline_sizes = [rows] if args.quick else sorted({16, 64, rows, 2 * rows})
-  inline_fits, inline_raw = {}, {}
   one_tok = _one_token_programs(s)
   for b in inline_sizes:
     for pr, fn in ((rand_params, progs.sample), (rand_params, one_tok.sample),
                    (params, progs.sample)):
       sample(pr, b, fn)  # compile + warm
-    full, one, check = [], [], []
-    for _ in range(reps):
-      dt, o, _ = sample(rand_params, b)
-      full.append((int(np.asarray(o.lengths_b).max()), dt))
-      one.append(sample(rand_params, b, one_tok.sample)[0])
-      dt, o, _ = sample(params, b)
-      check.append((int(np.asarray(o.lengths_b).max()), dt))
-    inline_fits[b] = _two_point(full, one, rl.max_new_tokens, check)
-    inline_raw[b] = {"full": full, "one": one, "check": check}
-  _, out, tasks = sample(params, rows)
   t0 = time.perf_counter()
   for _ in range(3):
     train.score(s, tasks, np.asarray(out.tokens_bt))
   score_s = (time.perf_counter() - t0) / (3 * rows)
-  per_step = {b: round(f["decode_s"], 5) for b, f in inline_fits.items()}
-  print(f"inline profile: {per_step} s/step; lengths mean {np.mean(lengths):.2f}", flush=True)
-
-  # -- updates -------------------------------------------------------------------------------
   rewards = rng.integers(0, 2, rows).astype(np.float32)
+  prompt_rows, pvalid_rows = encode_prompts(s.tok, [t.prompt for t in tasks], s.prompt_len)
 
   def batch_for(kind: str, n: int) -> dict:
     reps_n = -(-n // rows)
     cat = lambda a: np.concatenate([np.asarray(a)] * reps_n)[:n]  # noqa: E731
-    prompt, pvalid = encode_prompts(s.tok, [t.prompt for t in tasks], s.prompt_len)
-    b = {"prompt": cat(prompt), "prompt_valid": cat(pvalid), "tokens": cat(out.tokens_bt),
-         "valid": cat(out.valid_bt), "logp": cat(out.logp_bt), "rewards": cat(rewards)}
+    b = {"prompt": cat(prompt_rows), "prompt_valid": cat(pvalid_rows),
+         "tokens": cat(out.tokens_bt), "valid": cat(out.valid_bt), "logp": cat(out.logp_bt),
+         "rewards": cat(rewards)}
     if kind == "sao":
       b.update(task=rng.integers(0, len(s.train), n).astype(np.int32),
                staleness=rng.integers(0, 3, n).astype(np.int32), row_valid=np.ones(n, bool),
@@ -293,31 +284,49 @@ def main(argv=None) -> dict:
 
   makers = {"sao": (lambda m, tx: make_sao_update(m, tx, rl, sao), dict(num_tasks=len(s.train))),
             "grpo": (lambda m, tx: make_rl_update(m, tx, rl), dict(with_ref=rl.kl_coef > 0))}
-  update_pts, update_compile, uprogs, ustates = {}, {}, {}, {}
+  update_compile, uprogs, ustates, update_sizes = {}, {}, {}, {}
   bs = sao.batch_size
   for kind, (maker, kw) in makers.items():
     up = train.programs_for(s, rl.optim, maker, **kw)
     st = up.init(jax.random.key(1)).replace(params=train.copy_tree(params))
     n_rows = bs if kind == "sao" else rows
-    pts = {}
-    for n in ([n_rows] if args.quick else sorted({n_rows // 2, n_rows})):
+    update_sizes[kind] = [n_rows] if args.quick else sorted({n_rows // 2, n_rows})
+    for n in update_sizes[kind]:
       b = up.shard_batch(batch_for(kind, n))
       t0 = time.perf_counter()
       st, m = up.update(st, b)
       jax.block_until_ready(m)
       if n == n_rows:
         update_compile[kind] = time.perf_counter() - t0
-      ts = []
-      for _ in range(3 if args.quick else 8):
-        b = up.shard_batch(batch_for(kind, n))
-        t0 = time.perf_counter()
-        st, m = up.update(st, b)
-        jax.device_get(m)
-        ts.append(time.perf_counter() - t0)
-      pts[n] = float(np.median(ts))
-    update_pts[kind] = pts
-    update_compile[kind] -= pts[n_rows]
     uprogs[kind], ustates[kind] = up, st
+
+  # -- timed in rounds: each round takes one sample of everything, so load drift on a shared
+  # machine falls on all costs alike
+  inline_samples = {b: {"full": [], "one": [], "check": []} for b in inline_sizes}
+  upd_samples = {(k, n): [] for k in makers for n in update_sizes[k]}
+  for _ in range(reps):
+    for b in inline_sizes:
+      dt, o, _ = sample(rand_params, b)
+      inline_samples[b]["full"].append((int(np.asarray(o.lengths_b).max()), dt))
+      inline_samples[b]["one"].append(sample(rand_params, b, one_tok.sample)[0])
+      dt, o, _ = sample(params, b)
+      inline_samples[b]["check"].append((int(np.asarray(o.lengths_b).max()), dt))
+    for kind, n in upd_samples:
+      up = uprogs[kind]
+      b = up.shard_batch(batch_for(kind, n))
+      t0 = time.perf_counter()
+      ustates[kind], m = up.update(ustates[kind], b)
+      jax.device_get(m)
+      upd_samples[(kind, n)].append(time.perf_counter() - t0)
+  inline_fits = {b: _two_point(v["full"], v["one"], rl.max_new_tokens, v["check"])
+                 for b, v in inline_samples.items()}
+  inline_raw = inline_samples
+  update_pts = {k: {n: float(np.median(upd_samples[(k, n)])) for n in update_sizes[k]}
+                for k in makers}
+  for kind in makers:
+    update_compile[kind] -= update_pts[kind][bs if kind == "sao" else rows]
+  per_step = {b: round(f["decode_s"], 5) for b, f in inline_fits.items()}
+  print(f"inline profile: {per_step} s/step; lengths mean {np.mean(lengths):.2f}", flush=True)
   print(f"updates: {update_pts}", flush=True)
 
   # -- the learner's bookkeeping per step, publish, shadow validation --------------------------
@@ -381,41 +390,51 @@ def main(argv=None) -> dict:
 
   # -- the sampler process: solo, then contended with updates ----------------------------------
   ctx = mp.get_context("spawn")
-  out_q, go, stop = ctx.Queue(), ctx.Event(), ctx.Event()
+  out_q, window, run = ctx.Queue(), ctx.Value("i", 0), ctx.Value("i", 0)
   sizes = [sao.sampler_slots] if args.quick else sorted({1, 8, 32, sao.sampler_slots,
                                                          2 * sao.sampler_slots})
   child = ctx.Process(target=_sampler_child, args=(config_lib.to_dict(cfg), str(tmp / "params"),
-                                                   sizes, reps, time.time(), out_q, go, stop),
+                                                   sizes, reps, time.time(), out_q, window, run),
                       daemon=True)
   child.start()
+  # Contention: windows of sampler alone / both / update alone, in rounds, so that drift in
+  # the machine's other load falls on all three alike.
+  kinds = ("sampler", "both", "update")
+  win_s = 2.0 if args.quick else 6.0
+  upd_times: dict[str, list[float]] = {"both": [], "update": []}
   try:
     solo = out_q.get(timeout=1800)
-    st = ustates["sao"]
-    up = uprogs["sao"]
-    go.set()
-    time.sleep(2.0)  # the sampler is in its call loop
-    ts = []
-    for _ in range(4 if args.quick else 12):
-      b = up.shard_batch(batch_for("sao", bs))
-      t0 = time.perf_counter()
-      st, m = up.update(st, b)
-      jax.device_get(m)
-      ts.append(time.perf_counter() - t0)
-    stop.set()
-    contended = out_q.get(timeout=600)["contended"]
+    st, up = ustates["sao"], uprogs["sao"]
+    for rnd in range(2 if args.quick else 3):
+      for k, kind in enumerate(kinds):
+        window.value = 3 * rnd + k
+        run.value = int(kind != "update")
+        t_end = time.time() + win_s
+        while time.time() < t_end:
+          if kind == "sampler":
+            time.sleep(0.05)
+            continue
+          b = up.shard_batch(batch_for("sao", bs))
+          t0 = time.perf_counter()
+          st, m = up.update(st, b)
+          jax.device_get(m)
+          upd_times[kind].append(time.perf_counter() - t0)
+    run.value = 0
+    window.value = -1
+    calls = out_q.get(timeout=600)["calls"]
   finally:
-    stop.set()
-    go.set()
+    window.value = -1
     child.join(timeout=60)
     if child.is_alive():
       child.kill()
       child.join()
-  update_contended = float(np.median(ts))
-  sampling_slowdown = float(np.median([dt for _, dt in contended])
-                            / solo["slot_fit_solo"]["t_full_s"])
-  update_slowdown = update_contended / update_pts["sao"][bs]
+  by_kind = {kind: [dt for w, dt in calls if kinds[w % 3] == kind] for kind in kinds[:2]}
+  sampling_slowdown = float(np.median(by_kind["both"]) / np.median(by_kind["sampler"]))
+  update_slowdown = float(np.median(upd_times["both"]) / np.median(upd_times["update"]))
+  update_contended = float(np.median(upd_times["both"]))
+  contended = {"sampler_calls": by_kind, "updates": upd_times}
   print(f"contention: update x{update_slowdown:.2f}, sampling x{sampling_slowdown:.2f} "
-        f"({len(contended)} contended sampler calls)", flush=True)
+        f"({len(by_kind['both'])} contended sampler calls)", flush=True)
 
   def profile(fits, **kw):
     return Profile(decode_s=tuple((float(b), f["decode_s"]) for b, f in sorted(fits.items())),
@@ -460,7 +479,7 @@ def main(argv=None) -> dict:
           "model_params": n_params, "matmul_flops_per_s": matmul_flops,
           "sampler_fits": solo["fits"], "inline_fits": inline_fits,
           "sampler_raw": solo["raw"], "inline_raw": inline_raw,
-          "update_contended_s": update_contended, "contended_sampler_calls": contended,
+          "update_contended_s": update_contended, "contention_windows": contended,
           "transport_source": transport_src, "sft_from": args.sft_from or "trained here",
           "lengths": {"mean": float(np.mean(lengths)), "max": int(np.max(lengths)),
                       "cv": float(np.std(lengths) / np.mean(lengths))},

@@ -10,8 +10,9 @@ Qwen3 (`tunix.models.qwen3`) sized to sao_jax's model's parameter count; it is w
 by supervised steps on the worked solutions (an optax loop over the Tunix model, same
 steps, batch and learning rate as sao_jax's SFT), then trained by
 `tunix.rl.grpo.grpo_learner.GRPOLearner` on the vanilla rollout engine. Held-out greedy
-accuracy comes from Tunix's own `Sampler` (temperature 0) at the start and after every RL
-segment, so the curve gives the wall-clock to a target accuracy.
+accuracy comes from Tunix's own `Sampler` (temperature 0) before and after RL; the training
+reward of every step (mean over its sampled rows, as our runners log `accuracy`) with its
+wall-clock time gives the curve for the time to a target reward.
 """
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ class CharTok:
   OFFSET, FIRST, LAST = 3, 32, 126
 
   def encode(self, text, **_):
+    if not isinstance(text, str):  # Tunix also tokenizes whole batches (arrays of prompts)
+      return [self.encode(t) for t in text]
     return [1] + [ord(c) - self.FIRST + self.OFFSET for c in text]
 
   def decode(self, ids, **_):
@@ -57,6 +60,14 @@ class CharTok:
 
   def pad_id(self):
     return 0
+
+
+def optimizer(o: dict) -> optax.GradientTransformation:
+  """sao_jax.learner.make_optimizer: clip, then AdamW with a linear warm-up, then constant."""
+  warmup = max(o["warmup_steps"], 1)
+  schedule = optax.linear_schedule(o["lr"] / warmup, o["lr"], warmup)
+  return optax.chain(optax.clip_by_global_norm(o["grad_clip"]),
+                     optax.adamw(schedule, b2=o["b2"], weight_decay=o["weight_decay"]))
 
 
 def answer_of(text: str):
@@ -94,8 +105,7 @@ def main(spec_path: str, out_path: str):
       loss_m[row, len(p) - 1:len(seq) - 1] = 1.0  # position t predicts token t+1
     return toks, loss_m
 
-  sched = optax.warmup_cosine_decay_schedule(0.0, r["sft_lr"], r["sft_warmup"], r["sft_steps"])
-  opt = nnx.Optimizer(model, optax.adamw(sched), wrt=nnx.Param)
+  opt = nnx.Optimizer(model, optimizer(r["sft_optim"]), wrt=nnx.Param)
 
   @nnx.jit
   def sft_step(model, opt, toks, loss_m):
@@ -140,25 +150,25 @@ def main(spec_path: str, out_path: str):
         f"accuracy {acc0:.3f}", flush=True)
 
   # -- GRPO -----------------------------------------------------------------------------------
-  def reward(prompts, completions, answer, **_):
-    return [float(answer_of(c) == a) for c, a in zip(completions, answer, strict=True)]
+  # Each step's rewards are computed once, so the reward function is where a step's wall-clock
+  # time and its mean training reward (sampled at the RL temperature) are recorded.
+  reward_log: list[tuple[float, float]] = []
 
-  n_prompts = r["prompts_per_step"]
-  step_times: list[float] = []
-  mark = [time.time()]
+  def reward(prompts, completions, answer, mode="", **_):
+    rs = [float(answer_of(c) == a) for c, a in zip(completions, answer, strict=True)]
+    if "train" in str(mode).lower():
+      reward_log.append((time.time(), float(np.mean(rs))))
+    return rs
 
-  def batches(n):
-    for _ in range(n):
-      now = time.time()
-      step_times.append(now - mark[0])
-      mark[0] = now
+  n_prompts, steps = r["prompts_per_step"], r["rl_steps"]
+
+  def batches():
+    for _ in range(steps + 2):
       idx = rng.integers(0, len(train), n_prompts)
-      yield {"prompts": [train[i]["prompt"] for i in idx],
-             "answer": [train[i]["answer"] for i in idx]}
+      # arrays, not lists: Tunix repeats each leaf G times with jax.tree.map
+      yield {"prompts": np.array([train[i]["prompt"] for i in idx]),
+             "answer": np.array([train[i]["answer"] for i in idx])}
 
-  seg_steps, n_seg = r["segment_steps"], r["segments"]
-  curve = [(0.0, 0, acc0)]
-  rl_s, steps = 0.0, 0
   with mesh:
     cluster = rl_cluster_lib.RLCluster(
         actor=model, reference=model, tokenizer=tok,
@@ -167,9 +177,8 @@ def main(spec_path: str, out_path: str):
                           rl_cluster_lib.Role.ROLLOUT: mesh},
             rollout_engine="vanilla", offload_to_cpu=False,
             training_config=rl_cluster_lib.RLTrainingConfig(
-                actor_optimizer=optax.adamw(optax.warmup_constant_schedule(
-                    0.0, r["rl_lr"], r["rl_warmup"])),
-                eval_every_n_steps=10**9, max_steps=seg_steps * n_seg,
+                actor_optimizer=optimizer(r["rl_optim"]),
+                eval_every_n_steps=10**9, max_steps=steps,
                 mini_batch_size=n_prompts, rollout_micro_batch_size=n_prompts,
                 compute_logps_micro_batch_size=n_prompts),
             rollout_config=base_rollout.RolloutConfig(
@@ -180,28 +189,26 @@ def main(spec_path: str, out_path: str):
         rl_cluster=cluster, reward_fns=[reward],
         algo_config=grpo_learner.GRPOConfig(num_generations=r["group_size"], num_iterations=1,
                                             beta=0.0, epsilon=0.2))
-    for seg in range(n_seg):
-      mark[0] = time.time()
-      ts = time.time()
-      # the learner stops at max_steps overall: each call trains one more segment
-      cluster.cluster_config.training_config.max_steps = seg_steps * (seg + 1)
-      learner.train(batches(seg_steps + 1))
-      rl_s += time.time() - ts
-      steps = seg_steps * (seg + 1)
-      acc = evaluate()
-      curve.append((round(rl_s, 2), steps, acc))
-      print(f"tunix: GRPO step {steps}, {rl_s:.0f} s, held-out accuracy {acc:.3f}", flush=True)
-  per_step = np.asarray(step_times[2:] if len(step_times) > 3 else step_times)
+    t_rl = time.time()
+    learner.train(batches())
+    rl_s = time.time() - t_rl
+    acc = evaluate()
+  print(f"tunix: GRPO {steps} steps in {rl_s:.0f} s, held-out accuracy {acc:.3f}", flush=True)
+  times = np.array([t for t, _ in reward_log])
+  gaps = np.diff(times)
+  per_step = float(np.median(gaps[2:] if gaps.size > 3 else gaps)) if gaps.size else None
   traj = steps * n_prompts * r["group_size"]
   json.dump({"framework": "tunix", "tunix_version": _version(), "jax": jax.__version__,
              "model": "qwen3 (tunix.models.qwen3)", "model_params": n_params,
              "sft_steps": r["sft_steps"], "sft_seconds": sft_s, "sft_accuracy": acc0,
              "eval_seconds_once": eval_s, "steps": steps, "rl_seconds": rl_s,
              "trajectories": traj, "trajectories_per_s": traj / rl_s,
-             "steady_step_s_median": float(np.median(per_step)) if per_step.size else None,
-             "trajectories_per_s_steady": (n_prompts * r["group_size"] / float(np.median(
-                 per_step))) if per_step.size else None,
-             "eval_curve": curve, "accuracy": curve[-1][2]}, open(out_path, "w"), indent=2)
+             "steady_step_s_median": per_step,
+             "trajectories_per_s_steady": (n_prompts * r["group_size"] / per_step
+                                           if per_step else None),
+             "reward_curve": [(round(t - t_rl, 3), k + 1, rw)
+                              for k, (t, rw) in enumerate(reward_log)],
+             "accuracy": acc}, open(out_path, "w"), indent=2)
 
 
 def _version():
