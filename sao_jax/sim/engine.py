@@ -222,29 +222,32 @@ class Simulation:
     return sum(n for v, n in self.buffer_versions.items() if v >= oldest)
 
   def _gather(self):
+    # as the runner's loop: while the buffer lacks a fresh batch, top the tasks up, then take
+    # up to a batch of what has arrived; records that arrived during an update wait in the
+    # transport (the inbox) until this loop reads them, so the top-up runs on most steps
     bs = self.s.batch_size
-    while self._fresh() < bs and self.inbox:
+    while self._fresh() < bs:
+      want = self.s.depth - self.outstanding
+      if want > 0:
+        self.outstanding += want
+        self._put_tasks(want)
+      if not self.inbox:
+        self.waiting = True
+        return
       chunk, self.inbox = self.inbox[:bs], self.inbox[bs:]
       self.buffer.extend(chunk)
       self.buffer_versions.update(r.version for r in chunk)
       self.outstanding = max(0, self.outstanding - len(chunk))
-    if self._fresh() >= bs:
-      self.waiting = False
-      batch = []
-      while len(batch) < bs:
-        r = self.buffer.popleft()
-        self.buffer_versions[r.version] -= 1
-        if self.step - r.version > self.s.max_staleness:
-          self.dropped += 1
-        else:
-          batch.append(r)
-      self._update(batch)
-      return
-    want = self.s.depth - self.outstanding
-    if want > 0:
-      self.outstanding += want
-      self._put_tasks(want)
-    self.waiting = True
+    self.waiting = False
+    batch = []
+    while len(batch) < bs:
+      r = self.buffer.popleft()
+      self.buffer_versions[r.version] -= 1
+      if self.step - r.version > self.s.max_staleness:
+        self.dropped += 1
+      else:
+        batch.append(r)
+    self._update(batch)
 
   def _arrive(self, recs: list[_Rec]):
     if self.ended:
