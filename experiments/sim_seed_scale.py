@@ -1,9 +1,11 @@
-"""The calibrated simulator at the source document's scale: 200+ sampler nodes, 8 learner
-nodes, a 750B-parameter policy, 1,000 learner steps; throughput and learner utilisation
-against the number of sampler nodes for synchronous GRPO(N=8) and SAO.
+"""The calibrated simulator at the source document's scale: up to 400 sampler nodes, 8 learner
+nodes, a 750B-parameter policy; throughput and learner utilisation against the number of
+sampler nodes for synchronous GRPO(N=8) and SAO (200 learner steps per point), and the
+table at 200 sampler nodes over a 1,000-step horizon.
 
   python experiments/sim_seed_scale.py                  # ~10 min: results/sim_scale.{json,png}
-  python experiments/sim_seed_scale.py --steps 100 --nodes 16,200 --out /tmp/s.json  # quick
+  python experiments/sim_seed_scale.py --steps 50 --table-steps 50 --nodes 16,200 \
+      --out /tmp/s.json                                 # quick
 
 Costs come from results/sim_costs.json (measured on this machine) where they are mechanism
 costs, and from a roofline of the seed's hardware where they are compute; every rule is
@@ -165,9 +167,11 @@ KEYS = ("trajectories_per_s", "learner_steps_per_s", "learner_busy", "learner_bu
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--costs", default="results/sim_costs.json")
-  p.add_argument("--nodes", default="16,32,64,128,200,256,400",
+  p.add_argument("--nodes", default="2,4,8,16,32,64,128,200,400",
                  help="sampler node counts (a replica is 2 nodes)")
-  p.add_argument("--steps", type=int, default=1000)
+  p.add_argument("--steps", type=int, default=200, help="learner steps per sweep point")
+  p.add_argument("--table-steps", type=int, default=1000,
+                 help="learner steps of the table's runs (at 200 sampler nodes)")
   p.add_argument("--lengths", default="lognormal_cv1,measured_shape")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--out", default="results/sim_scale.json")
@@ -198,10 +202,13 @@ def main(argv=None) -> dict:
                 if r["learner_busy"] >= 0.95), None)
     result.setdefault("learner_saturates_at_nodes", {})[dist] = sat
     ref = 200 if 200 in nodes else nodes[-1]
-    g = next(r for r in runs["grpo"] if r["sampler_nodes"] == ref)
-    a = next(r for r in runs["sao_inflight"] if r["sampler_nodes"] == ref)
+    ref_runs = {name: sim.simulate(costs, sc) for name, sc in scenarios(
+        ref // SEED["sampler_nodes_per_replica"], args.table_steps, args.seed).items()}
+    result.setdefault("table_runs", {})[dist] = {
+        name: {key: m[key] for key in KEYS} for name, m in ref_runs.items()}
+    g, a = ref_runs["grpo"], ref_runs["sao_inflight"]
     result.setdefault("table", {})[dist] = {
-        "sampler_nodes": ref,
+        "sampler_nodes": ref, "steps": args.table_steps,
         "grpo": {k: g[k] for k in ("learner_steps_per_s", "trajectories_per_s", "step_latency_s",
                                    "learner_busy", "delay_mean_s", "delay_own_mean_s")},
         "sao": {k: a[k] for k in ("learner_steps_per_s", "trajectories_per_s", "step_latency_s",

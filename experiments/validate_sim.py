@@ -37,7 +37,7 @@ from sao_jax.metrics import read_jsonl
 
 HERE = pathlib.Path(__file__).resolve().parent
 METRICS = ("trajectories_per_s", "learner_steps_per_s", "learner_busy", "delay_mean_s",
-           "delay_p95_s", "trajectories_per_s_steady", "learner_busy_steady")
+           "delay_p95_s", "trajectories_per_s_steady", "learner_busy_steady", "staleness_mean")
 STEADY_AFTER = 10
 
 
@@ -95,6 +95,9 @@ def real_metrics(bench: pathlib.Path, arm: str, rows_per_step: int) -> dict:
     w1, b1, c1 = at(rows[-1])
     out.update(learner_busy_steady=(b1 - b0) / (w1 - w0),
                trajectories_per_s_steady=(c1 - c0) / (w1 - w0))
+  stale = [r["staleness_mean"] for r in rows if "staleness_mean" in r]
+  if stale:  # every step consumes the same number of rows: the mean of the step means
+    out["staleness_mean"] = float(np.mean(stale))
   mean_len = [r["mean_len"] for r in rows if "mean_len" in r]
   if mean_len:
     out["mean_len"] = float(np.mean(mean_len))

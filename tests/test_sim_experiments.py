@@ -72,7 +72,8 @@ def test_seed_scale_sweep_runs_and_marks_saturation(tmp_path):
   path.write_text(json.dumps(cal))
   out = tmp_path / "scale.json"
   r = sim_seed_scale.main(["--costs", str(path), "--nodes", "16,400", "--steps", "12",
-                           "--lengths", "measured_shape", "--out", str(out)])
+                           "--table-steps", "12", "--lengths", "measured_shape",
+                           "--out", str(out)])
   runs = r["runs"]["measured_shape"]
   assert [x["sampler_nodes"] for x in runs["grpo"]] == [16, 400]
   sao_big = runs["sao_inflight"][-1]

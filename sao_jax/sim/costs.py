@@ -180,6 +180,7 @@ class Scenario:
   inline: bool = False  # grpo: the learner process samples (no sampler processes)
   colocated: bool = False  # samplers share the learner's cores (contention slowdowns apply)
   shape: str = "fixed"  # decode cost by the compiled rows ("fixed") or by live rows ("active")
+  idle_poll_s: float = 0.2  # an idle sampler's task-read timeout: it polls weights that often
   sampler_profile: str = "sampler"
   inline_profile: str = "inline"
   update_kind: str = ""  # key of costs.update_s; "": "grpo" for grpo, else "sao"
@@ -201,6 +202,7 @@ class Scenario:
     _check(self.shape in ("fixed", "active"),
            f"scenario.shape {self.shape!r} unknown; known: active, fixed")
     _check(self.seconds > 0 or self.steps > 0, "scenario needs a horizon: seconds or steps > 0")
+    _check(self.idle_poll_s >= 0, "scenario.idle_poll_s must be >= 0")
     _check(self.seconds >= 0 and self.steps >= 0 and self.steady_after >= 0,
            "scenario horizon and steady_after must be >= 0")
 

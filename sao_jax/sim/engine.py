@@ -82,6 +82,8 @@ class _Sampler:
   decoding: bool = False  # `work` is a decode span (continuous: may be interrupted)
   tau: float = 0.0  # seconds per token step of the current decode span
   t0: float = 0.0  # when `work` started
+  wait_since: float = 0.0
+  wait_epoch: int = 0
   rows: list = dataclasses.field(default_factory=list)  # continuous: [remaining, version, length]
   busy_s: float = 0.0
   row_steps: float = 0.0  # compiled rows x token steps run
@@ -314,25 +316,38 @@ class Simulation:
 
   # -- samplers -------------------------------------------------------------------------------
 
+  def _wait(self, sp: _Sampler):
+    sp.waiting = True
+    sp.wait_since = self.now
+    sp.wait_epoch += 1
+
   def _put_tasks(self, n: int):
     self.tasks += n
     for sp in self.samplers:
       if sp.waiting:
         sp.waiting = False
-        self.at(self.now, self._sampler_next, sp)
+        # a sampler blocked in its task read runs the tasks with the weights it holds: it
+        # polls for new weights only between reads (see _notify_version)
+        self.at(self.now, self._sampler_next, sp, True)
 
   def _notify_version(self, sp: _Sampler):
     if not sp.started:
       return
-    if sp.waiting:  # an idle sampler polls for weights while it waits for tasks
-      sp.waiting = False
-      self.at(self.now, self._sampler_next, sp)
+    if sp.waiting:  # an idle sampler polls for weights each time its task read times out
+      poll = self.s.idle_poll_s
+      k = np.ceil((self.now - sp.wait_since) / poll) if poll > 0 else 0
+      self.at(sp.wait_since + k * poll, self._idle_poll, sp, sp.wait_epoch)
     elif self.s.inflight and sp.decoding and sp.work is not None and sp.work.live:
       # in-flight update: stop the decode span now, keep the rows, load, decode on
       done = self.cancel(sp.work)
       sp.busy_s += self.now - sp.t0
       sp.decoding = False
       self._span_done(sp, done / sp.tau)
+
+  def _idle_poll(self, sp: _Sampler, epoch: int):
+    if sp.waiting and sp.wait_epoch == epoch:
+      sp.waiting = False
+      self._sampler_next(sp)
 
   def _run(self, sp: _Sampler, solo: float, then: Callable, decoding: bool = False):
     def done():
@@ -347,19 +362,21 @@ class Simulation:
     sp.started = True
     self._sampler_next(sp)
 
-  def _sampler_next(self, sp: _Sampler):
+  def _sampler_next(self, sp: _Sampler, got_tasks: bool = False):
     if self.ended:
       return
     if self.s.policy == "sao_continuous":
       self._continuous_next(sp)
       return
-    if sp.version != self.published:
+    # synchronous GRPO's tasks belong to the new version: its samplers always load it first
+    stale_ok = got_tasks and self.tasks and self.s.policy != "grpo"
+    if sp.version != self.published and not stale_ok:
       v = self.published
       self._run(sp, self.c.load_s, lambda: self._loaded(sp, v))
       return
     n = min(self.s.slots, self.tasks)
     if n == 0:
-      sp.waiting = True
+      self._wait(sp)
       return
     self.tasks -= n
     lengths = self.draw(n)
@@ -424,7 +441,7 @@ class Simulation:
       self._run(sp, interp(self.sprof.prefill_s, k), lambda: self._sampler_next(sp))
       return
     if not live:
-      sp.waiting = True
+      self._wait(sp)
       return
     compiled = s.slots if s.shape == "fixed" else len(live)
     sp.tau = interp(self.sprof.decode_s, compiled)
