@@ -143,12 +143,14 @@ def scale_costs(cal: dict, lengths: tuple[int, ...]) -> tuple[sim.Costs, dict]:
   return costs, how
 
 
-def scenarios(replicas: int, steps: int, seed: int) -> dict[str, sim.Scenario]:
+def scenarios(replicas: int, steps: int, seed: int,
+              depth_batches: float = 2.0) -> dict[str, sim.Scenario]:
   rows = SEED["prompts_per_step"] * SEED["group_size"]
   common = dict(num_samplers=replicas, batch_size=rows, max_staleness=SEED["max_staleness"],
                 param_sync_every=SEED["param_sync_every"], steps=steps, seed=seed)
-  # two batches in flight beyond the one being consumed: deeper queues only age records
-  depth = 3 * rows
+  # Tasks in flight, in batches: the runner's default (batch + 2 x samplers x slots) would be
+  # 25 batches at 200 nodes, all of them aging in the queue of a learner-bound pipeline.
+  depth = int(depth_batches * rows)
   return {
       "grpo": sim.preset("grpo", sim.Scenario(slots=math.ceil(rows / replicas), **common)),
       "sao_inflight": sim.preset("sao_inflight", sim.Scenario(
@@ -206,6 +208,13 @@ def main(argv=None) -> dict:
         ref // SEED["sampler_nodes_per_replica"], args.table_steps, args.seed).items()}
     result.setdefault("table_runs", {})[dist] = {
         name: {key: m[key] for key in KEYS} for name, m in ref_runs.items()}
+    # the queue depth trades learner idling against how long records wait for it
+    result.setdefault("depth_sensitivity", {})[dist] = {
+        str(db): {key: m[key] for key in ("learner_busy", "trajectories_per_s", "delay_mean_s",
+                                          "delay_own_mean_s", "staleness_mean")}
+        for db in (1.25, 2.0, 3.0)
+        for m in [sim.simulate(costs, scenarios(ref // SEED["sampler_nodes_per_replica"],
+                                                args.steps, args.seed, db)["sao_inflight"])]}
     g, a = ref_runs["grpo"], ref_runs["sao_inflight"]
     result.setdefault("table", {})[dist] = {
         "sampler_nodes": ref, "steps": args.table_steps,

@@ -45,6 +45,13 @@ def test_sync_grpo_utilisation_is_update_over_sample_plus_update():
   assert m["staleness_hist"][0] == m["trajectories"] == 400
 
 
+def test_delay_from_own_last_token_counts_the_wait_for_the_longest_row():
+  # rows of 5 or 15 tokens at 0.01 s per step: a 5-token row ends 0.1 s before its call
+  m = simulate(_costs(lengths=(5, 15), update=0.3),
+               preset("grpo_inline", Scenario(batch_size=8, steps=200)))
+  assert m["delay_own_mean_s"] - m["delay_mean_s"] == pytest.approx(0.05, rel=0.1)
+
+
 def test_grpo_with_samplers_pays_the_barrier_and_the_weight_load():
   # two samplers each take one 8-row call: 0.15 s; + load 0.02 before it; update 0.3;
   # publish 0.01 after it. Step = 0.02 + 0.15 + 0.3 + 0.01 = 0.48 s.

@@ -308,11 +308,24 @@ class Simulation:
     solo = self._call_seconds(p, lengths, s.batch_size) + p.score_s * len(lengths)
     if self.step == 0:
       solo += p.start_s  # the sampling program compiles on first use
-    self.start(self.learner_host, "sample", solo, lambda: self._grpo_sampled(lengths))
+    t0 = self.now
+    self.start(self.learner_host, "sample", solo,
+               lambda: self._grpo_sampled(lengths, t0, solo))
 
-  def _grpo_sampled(self, lengths):
-    recs = [_Rec(self.step, int(n), self.now, self.now) for n in lengths]
+  def _grpo_sampled(self, lengths, t0: float, solo: float):
+    ends = self._row_ends(self.iprof, lengths, self.s.batch_size, t0, solo)
+    recs = [_Rec(self.step, int(n), e, self.now) for n, e in zip(lengths, ends, strict=True)]
     self._update(recs)
+
+  def _row_ends(self, p: Profile, lengths: np.ndarray, compiled: int, t0: float,
+                solo: float) -> np.ndarray:
+    """When each row of a call emitted its last token: the call's solo schedule (prefill,
+    then the token steps at the call's mean cost per step), stretched to its real length."""
+    prefill = interp(p.prefill_s, compiled)
+    top = float(np.max(lengths))
+    per_step = max(0.0, solo - prefill - p.score_s * len(lengths)) / top
+    stretch = (self.now - t0) / solo if solo > 0 else 1.0
+    return t0 + stretch * (prefill + per_step * lengths.astype(float))
 
   # -- samplers -------------------------------------------------------------------------------
 
@@ -382,8 +395,8 @@ class Simulation:
     lengths = self.draw(n)
     solo = self._call_seconds(self.sprof, lengths, self.s.slots, sp)
     solo += self.sprof.score_s * n
-    version = sp.version
-    self._run(sp, solo, lambda: self._batch_done(sp, lengths, version))
+    version, t0 = sp.version, self.now
+    self._run(sp, solo, lambda: self._batch_done(sp, lengths, version, t0, solo))
 
   def _loaded(self, sp: _Sampler, v: int):
     sp.version = v
@@ -407,10 +420,12 @@ class Simulation:
       sp.useful_steps += float(srt.sum())
     return interp(p.prefill_s, compiled) + steps
 
-  def _batch_done(self, sp: _Sampler, lengths: np.ndarray, version: int):
+  def _batch_done(self, sp: _Sampler, lengths: np.ndarray, version: int, t0: float,
+                  solo: float):
     t_end = self.now
     # every row of the call is handed on when the call returns (its longest row ended)
-    recs = [_Rec(version, int(n), t_end, t_end) for n in lengths]
+    ends = self._row_ends(self.sprof, lengths, self.s.slots, t0, solo)
+    recs = [_Rec(version, int(n), e, t_end) for n, e in zip(lengths, ends, strict=True)]
     self._run(sp, self.sprof.emit_s * len(recs), lambda: self._emit(sp, recs))
 
   def _emit(self, sp: _Sampler, recs: list[_Rec]):
