@@ -61,6 +61,11 @@ def ensure_tunix_venv(venv: pathlib.Path) -> pathlib.Path:
   return py
 
 
+def _loadavg() -> list[float]:
+  with open("/proc/loadavg") as f:
+    return [float(x) for x in f.read().split()[:3]]
+
+
 def qwen3_params(vocab: int, d: int, layers: int, heads: int, head_dim: int, hidden: int) -> int:
   """Parameters of Tunix's Qwen3 with tied embeddings and kv heads = heads."""
   attn = 4 * d * heads * head_dim + 2 * head_dim  # q, k, v, o and the q/k norms
@@ -121,8 +126,10 @@ def main(argv=None) -> dict:
   py = ensure_tunix_venv(pathlib.Path(args.venv))
   tunix_out = out_dir / "tunix.json"
   print("+ tunix GRPO", flush=True)
+  load = {"tunix_start": _loadavg()}
   subprocess.run(["nice", "-n", "10", str(py), str(HERE / "peers" / "tunix_grpo.py"),
                   str(spec_path), str(tunix_out)], check=True)
+  load["tunix_end"] = _loadavg()
   tun = json.loads(tunix_out.read_text())
 
   # ours: the same RL wall-clock per arm; held-out evaluation only before and after
@@ -136,6 +143,7 @@ def main(argv=None) -> dict:
                        if args.quick else []),
                      "--seconds", f"{seconds:.1f}", "--eval-every", "1e9",
                      "--out", str(out_dir / "ours"), "--no-progress"])
+  load["ours_end"] = _loadavg()
   curves = {"tunix_grpo": [(t, rw) for t, _, rw in tun["reward_curve"]]}
   for arm in ("grpo", "sao"):
     rows = [r for r in read_jsonl(out_dir / "ours" / arm / "metrics.jsonl")
@@ -168,14 +176,12 @@ def main(argv=None) -> dict:
     arms[a]["reward_curve"] = curves[a]
   ratios = {f"{a}_over_tunix": arms[a]["trajectories_per_s"] / tun["trajectories_per_s"]
             for a in ("ours_grpo", "ours_sao")}
-  with open("/proc/loadavg") as f:
-    load = f.read().split()[:3]
   result = {
       "command": " ".join([sys.executable.split("/")[-1], *sys.argv]),
       "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                                cwd=ROOT).stdout.strip(),
       "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                  "jax": jax.__version__, "loadavg_at_end": load},
+                  "jax": jax.__version__, "loadavg_1_5_15": load},
       "tunix": {"version": tun["tunix_version"], "jax": tun["jax"], "model": tun["model"],
                 "hidden_dim": hidden},
       "same": {"prompts_per_step": rl.prompts_per_step, "group_size": rl.group_size,
@@ -192,9 +198,11 @@ def main(argv=None) -> dict:
                    ("reward_first_5_steps", "{:.1%}"), ("reward_last_5_steps", "{:.1%}")):
     print(f"{key:28s}" + "".join(f"{fmt.format(arms[a][key]):>14s}"
                                  for a in ("tunix_grpo", "ours_grpo", "ours_sao")))
+  def secs(a):
+    t = arms[a]["time_to_target"]["rl_s"]
+    return "-" if t is None else f"{t:.1f}"
   print(f"{'RL s to reward ' + format(target, '.0%'):28s}" + "".join(
-      f"{str(arms[a]['time_to_target']['rl_s']):>14s}" for a in ("tunix_grpo", "ours_grpo",
-                                                                 "ours_sao")))
+      f"{secs(a):>14s}" for a in ("tunix_grpo", "ours_grpo", "ours_sao")))
   print(f"throughput ours/Tunix: GRPO {ratios['ours_grpo_over_tunix']:.2f}x, "
         f"SAO {ratios['ours_sao_over_tunix']:.2f}x\nresults: {args.out}")
   return result
