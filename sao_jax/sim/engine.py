@@ -551,6 +551,8 @@ def format_table(results: dict[str, dict]) -> str:
       v = results[n].get(key)
       cells.append(f"{fmt.format(v) if v is not None else '-':>20s}")
     lines.append(f"{label:38s}" + "".join(cells))
-  lines.append(f"{'staleness histogram 0..7+':38s}" + "".join(
-      f"{' '.join(map(str, results[n]['staleness_hist'])):>20s}" for n in names))
+  def hist(h):  # non-empty buckets as version:count
+    return " ".join(f"{k}:{c}" for k, c in enumerate(h) if c)
+  lines.append(f"{'staleness (versions:count)':38s}" + "".join(
+      f"  {hist(results[n]['staleness_hist']):>18s}" for n in names))
   return "\n".join(lines)
