@@ -129,11 +129,11 @@ def main(spec_path: str, out_path: str):
   sft_s = time.time() - t0
 
   prompt_len = r["prompt_len"]
-  samp = sampler_lib.Sampler(model, tok, sampler_lib.CacheConfig(
-      cache_size=prompt_len + r["max_new_tokens"] + 8, num_layers=cfg.num_layers,
-      num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim))
 
-  def evaluate() -> float:
+  def evaluate(policy) -> float:
+    samp = sampler_lib.Sampler(policy, tok, sampler_lib.CacheConfig(
+        cache_size=prompt_len + r["max_new_tokens"] + 8, num_layers=cfg.num_layers,
+        num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim))
     correct = 0
     for i in range(0, len(test), r["eval_batch"]):
       chunk = test[i:i + r["eval_batch"]]
@@ -144,7 +144,7 @@ def main(spec_path: str, out_path: str):
 
   with mesh:
     te = time.time()
-    acc0 = evaluate()
+    acc0 = evaluate(model)
     eval_s = time.time() - te
   print(f"tunix: {n_params} params, SFT {r['sft_steps']} steps in {sft_s:.0f} s, held-out "
         f"accuracy {acc0:.3f}", flush=True)
@@ -192,7 +192,8 @@ def main(spec_path: str, out_path: str):
     t_rl = time.time()
     learner.train(batches())
     rl_s = time.time() - t_rl
-    acc = evaluate()
+    # the cluster trains its own (resharded) copy of the policy, not `model`
+    acc = evaluate(cluster.actor_trainer.model)
   print(f"tunix: GRPO {steps} steps in {rl_s:.0f} s, held-out accuracy {acc:.3f}", flush=True)
   times = np.array([t for t, _ in reward_log])
   gaps = np.diff(times)
