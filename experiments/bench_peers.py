@@ -2,7 +2,7 @@
 our arithmetic tasks, with the same group size, prompts per step, token budget, learning
 rates and parameter count, in one run.
 
-  nice -n 10 python experiments/bench_peers.py              # ~15 min on a 2-core CPU
+  nice -n 10 python experiments/bench_peers.py              # ~17 min on a 2-core CPU
   nice -n 10 python experiments/bench_peers.py --quick      # smoke run (~4 min)
 
 Tunix (google-tunix, JAX-native) is installed by this script into its own virtual
@@ -76,7 +76,7 @@ def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--config", default=str(HERE / "configs" / "sao_arith.py"))
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-  p.add_argument("--rl-steps", type=int, default=40, help="Tunix GRPO steps (sets the budget)")
+  p.add_argument("--rl-steps", type=int, default=100, help="Tunix GRPO steps (sets the budget)")
   p.add_argument("--target", type=float, default=0.0,
                  help="target training reward, mean of 5 steps (0: the best start + 0.05)")
   p.add_argument("--quick", action="store_true")

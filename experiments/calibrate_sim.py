@@ -224,7 +224,7 @@ def main(argv=None) -> dict:
   cfg = config_lib.load_config(args.config, args.variant, args.set)
   s = train.make_setup(cfg)
   rl, sao = cfg.rl, cfg.sao
-  reps = 4 if args.quick else args.reps
+  reps = 2 if args.quick else args.reps
   tmp = pathlib.Path(tempfile.mkdtemp(prefix="calib_"))
   if args.sft_from:
     state = train.restore_init(s, args.sft_from)
@@ -254,7 +254,7 @@ def main(argv=None) -> dict:
   sample(params, rows)
   inline_compile = time.perf_counter() - t0
   lengths = []
-  for _ in range(4 if args.quick else 16):
+  for _ in range(2 if args.quick else 16):
     _, out, tasks = sample(params, rows)
     lengths += np.asarray(out.lengths_b).tolist()
   inline_sizes = [rows] if args.quick else sorted({16, 64, rows, 2 * rows})
@@ -400,12 +400,12 @@ def main(argv=None) -> dict:
   # Contention: windows of sampler alone / both / update alone, in rounds, so that drift in
   # the machine's other load falls on all three alike.
   kinds = ("sampler", "both", "update")
-  win_s = 2.0 if args.quick else 6.0
+  win_s = 1.0 if args.quick else 6.0
   upd_times: dict[str, list[float]] = {"both": [], "update": []}
   try:
     solo = out_q.get(timeout=1800)
     st, up = ustates["sao"], uprogs["sao"]
-    for rnd in range(2 if args.quick else 3):
+    for rnd in range(1 if args.quick else 3):
       for k, kind in enumerate(kinds):
         window.value = 3 * rnd + k
         run.value = int(kind != "update")
