@@ -1,5 +1,5 @@
-"""`sao-jax` command line: train, eval, sweep, broker, and the two roles of a multi-machine SAO
-run (learner, sampler)."""
+"""`sao-jax` command line: train, eval, sweep, broker, the two roles of a multi-machine SAO
+run (learner, sampler), and simulate (the calibrated cluster model)."""
 from __future__ import annotations
 
 import argparse
@@ -46,6 +46,15 @@ def _parser() -> argparse.ArgumentParser:
   sw.add_argument("--parallel", type=int, default=None,
                   help="trials at once (default: the number of cores)")
   sw.add_argument("--no-progress", action="store_true")
+  si = sub.add_parser("simulate", help="discrete-event model of GRPO/SAO on measured costs "
+                      "(experiments/calibrate_sim.py writes them)")
+  si.add_argument("--costs", required=True, help="costs JSON (results/sim_costs.json)")
+  si.add_argument("--policy", default="grpo_inline,sao_batch,sao_continuous,sao_inflight",
+                  help="comma-separated: grpo_inline, grpo, sao_batch, sao_continuous, "
+                  "sao_inflight")
+  si.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                  help="a scenario field, e.g. --set num_samplers=4 (repeatable)")
+  si.add_argument("--out", default="", help="also write the metrics as JSON here")
   e = sub.add_parser("eval", help="held-out greedy accuracy of a workdir's latest checkpoint, "
                      "or HumanEval pass@1/pass@10 (--suite humaneval)")
   e.add_argument("--workdir", required=True)
@@ -100,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
       from sao_jax.runners.code_eval import eval_humaneval_workdir
       result = eval_humaneval_workdir(args.workdir, n=args.samples, num_problems=args.num)
       print(json.dumps({k: v for k, v in result.items() if k != "per_problem"}, indent=2))
+    elif args.command == "simulate":
+      return _simulate(args.costs, args.policy.split(","), args.set, args.out)
     elif args.command == "eval":
       from sao_jax.runners.run import eval_workdir
       print(json.dumps(eval_workdir(args.workdir, args.num), indent=2))
@@ -115,6 +126,26 @@ def main(argv: list[str] | None = None) -> int:
   except SamplerError as err:
     print(f"sao-jax: error: {err}", file=sys.stderr)
     return 1
+  return 0
+
+
+def _simulate(costs_path: str, policies: list[str], overrides: list[str], out: str) -> int:
+  import pathlib
+
+  from sao_jax import config as config_lib
+  from sao_jax import sim
+  try:
+    raw = json.loads(pathlib.Path(costs_path).read_text())
+  except json.JSONDecodeError as err:
+    raise ConfigError(f"{costs_path} is not JSON: {err}") from None
+  costs = sim.Costs.from_dict(raw.get("costs", raw))
+  base = config_lib.apply_overrides(sim.Scenario(seconds=240.0), overrides)
+  results = {name: sim.simulate(costs, sim.preset(name, base)) for name in policies}
+  print(sim.format_table(results))
+  if out:
+    pathlib.Path(out).write_text(json.dumps({"costs_file": costs_path, "overrides": overrides,
+                                             "results": results}, indent=2))
+    print(f"results: {out}")
   return 0
 
 

@@ -23,6 +23,7 @@ PACKAGE = "sao_jax"
 LAYERS: dict[str, int] = {
     "sao_jax.cli": 4,
     "sao_jax.runners": 3, "sao_jax.sweep": 3, "sao_jax.sweep_report": 3,
+    "sao_jax.sim": 2,
     "sao_jax.learner": 2, "sao_jax.rollout": 2, "sao_jax.evaluation": 2, "sao_jax.setup": 2,
     "sao_jax.tasks": 2, "sao_jax.families": 2, "sao_jax.checkpoint": 2, "sao_jax.recovery": 2,
     "sao_jax.buffer": 2,
