@@ -216,11 +216,6 @@ class RLConfig:
     _check(self.group_size >= 1 and self.prompts_per_step >= 1, "rl sizes must be >= 1")
     _check(self.sampling in ("inline", "samplers"),
            f"rl.sampling {self.sampling!r} unknown; known: inline, samplers")
-
-  @property
-  def uses_samplers(self) -> bool:
-    """Whether the RL phase samples in sampler processes (SAO always does)."""
-    return self.algorithm == "sao" or self.sampling == "samplers"
     _check(self.temperature > 0, "rl.temperature must be > 0")
     _check(0 < self.clip_eps < 1, "rl.clip_eps must be in (0, 1)")
     _check(self.kl_coef >= 0, "rl.kl_coef must be >= 0")
@@ -229,6 +224,11 @@ class RLConfig:
     # rl.advantage and rl.loss name registry entries: checked by sao_jax.setup.validate.
     _check(self.loss_agg in ("token_mean", "seq_mean"),
            f"rl.loss_agg {self.loss_agg!r} unknown; known: seq_mean, token_mean")
+
+  @property
+  def uses_samplers(self) -> bool:
+    """Whether the RL phase samples in sampler processes (SAO always does)."""
+    return self.algorithm == "sao" or self.sampling == "samplers"
 
 
 @dataclasses.dataclass(frozen=True)
