@@ -48,7 +48,7 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
                           keep=cfg.recovery.keep, keep_best=False)
   clock = PhaseClock(rl.steps, max_seconds, eval_every, eval_fn(s, progs))
   writer.progress("grpo", rl.steps or None)
-  step, busy, tokens, delays, reward_s = 0, 0.0, 0, [], 0.0
+  step, busy, tokens, delays, reward_s, sandbox_runs = 0, 0.0, 0, [], 0.0, 0
   resumed = ckpt_lib.restore_latest_valid(mngr, state) if mngr.all_steps() else None
   if resumed is not None:
     state, meta, step, _ = resumed
@@ -81,6 +81,7 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
     fmt = [r.info["format_ok"] for r in results if "format_ok" in r.info]
     t_sampled = time.time()
     reward_s += t_sampled - t_decoded
+    sandbox_runs += sum(r.info.get("sandbox_runs", 0) for r in results)
     batch = RLBatch(prompt_bp=prompt, prompt_valid_bp=pvalid, tokens_bt=out.tokens_bt,
                     valid_bt=out.valid_bt, logp_bt=out.logp_bt, rewards_b=rewards)
     tu = time.time()
@@ -106,4 +107,5 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
   return state, progs, dict(info, trajectories=step * rows, trajectories_per_s=step * rows / wall,
                             tokens_per_s=tokens / wall, learner_busy=busy / wall,
                             reward_s_per_trajectory=reward_s / max(step * rows, 1),
+                            sandbox_runs=sandbox_runs, sandbox_runs_per_s=sandbox_runs / wall,
                             peak_rss_all_mb=peak_memory_mb(), **delay_stats(delays))

@@ -92,6 +92,7 @@ class LoopState:
   pending_commit: dict[int, int] | None = None  # Kafka offsets to commit once saved
   busy: float = 0.0  # seconds inside the jitted update
   reward_s: float = 0.0  # samplers' environment-step (reward) seconds of consumed trajectories
+  sandbox_runs: int = 0  # sandbox executions that scored consumed trajectories
   delays: list[float] = dataclasses.field(default_factory=list)  # trajectory end -> its update
   rss_peak: float = 0.0
   nonfinite_recent: collections.deque = dataclasses.field(default_factory=collections.deque)
@@ -274,6 +275,7 @@ class SAOLearner:
     loop.nonfinite_recent.append(skipped)
     loop.counts["consumed"] += len(items)
     loop.reward_s += sum(it.rec.meta.get("reward_s", 0.0) for it in items)
+    loop.sandbox_runs += sum(it.rec.meta.get("sandbox_runs", 0) for it in items)
     loop.counts["tokens"] += int(batch.valid_bt.sum())
     # (replayed records waited through the crash: not a transport delay)
     loop.delays.extend(t_done - it.rec.meta["t_end"] for it in items if not it.replayed)
@@ -426,6 +428,8 @@ class SAOLearner:
                 trajectories_per_s=c["consumed"] / max(wall, 1e-9),
                 tokens_per_s=c["tokens"] / max(wall, 1e-9), peak_rss_all_mb=loop.rss_peak,
                 reward_s_per_trajectory=loop.reward_s / max(c["consumed"], 1),
+                sandbox_runs=loop.sandbox_runs,
+                sandbox_runs_per_s=loop.sandbox_runs / max(wall, 1e-9),
                 **delay_stats(loop.delays))
     if loop.resume_info is not None:
       info["recovery_s"] = loop.resume_info.get("recovery_s")
