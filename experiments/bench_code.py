@@ -1,9 +1,9 @@
 """Coding RL, measured: SFT -> SAO, SFT -> GRPO(N=8) and SFT -> more SFT on the code family.
 
-  python experiments/bench_code.py                  # 3 seeds (~75 min on 2 loaded CPU cores)
+  python experiments/bench_code.py                  # 3 seeds x 180 s per arm (~60 min, 2 CPUs)
   python experiments/bench_code.py --seeds 5 --seconds 300
   python experiments/bench_code.py --quick          # smoke test: tiny model, 1 seed,
-                                                    # 2 updates per run (~1.5 min)
+                                                    # 2 updates per run (~2 min)
 
 For each seed (`--seeds N`: seeds first..first+N-1 of the model, SFT data order and RL
 sampling; the tasks are the same for all) the SFT warm start is trained once, and from that
