@@ -65,6 +65,9 @@ def check_trajectory(rec: records.Record, widths: tuple[int, int], num_tasks: in
   rs = m.get("reward_s", 0.0)
   if not (isinstance(rs, (int, float)) and not isinstance(rs, bool) and 0 <= rs < float("inf")):
     raise records.Malformed(f"trajectory meta reward_s {rs!r} is not a duration")
+  runs = m.get("sandbox_runs", 0)
+  if not (isinstance(runs, int) and not isinstance(runs, bool) and runs >= 0):
+    raise records.Malformed(f"trajectory meta sandbox_runs {runs!r} is not a count")
 
 
 def decode_trajectory(data: bytes, learner, counts: collections.Counter,

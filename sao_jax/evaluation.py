@@ -18,6 +18,8 @@ def evaluate(s: Setup, greedy: Callable, params, *, batch_divisor: int = 1,
   `tasks` (e.g. the validation problems of shadow models).
 
   accuracy: mean over tasks of (episode reward / the family's maximum reward);
+  solved_rate: fraction of tasks whose episode earned the maximum reward (code: every hidden
+  test passed);
   format_rate: fraction of steps whose output the environment could parse, where it says
   (`info["format_ok"]`). `greedy` is the sampler program `(params, prompt, prompt_valid,
   rng) -> SampleOutput`; episodes run `eval.batch_size` side by side.
@@ -35,7 +37,8 @@ def evaluate(s: Setup, greedy: Callable, params, *, batch_divisor: int = 1,
     for task, traj in zip(chunk, trajs, strict=True):
       scores.append(traj.total_reward / s.family.max_reward(task))
       fmt += [info["format_ok"] for info in traj.infos if "format_ok" in info]
-  out = {"accuracy": float(np.mean(scores)), "num_problems": len(tasks)}
+  out = {"accuracy": float(np.mean(scores)), "num_problems": len(tasks),
+         "solved_rate": float(np.mean(np.asarray(scores) >= 1.0 - 1e-6))}
   if fmt:
     out["format_rate"] = float(np.mean(fmt))
   return out

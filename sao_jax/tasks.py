@@ -5,7 +5,7 @@ user's own, as `package.module:Attr` or `path/to/file.py:Attr`, where Attr is a 
 subclass. The runners only ever talk to a `TaskFamily`, never to a family by name. The built-in
 families register themselves in `sao_jax.families` (imported by `sao_jax.setup`).
 
-Adding a family takes one file (see `experiments/families/reverse.py`):
+Adding a family takes one file (see `experiments/configs/reverse.py`):
 
     from sao_jax.tasks import TaskFamily
     class Reverse(TaskFamily):

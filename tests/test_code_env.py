@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import collections
 import json
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -185,6 +187,8 @@ def test_batch_scoring_skips_malformed_and_runs_duplicates_once(pool):
   assert [r.reward for r in results] == [1.0] * 4 + [0.5] * 2 + [0.0, 0.0, 1.0]
   assert len(spy.jobs) == 3  # two distinct programs on HAND, one on the other task
   assert [r.info["sandboxed"] for r in results[6:8]] == [False, False]
+  # executions, not scored completions: the copies of a program share its run
+  assert [r.info["sandbox_runs"] for r in results] == [1, 0, 0, 0, 1, 0, 0, 0, 1]
   assert results[6].info["detail"].startswith("SyntaxError")
   assert results[7].info["detail"] == "the body returns nothing"
   fut = env.score_batch_async(tasks, [TOK.encode(t) for t in texts])
@@ -205,6 +209,16 @@ def test_malformed_completions_cost_no_sandbox_run():
   assert time.perf_counter() - t0 < 0.5
   assert {r.reward for r in results} == {0.0}
   assert precheck("return x") == "" and precheck("return x[").startswith("SyntaxError")
+
+
+def test_precheck_of_suspicious_code_prints_no_syntax_warning():
+  # In a fresh process: pytest resets warning filters set while it imports test modules.
+  code = ("from sao_jax.envs.code import precheck\n"
+          "assert precheck('return 1(x)') == ''\n"  # compiles (and fails its tests when run)
+          "compile('1(2)', '<elsewhere>', 'eval')\n")  # others' SyntaxWarnings still show
+  proc = subprocess.run([sys.executable, "-W", "default", "-c", code], capture_output=True,
+                        text=True, timeout=60, check=True)
+  assert proc.stderr.count("SyntaxWarning") == 1 and "<elsewhere>" in proc.stderr
 
 
 def test_hidden_tests_and_task_job():

@@ -308,3 +308,20 @@ def test_fuzz_only_record_errors():
   # The fuzz must reach every check, including the payload parser behind a valid checksum.
   assert set(outcomes) == {"ok", "BadMagic", "SchemaMismatch", "Truncated", "ChecksumMismatch",
                            "Malformed", "RecordTooLarge"}, outcomes
+
+
+def test_trajectory_meta_counts_are_checked_before_the_learner_sums_them():
+  from sao_jax.buffer import check_trajectory
+
+  arrays = {"prompt": np.zeros((1, 4), np.int32), "prompt_valid": np.ones((1, 4), bool),
+            "tokens": np.zeros((1, 3), np.int32), "valid": np.ones((1, 3), bool),
+            "logp": np.zeros((1, 3), np.float32), "rewards": np.zeros(1, np.float32)}
+  meta = {"reward": 1.0, "t_end": 0.0, "task_index": 0, "reward_s": 0.01}
+  for runs, ok in ((None, True), (3, True), (-1, False), (True, False), ("2", False)):
+    m = meta if runs is None else dict(meta, sandbox_runs=runs)
+    rec = R.decode(R.encode(RecordKind.TRAJECTORY, 1, 0, arrays, m))
+    if ok:
+      check_trajectory(rec, (4, 3), num_tasks=1, max_rows=1)
+    else:
+      with pytest.raises(R.Malformed, match="sandbox_runs"):
+        check_trajectory(rec, (4, 3), num_tasks=1, max_rows=1)

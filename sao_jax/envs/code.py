@@ -31,6 +31,8 @@ import ast
 import concurrent.futures
 import dataclasses
 import json
+import re
+import warnings
 import zlib
 from collections.abc import Sequence
 
@@ -53,6 +55,13 @@ CODE_LIMITS = Limits(wall_s=2.0, cpu_s=1, memory_mb=256, nproc=8, output_bytes=4
 # missing one is overlooked with probability about (1 - 1/45)**2000 ~ 1e-20.
 _MAX_CONSECUTIVE_REJECTS = 2_000
 _HEAD = "def f(x): "
+_COMPLETION_FILE = "<completion>"
+# Compiling a policy's completion (`precheck`) may raise SyntaxWarnings ("'int' object is not
+# callable"): thousands of lines on stderr per run, about code that is scored anyway. Only
+# warnings attributed to that pseudo-file are silenced; a filter (unlike catch_warnings) is
+# safe while scoring runs in a background thread.
+warnings.filterwarnings("ignore", category=SyntaxWarning,
+                        module=re.escape(_COMPLETION_FILE) + "$")
 
 # Precedence of an expression's top-level operator; atoms (names, calls, subscripts,
 # displays) bind tightest.
@@ -301,7 +310,7 @@ def precheck(completion: str) -> str:
   if not completion.strip():
     return "empty completion"
   try:
-    compile(_HEAD + completion, "<completion>", "exec")
+    compile(_HEAD + completion, _COMPLETION_FILE, "exec")
   except (SyntaxError, ValueError) as err:
     return f"{type(err).__name__}: {err}"
   if "return" not in completion:
@@ -316,7 +325,10 @@ class CodeEnv:
   batch of finished slots call `score_batch` (or `score_batch_async`, to overlap scoring
   with their next decode call): completions that fail `precheck` are scored at once
   without a sandbox, identical (task, completion) pairs run once, and the rest run
-  concurrently on the `SandboxPool`. A run the sandbox reports "blocked" earns 0.
+  concurrently on the `SandboxPool`. A run the sandbox reports "blocked" earns 0. Each
+  result's info says whether a sandbox scored it (`sandboxed`) and how many sandbox runs it
+  cost (`sandbox_runs`: 1 for the first of identical pairs, 0 for the copies and for
+  completions `precheck` rejected), so that summing `sandbox_runs` counts executions.
 
   Reward: (1 - format_weight) * passed / hidden + format_weight * format_ok, where
   format_ok means the body compiles and returns something.
@@ -395,10 +407,11 @@ class CodeEnv:
     runs = self.pool.map([task_job(tasks[pending[k][0]], k[1], self._limits) for k in keys])
     for key, run in zip(keys, runs, strict=True):
       for i in pending[key]:
-        results[i] = self._result(tasks[i], key[1], run, "")
+        results[i] = self._result(tasks[i], key[1], run, "", executed=i == pending[key][0])
     return results
 
-  def _result(self, task: Task, text: str, run: RunResult | None, why: str) -> StepResult:
+  def _result(self, task: Task, text: str, run: RunResult | None, why: str,
+              executed: bool = False) -> StepResult:
     total = len(json.loads(task.answer))
     if run is None:
       passed, status, detail, fmt = 0, "failed", why, False
@@ -409,8 +422,8 @@ class CodeEnv:
     return StepResult(
         observation=np.zeros((0,), np.int32), reward=float(reward), done=True,
         info={"status": status, "tests_passed": passed, "tests_total": total,
-              "format_ok": fmt, "sandboxed": run is not None, "detail": detail,
-              "completion": text})
+              "format_ok": fmt, "sandboxed": run is not None, "sandbox_runs": int(executed),
+              "detail": detail, "completion": text})
 
   def close(self) -> None:
     if self._bg is not None:

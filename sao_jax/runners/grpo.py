@@ -51,6 +51,7 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
   clock = PhaseClock(rl.steps, max_seconds, eval_every, eval_fn(s, progs))
   writer.progress("grpo", rl.steps or None)
   step, busy, tokens, delays, reward_s, lengths = 0, 0.0, 0, [], 0.0, []
+  sandbox_runs = 0
   resumed = ckpt_lib.restore_latest_valid(mngr, state) if mngr.all_steps() else None
   if resumed is not None:
     state, meta, step, _ = resumed
@@ -83,6 +84,7 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
     fmt = [r.info["format_ok"] for r in results if "format_ok" in r.info]
     t_sampled = time.time()
     reward_s += t_sampled - t_decoded
+    sandbox_runs += sum(r.info.get("sandbox_runs", 0) for r in results)
     batch = RLBatch(prompt_bp=prompt, prompt_valid_bp=pvalid, tokens_bt=out.tokens_bt,
                     valid_bt=out.valid_bt, logp_bt=out.logp_bt, rewards_b=rewards)
     tu = time.time()
@@ -112,6 +114,7 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
                             learner_peak_mb=peak_memory_mb(),
                             seconds_per_step=info["seconds"] / max(step, 1),
                             **length_stats(lengths),
+                            sandbox_runs=sandbox_runs, sandbox_runs_per_s=sandbox_runs / wall,
                             peak_rss_all_mb=peak_memory_mb(), **delay_stats(delays))
 
 

@@ -115,7 +115,8 @@ class _Outbox:
     self.counter += 1
     meta = {"task_index": traj.task_index, "task_id": traj.task_id, "reward": traj.total_reward,
             "t_end": traj.t_end, "sampler": self.spec.sampler_id, "done": traj.done,
-            "reward_s": traj.reward_seconds}
+            "reward_s": traj.reward_seconds,
+            "sandbox_runs": sum(info.get("sandbox_runs", 0) for info in traj.infos)}
     self.end.put_trajectory(records.encode(records.RecordKind.TRAJECTORY,
                                            self.id_prefix | self.counter, traj.policy_version,
                                            traj.arrays(), meta))

@@ -92,6 +92,7 @@ class LoopState:
   pending_commit: dict[int, int] | None = None  # Kafka offsets to commit once saved
   busy: float = 0.0  # seconds inside the jitted update
   reward_s: float = 0.0  # samplers' environment-step (reward) seconds of consumed trajectories
+  sandbox_runs: int = 0  # sandbox executions that scored consumed trajectories
   delays: list[float] = dataclasses.field(default_factory=list)  # trajectory end -> its update
   lengths: list[int] = dataclasses.field(default_factory=list)  # tokens per used trajectory
   rss_peak: float = 0.0
@@ -295,6 +296,7 @@ class SAOLearner:
     loop.nonfinite_recent.append(skipped)
     loop.counts["consumed"] += len(items)
     loop.reward_s += sum(it.rec.meta.get("reward_s", 0.0) for it in items)
+    loop.sandbox_runs += sum(it.rec.meta.get("sandbox_runs", 0) for it in items)
     loop.counts["tokens"] += int(batch.valid_bt.sum())
     loop.lengths.extend(int(it.rec.arrays["valid"].sum()) for it in items)
     # (replayed records waited through the crash: not a transport delay)
@@ -449,6 +451,8 @@ class SAOLearner:
                 reward_s_per_trajectory=loop.reward_s / max(c["consumed"], 1),
                 learner_peak_mb=peak_memory_mb(), seconds_per_step=info["seconds"] / max(
                     loop.step - loop.steady_from, 1),
+                sandbox_runs=loop.sandbox_runs,
+                sandbox_runs_per_s=loop.sandbox_runs / max(wall, 1e-9),
                 **delay_stats(loop.delays), **length_stats(loop.lengths))
     if loop.resume_info is not None:
       info["recovery_s"] = loop.resume_info.get("recovery_s")
