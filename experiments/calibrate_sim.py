@@ -34,13 +34,13 @@ that the benchmark runs (`experiments/bench_sync_vs_async.py`, same --config/--s
                    for the whole loop (fills, decode calls, environments; the rest of its
                    host work is not in the model).
   contention       windows of a few seconds, in rounds: the sampler process alone (full-length
-                   calls), both (calls and SAO updates), the updates alone; the slowdown of
+                   batch calls), both (calls and SAO updates), the updates alone; the slowdown of
                    each is its median in "both" over its median alone (they share the cores).
 Everything timed in this process is timed in rounds (one sample of each cost per round),
 so that drift in the machine's other load falls on all costs alike.
   update           the jitted SAO and GRPO updates at the benchmark's rows (and half of them),
                    the first call's compilation, parameter publish, the learner's per-step
-                   bookkeeping (record decode, journal, metrics row), and the shadow-model
+                   bookkeeping (record decode, journal, ledger, metrics row), the shadow-model
                    validation that SAO runs every `recovery.shadow_every` updates.
   transport        latency and bandwidth of the embedded queue for a record of this size,
                    from results/bench_transport.json (else measured here).
