@@ -22,11 +22,12 @@ loop over the Tunix model, cosine vs our schedule); so accuracies differ from th
 Throughput compares the frameworks' sampling + update machinery at equal work per step.
 
 Order: Tunix first (its RL wall-clock for --rl-steps sets the budget), then our benchmark
-(experiments/bench_sync_vs_async.py) with the same RL seconds per arm. Reported per arm:
-trajectories/s; held-out greedy accuracy before and after RL; the training reward per step
-(mean over the step's sampled rows, at the RL temperature) against wall-clock, and the RL
-seconds until its 5-step mean first reaches a target (default: the best 5-step start of
-the three arms + 0.05). Writes results/bench_peers.json and prints the table.
+(experiments/bench_sync_vs_async.py, one seed, arms grpo and sao) with the same RL seconds
+per arm. Reported per arm: trajectories/s; held-out greedy accuracy before and after RL;
+the training reward per step (mean over the step's sampled rows, at the RL temperature)
+against wall-clock, and the RL seconds until its 5-step mean first reaches a target
+(default: the best 5-step start of the three arms + 0.05). Writes results/bench_peers.json
+and prints the table; our runs' checkpoints and metrics go to --workdir.
 """
 from __future__ import annotations
 
@@ -82,20 +83,23 @@ def main(argv=None) -> dict:
   p.add_argument("--quick", action="store_true")
   p.add_argument("--venv", default=str(ROOT / ".venv-tunix"))
   p.add_argument("--out", default="results/bench_peers.json")
+  p.add_argument("--workdir", default="runs/bench_peers",
+                 help="checkpoints and metrics of our arms (large)")
   args = p.parse_args(argv)
 
   import jax
 
   from sao_jax import config as config_lib
   from sao_jax.learner import make_sft_update
-  from sao_jax.runners import train
+  from sao_jax.runners.common import programs_for
+  from sao_jax.setup import load_config, make_setup
 
   t0 = time.time()
-  cfg = config_lib.load_config(args.config, "default", args.set)
+  cfg = load_config(args.config, "default", args.set)
   if args.quick:
     cfg = config_lib.apply_overrides(cfg, ["sft.steps=60", "eval.num_problems=100"])
-  s = train.make_setup(cfg)
-  progs = train.programs_for(s, cfg.sft.optim, make_sft_update)
+  s = make_setup(cfg)
+  progs = programs_for(s, cfg.sft.optim, make_sft_update)
   ours_params = int(sum(x.size for x in jax.tree.leaves(progs.init(jax.random.key(0)).params)))
   mc = cfg.model
   head_dim = mc.width // mc.heads
@@ -132,21 +136,25 @@ def main(argv=None) -> dict:
   load["tunix_end"] = _loadavg()
   tun = json.loads(tunix_out.read_text())
 
-  # ours: the same RL wall-clock per arm; held-out evaluation only before and after
+  # ours: the same RL wall-clock per arm, one seed (as Tunix runs one); held-out evaluation
+  # only before and after
   sys.path.insert(0, str(HERE))
   from bench_sync_vs_async import main as bench_main
 
   from sao_jax.metrics import read_jsonl
   seconds = tun["rl_seconds"]
-  ours = bench_main(["--config", args.config, *[x for kv in args.set for x in ("--set", kv)],
-                     *(["--set", "sft.steps=60", "--set", "eval.num_problems=100"]
-                       if args.quick else []),
-                     "--seconds", f"{seconds:.1f}", "--eval-every", "1e9",
-                     "--out", str(out_dir / "ours"), "--no-progress"])
+  ours_work = pathlib.Path(args.workdir)
+  bench = bench_main(["--config", args.config, *[x for kv in args.set for x in ("--set", kv)],
+                      *(["--set", "sft.steps=60", "--set", "eval.num_problems=100"]
+                        if args.quick else []),
+                      "--seconds", f"{seconds:.1f}", "--eval-every", "1e9", "--seeds", "1",
+                      "--arms", "grpo,sao", "--out", str(out_dir / "ours"),
+                      "--workdir", str(ours_work), "--no-progress"])
+  ours = bench["runs"][0]
   load["ours_end"] = _loadavg()
   curves = {"tunix_grpo": [(t, rw) for t, _, rw in tun["reward_curve"]]}
   for arm in ("grpo", "sao"):
-    rows = [r for r in read_jsonl(out_dir / "ours" / arm / "metrics.jsonl")
+    rows = [r for r in read_jsonl(ours_work / f"seed{ours['seed']}" / arm / "metrics.jsonl")
             if r.get("phase") == "rl" and "accuracy" in r and "train_seconds" in r]
     curves[f"ours_{arm}"] = [(r["train_seconds"], r["accuracy"]) for r in rows]
 

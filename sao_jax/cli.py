@@ -50,8 +50,8 @@ def _parser() -> argparse.ArgumentParser:
                       "(experiments/calibrate_sim.py writes them)")
   si.add_argument("--costs", required=True, help="costs JSON (results/sim_costs.json)")
   si.add_argument("--policy", default="grpo_inline,sao_batch,sao_continuous,sao_inflight",
-                  help="comma-separated: grpo_inline, grpo, sao_batch, sao_continuous, "
-                  "sao_inflight")
+                  help="comma-separated: grpo_inline, grpo, grpo_continuous, sao_batch, "
+                  "sao_continuous, sao_inflight")
   si.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                   help="a scenario field, e.g. --set num_samplers=4 (repeatable)")
   si.add_argument("--out", default="", help="also write the metrics as JSON here")

@@ -1,6 +1,7 @@
 """The cluster simulator on cases whose answers can be worked out by hand."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -99,6 +100,50 @@ def test_inflight_updates_beat_draining_when_sampling_binds():
   assert inflight["decode_row_efficiency"] == pytest.approx(1.0)
 
 
+def _slot_costs(**kw) -> Costs:
+  """_costs with the continuous-batching programs measured: fill(8 rows) 0.05 s, a decode
+  call 0.01 s + 0.002 s per step (8 slots), refresh 0.1 s."""
+  c = _costs(**kw)
+  prof = Profile(decode_s=((8, 0.01),), prefill_s=((8, 0.05),), fill_s=((8, 0.05),),
+                 slot_decode_s=((1, 0.002), (8, 0.002)), slot_rows=8, decode_call_s=0.01,
+                 refresh_s=((8, 0.1),))
+  return c.replace(profiles={**c.profiles, "sampler": prof})
+
+
+def test_grpo_through_continuous_samplers_is_closed_form():
+  # 16 rows of 10 tokens through one sampler of 8 slots, 8 prompts per fill: twice (fill
+  # 0.05 + decode call 0.01 + 10 * 0.002) = 0.16 s; + load 0.02, update 0.3, publish 0.01.
+  c = _slot_costs(update=0.3, load_s=0.02, publish_s=0.01)
+  m = simulate(c, preset("grpo_continuous", Scenario(num_samplers=1, slots=8, refill_rows=8,
+                                                     batch_size=16, steps=40,
+                                                     update_kind="grpo")))
+  assert m["learner_steps_per_s_steady"] == pytest.approx(1 / 0.49, rel=1e-6)
+
+
+def test_decode_calls_wait_for_refill_rows_completions():
+  # A call that waits for all 64 of its rows is a batch call again: the straggler cost is back.
+  c = _costs(lengths=(1, 19), prefill=0.0)
+  c = c.replace(profiles={"sampler": Profile(decode_s=((64, 0.01),), prefill_s=((64, 0.0),))})
+  base = Scenario(num_samplers=1, slots=64, batch_size=64, steps=200, refill_rows=64)
+  cont = simulate(c, preset("sao_inflight", base))
+  assert cont["trajectories_per_s_steady"] == pytest.approx(64 / 0.19, rel=0.03)
+  assert cont["decode_row_efficiency"] == pytest.approx(10 / 19, rel=0.03)
+
+
+def test_inflight_updates_pay_the_cache_refresh_and_draining_does_not():
+  # Rows of 5 or 30 tokens, a version every 8 trajectories: in-flight swaps find rows in
+  # flight and pay the refresh; a draining sampler swaps with none in flight.
+  base = Scenario(num_samplers=1, slots=8, refill_rows=1, batch_size=8, steps=60,
+                  max_staleness=8)
+  cheap, dear = _slot_costs(lengths=(5, 30)), _slot_costs(lengths=(5, 30))
+  cheap = cheap.replace(profiles={"sampler": dataclasses.replace(cheap.profiles["sampler"],
+                                                                 refresh_s=((8, 0.0),))})
+  inflight = [simulate(c, preset("sao_inflight", base)) for c in (cheap, dear)]
+  drain = [simulate(c, preset("sao_continuous", base)) for c in (cheap, dear)]
+  assert inflight[1]["trajectories_per_s"] < 0.9 * inflight[0]["trajectories_per_s"]
+  assert drain[1] == drain[0]
+
+
 def test_staleness_bound_drops_old_records():
   # 16 samplers far ahead of a slow learner that takes only fresh (same-version) records
   c = _costs(update=0.2)
@@ -134,9 +179,13 @@ def test_deterministic_given_a_seed():
 
 
 def test_costs_json_round_trip_and_clear_errors():
-  c = _costs(lengths=(4, 9), periodic={"sao": (("shadow", 50, 0.5),)})
-  again = Costs.from_dict(json.loads(json.dumps(c.to_dict())))
-  assert again == c
+  for c in (_costs(lengths=(4, 9), periodic={"sao": (("shadow", 50, 0.5),)}), _slot_costs()):
+    again = Costs.from_dict(json.loads(json.dumps(c.to_dict())))
+    assert again == c
+  with pytest.raises(ConfigError, match="slot_rows"):
+    Profile(decode_s=((8, 0.01),), prefill_s=((8, 0.05),), slot_decode_s=((8, 0.002),))
+  with pytest.raises(ConfigError, match="refill_rows"):
+    Scenario(slots=8, refill_rows=9, seconds=1)
   with pytest.raises(ConfigError, match="unknown keys"):
     Costs.from_dict({**c.to_dict(), "decode": 1})
   with pytest.raises(ConfigError, match="policy"):

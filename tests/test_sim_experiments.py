@@ -13,7 +13,7 @@ sys.path.insert(0, str(REPO_ROOT / "experiments"))
 import sim_seed_scale  # noqa: E402
 import validate_sim  # noqa: E402
 
-from sao_jax.sim import Costs, Profile  # noqa: E402
+from sao_jax.sim import Costs, Profile, Scenario, preset, simulate  # noqa: E402
 
 
 def _costs() -> Costs:
@@ -42,6 +42,46 @@ def test_real_metrics_share_one_clock(tmp_path):
   assert real["learner_busy_steady"] == pytest.approx(0.5)
   errs = validate_sim.compare(real, {"learner_steps_per_s": 0.55, "learner_busy": 0.5})
   assert errs == pytest.approx({"learner_steps_per_s": 0.1, "learner_busy": 0.0})
+
+
+def test_validation_reads_the_seeded_benchmark_and_simulates_each_arm(tmp_path):
+  """bench_sync_vs_async's layout (runs[i][arm], metrics under the workdir): per-seed real
+  metrics averaged, each arm simulated with the policy its config ran."""
+  cfg = {"model": {}, "task": {}, "rl": {"prompts_per_step": 16, "group_size": 8},
+         "sao": {"num_samplers": 1, "sampler_slots": 8, "batch_size": 128, "max_staleness": 4,
+                 "param_sync_every": 1, "continuous": True, "refill_rows": 4,
+                 "inflight": "tokens"}}
+  bench, work = tmp_path / "bench", tmp_path / "work"
+  bench.mkdir()
+  runs = []
+  for seed, rate in ((0, 64.0), (1, 96.0)):
+    run = {"seed": seed}
+    for arm in ("grpo", "grpo_samplers", "sao"):
+      run[arm] = {"trajectories": 128 * 20, "trajectories_per_s": rate, "steps": 20,
+                  "seconds": 128 * 20 / rate + 1.0, "learner_busy": 0.5, "delay_mean_s": 0.6,
+                  "delay_p95_s": 0.7}
+      d = work / f"seed{seed}" / arm
+      d.mkdir(parents=True)
+      (d / "metrics.jsonl").write_text("\n".join(json.dumps(
+          {"phase": "rl", "step": k, "wall_s": 2.0 * k, "learner_busy": 0.5,
+           "learner_time": 0.6 * k}) for k in (1, 2, 3)))  # the first step is left out
+    runs.append(run)
+  (bench / "results.json").write_text(json.dumps({"config": cfg, "runs": runs}))
+  costs = tmp_path / "costs.json"
+  costs.write_text(json.dumps({"costs": _costs().to_dict(), "config": cfg}))
+  r = validate_sim.main(["--bench", str(bench), "--workdir", str(work), "--costs", str(costs),
+                         "--seeds", "1", "--out", str(tmp_path / "val.json")])
+  arms = r["arms"]
+  assert {a: arms[a]["policy"] for a in arms} == {
+      "grpo": "grpo_inline", "grpo_samplers": "grpo_continuous", "sao": "sao_inflight"}
+  assert arms["sao"]["scenario"]["refill_rows"] == 4 and arms["sao"]["scenario"]["inflight"]
+  assert arms["sao"]["real"]["trajectories_per_s"] == pytest.approx(80.0)
+  assert arms["sao"]["real_se"]["trajectories_per_s"] == pytest.approx(16.0)
+  assert [s["seconds"] for s, _ in arms["sao"]["scenarios"]] == pytest.approx([40, 128 * 20 / 96])
+  assert arms["sao"]["simulated"]["trajectories_per_s"] > 0
+  # logged 1.2 and 1.8 s (median 1.5) against 0.6 s calibrated at 128 rows
+  assert r["diagnostic_in_run_update_cost"]["update_scale"] == pytest.approx(1.5 / 0.6)
+  assert set(r["ratios_sao_over_grpo_samplers"]) >= {"trajectories_per_s", "learner_busy"}
 
 
 def test_seed_scale_costs_follow_the_stated_rules():
@@ -95,3 +135,10 @@ def test_calibrate_sim_tiny_writes_loadable_costs(tmp_path):
   assert costs.update("sao", 16) > 0 and costs.publish_s > 0 and costs.load_s > 0
   assert costs.profiles["sampler"].start_s > 0 and len(costs.lengths) > 0
   assert r["commit"] and r["machine"]["cpus"] >= 1 and r["details"]["model_params"] > 0
+  prof = costs.profiles["sampler"]  # the continuous sampler's programs, measured
+  assert prof.slot_rows == 8 and prof.decode_call_s > 0 and prof.score_s > 0
+  assert all(sec > 0 for pts in (prof.fill_s, prof.slot_decode_s, prof.refresh_s)
+             for _, sec in pts)
+  m = simulate(costs, preset("sao_inflight", Scenario(slots=8, refill_rows=8, batch_size=16,
+                                                      steps=20)))
+  assert m["steps"] == 20 and m["trajectories_per_s"] > 0

@@ -2,7 +2,7 @@
 synchronous GRPO, driven by costs measured on a machine (`experiments/calibrate_sim.py`).
 
   costs = Costs.from_dict(json.load(open("results/sim_costs.json"))["costs"])
-  metrics = simulate(costs, preset("sao_inflight", Scenario(seconds=240)))
+  metrics = simulate(costs, preset("sao_inflight", Scenario(seconds=240, refill_rows=8)))
 
 `sao-jax simulate` runs it from the command line.
 """

@@ -66,6 +66,12 @@ class Profile:
 
   A call over B compiled rows that runs n token steps costs prefill(B) + n * decode(B);
   each finished row then costs `score_s` (environment step) and `emit_s` (encode + send).
+
+  Continuous batching (`sao_jax.slots`) has its own programs over a state of `slot_rows`
+  slots: a fill call over R prompt rows costs fill(R); a decode call costs `decode_call_s`
+  plus, per token step, slot_decode(live slots); taking new weights with completions in
+  flight costs refresh(slots). Where these were not measured, fill falls back to prefill
+  and a decode step to decode(compiled rows), with no per-call or refresh cost.
   """
 
   decode_s: Points  # seconds per token step of a call compiled for B rows
@@ -73,10 +79,17 @@ class Profile:
   score_s: float = 0.0
   emit_s: float = 0.0
   start_s: float = 0.0  # process start until the first call can run (imports, compile)
+  fill_s: Points = ()  # one fill call, by the prompt rows it is compiled for
+  slot_decode_s: Points = ()  # seconds per decode step, by live slots (of `slot_rows`)
+  slot_rows: int = 0  # slots of the state that slot_decode_s was measured on
+  decode_call_s: float = 0.0  # per decode call: dispatch and the host's reads of the state
+  refresh_s: Points = ()  # every slot's cache recomputed under new weights, by slots
 
   def __post_init__(self):
-    _check(self.score_s >= 0 and self.emit_s >= 0 and self.start_s >= 0,
+    _check(min(self.score_s, self.emit_s, self.start_s, self.decode_call_s) >= 0,
            "profile costs must be >= 0")
+    _check(not self.slot_decode_s or self.slot_rows >= 1,
+           "profile.slot_decode_s needs slot_rows >= 1 (the slots it was measured with)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,8 +154,11 @@ class Costs:
     for name, p in d["profiles"].items():
       _check(set(p) <= pfields, f"costs.profiles[{name!r}]: unknown keys "
              f"{sorted(set(p) - pfields)}")
+      optional = {k: _points(p[k], f"{name}.{k}") if p.get(k) else ()
+                  for k in ("fill_s", "slot_decode_s", "refresh_s")}
       profiles[name] = Profile(**{**p, "decode_s": _points(p["decode_s"], f"{name}.decode_s"),
-                                  "prefill_s": _points(p["prefill_s"], f"{name}.prefill_s")})
+                                  "prefill_s": _points(p["prefill_s"], f"{name}.prefill_s"),
+                                  **optional})
     kw["profiles"] = profiles
     kw["update_s"] = {k: _points(v, f"update_s[{k}]") for k, v in d["update_s"].items()}
     kw["lengths"] = tuple(int(n) for n in d["lengths"])
@@ -160,17 +176,24 @@ class Scenario:
 
   policy:
     grpo            synchronous: a step's `batch_size` rows are sampled (by the learner
-                    itself with `inline`, else by the samplers), all of them are waited for,
-                    one update, weights published, samplers load them; repeat.
-    sao_batch       asynchronous, today's sampler: a call takes up to `slots` tasks and
+                    itself with `inline`, else by the samplers: batch calls, or with
+                    `continuous` continuous batching), all of them are waited for, one
+                    update, weights published, samplers load them; repeat.
+    sao_batch       asynchronous, batch calls: a call takes up to `slots` tasks and
                     decodes until its longest row ends; new weights between calls.
-    sao_continuous  asynchronous, continuous batching: a finished slot is refilled at once.
-                    New weights: with `inflight`, loaded mid-call (rows keep decoding);
-                    without, the sampler stops refilling, drains, loads, refills.
+    sao_continuous  asynchronous, continuous batching: free slots are refilled between
+                    decode calls, `refill_rows` prompts per fill call, and a decode call
+                    runs until `refill_rows` of its rows have ended (or all of them).
+                    New weights are taken between decode calls: with `inflight` at once
+                    (rows keep decoding after the caches are refreshed); without, the
+                    sampler stops refilling, drains, loads, refills.
   """
 
   policy: str = "sao_batch"
   inflight: bool = False
+  continuous: bool = False  # grpo through samplers: they run continuous batching
+  refill_rows: int = 0  # continuous (sao.refill_rows); 0: every free slot in one fill call,
+  #                       and a decode call ends when its first row does
   num_samplers: int = 1
   slots: int = 64
   batch_size: int = 128  # rows per update (GRPO: prompts_per_step x group_size)
@@ -195,6 +218,10 @@ class Scenario:
     _check(not self.inflight or self.policy == "sao_continuous",
            "scenario.inflight needs policy sao_continuous")
     _check(not self.inline or self.policy == "grpo", "scenario.inline needs policy grpo")
+    _check(not self.continuous or (self.policy == "grpo" and not self.inline),
+           "scenario.continuous is for grpo through samplers (SAO: policy sao_continuous)")
+    _check(0 <= self.refill_rows <= self.slots,
+           f"scenario.refill_rows {self.refill_rows} not in 0..slots {self.slots}")
     _check(self.num_samplers >= 1 or self.inline, "scenario.num_samplers must be >= 1")
     _check(self.slots >= 1 and self.batch_size >= 1, "scenario slots and batch_size >= 1")
     _check(self.max_staleness >= 0 and self.param_sync_every >= 1 and self.target_depth >= 0,
@@ -211,25 +238,31 @@ class Scenario:
     return self.update_kind or ("grpo" if self.policy == "grpo" else "sao")
 
   @property
+  def continuous_samplers(self) -> bool:
+    return self.policy == "sao_continuous" or self.continuous
+
+  @property
   def depth(self) -> int:
     return self.target_depth or self.batch_size + 2 * self.num_samplers * self.slots
 
 
 # Named policies for the command line and the experiment scripts.
 PRESETS = {
-    "grpo_inline": dict(policy="grpo", inline=True, inflight=False),  # learner samples itself
-    "grpo": dict(policy="grpo", inline=False, inflight=False),  # sampler processes, barrier
-    "sao_batch": dict(policy="sao_batch", inline=False, inflight=False),
-    "sao_continuous": dict(policy="sao_continuous", inline=False, inflight=False),
-    "sao_inflight": dict(policy="sao_continuous", inline=False, inflight=True),
+    "grpo_inline": dict(policy="grpo", inline=True),  # learner samples itself
+    "grpo": dict(policy="grpo"),  # sampler processes (batch calls), barrier
+    "grpo_continuous": dict(policy="grpo", continuous=True),  # ... continuous batching
+    "sao_batch": dict(policy="sao_batch"),
+    "sao_continuous": dict(policy="sao_continuous"),
+    "sao_inflight": dict(policy="sao_continuous", inflight=True),
 }
+_POLICY_FIELDS = dict(inline=False, inflight=False, continuous=False)
 
 
 def preset(name: str, base: Scenario) -> Scenario:
   """`base` with the policy fields of a named preset (see PRESETS)."""
   if name not in PRESETS:
     raise ConfigError(f"unknown policy {name!r}; known: {', '.join(PRESETS)}")
-  return dataclasses.replace(base, **PRESETS[name])
+  return dataclasses.replace(base, **{**_POLICY_FIELDS, **PRESETS[name]})
 
 
 def lengths_summary(lengths: Sequence[int]) -> dict:

@@ -4,21 +4,25 @@ An event queue (heapq) over simulated seconds. Work is charged in *solo seconds*
 time it takes with its machine to itself; processes on one host (`Scenario.colocated`)
 share cores by the measured slowdowns, so a running piece of work is rescheduled whenever
 the set of work on its host changes (processor sharing). Token steps are not events: a
-decoding sampler advances all live rows at once up to the next row that ends, so events
-scale with trajectories, not tokens.
+decoding sampler advances all live rows at once to the end of its call, so events scale
+with trajectories, not tokens.
 
-The learner loop mirrors `sao_jax.runners.sao.run_sao` (top up tasks to a target depth
+The learner loop mirrors `sao_jax.runners.sao.SAOLearner` (top up tasks to a target depth
 while a batch is short, take the next `batch_size` fresh records, drop those older than
-`max_staleness` versions, update, publish every `param_sync_every` updates) and
-`sao_jax.runners.train.run_grpo` (sample the whole batch, wait for all, update). Metrics
-are defined as the benchmark defines them:
+`max_staleness` versions, update, publish every `param_sync_every` updates),
+`sao_jax.runners.grpo.run_grpo` (sample the whole batch in the learner, wait for all,
+update) and `run_grpo_samplers` (the same through sampler processes). A continuous sampler
+mirrors `sao_jax.rollout.ContinuousSampler` in a sampler process: take new weights (and,
+with completions in flight, refresh their caches), refill free slots, one decode call until
+`refill_rows` completions end, step their environments, send. Metrics are defined as the
+benchmark defines them:
 
   trajectories/s       consumed trajectories / wall
   learner busy         update seconds / wall
   delay                update done - trajectory end, where "end" is when the sampler hands
-                       the record on (batch sampler: the end of its call; continuous: the
-                       row's last token); `delay_own_*` measures from each row's own last
-                       token, so it also counts the wait for the batch's longest row
+                       the record on (the end of its call, batch or continuous decode
+                       call); `delay_own_*` measures from each row's own last token, so it
+                       also counts the wait for the rest of its call
   step latency         mean seconds between learner updates (= 1 / steps per second)
   staleness            learner step - policy version of the record, at use
 Deterministic: one numpy Generator (seeded by the scenario) draws every length, and ties
@@ -79,8 +83,6 @@ class _Sampler:
   waiting: bool = False  # idle until tasks (or a new version) arrive
   started: bool = False
   work: _Work | None = None
-  decoding: bool = False  # `work` is a decode span (continuous: may be interrupted)
-  tau: float = 0.0  # seconds per token step of the current decode span
   t0: float = 0.0  # when `work` started
   wait_since: float = 0.0
   wait_epoch: int = 0
@@ -161,16 +163,6 @@ class Simulation:
     w.host.works.remove(w)
     self._rescale(w.host)
     w.on_done()
-
-  def cancel(self, w: _Work) -> float:
-    """Stops `w` now; returns the solo seconds of it that were done."""
-    total = w.remaining
-    w.remaining = max(0.0, w.remaining - (self.now - w.t_last) * w.rate)
-    done = total - w.remaining
-    w.live = False
-    w.host.works.remove(w)
-    self._rescale(w.host)
-    return done
 
   def draw(self, n: int) -> np.ndarray:
     return self.lengths[self.rng.integers(0, len(self.lengths), n)]
@@ -344,30 +336,22 @@ class Simulation:
         self.at(self.now, self._sampler_next, sp, True)
 
   def _notify_version(self, sp: _Sampler):
-    if not sp.started:
-      return
-    if sp.waiting:  # an idle sampler polls for weights each time its task read times out
+    # A working sampler sees the new version when its call returns (a jitted call is not
+    # interrupted); an idle one polls for weights each time its task read times out.
+    if sp.started and sp.waiting:
       poll = self.s.idle_poll_s
       k = np.ceil((self.now - sp.wait_since) / poll) if poll > 0 else 0
       self.at(sp.wait_since + k * poll, self._idle_poll, sp, sp.wait_epoch)
-    elif self.s.inflight and sp.decoding and sp.work is not None and sp.work.live:
-      # in-flight update: stop the decode span now, keep the rows, load, decode on
-      done = self.cancel(sp.work)
-      sp.busy_s += self.now - sp.t0
-      sp.decoding = False
-      self._span_done(sp, done / sp.tau)
 
   def _idle_poll(self, sp: _Sampler, epoch: int):
     if sp.waiting and sp.wait_epoch == epoch:
       sp.waiting = False
       self._sampler_next(sp)
 
-  def _run(self, sp: _Sampler, solo: float, then: Callable, decoding: bool = False):
+  def _run(self, sp: _Sampler, solo: float, then: Callable):
     def done():
       sp.busy_s += self.now - sp.t0
-      sp.decoding = False
       then()
-    sp.decoding = decoding
     sp.t0 = self.now
     sp.work = self.start(sp.host, "sample", solo, done)
 
@@ -378,7 +362,7 @@ class Simulation:
   def _sampler_next(self, sp: _Sampler, got_tasks: bool = False):
     if self.ended:
       return
-    if self.s.policy == "sao_continuous":
+    if self.s.continuous_samplers:
       self._continuous_next(sp)
       return
     # synchronous GRPO's tasks belong to the new version: its samplers always load it first
@@ -437,13 +421,40 @@ class Simulation:
 
   # -- continuous batching ----------------------------------------------------------------------
 
+  def _fill_s(self, rows: int) -> float:
+    p = self.sprof
+    return interp(p.fill_s or p.prefill_s, rows)
+
+  def _step_s(self, live: int) -> float:
+    """Seconds of one decode step of the slot state with `live` rows decoding."""
+    p, s = self.sprof, self.s
+    if p.slot_decode_s:  # measured on slot_rows slots; other slot counts scale as decode_s
+      scale = 1.0 if s.slots == p.slot_rows else (interp(p.decode_s, s.slots)
+                                                  / max(_EPS, interp(p.decode_s, p.slot_rows)))
+      return interp(p.slot_decode_s, live) * scale
+    return interp(p.decode_s, s.slots if s.shape == "fixed" else live)
+
+  def _decode_s(self, remaining: list[float], steps: float) -> float:
+    """Solo seconds of `steps` decode steps over rows with `remaining` steps (ascending):
+    the live count falls as rows end inside the call."""
+    total, done = 0.0, 0.0
+    for i, rem in enumerate(remaining):
+      upto = min(rem, steps)
+      if upto > done:
+        total += (upto - done) * self._step_s(len(remaining) - i)
+        done = upto
+      if done >= steps:
+        break
+    return total
+
   def _continuous_next(self, sp: _Sampler):
     s = self.s
     live = [r for r in sp.rows if r is not None]
     stale = sp.version != self.published
     if stale and (s.inflight or not live):
       v = self.published
-      self._run(sp, self.c.load_s, lambda: self._loaded(sp, v))
+      refresh = interp(self.sprof.refresh_s, s.slots) if live and self.sprof.refresh_s else 0.0
+      self._run(sp, self.c.load_s + refresh, lambda: self._loaded(sp, v))
       return
     if not sp.rows:
       sp.rows = [None] * s.slots
@@ -453,34 +464,38 @@ class Simulation:
       self.tasks -= k
       for i, n in zip(free[:k], self.draw(k), strict=False):
         sp.rows[i] = [float(n), sp.version, int(n)]
-      self._run(sp, interp(self.sprof.prefill_s, k), lambda: self._sampler_next(sp))
+      if s.refill_rows:  # fixed-shape fill calls of refill_rows prompts each
+        solo = -(-k // s.refill_rows) * self._fill_s(s.refill_rows)
+      else:
+        solo = self._fill_s(k)
+      self._run(sp, solo, lambda: self._sampler_next(sp))
       return
     if not live:
       self._wait(sp)
       return
-    compiled = s.slots if s.shape == "fixed" else len(live)
-    sp.tau = interp(self.sprof.decode_s, compiled)
-    d = min(r[0] for r in live)
-    self._run(sp, d * sp.tau, lambda: self._span_done(sp, d), decoding=True)
+    remaining = sorted(r[0] for r in live)
+    steps = remaining[min(s.refill_rows or 1, len(live)) - 1]
+    solo = self.sprof.decode_call_s + self._decode_s(remaining, steps)
+    t0 = self.now
+    self._run(sp, solo, lambda: self._span_done(sp, remaining, steps, t0, solo))
 
-  def _advance(self, sp: _Sampler, steps: float) -> list:
-    live = [r for r in sp.rows if r is not None]
-    compiled = self.s.slots if self.s.shape == "fixed" else len(live)
-    sp.row_steps += compiled * steps
-    sp.useful_steps += len(live) * steps
-    ended = []
+  def _span_done(self, sp: _Sampler, remaining: list[float], steps: float, t0: float,
+                 solo: float):
+    """A decode call of `steps` steps returned: rows that ended are scored and sent."""
+    useful = sum(min(rem, steps) for rem in remaining)
+    sp.row_steps += self.s.slots * steps if self.s.shape == "fixed" else useful
+    sp.useful_steps += useful
+    stretch = (self.now - t0) / solo if solo > 0 else 1.0
+    recs = []
     for i, r in enumerate(sp.rows):
-      if r is not None:
+      if r is None:
+        continue
+      if r[0] <= steps + _EPS:
+        own = t0 + stretch * (self.sprof.decode_call_s + self._decode_s(remaining, r[0]))
+        recs.append(_Rec(r[1], r[2], min(own, self.now), self.now))
+        sp.rows[i] = None
+      else:
         r[0] -= steps
-        if r[0] <= _EPS:
-          ended.append(r)
-          sp.rows[i] = None
-    return ended
-
-  def _span_done(self, sp: _Sampler, steps: float):
-    ended = self._advance(sp, steps)
-    t = self.now
-    recs = [_Rec(r[1], r[2], t, t) for r in ended]
     cost = (self.sprof.score_s + self.sprof.emit_s) * len(recs)
     self._run(sp, cost, lambda: self._emit(sp, recs))
 
