@@ -489,23 +489,30 @@ class Config:
 
 
 def override(cfg, key: str, value: Any):
-  """Returns `cfg` with dotted `key` replaced by `value` (type-checked)."""
+  """Returns `cfg` with dotted `key` replaced by `value` (type-checked), validated anew."""
+  return apply_overrides(cfg, [(key, value)])
+
+
+def _set_path(d: dict, cls, key: str, value: Any) -> None:
+  """Sets dotted `key` in `d` (the `to_dict` form of a `cls`), checking the key against the
+  dataclass fields and coercing the value to the field's type."""
   head, _, rest = key.partition(".")
-  fields = {f.name: f for f in dataclasses.fields(cfg)}
-  if head not in fields:
-    raise ConfigError(f"unknown config key {head!r} in {type(cfg).__name__}; "
-                      f"known: {', '.join(sorted(fields))}")
-  current = getattr(cfg, head)
+  hints = typing.get_type_hints(cls)
+  if head not in hints:
+    raise ConfigError(f"unknown config key {head!r} in {cls.__name__}; "
+                      f"known: {', '.join(sorted(hints))}")
+  hint = hints[head]
+  section = isinstance(hint, type) and dataclasses.is_dataclass(hint)
   if rest and head == "options":  # free-form (key, value) pairs, checked by their owner
-    value = _literal(value)
-    pairs = tuple((k, v) for k, v in current if k != rest) + ((rest, value),)
-    return dataclasses.replace(cfg, options=pairs)
-  if rest:
-    if not dataclasses.is_dataclass(current):
+    d[head] = tuple((k, v) for k, v in d[head] if k != rest) + ((rest, _literal(value)),)
+  elif rest:
+    if not section:
       raise ConfigError(f"config key {head!r} is a value, not a section (got {key!r})")
-    return dataclasses.replace(cfg, **{head: override(current, rest, value)})
-  hint = typing.get_type_hints(type(cfg))[head]
-  return dataclasses.replace(cfg, **{head: coerce(value, hint, head)})
+    _set_path(d[head], hint, rest, value)
+  elif section:
+    raise ConfigError(f"config key {head!r} is a section: set its keys ({head}.KEY=VALUE)")
+  else:
+    d[head] = coerce(value, hint, head)
 
 
 def _literal(value: Any) -> Any:
@@ -539,13 +546,21 @@ def coerce(value: Any, hint, name: str):
   return value
 
 
-def apply_overrides(cfg: Config, pairs: list[str]) -> Config:
+def apply_overrides(cfg: Config, pairs) -> Config:
+  """`cfg` with every `key=value` override applied (or `(key, value)` pairs), then validated
+  once as a whole: the order of the overrides does not matter, and a combination that is
+  only valid together (e.g. task.num_test and eval.num_problems) is accepted."""
+  d = to_dict(cfg)
   for pair in pairs:
-    key, sep, value = pair.partition("=")
-    if not sep:
-      raise ConfigError(f"--set expects key=value, got {pair!r}")
-    cfg = override(cfg, key.strip(), value.strip())
-  return cfg
+    if isinstance(pair, tuple):
+      key, value = pair
+    else:
+      key, sep, value = pair.partition("=")
+      if not sep:
+        raise ConfigError(f"--set expects key=value, got {pair!r}")
+      key, value = key.strip(), value.strip()
+    _set_path(d, type(cfg), key, value)
+  return from_dict(d, type(cfg))
 
 
 def load_config(path: str, variant: str = "default", overrides: list[str] = ()) -> Config:

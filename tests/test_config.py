@@ -65,3 +65,17 @@ def test_every_config_file_documents_its_command():
     # Configs for `sao-jax train`, or for an experiment script that loads them (longhorizon).
     assert "sao-jax train --config" in text or "python experiments/" in text, path
     assert C.load_config(str(path), "tiny").name
+
+
+def test_overrides_are_validated_once_in_any_order():
+  """A combination valid only together is accepted whatever the order; an invalid result
+  is refused whatever the order."""
+  for pairs in (["task.num_test=200", "eval.num_problems=200"],
+                ["eval.num_problems=200", "task.num_test=200"]):
+    cfg = C.apply_overrides(C.Config(), pairs)
+    assert cfg.task.num_test == 200 and cfg.eval.num_problems == 200
+  for pairs in (["task.num_test=200"], ["eval.num_problems=900"]):
+    with pytest.raises(C.ConfigError, match="eval.num_problems"):
+      C.apply_overrides(C.Config(), pairs)
+  with pytest.raises(C.ConfigError, match="is a section"):
+    C.apply_overrides(C.Config(), ["rl=1"])
