@@ -275,6 +275,11 @@ class SAOConfig:
   sampler_threads: int = 0  # XLA intra-op threads per sampler process (0: XLA default)
   pin_cores: bool = False  # learner on core 0, samplers on the others (needs >= 2 cores)
   max_sampler_restarts: int = 5  # a sampler that dies is restarted, this many times per run
+  # A sampler process is quarantined (its records dropped; a local one stopped and restarted
+  # by the supervision above) once `quarantine_rate` of its last `quarantine_window` records
+  # were rejected at the learner's door (sao_jax.admission); window 0: never.
+  quarantine_window: int = 50
+  quarantine_rate: float = 0.5
 
   def __post_init__(self):
     _check(self.num_samplers >= 0 and self.sampler_slots >= 1 and self.batch_size >= 1,
@@ -295,6 +300,9 @@ class SAOConfig:
     _check(self.max_sampler_restarts >= 0, "sao.max_sampler_restarts must be >= 0")
     _check(self.is_cap >= 1.0 and self.freshness_half_life > 0, "sao.is_cap >= 1, half_life > 0")
     _check(0 < self.tracker_rho_min <= self.tracker_rho_max <= 1, "bad tracker rho bounds")
+    _check(self.quarantine_window >= 0, "sao.quarantine_window must be >= 0 (0: never)")
+    _check(0 < self.quarantine_rate <= 1, f"sao.quarantine_rate {self.quarantine_rate} not in "
+           "(0, 1]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -357,6 +365,11 @@ class RecoveryConfig:
     _check(0 < self.lr_decay <= 1 and self.max_rollbacks >= 0, "bad recovery.lr_decay/max")
 
 
+# What a poisoned trajectory record can carry (each named by the reason the learner rejects it
+# with); defined here for validation, made by sao_jax.admission.poison.
+POISON_KINDS = ("nonfinite", "token_oov", "reward_range", "future_version", "unknown_task")
+
+
 @dataclasses.dataclass(frozen=True)
 class FaultsConfig:
   """Fault injection for tests and the soak run; all off by default. Poisoned updates get
@@ -366,9 +379,20 @@ class FaultsConfig:
 
   nan_steps: tuple[int, ...] = ()
   nan_prob: float = 0.0
+  # Sampler 0 sends `poison_records` poisoned trajectory records of each kind in
+  # `poison_kinds` (sao_jax.admission.POISON_KINDS), one with every `poison_every`-th record
+  # it sends, for the learner to reject (see sao_jax.admission.poison).
+  poison_kinds: tuple[str, ...] = ()
+  poison_records: int = 0
+  poison_every: int = 3
 
   def __post_init__(self):
     _check(0 <= self.nan_prob <= 1, "faults.nan_prob must be in [0, 1]")
+    unknown = set(self.poison_kinds) - set(POISON_KINDS)
+    _check(not unknown, f"faults.poison_kinds {sorted(unknown)} unknown; known: "
+           f"{', '.join(POISON_KINDS)}")
+    _check(self.poison_records >= 0 and self.poison_every >= 1,
+           "faults.poison_records must be >= 0 and faults.poison_every >= 1")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -89,6 +89,11 @@ class TaskFamily:
     """The reward of a perfect episode: held-out accuracy is total reward / this."""
     return 1.0
 
+  def reward_range(self, task: Task) -> tuple[float, float]:
+    """(low, high) bounds of an episode's total reward: the learner rejects a trajectory
+    outside them (sao_jax.admission). Override for rewards that can be negative."""
+    return 0.0, self.max_reward(task)
+
   def sft_examples(self, task: Task, tok: Tokenizer, prompt_len: int) -> list[SFTExample]:
     """Rows of the supervised warm start (one per step for multi-step families)."""
     return [SFTExample(tok.encode(task.prompt, add_bos=True),

@@ -26,7 +26,7 @@ LAYERS: dict[str, int] = {
     "sao_jax.sim": 2,
     "sao_jax.learner": 2, "sao_jax.rollout": 2, "sao_jax.evaluation": 2, "sao_jax.setup": 2,
     "sao_jax.tasks": 2, "sao_jax.families": 2, "sao_jax.checkpoint": 2, "sao_jax.recovery": 2,
-    "sao_jax.buffer": 2,
+    "sao_jax.buffer": 2, "sao_jax.admission": 2,
     "sao_jax.compression.policy": 2, "sao_jax.compression.rollout": 2,
     "sao_jax.models": 1, "sao_jax.rl": 1, "sao_jax.envs": 1, "sao_jax.data": 1,
     "sao_jax.transport": 1, "sao_jax.compression": 1, "sao_jax.sampling": 1, "sao_jax.sandbox": 1,

@@ -141,9 +141,7 @@ class SyncGRPOLearner(SAOLearner):
     self.check_samplers()
     if loop.outstanding == 0 and not self.buffer.ready(loop.step):
       prompts = self.task_rng.integers(0, self.n_sample, rl.prompts_per_step)
-      tasks = np.repeat(prompts, rl.group_size).tolist()
-      self.pool.learner.put_tasks(tasks)
-      loop.outstanding += len(tasks)
+      self.hand_out(np.repeat(prompts, rl.group_size).tolist())
     while not self.buffer.ready(loop.step):
       got = self.pool.learner.get_records(self.rows, timeout=0.05)
       if got:

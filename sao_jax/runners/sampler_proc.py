@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import time
 import traceback
 from typing import Any
@@ -79,7 +80,13 @@ def _run(spec: SamplerSpec, end, stop) -> None:
   progs = compile_sampler(cfg, s.model, mesh=mesh, **kw)
   sub = ParamSubscriber(spec.param_dir)
   parent = multiprocessing.parent_process()
-  out = _Outbox(spec, end)
+  poisoner = None
+  if spec.sampler_id == 0 and cfg.faults.poison_records and cfg.faults.poison_kinds:
+    from sao_jax.admission import Poisoner
+    poisoner = Poisoner(cfg.faults, vocab_size=s.model.cfg.vocab_size,
+                        reward_high=lambda i: s.family.reward_range(s.train[i])[1],
+                        unknown_task=len(s.train) - 1)  # the validation tail's last
+  out = _Outbox(spec, end, poisoner)
   version = -1
 
   def poll():
@@ -105,21 +112,26 @@ class _Outbox:
   """Encodes finished trajectories as records (ids unique across samplers on any machine:
   a random prefix per process) and puts them on the transport."""
 
-  def __init__(self, spec: SamplerSpec, end):
+  def __init__(self, spec: SamplerSpec, end, poisoner=None):
     self.spec, self.end = spec, end
     self.id_prefix = int.from_bytes(os.urandom(3), "little") << 40
     self.counter = 0
+    self.poisoner = poisoner  # fault injection (sao_jax.admission.Poisoner) or None
 
   def send(self, traj) -> None:
     from sao_jax.transport import records
-    self.counter += 1
     meta = {"task_index": traj.task_index, "task_id": traj.task_id, "reward": traj.total_reward,
             "t_end": traj.t_end, "sampler": self.spec.sampler_id, "done": traj.done,
             "reward_s": traj.reward_seconds,
-            "sandbox_runs": sum(info.get("sandbox_runs", 0) for info in traj.infos)}
-    self.end.put_trajectory(records.encode(records.RecordKind.TRAJECTORY,
-                                           self.id_prefix | self.counter, traj.policy_version,
-                                           traj.arrays(), meta))
+            "sandbox_runs": sum(info.get("sandbox_runs", 0) for info in traj.infos),
+            "pid": os.getpid(), "host": socket.gethostname()}  # who, should it misbehave
+    out = [(traj.arrays(), meta, traj.policy_version)]
+    if self.poisoner is not None:
+      out = self.poisoner(*out[0])
+    for arrays, m, version in out:
+      self.counter += 1
+      self.end.put_trajectory(records.encode(records.RecordKind.TRAJECTORY,
+                                             self.id_prefix | self.counter, version, arrays, m))
 
 
 def _run_batches(spec, cfg, s, progs, poll, alive, end, out) -> None:

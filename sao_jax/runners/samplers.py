@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import pathlib
 import queue
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -201,6 +202,20 @@ class SamplerPool:
     self.learner = self.transport.learner_end()
     self.group.replace_all(self._spec_maker())
     return leftovers
+
+  def stop_local(self, meta: dict) -> bool:
+    """Stops the local sampler that wrote a record with this meta (pid and host), if it is
+    one of ours: `check` then restarts it as a dead sampler (a fresh process, within
+    sao.max_sampler_restarts). Returns whether one was stopped."""
+    if meta.get("host") != socket.gethostname():
+      return False
+    for p in self.group.procs:
+      if p.pid is not None and p.pid == meta.get("pid") and p.is_alive():
+        print(f"sao: stopping quarantined {p.name} (pid {p.pid})", flush=True)
+        p.kill()
+        p.join(timeout=10)
+        return True
+    return False
 
   def __exit__(self, *exc):
     if isinstance(self.transport, KafkaSpec):

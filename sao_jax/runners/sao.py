@@ -29,9 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import sao_jax
+from sao_jax import admission, recovery
 from sao_jax import checkpoint as ckpt_lib
 from sao_jax import config as config_lib
-from sao_jax import recovery
 from sao_jax.buffer import Item, TrajectoryBuffer, batch_rows, decode_trajectory
 from sao_jax.learner import make_sao_update
 from sao_jax.metrics import MetricsWriter, peak_memory_mb
@@ -136,6 +136,11 @@ class SAOLearner:
     self.run_id = ""
     # (prompt_len, completion_len), tasks, rows: what a record must fit to be batched
     self.expect = ((s.prompt_len, rl.max_new_tokens), len(s.train), self.rows)
+    self.guard = admission.RecordGuard(
+        vocab_size=s.model.cfg.vocab_size, num_tasks=self.n_sample, counts=self.loop.counts,
+        reward_range=lambda i: s.family.reward_range(s.train[i]),
+        state_path=workdir / "published.json", window=cfg.sao.quarantine_window,
+        rate=cfg.sao.quarantine_rate)
 
   # What a subclass changes ---------------------------------------------------------------------
   def make_programs(self):
@@ -185,6 +190,7 @@ class SAOLearner:
           loop.seen_ids.add(rec.record_id)
           self.buffer.extend([Item(rec, seq, None, replayed=True)])
       loop.counts["resumes"] += 1
+      self.guard.resumed = True
       loop.counts["snapshots_skipped_corrupt"] += len(skipped)
       loop.resume_info = {"event": "resume", "from_step": loop.step,
                           "skipped_snapshots": skipped, "replay_records": len(self.buffer),
@@ -217,10 +223,13 @@ class SAOLearner:
     for data, pos in got:
       rec = decode_trajectory(data, self.pool.learner, loop.counts, self.expect)
       if rec is None:
+        self.guard.charge_malformed(data)
         continue
-      if rec.record_id in loop.seen_ids:  # redelivered: already applied or waiting
-        loop.counts["duplicates"] += 1
+      if rec.record_id in loop.seen_ids or self.guard.is_redelivery(rec.record_id):
+        loop.counts["duplicates"] += 1  # redelivered: already applied, waiting or refused
         continue
+      if not self.guard.admit(rec, data, self.pool.learner):
+        continue  # dead-lettered and counted; its task handed out again
       loop.seen_ids.add(rec.record_id)
       loop.outstanding = max(0, loop.outstanding - 1)
       loop.last_fresh, loop.stall_reports = time.time(), 0
@@ -231,8 +240,14 @@ class SAOLearner:
   def check_samplers(self) -> None:
     leftovers = self.pool.check()
     if leftovers is not None and self.cfg.transport.kind == "embedded":
-      self.loop.outstanding = 0  # the old task queue is gone; new tasks go to the new samplers
       self.ingest([(data, None) for data in leftovers])
+      self.loop.outstanding = 0  # the old task queue is gone; new tasks go to the new samplers
+      self.guard.tasks_dropped()
+
+  def hand_out(self, indices: list[int]) -> None:
+    self.pool.learner.put_tasks(indices)
+    self.guard.handed_out(indices)
+    self.loop.outstanding += len(indices)
 
   def fill(self) -> None:
     """Hands out tasks and gathers trajectories until the next batch is full. Tasks are
@@ -249,8 +264,7 @@ class SAOLearner:
     while not self.buffer.ready(loop.step):
       new = self.task_rng.choice(self.n_sample, size=max(0, target_depth - loop.outstanding),
                                  p=loop.probs)
-      self.pool.learner.put_tasks(new.tolist())
-      loop.outstanding += len(new)
+      self.hand_out(new.tolist())
       got = self.pool.learner.get_records(self.rows, timeout=0.05)
       if got:
         self.ingest(got)
@@ -328,7 +342,8 @@ class SAOLearner:
                delay_mean=float(np.mean(loop.delays[-self.rows:])) if loop.delays else None,
                learner_time=t_done - tu, trajectories=c["consumed"],
                dropped_stale=c["dropped_stale"], bad_records=c["bad_records"],
-               duplicates=c["duplicates"], nonfinite_total=c["nonfinite_skipped"],
+               duplicates=c["duplicates"], rejected=c["rejected"],
+               nonfinite_total=c["nonfinite_skipped"],
                rollbacks=c["rollbacks"], sampler_restarts=self.pool.restarts,
                train_seconds=self.clock.elapsed,
                trajectories_per_s=c["consumed"] / max(wall, 1e-9),
@@ -404,6 +419,7 @@ class SAOLearner:
 
   def publish(self) -> None:
     self.publisher.publish(self.loop.step, self.state.params)
+    self.guard.published(self.loop.step)
 
   # The loop -------------------------------------------------------------------------------
   def run(self, init: TrainState) -> tuple[TrainState, dict]:
@@ -412,6 +428,7 @@ class SAOLearner:
     self.writer.progress("sao", cfg.rl.steps or None)
     param_dir = self.workdir / "params"
     with SamplerPool(cfg, param_dir, self.run_id) as self.pool:
+      self.guard.on_quarantine = self.pool.stop_local
       if not resumed:
         self.snapshot(force=True)  # step 0: a resume before the first interval starts here
         if self.n_val:
@@ -452,7 +469,7 @@ class SAOLearner:
                 learner_peak_mb=peak_memory_mb(), seconds_per_step=info["seconds"] / max(
                     loop.step - loop.steady_from, 1),
                 sandbox_runs=loop.sandbox_runs,
-                sandbox_runs_per_s=loop.sandbox_runs / max(wall, 1e-9),
+                sandbox_runs_per_s=loop.sandbox_runs / max(wall, 1e-9), **self.guard.summary(),
                 **delay_stats(loop.delays), **length_stats(loop.lengths))
     if loop.resume_info is not None:
       info["recovery_s"] = loop.resume_info.get("recovery_s")

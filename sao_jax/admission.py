@@ -1,0 +1,317 @@
+"""The learner's door: value checks on trajectory records that passed the format checks.
+
+`sao_jax.buffer.check_trajectory` makes sure a record has the shapes the batch is compiled
+for. A record can pass it and still poison an update: a NaN log-prob turns the importance
+ratio and every gradient non-finite; a token id outside [0, V) reads past the embedding
+table; a reward outside the task's range skews the advantage of the whole batch; a policy
+version ahead of anything the learner published gets a negative staleness; a task index the
+learner never handed out is nobody's task. `value_problem` names what is wrong with one
+record (pure); `RecordGuard` applies it at the learner's door, per sampler:
+
+- a rejected record is copied to the transport's dead-letter channel with its reason,
+  counted under `rejected_<reason>` (in the learner's counts, so in every snapshot and in
+  summary.json), never journaled or trained on;
+- its task, if it was one the learner handed out and still waits for, is handed out again,
+  so no task is lost and the loop's count of tasks in flight stays true;
+- every sampler process (the random 24-bit prefix of its record ids, `source_of`) has a
+  window of its last `window` records; once that window is full and at least `rate` of it
+  was rejected, the sampler is quarantined: its records are dropped and counted
+  (`rejected_quarantined`), one line is printed, and `on_quarantine` is called with the
+  offending record's meta (the SAO learner stops a local sampler there; the pool's restart
+  supervision replaces it, within `sao.max_sampler_restarts`, as a fresh process with a
+  fresh prefix and a clean window).
+
+Tasks: the guard counts the tasks handed out and not yet answered, per index. A record for an
+index with none outstanding is `unknown_task` (a second trajectory for a task already
+answered is also refused: one trajectory per task). After a resume, records finished before
+this learner started (`t_end < started`) come from tasks an earlier incarnation handed out;
+only their index range can be checked. Such a record finished after the start is refused:
+the resumed task stream restarts from the snapshot, so its task is handed out again anyway.
+
+Versions: `published` keeps the highest version ever published in this workdir in a small
+file, so a resumed learner (whose step went back to its snapshot) still accepts records of
+the policies its crashed incarnation published, and nothing newer.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+import pathlib
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from sao_jax.config import POISON_KINDS, FaultsConfig
+from sao_jax.transport import records
+
+# Reasons, in the order they are checked.
+REASONS = ("quarantined", "unknown_task", "future_version", "nonfinite", "positive_logp",
+           "token_oov", "reward_range")
+LOGP_TOL = 1e-3  # a log-probability above this is not one (float32 rounding stays below)
+REWARD_TOL = 1e-4  # float32 sums of per-step rewards may overshoot a bound by rounding
+SOURCE_SHIFT = 40  # record ids are (random per-process prefix << 40) | counter
+
+
+def source_of(record_id: int) -> int:
+  """The sampler process that wrote a record: its record ids' random prefix."""
+  return record_id >> SOURCE_SHIFT
+
+
+def value_problem(rec: records.Record, *, vocab_size: int, reward_range: tuple[float, float],
+                  max_version: int) -> tuple[str, str] | None:
+  """(reason, detail) for the first thing wrong with a format-checked trajectory record's
+  values, or None if it may be trained on.
+
+  Checks, in order: policy version (header, and per-token `version` [S, T] on valid tokens)
+  <= `max_version`; every float array finite; `logp` [S, T] <= LOGP_TOL on valid tokens;
+  `tokens` [S, T] and `prompt` [S, P] integers in [0, vocab_size) everywhere (padding is fed
+  to the model too); meta `reward` within `reward_range` (+- REWARD_TOL)."""
+  a, m = rec.arrays, rec.meta
+  if rec.policy_version > max_version:
+    return "future_version", (f"policy version {rec.policy_version} is ahead of the newest "
+                              f"published ({max_version})")
+  if "version" in a:
+    v = a["version"][a["valid"].astype(bool)]
+    if v.size and int(v.max()) > max_version:
+      return "future_version", (f"a token of policy version {int(v.max())} is ahead of the "
+                                f"newest published ({max_version})")
+  for name, x in a.items():
+    if x.dtype.kind == "f" and not np.isfinite(x).all():
+      return "nonfinite", f"array {name!r} holds {int((~np.isfinite(x)).sum())} non-finite values"
+  logp = a["logp"][a["valid"].astype(bool)]
+  if logp.size and float(logp.max()) > LOGP_TOL:
+    return "positive_logp", f"log-probability {float(logp.max()):.4g} > 0"
+  for name in ("tokens", "prompt"):
+    x = a[name]
+    if x.dtype.kind not in "iu":
+      return "token_oov", f"array {name!r} holds {x.dtype}, not token ids"
+    if x.size and (int(x.min()) < 0 or int(x.max()) >= vocab_size):
+      return "token_oov", (f"array {name!r} holds token ids in [{int(x.min())}, "
+                           f"{int(x.max())}], outside [0, {vocab_size})")
+  lo, hi = reward_range
+  r = m["reward"]
+  if not lo - REWARD_TOL <= r <= hi + REWARD_TOL:
+    return "reward_range", f"reward {r!r} outside the task's range [{lo:g}, {hi:g}]"
+  return None
+
+
+@dataclasses.dataclass
+class _Source:
+  """One sampler process's record: the last `window` outcomes (True: rejected)."""
+
+  key: int
+  recent: collections.deque
+  accepted: int = 0
+  rejected: int = 0
+  quarantined: str = ""  # why, once quarantined
+  sampler: object = None  # meta "sampler" of its latest record (local index)
+
+
+class RecordGuard:
+  """Value checks, task and version bookkeeping, and per-sampler quarantine (module doc).
+
+  `counts` is the learner's counter (saved with its snapshots); `reward_range(i)` gives task
+  i's (low, high) total reward; task indices handed out are in [0, num_tasks).
+  `state_path` keeps the highest published version across restarts of the learner."""
+
+  def __init__(self, *, vocab_size: int, num_tasks: int,
+               reward_range: Callable[[int], tuple[float, float]],
+               counts: collections.Counter, state_path: str | pathlib.Path | None = None,
+               window: int = 50, rate: float = 0.5, resumed: bool = False,
+               started: float | None = None):
+    if window < 0 or not 0 < rate <= 1:
+      raise ValueError(f"quarantine window {window} must be >= 0 and rate {rate} in (0, 1]")
+    self.vocab_size, self.num_tasks = vocab_size, num_tasks
+    self._reward_range = reward_range
+    self._ranges: dict[int, tuple[float, float]] = {}
+    self.counts = counts
+    self.window, self.rate = window, rate
+    self.resumed = resumed
+    self.started = time.time() if started is None else started
+    self.outstanding: collections.Counter = collections.Counter()
+    self.rejected_ids: set[int] = set()
+    self.sources: dict[int, _Source] = {}
+    self.on_quarantine: Callable[[dict], None] | None = None
+    self.state_path = pathlib.Path(state_path) if state_path is not None else None
+    self.max_version = -1
+    if self.state_path is not None and self.state_path.exists():
+      try:
+        self.max_version = int(json.loads(self.state_path.read_text())["max_published"])
+      except (ValueError, KeyError, TypeError):
+        print(f"sao: {self.state_path} is unreadable; newest published version starts "
+              "from this learner's", flush=True)
+
+  # What the learner tells the guard -----------------------------------------------------------
+  def handed_out(self, indices: Sequence[int]) -> None:
+    self.outstanding.update(int(i) for i in indices)
+
+  def tasks_dropped(self) -> None:
+    """The task queue was replaced (embedded sampler restart): nothing is outstanding."""
+    self.outstanding.clear()
+
+  def published(self, version: int) -> None:
+    if version <= self.max_version:
+      return
+    self.max_version = version
+    if self.state_path is not None:
+      tmp = self.state_path.with_name(self.state_path.name + ".tmp")
+      tmp.write_text(json.dumps({"max_published": version}))
+      os.replace(tmp, self.state_path)
+
+  # The door -----------------------------------------------------------------------------------
+  def is_redelivery(self, record_id: int) -> bool:
+    """A record already refused once (a transport redelivered it): counted as a duplicate."""
+    return record_id in self.rejected_ids
+
+  def admit(self, rec: records.Record, data: bytes, learner) -> bool:
+    """Whether `rec` (format-checked, not a duplicate) may be trained on. A refused record
+    is dead-lettered on `learner` (a transport LearnerEnd) with its reason and counted; its
+    outstanding task is handed out again through `learner.put_tasks`."""
+    src = self._source(rec)
+    index = rec.meta["task_index"]
+    known = self.outstanding[index] > 0
+    problem = None
+    if src.quarantined:
+      problem = ("quarantined", f"sampler quarantined ({src.quarantined})")
+    elif not (known or self._from_earlier_learner(rec, index)):
+      problem = ("unknown_task", f"task {index} is not outstanding")
+    else:
+      problem = value_problem(rec, vocab_size=self.vocab_size, max_version=self.max_version,
+                              reward_range=self._range(index))
+    if known:
+      self.outstanding[index] -= 1
+    if problem is None:
+      self._charge(src, rec, False)
+      return True
+    reason, detail = problem
+    self.counts[f"rejected_{reason}"] += 1
+    self.counts["rejected"] += 1
+    self.rejected_ids.add(rec.record_id)
+    if self.counts[f"rejected_{reason}"] == 1:
+      print(f"sao: rejected a trajectory record ({reason}: {detail}); further ones are only "
+            f"counted (rejected_{reason}) and dead-lettered", flush=True)
+    learner.dead_letter(data, f"{reason}: {detail}")
+    if known:  # its task is still to be done
+      learner.put_tasks([index])
+      self.outstanding[index] += 1
+      self.counts["reissued_tasks"] += 1
+    if reason != "quarantined":
+      self._charge(src, rec, True)
+    return False
+
+  def charge_malformed(self, data: bytes) -> None:
+    """A record that failed decoding or the format checks counts against its sampler when
+    its header names one (unverified: a damaged header charges some other id, once)."""
+    try:
+      header = records.peek_header(data)
+    except records.RecordError:
+      return
+    src = self.sources.get(source_of(header.record_id))
+    if src is not None and not src.quarantined:
+      self._charge(src, None, True)
+
+  def summary(self) -> dict:
+    """What summary.json reports: rejected records by reason, reissued tasks, and each
+    sampler that had records rejected."""
+    c = self.counts
+    return {"rejected": {r: c[f"rejected_{r}"] for r in REASONS},
+            "rejected_total": c["rejected"], "reissued_tasks": c["reissued_tasks"],
+            "quarantined_samplers": sum(bool(s.quarantined) for s in self.sources.values()),
+            "samplers_with_rejects": {
+                f"{k:06x}": {"accepted": s.accepted, "rejected": s.rejected,
+                             "quarantined": s.quarantined or None, "sampler": s.sampler}
+                for k, s in self.sources.items() if s.rejected or s.quarantined}}
+
+  # Internals ----------------------------------------------------------------------------------
+  def _source(self, rec: records.Record) -> _Source:
+    key = source_of(rec.record_id)
+    src = self.sources.get(key)
+    if src is None:
+      src = self.sources[key] = _Source(key, collections.deque(maxlen=max(self.window, 1)))
+    src.sampler = rec.meta.get("sampler")
+    return src
+
+  def _from_earlier_learner(self, rec: records.Record, index: int) -> bool:
+    return self.resumed and rec.meta["t_end"] < self.started and 0 <= index < self.num_tasks
+
+  def _range(self, index: int) -> tuple[float, float]:
+    if index not in self._ranges:
+      self._ranges[index] = self._reward_range(index)
+    return self._ranges[index]
+
+  def _charge(self, src: _Source, rec: records.Record | None, rejected: bool) -> None:
+    if rejected:
+      src.rejected += 1
+    else:
+      src.accepted += 1
+    if not self.window:
+      return
+    src.recent.append(rejected)
+    bad = sum(src.recent)
+    if len(src.recent) == self.window and bad >= self.rate * self.window:
+      src.quarantined = f"{bad} of its last {self.window} records rejected"
+      self.counts["quarantined_samplers"] += 1
+      meta = rec.meta if rec is not None else {}
+      where = (f"local sampler {meta.get('sampler')}, pid {meta.get('pid')}"
+               if "pid" in meta else f"sampler {meta.get('sampler', '?')}")
+      print(f"sao: quarantined sampler {src.key:06x} ({where}): {src.quarantined}; its records "
+            "are dropped from now on (rejected_quarantined)", flush=True)
+      if self.on_quarantine is not None:
+        self.on_quarantine(dict(meta))
+
+
+def poison(kind: str, arrays: dict[str, np.ndarray], meta: dict, policy_version: int, *,
+           vocab_size: int, reward_high: float, unknown_task: int
+           ) -> tuple[dict[str, np.ndarray], dict, int]:
+  """A copy of a trajectory record's (arrays, meta, policy version) that passes the format
+  checks and is rejected at the door with reason `kind` (one of POISON_KINDS): a NaN
+  behaviour log-prob, a token id past the vocabulary, a total reward above the task's range,
+  a policy version 10^6 ahead, or task index `unknown_task` (one never handed out, e.g. in
+  the validation tail)."""
+  a, m = {k: np.array(v) for k, v in arrays.items()}, dict(meta)
+  if kind == "nonfinite":
+    a["logp"][0, 0] = np.nan
+  elif kind == "token_oov":
+    a["tokens"][0, 0] = vocab_size + 7
+  elif kind == "reward_range":
+    m["reward"] = float(reward_high) + 1.0
+  elif kind == "future_version":
+    policy_version += 10**6
+    if "version" in a:
+      a["version"] = np.where(a["valid"], a["version"] + 10**6, a["version"])
+  elif kind == "unknown_task":
+    m["task_index"] = int(unknown_task)
+  else:
+    raise ValueError(f"unknown poison kind {kind!r}; known: {', '.join(POISON_KINDS)}")
+  return a, m, policy_version
+
+
+class Poisoner:
+  """Fault injection in a sampler (`faults.poison_*`): with every `poison_every`-th record,
+  one poisoned record of the next kind (round robin) until `poison_records` of each are sent.
+  A poisoned record replaces the clean one (its task is handed out again when it is refused),
+  except `unknown_task`, which is an extra copy (the clean record answers the task)."""
+
+  def __init__(self, faults: FaultsConfig, *, vocab_size: int,
+               reward_high: Callable[[int], float], unknown_task: int):
+    self.kinds, self.every = tuple(faults.poison_kinds), faults.poison_every
+    self.left = {k: faults.poison_records for k in self.kinds}
+    self.vocab_size, self.reward_high, self.unknown_task = vocab_size, reward_high, unknown_task
+    self.seen = 0
+    self.sent: collections.Counter = collections.Counter()
+
+  def __call__(self, arrays: dict, meta: dict, version: int) -> list[tuple[dict, dict, int]]:
+    """What to send in place of this clean record: [(arrays, meta, policy version)]."""
+    self.seen += 1
+    todo = [k for k in self.kinds if self.left[k]]
+    if not todo or self.seen % self.every:
+      return [(arrays, meta, version)]
+    kind = todo[self.sent.total() % len(todo)]
+    self.left[kind] -= 1
+    self.sent[kind] += 1
+    bad = poison(kind, arrays, meta, version, vocab_size=self.vocab_size,
+                 reward_high=self.reward_high(meta["task_index"]), unknown_task=self.unknown_task)
+    return [(arrays, meta, version), bad] if kind == "unknown_task" else [bad]

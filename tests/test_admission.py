@@ -1,0 +1,270 @@
+"""Poisoned trajectory records at the learner's door (sao_jax.admission): each kind is
+rejected by reason, dead-lettered, never buffered, its task handed out again; a sampler that
+keeps sending them is quarantined. The ingest path is the SAO learner's own
+(`SAOLearner.ingest`), over the embedded and the Kafka transport."""
+import collections
+import multiprocessing as mp
+import socket
+import time
+import types
+import uuid
+
+import numpy as np
+import pytest
+
+from sao_jax import admission, config
+from sao_jax.buffer import TrajectoryBuffer
+from sao_jax.runners.sao import LoopState, SAOLearner
+from sao_jax.transport import records
+from sao_jax.transport.base import EmbeddedSpec
+from sao_jax.transport.kafka import KafkaSpec
+
+S, P, T, V, N_TASKS = 1, 8, 6, 20, 10
+EXPECT = ((P, T), N_TASKS + 2, 16)  # two more tasks than are sampled: a validation tail
+
+
+def _clean(task=3, version=2):
+  arrays = {"prompt": np.full((S, P), 4, np.int32), "prompt_valid": np.ones((S, P), bool),
+            "tokens": np.full((S, T), 5, np.int32),
+            "valid": np.arange(T)[None] < 4, "logp": np.full((S, T), -0.5, np.float32),
+            "rewards": np.ones(S, np.float32), "step_seconds": np.zeros(S, np.float32)}
+  arrays["logp"][:, 4:] = 0.0
+  arrays["version"] = np.where(arrays["valid"], version, -1).astype(np.int32)
+  return arrays, {"task_index": task, "reward": 1.0, "t_end": time.time(), "sampler": 0}, version
+
+
+class _Source:
+  """Encodes records as one sampler process would (its own random id prefix)."""
+
+  def __init__(self, prefix):
+    self.prefix, self.n = prefix << admission.SOURCE_SHIFT, 0
+
+  def encode(self, arrays, meta, version):
+    self.n += 1
+    return records.encode(records.RecordKind.TRAJECTORY, self.prefix | self.n, version, arrays,
+                          meta)
+
+
+def _poisoned(kind, task=3):
+  return admission.poison(kind, *_clean(task), vocab_size=V, reward_high=1.0,
+                          unknown_task=N_TASKS + 1)
+
+
+def _learner(end, tmp_path, window=0, rate=0.5):
+  """Just what SAOLearner.ingest touches, with a real guard, buffer and counters."""
+  loop = LoopState()
+  guard = admission.RecordGuard(vocab_size=V, num_tasks=N_TASKS, counts=loop.counts,
+                                reward_range=lambda i: (0.0, 1.0), window=window, rate=rate,
+                                state_path=tmp_path / "published.json")
+  guard.published(2)
+
+  class Journal:
+    next_seq = 0
+
+    def append(self, datas):
+      first, self.next_seq = self.next_seq, self.next_seq + len(datas)
+      return first
+
+  return types.SimpleNamespace(loop=loop, guard=guard, pool=types.SimpleNamespace(learner=end),
+                               expect=EXPECT, journal=Journal(), buffer=TrajectoryBuffer(16, 4))
+
+
+def test_value_problem_names_each_poison_and_passes_a_clean_record():
+  kw = dict(vocab_size=V, reward_range=(0.0, 1.0), max_version=2)
+  rec = records.decode(_Source(1).encode(*_clean()))
+  assert admission.value_problem(rec, **kw) is None
+  for kind in ("nonfinite", "token_oov", "reward_range", "future_version"):
+    bad = records.decode(_Source(1).encode(*_poisoned(kind)))
+    assert admission.value_problem(bad, **kw)[0] == kind
+  a, m, v = _clean()
+  a["logp"][0, 1] = 0.7  # a log-probability above zero
+  assert admission.value_problem(records.decode(_Source(1).encode(a, m, v)), **kw)[0] == \
+      "positive_logp"
+  a, m, v = _clean()
+  a["prompt"][0, 0] = -1  # padding positions are checked too: the model embeds them
+  assert admission.value_problem(records.decode(_Source(1).encode(a, m, v)), **kw)[0] == \
+      "token_oov"
+  m["reward"] = 1.0 + admission.REWARD_TOL / 2  # float32 rounding of a sum is not poison
+  a["prompt"][0, 0] = 0
+  assert admission.value_problem(records.decode(_Source(1).encode(a, m, v)), **kw) is None
+
+
+@pytest.fixture(params=["embedded", "kafka"])
+def transport(request):
+  """(learner end, sampler end, dead-letter reasons so far) of a fresh transport (Kafka: one
+  partition, so records arrive in the order sent, as on the embedded queue)."""
+  if request.param == "embedded":
+    spec = EmbeddedSpec(mp.get_context("spawn"))
+    learner, sampler, dead = spec.learner_end(), spec.sampler_end(), []
+    real = learner.dead_letter
+
+    def dead_letter(data, reason):
+      dead.append(reason)
+      real(data, reason)
+    learner.dead_letter = dead_letter
+    yield learner, sampler, lambda: dead
+    spec.close()
+    return
+  from kafka import KafkaConsumer, TopicPartition
+  broker = request.getfixturevalue("kafka_broker")
+  spec = KafkaSpec(bootstrap=broker.bootstrap, run_id=uuid.uuid4().hex[:8], partitions=1)
+  spec.create_topics()
+  learner, sampler = spec.learner_end(), spec.sampler_end()
+  dlq = KafkaConsumer(bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest",
+                      fetch_max_wait_ms=25, enable_auto_commit=False)
+  dlq.assign([TopicPartition(spec.topic("dead-letter"), 0)])
+  got = []
+
+  def dead():
+    learner.producer.flush()
+    deadline = time.time() + 10
+    while time.time() < deadline:
+      got.extend(dict(r.headers)["reason"].decode()
+                 for recs in dlq.poll(200).values() for r in recs)
+      if not dlq.poll(100):
+        break
+    return got
+  try:
+    yield learner, sampler, dead
+  finally:
+    dlq.close()
+    sampler.close()
+    learner.close()
+
+
+def _deliver(learner, sampler, datas):
+  for d in datas:
+    sampler.put_trajectory(d)
+  sampler.flush()
+  got, deadline = [], time.time() + 20
+  while len(got) < len(datas) and time.time() < deadline:
+    got += learner.get_records(100, timeout=0.2)
+  assert len(got) == len(datas)
+  return got
+
+
+def test_each_poison_kind_is_rejected_by_reason_and_its_task_handed_out_again(transport,
+                                                                              tmp_path):
+  end, sampler, dead = transport
+  self = _learner(end, tmp_path)
+  SAOLearner.hand_out(self, list(range(N_TASKS)))
+  src = _Source(7)
+  kinds = ["nonfinite", "token_oov", "reward_range", "future_version", "unknown_task"]
+  datas = [src.encode(*_poisoned(k, task=i)) for i, k in enumerate(kinds)]
+  datas.append(src.encode(*_clean(task=6)))
+  got = _deliver(end, sampler, datas)
+  SAOLearner.ingest(self, got)
+  SAOLearner.ingest(self, got[:2])  # redelivered by the transport: duplicates, not re-checked
+  c = self.loop.counts
+  assert [c[f"rejected_{k}"] for k in kinds] == [1] * 5 and c["rejected"] == 5
+  assert c["duplicates"] == 2 and c["bad_records"] == 0
+  # Only the clean record reaches the buffer (and the journal).
+  assert [it.rec.meta["task_index"] for it in self.buffer] == [6] and self.journal.next_seq == 1
+  assert sorted(r.split(":")[0] for r in dead()) == sorted(kinds)
+  # Tasks 0..3 (refused records of handed-out tasks) are out again; the never-handed-out
+  # task of the unknown_task record is not; task 6 is answered.
+  assert c["reissued_tasks"] == 4
+  assert self.guard.outstanding == collections.Counter({i: 1 for i in range(N_TASKS) if i != 6})
+  assert self.loop.outstanding == N_TASKS - 1
+  tasks, deadline = [], time.time() + 20
+  while len(tasks) < N_TASKS + 4 and time.time() < deadline:
+    tasks += sampler.get_tasks(20, 0.5)
+  assert collections.Counter(tasks) == collections.Counter(list(range(N_TASKS)) + [0, 1, 2, 3])
+  summary = self.guard.summary()
+  assert summary["rejected"]["unknown_task"] == 1 and summary["rejected_total"] == 5
+
+
+def test_a_sampler_that_keeps_failing_is_quarantined_and_stopped(transport, tmp_path):
+  end, sampler, dead = transport
+  self = _learner(end, tmp_path, window=4, rate=0.5)
+  stopped = []
+  self.guard.on_quarantine = stopped.append
+  SAOLearner.hand_out(self, list(range(N_TASKS)) * 2)
+  rogue, good = _Source(11), _Source(12)
+  datas = []
+  for i in range(4):  # two of the rogue's first four records are poisoned: quarantined
+    a, m, v = _poisoned("nonfinite", task=i) if i % 2 else _clean(task=i)
+    datas.append(rogue.encode(a, dict(m, pid=4321, host="elsewhere"), v))
+  datas += [rogue.encode(*_clean(task=5)), good.encode(*_clean(task=6))]
+  for i in range(3):  # one rejection in four keeps a sampler in the run
+    datas.append(good.encode(*(_poisoned("token_oov", task=7) if i == 0 else _clean(task=8))))
+  SAOLearner.ingest(self, _deliver(end, sampler, datas))
+  c = self.loop.counts
+  assert c["quarantined_samplers"] == 1 and c["rejected_quarantined"] == 1
+  assert c["rejected_nonfinite"] == 2 and c["rejected_token_oov"] == 1
+  assert [m.get("pid") for m in stopped] == [4321]  # told once, with the record's meta
+  buffered = [(admission.source_of(it.rec.record_id), it.rec.meta["task_index"])
+              for it in self.buffer]
+  assert buffered == [(11, 0), (11, 2), (12, 6), (12, 8), (12, 8)]
+  s = self.guard.summary()["samplers_with_rejects"]
+  assert s[f"{11:06x}"]["quarantined"] and s[f"{12:06x}"]["quarantined"] is None
+  assert len(dead()) == 4
+
+
+def test_a_resumed_learner_keeps_the_published_high_water_and_earlier_tasks(tmp_path):
+  counts = collections.Counter()
+  kw = dict(vocab_size=V, num_tasks=N_TASKS, reward_range=lambda i: (0.0, 1.0),
+            state_path=tmp_path / "published.json")
+  first = admission.RecordGuard(counts=counts, **kw)
+  for v in (0, 5, 9):
+    first.published(v)
+  # Resumed from the snapshot of step 5: the crashed learner had published up to 9.
+  t0 = time.time()
+  second = admission.RecordGuard(counts=counts, resumed=True, started=t0, **kw)
+  second.published(5)
+  assert second.max_version == 9
+
+  class End:
+    def dead_letter(self, data, reason):
+      pass
+
+    def put_tasks(self, indices):
+      raise AssertionError("not this learner's task")
+
+  def rec(task, version, t_end):
+    a, m, _ = _clean(task, version)
+    data = _Source(3).encode(a, dict(m, t_end=t_end), version)
+    return records.decode(data), data
+
+  # Made by the crashed incarnation before this one started: only the range is checked.
+  assert second.admit(*rec(4, 9, t0 - 1), End())
+  assert not second.admit(*rec(4, 10, t0 - 1), End())  # newer than anything published
+  assert not second.admit(*rec(4, 9, t0 + 1), End())  # finished after the start: not ours
+  assert not second.admit(*rec(N_TASKS, 1, t0 - 1), End())  # the validation tail: never out
+  assert counts["rejected_future_version"] == 1 and counts["rejected_unknown_task"] == 2
+
+
+def test_stop_local_kills_only_our_own_quarantined_sampler():
+  from sao_jax.runners.samplers import SamplerPool
+  ctx = mp.get_context("spawn")
+  p = ctx.Process(target=time.sleep, args=(60,), daemon=True)
+  p.start()
+  try:
+    pool = SamplerPool.__new__(SamplerPool)
+    pool.group = types.SimpleNamespace(procs=[p])
+    assert not pool.stop_local({"pid": p.pid, "host": "another-machine"})
+    assert not pool.stop_local({"pid": -5, "host": socket.gethostname()})
+    assert p.is_alive()
+    assert pool.stop_local({"pid": p.pid, "host": socket.gethostname()})
+    assert not p.is_alive() and p.exitcode == -9  # a dead sampler: supervision restarts it
+  finally:
+    if p.is_alive():
+      p.kill()
+    p.join()
+
+
+def test_poisoner_sends_each_kind_as_configured():
+  faults = config.FaultsConfig(poison_kinds=("nonfinite", "unknown_task"), poison_records=2,
+                               poison_every=2)
+  pz = admission.Poisoner(faults, vocab_size=V, reward_high=lambda i: 1.0,
+                          unknown_task=N_TASKS + 1)
+  out = [pz(*_clean(task=i)) for i in range(12)]
+  assert [len(o) for o in out] == [1, 1, 1, 2, 1, 1, 1, 2, 1, 1, 1, 1]
+  assert pz.sent == {"nonfinite": 2, "unknown_task": 2}
+  assert np.isnan(out[1][0][0]["logp"]).any() and out[3][1][1]["task_index"] == N_TASKS + 1
+  with pytest.raises(config.ConfigError, match="poison_kinds"):
+    config.FaultsConfig(poison_kinds=("typo",))
+  with pytest.raises(config.ConfigError, match="quarantine_rate"):
+    config.SAOConfig(quarantine_rate=0.0)
+  with pytest.raises(config.ConfigError, match="quarantine_window"):
+    config.SAOConfig(quarantine_window=-1)
