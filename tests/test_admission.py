@@ -268,3 +268,38 @@ def test_poisoner_sends_each_kind_as_configured():
     config.SAOConfig(quarantine_rate=0.0)
   with pytest.raises(config.ConfigError, match="quarantine_window"):
     config.SAOConfig(quarantine_window=-1)
+
+
+@pytest.mark.slow
+def test_a_live_run_rejects_every_injected_poison_and_trains(repo_root, tmp_path):
+  """Sampler 0 of a tiny SAO run sends a poisoned record of each kind among its real ones
+  (faults.poison_*): the run finishes, rejects exactly those by reason, and never takes a
+  non-finite update or rolls back."""
+  import json
+  import math
+  import subprocess
+  import sys
+
+  from conftest import subprocess_env
+
+  from sao_jax.metrics import read_jsonl
+  kinds = config.POISON_KINDS
+  cmd = [sys.executable, "-m", "sao_jax.cli", "train", "--config",
+         "experiments/configs/sao_arith.py:tiny", "--workdir", str(tmp_path / "w"),
+         "--no-progress", "--set", "rl.steps=6", "--set", f"faults.poison_kinds={kinds!r}",
+         "--set", "faults.poison_records=1", "--set", "log_every=1", "--set", "sft.steps=2",
+         "--set", "eval.num_problems=16", "--set", "sao.num_samplers=1"]
+  proc = subprocess.run(cmd, cwd=repo_root, env=subprocess_env(), capture_output=True,
+                        text=True, timeout=300)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  rl = json.loads((tmp_path / "w" / "summary.json").read_text())["rl"]
+  assert rl["steps"] == 6
+  assert {k: rl["rejected"][k] for k in kinds} == {k: 1 for k in kinds}, rl["rejected"]
+  assert rl["rejected_total"] == len(kinds) and rl["quarantined_samplers"] == 0
+  assert rl["reissued_tasks"] == len(kinds) - 1  # all but the unknown task's
+  assert rl["nonfinite_skipped"] == 0 and rl["rollbacks"] == 0 and rl["bad_records"] == 0
+  rows = [r for r in read_jsonl(tmp_path / "w" / "metrics.jsonl") if r["phase"] == "rl"
+          and "loss" in r]
+  assert len(rows) == 6 and all(math.isfinite(r[k]) for r in rows
+                                  for k in ("loss", "grad_norm", "reward"))
+  assert "rejected a trajectory record (nonfinite" in proc.stdout + proc.stderr
