@@ -5,7 +5,11 @@ params, onto whatever sharding the caller asks for.
 A snapshot is written asynchronously into a temporary folder and renamed when complete, so
 a crash mid-write leaves no half snapshot behind (leftover temporaries are cleaned up when
 the next manager opens). A complete but corrupt snapshot (damaged files) is detected on
-restore: `restore_latest_valid` warns and falls back to the previous one. The `meta` item
+restore: `restore_latest_valid` warns and falls back to the previous one. Damage that still
+decodes (a few flipped bytes inside a compressed array file restore silently to other
+values) is caught by content checksums: `save` writes the CRC32C of every array's bytes
+into `meta`, and every restore recomputes and compares them (`DamagedSnapshot`). Shadow
+snapshots carry theirs in a `sums` item. The `meta` item
 (JSON) holds the resolved config and the run's stream positions (task sampler state,
 journal position, transport offsets, clock), so a resumed run continues where it stopped.
 """
@@ -15,13 +19,46 @@ import pathlib
 import warnings
 from typing import Any
 
+import crc32c
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from sao_jax import config as config_lib
 from sao_jax.learner import TrainState
 
 BEST_METRIC = "val_accuracy"
+
+
+class DamagedSnapshot(RuntimeError):
+  """A snapshot restored, but its arrays differ from the checksums written with it."""
+
+
+def checksums(tree) -> dict[str, str] | None:
+  """Per array of `tree` (keyed by its path): dtype, shape and CRC32C of its bytes. None when
+  an array is not fully addressable from this process (a multi-host learner): each process
+  would see only its shards, so there is nothing whole to sum."""
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  if any(isinstance(x, jax.Array) and not x.is_fully_addressable for _, x in leaves):
+    return None
+  out = {}
+  for path, x in leaves:
+    a = np.ascontiguousarray(jax.device_get(x))
+    crc = crc32c.crc32c(a.tobytes())
+    out[jax.tree_util.keystr(path)] = f"{a.dtype.str}{list(a.shape)}:{crc:08x}"
+  return out
+
+
+def verify(tree, expected: dict[str, str] | None, what: str) -> None:
+  """Raises DamagedSnapshot unless `tree` matches the `checksums` written at save time
+  (nothing to compare when the snapshot has none, e.g. one written by older code)."""
+  got = checksums(tree) if expected is not None else None
+  if got is None:
+    return
+  bad = sorted(k for k in set(expected) | set(got) if expected.get(k) != got.get(k))
+  if bad:
+    raise DamagedSnapshot(f"{what}: {len(bad)} of {len(expected)} arrays differ from the "
+                          f"checksums written with the snapshot (e.g. {bad[:3]})")
 
 
 def manager(directory: str | pathlib.Path, *, every: int = 100, keep: int = 3,
@@ -49,10 +86,12 @@ def save(mngr: ocp.CheckpointManager, state: TrainState, cfg: config_lib.Config,
   if not force and not mngr.should_save(step):
     return False
   rest = _rest(state)
+  sums = {"params": checksums(state.params), "rest": checksums(rest)}
   return mngr.save(step, force=force, metrics=metrics, args=ocp.args.Composite(
       params=ocp.args.StandardSave(state.params),
       rest=ocp.args.StandardSave(rest),
-      meta=ocp.args.JsonSave({"config": config_lib.to_dict(cfg), **(meta or {})})))
+      meta=ocp.args.JsonSave({"config": config_lib.to_dict(cfg), **(meta or {}),
+                              "checksums": sums})))
 
 
 def _rest(state: TrainState) -> dict:
@@ -77,6 +116,9 @@ def restore_state(mngr: ocp.CheckpointManager, like: TrainState, step: int | Non
       params=ocp.args.StandardRestore(_abstract(like.params)),
       rest=ocp.args.StandardRestore(_abstract(_rest(like))),
       meta=ocp.args.JsonRestore()))
+  sums = out["meta"].get("checksums", {})
+  verify(out["params"], sums.get("params"), f"snapshot step {step} params")
+  verify(out["rest"], sums.get("rest"), f"snapshot step {step} optimizer state")
   rest = out["rest"]
   state = like.replace(step=rest["step"], params=out["params"], opt_state=rest["opt_state"],
                        rng=jax.random.wrap_key_data(rest["rng"]),
@@ -138,6 +180,8 @@ def restore_params(directory: str | pathlib.Path, like_params, step: int | None 
   out = mngr.restore(step, args=ocp.args.Composite(
       params=ocp.args.StandardRestore(_abstract(like_params)), meta=ocp.args.JsonRestore()))
   mngr.close()
+  verify(out["params"], out["meta"].get("checksums", {}).get("params"),
+         f"snapshot step {step} params in {directory}")
   return out["params"], step, dict(out["meta"])
 
 
@@ -168,7 +212,8 @@ class ShadowBank:
     if step in self.mngr.all_steps():
       self.mngr.delete(step)
     self.mngr.save(step, metrics={BEST_METRIC: val_accuracy}, force=True, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(params)))
+        params=ocp.args.StandardSave(params),
+        sums=ocp.args.JsonSave({"params": checksums(params)})))
     self.mngr.wait_until_finished()
     kept = set(self.mngr.all_steps())
     self.scores = {s: v for s, v in {**self.scores, step: val_accuracy}.items() if s in kept}
@@ -180,9 +225,29 @@ class ShadowBank:
     return step, self.scores[step]
 
   def restore(self, step: int, like_params):
-    out = self.mngr.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(_abstract(like_params))))
+    """The shadow of `step`, checked against its checksums (DamagedSnapshot)."""
+    with_sums = (pathlib.Path(self.mngr.directory) / str(step) / "sums").exists()
+    items = dict(params=ocp.args.StandardRestore(_abstract(like_params)))
+    if with_sums:
+      items["sums"] = ocp.args.JsonRestore()
+    out = self.mngr.restore(step, args=ocp.args.Composite(**items))
+    if with_sums:
+      verify(out["params"], out["sums"].get("params"), f"shadow step {step}")
     return out["params"]
+
+  def restore_best(self, like_params) -> tuple[int, float, Any] | None:
+    """(step, validation accuracy, params) of the best shadow that restores intact. A damaged
+    one is reported, moved aside (see `restore_latest_valid`) and the next best tried."""
+    while (best := self.best()) is not None:
+      try:
+        return best[0], best[1], self.restore(best[0], like_params)
+      except Exception as err:  # noqa: BLE001 - any failure to read means: not usable
+        del self.scores[best[0]]
+        aside = _move_aside(self.mngr, best[0])
+        warnings.warn(f"shadow step {best[0]} is unreadable ({type(err).__name__}: "
+                      f"{str(err)[:200]}); moved to {aside}; trying the next best",
+                      RuntimeWarning, stacklevel=2)
+    return None
 
   def close(self) -> None:
     self.mngr.close()

@@ -396,12 +396,14 @@ class SAOLearner:
     """Back to the best shadow's params with a fresh optimizer and the step size times
     recovery.lr_decay; samplers get the restored policy at once."""
     loop, rcfg = self.loop, self.cfg.recovery
-    best = self.shadows.best()
     if loop.counts["rollbacks"] >= rcfg.max_rollbacks:
       raise RuntimeError(f"SAO learner: {reason}, and the run already rolled back "
                          f"{loop.counts['rollbacks']} times (recovery.max_rollbacks); stopping")
+    best = self.shadows.restore_best(self.state.params)
+    if best is None:
+      raise RuntimeError(f"SAO learner: {reason}, and no shadow is left to roll back to")
     loop.counts["rollbacks"] += 1
-    params = self.shadows.restore(best[0], self.state.params)
+    params = best[2]
     lr_scale = float(jax.device_get(self.state.lr_scale)) * rcfg.lr_decay
     reset = self.progs.init(jax.random.key(self.cfg.seed + 7 + loop.counts["rollbacks"]))
     st = self.state

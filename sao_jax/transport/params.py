@@ -2,17 +2,24 @@
 
 Versions are written as `.npz` files (arrays only, loaded with allow_pickle=False) into a
 directory, each by write-to-temp then atomic rename, and announced by rewriting `LATEST`
-(JSON: version, file) atomically. A directory on shared storage therefore works across
-machines as it does across processes; readers never see a half-written file.
+(JSON: version, file, CRC32C of the file, and the same for the older versions still kept)
+atomically. A directory on shared storage therefore works across machines as it does across
+processes; readers never see a half-written file. A file whose bytes changed after it was
+written (a storage fault) fails its checksum: the reader reports it once and takes the
+newest intact version instead (or keeps the one it has).
 """
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import pathlib
 import tempfile
+import warnings
+import zipfile
 
+import crc32c
 import jax
 import numpy as np
 
@@ -48,33 +55,63 @@ class ParamPublisher:
     self.dir = pathlib.Path(directory)
     self.dir.mkdir(parents=True, exist_ok=True)
     self.keep = keep
-    self._published: list[pathlib.Path] = []
+    self._published: list[dict] = []  # {"version", "file", "crc32c"}, oldest first
 
   def publish(self, version: int, params) -> None:
-    flat = flatten(jax.device_get(params))
+    buf = io.BytesIO()
+    np.savez(buf, **flatten(jax.device_get(params)))
+    data = buf.getvalue()
     path = self.dir / f"params_v{version:08d}.npz"
-    _atomic_write(path, lambda f: np.savez(f, **flat))
-    _atomic_write(self.dir / "LATEST",
-                  lambda f: f.write(json.dumps({"version": version, "file": path.name}).encode()))
-    self._published.append(path)
+    _atomic_write(path, lambda f: f.write(data))
+    self._published.append({"version": version, "file": path.name,
+                            "crc32c": crc32c.crc32c(data)})
     # Older files stay a while: a sampler may be reading the previous version right now.
     while len(self._published) > self.keep:
-      self._published.pop(0).unlink(missing_ok=True)
+      (self.dir / self._published.pop(0)["file"]).unlink(missing_ok=True)
+    announce = dict(self._published[-1], previous=self._published[-2::-1])
+    _atomic_write(self.dir / "LATEST", lambda f: f.write(json.dumps(announce).encode()))
 
 
 class ParamSubscriber:
   def __init__(self, directory: str | pathlib.Path):
     self.dir = pathlib.Path(directory)
+    self.damaged: set[str] = set()  # files that failed their checksum (reported once)
 
   def poll(self, current: int) -> tuple[int, dict[str, np.ndarray]] | None:
     """(version, flat arrays) if a version other than `current` is announced, else None.
     Not only newer ones: a learner that resumed from a snapshot, or rolled back, announces
-    an older version, and its samplers must follow it."""
+    an older version, and its samplers must follow it. If the announced file is damaged,
+    the newest intact one still kept is taken instead (None if that is `current`)."""
     try:
       latest = json.loads((self.dir / "LATEST").read_text())
       if int(latest["version"]) == current:
         return None
-      with np.load(self.dir / latest["file"], allow_pickle=False) as z:
-        return int(latest["version"]), {k: z[k] for k in z.files}
+      for entry in [latest, *latest.get("previous", [])]:
+        if int(entry["version"]) == current:
+          return None  # the newest intact version is the one the reader has
+        got = self._load(entry)
+        if got is not None:
+          return int(entry["version"]), got
+      return None
     except (FileNotFoundError, json.JSONDecodeError, KeyError):
       return None  # announced file already rotated away: the next poll sees a newer one
+
+  def _load(self, entry: dict) -> dict[str, np.ndarray] | None:
+    """The arrays of one announced file, or None (reported once) if its bytes are damaged."""
+    name = entry["file"]
+    if name in self.damaged:
+      return None
+    data = (self.dir / name).read_bytes()
+    why = None
+    if "crc32c" in entry and crc32c.crc32c(data) != entry["crc32c"]:
+      why = "checksum mismatch"
+    else:
+      try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+          return {k: z[k] for k in z.files}
+      except (zipfile.BadZipFile, ValueError, OSError, EOFError) as err:
+        why = f"{type(err).__name__}: {err}"
+    self.damaged.add(name)
+    warnings.warn(f"published parameters {self.dir / name} are damaged ({why}); using the "
+                  "newest intact version instead", RuntimeWarning, stacklevel=3)
+    return None
