@@ -21,12 +21,16 @@ record (pure); `RecordGuard` applies it at the learner's door, per sampler:
   supervision replaces it, within `sao.max_sampler_restarts`, as a fresh process with a
   fresh prefix and a clean window).
 
-Tasks: the guard counts the tasks handed out and not yet answered, per index. A record for an
-index with none outstanding is `unknown_task` (a second trajectory for a task already
-answered is also refused: one trajectory per task). After a resume, records finished before
-this learner started (`t_end < started`) come from tasks an earlier incarnation handed out;
-only their index range can be checked. Such a record finished after the start is refused:
-the resumed task stream restarts from the snapshot, so its task is handed out again anyway.
+Tasks: the guard counts the tasks handed out and not yet answered, per index, and remembers
+which indices it ever handed out. A record for an index this learner never handed out is
+`unknown_task`. One for an index handed out before but not outstanding now is a task that a
+transport gave to two samplers (Kafka hands a sampler's unacknowledged tasks to another on a
+group rebalance or a sampler restart): a real trajectory, trained on as before this check
+existed, and counted (`task_redelivered`), not charged to its sampler. After a resume,
+records finished before this learner started (`t_end < started`) come from tasks an earlier
+incarnation handed out; only their index range can be checked. Such a record finished after
+the start is accepted only if this learner has handed its index out as well (the resumed
+task stream restarts from the snapshot, so it usually has).
 
 Versions: `published` keeps the highest version ever published in this workdir in a small
 file, so a resumed learner (whose step went back to its snapshot) still accepts records of
@@ -132,6 +136,7 @@ class RecordGuard:
     self.resumed = resumed
     self.started = time.time() if started is None else started
     self.outstanding: collections.Counter = collections.Counter()
+    self.ever = np.zeros(num_tasks, bool)  # handed out at least once by this learner
     self.rejected_ids: set[int] = set()
     self.sources: dict[int, _Source] = {}
     self.on_quarantine: Callable[[dict], None] | None = None
@@ -146,7 +151,9 @@ class RecordGuard:
 
   # What the learner tells the guard -----------------------------------------------------------
   def handed_out(self, indices: Sequence[int]) -> None:
-    self.outstanding.update(int(i) for i in indices)
+    indices = [int(i) for i in indices]
+    self.outstanding.update(indices)
+    self.ever[[i for i in indices if 0 <= i < self.num_tasks]] = True
 
   def tasks_dropped(self) -> None:
     """The task queue was replaced (embedded sampler restart): nothing is outstanding."""
@@ -176,14 +183,16 @@ class RecordGuard:
     problem = None
     if src.quarantined:
       problem = ("quarantined", f"sampler quarantined ({src.quarantined})")
-    elif not (known or self._from_earlier_learner(rec, index)):
-      problem = ("unknown_task", f"task {index} is not outstanding")
+    elif not (known or self._handed_out_before(index) or self._from_earlier_learner(rec, index)):
+      problem = ("unknown_task", f"task {index} was never handed out")
     else:
       problem = value_problem(rec, vocab_size=self.vocab_size, max_version=self.max_version,
                               reward_range=self._range(index))
     if known:
       self.outstanding[index] -= 1
     if problem is None:
+      if not known:
+        self.counts["task_redelivered"] += 1
       self._charge(src, rec, False)
       return True
     reason, detail = problem
@@ -219,6 +228,7 @@ class RecordGuard:
     c = self.counts
     return {"rejected": {r: c[f"rejected_{r}"] for r in REASONS},
             "rejected_total": c["rejected"], "reissued_tasks": c["reissued_tasks"],
+            "task_redelivered": c["task_redelivered"],
             "quarantined_samplers": sum(bool(s.quarantined) for s in self.sources.values()),
             "samplers_with_rejects": {
                 f"{k:06x}": {"accepted": s.accepted, "rejected": s.rejected,
@@ -233,6 +243,9 @@ class RecordGuard:
       src = self.sources[key] = _Source(key, collections.deque(maxlen=max(self.window, 1)))
     src.sampler = rec.meta.get("sampler")
     return src
+
+  def _handed_out_before(self, index: int) -> bool:
+    return 0 <= index < self.num_tasks and bool(self.ever[index])
 
   def _from_earlier_learner(self, rec: records.Record, index: int) -> bool:
     return self.resumed and rec.meta["t_end"] < self.started and 0 <= index < self.num_tasks
