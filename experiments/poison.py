@@ -84,7 +84,7 @@ def main(argv=None) -> dict:
       _, _, info = run_sao(dataclasses.replace(s, cfg=acfg), w, sft_state, d)
       w.close()
       run[arm] = {k: info[k] for k in (
-          "steps", "accuracy", "rejected", "rejected_total", "reissued_tasks",
+          "steps", "accuracy", "rejected", "rejected_total", "reissued_tasks", "task_redelivered",
           "quarantined_samplers", "nonfinite_skipped", "rollbacks", "trajectories",
           "bad_records", "sampler_restarts")}
       print(f"seed {seed} {arm}: accuracy {sft['accuracy']:.3f} -> {info['accuracy']:.3f}, "
