@@ -93,10 +93,10 @@ def _save_progress(workdir: pathlib.Path, phase: str, info: dict) -> None:
 def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True) -> dict[str, Any]:
   workdir = pathlib.Path(workdir)
   progress = _check_resume(cfg, workdir)
+  t_start = time.time()
+  s = make_setup(cfg)  # before anything is written: a config it refuses leaves no trace
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / "config.json").write_text(config_lib.to_json(cfg))
-  t_start = time.time()
-  s = make_setup(cfg)
   writer = MetricsWriter(workdir, show_progress=show_progress, logging=cfg.logging,
                          run_config=config_lib.to_dict(cfg))
   summary: dict[str, Any] = {"name": cfg.name, "devices": [str(d) for d in jax.devices()],
