@@ -390,6 +390,10 @@ class RecoveryConfig:
   lr_decay: float = 0.5
   max_rollbacks: int = 20
   keep_journal: bool = False  # keep every journal segment (for sao_jax.recovery.audit)
+  # JAX's persistent compilation cache, so a restart loads its programs instead of compiling
+  # them: "user" (~/.cache/sao_jax/xla, or $SAO_JAX_CACHE), "workdir", "off", or a directory
+  # (see sao_jax.startup).
+  compile_cache: str = "user"
 
   def __post_init__(self):
     _check(self.keep >= 1 and self.shadow_keep >= 1, "recovery.keep/shadow_keep must be >= 1")
@@ -400,6 +404,8 @@ class RecoveryConfig:
            "recovery: need 1 <= nonfinite_limit <= nonfinite_window")
     _check(0 < self.lr_decay <= 1, "recovery.lr_decay must be in (0, 1]")
     _check(self.max_rollbacks >= 0, "recovery.max_rollbacks must be >= 0")
+    _check(bool(self.compile_cache.strip()), "recovery.compile_cache must be 'user', "
+           "'workdir', 'off' or a directory")
 
 
 @dataclasses.dataclass(frozen=True)

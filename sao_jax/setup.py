@@ -55,14 +55,16 @@ def load_config(path: str, variant: str = "default", overrides: list[str] = ()) 
   return cfg
 
 
-def make_setup(cfg: Config) -> Setup:
+def make_setup(cfg: Config, tasks: tuple[list[Task], list[Task]] | None = None) -> Setup:
+  """`tasks`: (train, test) already loaded for this config (a sampler gets the learner's);
+  None loads them from the family."""
   family = validate(cfg)
   try:
     tok = get_tokenizer(cfg.tokenizer)
   except (ValueError, OSError) as err:
     raise ConfigError(f"tokenizer {cfg.tokenizer!r}: {err}") from None
   try:
-    train, test = family.tasks("train"), family.tasks("test")
+    train, test = tasks or (family.tasks("train"), family.tasks("test"))
   except ValueError as err:  # e.g. a task space too small for the splits
     raise ConfigError(f"task family {cfg.task.family!r}: {err}") from None
   if len(test) < cfg.eval.num_problems:

@@ -109,6 +109,12 @@ def test_kill_9_the_learner_and_rerun(repo_root, tmp_path, seed):
   print(f"recovery after kill -9 (seed {seed}): {rl['recovery_s']:.1f} s")
   audit, rows = _check_finished(workdir, summary)
   resume = [r for r in rows if r.get("event") == "resume"][0]
+  # Where the restart's time went, stage by stage, adding up to the whole.
+  stages = list(resume["breakdown_s"])
+  assert stages[0] == "imports" and stages[-1] == "first_update", stages
+  assert {"setup", "compile_init", "restore"} <= set(stages), stages
+  assert abs(sum(resume["breakdown_s"].values()) - resume["recovery_s"]) < 0.5, resume
+  assert resume["compile_cache"] == os.environ["SAO_JAX_CACHE"]
   expected_from = steps_before[-1] if seed == 0 else steps_before[-2]
   assert resume["from_step"] == expected_from, (steps_before, resume)
   if seed == 1:

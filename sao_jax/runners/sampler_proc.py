@@ -25,6 +25,8 @@ class SamplerSpec:
   seed: int
   threads: int = 0  # XLA intra-op threads (0: default)
   cores: tuple[int, ...] = ()  # CPU affinity (empty: inherit)
+  compile_cache: str = "off"  # see sao_jax.startup.enable_compile_cache
+  tasks: tuple | None = None  # (train, test) as the learner loaded them; None: load here
 
 
 def _configure_process(spec: SamplerSpec):
@@ -69,10 +71,12 @@ def _run(spec: SamplerSpec, end, stop) -> None:
   from sao_jax.runners.compiled import compile_sampler, compile_slots
   from sao_jax.setup import make_setup
   from sao_jax.sharding import make_mesh
+  from sao_jax.startup import enable_compile_cache
   from sao_jax.transport.params import ParamSubscriber, unflatten
 
   cfg = config_lib.from_dict(spec.config)
-  s = make_setup(cfg)
+  enable_compile_cache(spec.compile_cache)
+  s = make_setup(cfg, tasks=spec.tasks)
   mesh = make_mesh(MeshConfig(shape=(1, 1, 1)), jax.devices()[:1])
   kw = dict(prompt_len=s.prompt_len, max_new_tokens=cfg.rl.max_new_tokens,
             temperature=cfg.rl.temperature, eos_id=s.tok.eos_id, pad_id=s.tok.pad_id)

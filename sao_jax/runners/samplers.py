@@ -105,9 +105,14 @@ class SamplerPool:
   """The learner's transport and its local sampler processes; a context manager that always
   cleans up (processes, queues, and the local broker if it started one)."""
 
-  def __init__(self, cfg: config_lib.Config, param_dir: pathlib.Path, run_id: str = ""):
+  def __init__(self, cfg: config_lib.Config, param_dir: pathlib.Path, run_id: str = "",
+               tasks: tuple | None = None, compile_cache: str | None = None):
+    """`tasks`: (train, test) as the learner loaded them, handed to local samplers so that
+    they do not load them again (None: each sampler loads them). `compile_cache`: the
+    persistent compilation cache directory the samplers share with the learner (None: off)."""
     self.ctx = mp.get_context("spawn")
-    self.cfg, self.param_dir, self.run_id = cfg, param_dir, run_id
+    self.cfg, self.param_dir, self.run_id, self.tasks = cfg, param_dir, run_id, tasks
+    self.compile_cache = compile_cache or "off"
     self.broker = None
     self.transport = None
     self.learner = None
@@ -132,7 +137,9 @@ class SamplerPool:
       return SamplerSpec(sampler_id=i, config=config_lib.to_dict(cfg),
                          param_dir=str(self.param_dir), transport=transport,
                          seed=cfg.seed * 1000 + i + 7919 * restarts,
-                         threads=cfg.sao.sampler_threads, cores=self.cores[i])
+                         threads=cfg.sao.sampler_threads, cores=self.cores[i],
+                         compile_cache=self.compile_cache,
+                         tasks=self.tasks)
     return make
 
   def _make_transport(self):
