@@ -6,6 +6,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -151,6 +152,9 @@ def test_a_killed_sampler_is_restarted(repo_root, tmp_path):
       proc.wait()
   assert proc.returncode == 0, out[-3000:]
   assert "died with exit code -9; restarting it" in out
+  # The surviving sampler finished and sent its in-flight trajectories before its restart.
+  assert re.search(r"sampler \d: sent (\d+) of \1 in-flight trajectories before the restart",
+                   out), out[-3000:]
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["rl"]["sampler_restarts"] == 1
   _check_finished(workdir, summary)

@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import pathlib
 import queue
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -34,12 +35,16 @@ class SamplerGroup:
     self.max_restarts, self.name = max_restarts, name
     self.errors = ctx.Queue()
     self.stop = ctx.Event()
+    # Set with `stop` when the group is restarted: samplers finish and send the trajectories
+    # they have in flight before they exit (at close they just exit).
+    self.drain = ctx.Event()
     self.procs: list[mp.Process] = []
     self.restarts = 0
 
   def _spawn(self, i: int) -> mp.Process:
     p = self.ctx.Process(target=sampler_main, name=f"{self.name}-{i}",
-                         args=(self.make_spec(i, self.restarts), self.stop, self.errors),
+                         args=(self.make_spec(i, self.restarts), self.stop, self.errors,
+                               self.drain),
                          daemon=True)
     p.start()
     return p
@@ -77,9 +82,10 @@ class SamplerGroup:
   def replace_all(self, make_spec: Callable[[int, int], SamplerSpec] | None = None) -> None:
     """Stops every sampler (they finish and send their current call) and starts them again,
     from `make_spec` if given (a new transport or learner incarnation)."""
+    self.drain.set()
     self.stop.set()
     stop_processes(self.procs, timeout=30)
-    self.stop = self.ctx.Event()
+    self.stop, self.drain = self.ctx.Event(), self.ctx.Event()
     if make_spec is not None:
       self.make_spec = make_spec
     self.start()
@@ -172,7 +178,7 @@ class SamplerPool:
       if self.learner_cores:
         os.sched_setaffinity(0, self.learner_cores)
     except BaseException:
-      self.__exit__(None, None, None)
+      self.__exit__(*sys.exc_info())
       raise
     return self
 
@@ -197,6 +203,7 @@ class SamplerPool:
       return []
     self.group.count_restarts(dead)
     old = self.transport
+    self.group.drain.set()  # the live samplers send what they have in flight, then exit
     self.group.stop.set()
     stop_processes(self.group.procs, timeout=30)
     leftovers = []
@@ -209,11 +216,16 @@ class SamplerPool:
     self.group.replace_all(self._spec_maker())
     return leftovers
 
-  def __exit__(self, *exc):
+  def __exit__(self, exc_type, *exc):
     if isinstance(self.transport, KafkaSpec):
       with contextlib.suppress(Exception):
         self.transport.announce({"status": "finished"})  # remote samplers stop
     self.group.close()
+    if isinstance(self.transport, KafkaSpec) and exc_type is None and self.broker is None:
+      # A clean finish: no incarnation's tasks will be read again. (A run's own local broker
+      # takes its topics with it anyway.)
+      with contextlib.suppress(Exception):
+        self.transport.delete_task_topics()
     for closer in (self.learner, self.transport):
       if closer is not None:
         with contextlib.suppress(Exception):
