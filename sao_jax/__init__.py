@@ -14,7 +14,7 @@ Layers, top to bottom (a module imports only its own layer, acyclically, and tho
   compression, sampling, packing, state,
   batches
   config, tokenizer, procs, metrics,      foundations
-  sharding, stats, provenance
+  sharding, stats, provenance, startup
 
 Dimension key of array names (`logp_bt`, `x_btd`, `mem_bmd`): each letter one meaning.
   B batch rows           T completion tokens     P prompt tokens

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import importlib.util
 import json
+import math
 import pathlib
 import typing
 from typing import Any
@@ -22,6 +24,18 @@ class ConfigError(ValueError):
 def _check(ok: bool, msg: str):
   if not ok:
     raise ConfigError(msg)
+
+
+def _check_finite(cfg, prefix: str = "") -> None:
+  """Every float in the tree is finite (NaN passes no range check by accident here)."""
+  for f in dataclasses.fields(cfg):
+    v = getattr(cfg, f.name)
+    if dataclasses.is_dataclass(v):
+      _check_finite(v, f"{prefix}{f.name}.")
+    elif isinstance(v, float):
+      _check(math.isfinite(v), f"{prefix}{f.name} must be finite, got {v}")
+    elif isinstance(v, int) and not isinstance(v, bool):  # sizes, steps, ids: int32 on device
+      _check(-2**31 <= v < 2**31, f"{prefix}{f.name} {v} does not fit in int32")
 
 
 # Logical axis -> mesh axis rules: model code names only logical axes; the mapping is config.
@@ -82,6 +96,7 @@ class ModelConfig:
 
   def __post_init__(self):
     _check(self.width > 0 and self.depth > 0 and self.heads > 0, "model sizes must be positive")
+    _check(self.vocab_size >= 0, "model.vocab_size must be >= 0 (0: the tokenizer's)")
     _check(self.width % self.heads == 0,
            f"model.width {self.width} not divisible by heads {self.heads}")
     _check(self.max_len > 0, "model.max_len must be positive")
@@ -133,6 +148,8 @@ class MeshConfig:
 
   def __post_init__(self):
     _check(len(self.axes) == len(self.shape), "mesh.axes and mesh.shape differ in length")
+    _check(len(set(self.axes)) == len(self.axes) and all(self.axes),
+           f"mesh.axes {self.axes} must be distinct non-empty names")
     _check(sum(s == -1 for s in self.shape) <= 1, "at most one mesh axis may be -1")
     _check(all(s == -1 or s > 0 for s in self.shape), f"bad mesh.shape {self.shape}")
 
@@ -160,6 +177,7 @@ class TaskConfig:
   def __post_init__(self):
     _check(bool(self.family), "task.family must name a task family")
     _check(self.num_train > 0 and self.num_test > 0, "task sizes must be positive")
+    _check(self.seed >= 0, f"task.seed must be >= 0, got {self.seed}")
     _check(all(isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], str)
                for kv in self.options), "task.options must be (key, value) pairs")
 
@@ -171,6 +189,14 @@ class OptimConfig:
   weight_decay: float = 0.0
   grad_clip: float = 1.0
   b2: float = 0.98
+
+  def check(self, where: str) -> None:
+    """Validates the fields; `where` is the section's dotted name (sft.optim, rl.optim)."""
+    _check(self.lr > 0, f"{where}.lr must be > 0, got {self.lr}")
+    _check(self.warmup_steps >= 0, f"{where}.warmup_steps must be >= 0")
+    _check(self.weight_decay >= 0, f"{where}.weight_decay must be >= 0")
+    _check(self.grad_clip > 0, f"{where}.grad_clip must be > 0 (the global-norm bound)")
+    _check(0 < self.b2 < 1, f"{where}.b2 must be in (0, 1), got {self.b2}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,6 +210,8 @@ class SFTConfig:
 
   def __post_init__(self):
     _check(self.steps >= 0 and self.batch_size > 0, "sft.steps >= 0 and sft.batch_size > 0")
+    _check(self.max_seconds >= 0, "sft.max_seconds must be >= 0 (0: no limit)")
+    self.optim.check("sft.optim")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,6 +242,10 @@ class RLConfig:
     _check(self.algorithm in ("grpo", "sao"),
            f"rl.algorithm {self.algorithm!r} unknown; known: grpo, sao")
     _check(self.group_size >= 1 and self.prompts_per_step >= 1, "rl sizes must be >= 1")
+    _check(self.steps >= 0 and self.max_seconds >= 0,
+           "rl.steps and rl.max_seconds must be >= 0 (0: no limit)")
+    _check(self.max_new_tokens >= 1, "rl.max_new_tokens must be >= 1")
+    self.optim.check("rl.optim")
     _check(self.sampling in ("inline", "samplers"),
            f"rl.sampling {self.sampling!r} unknown; known: inline, samplers")
     _check(self.temperature > 0, "rl.temperature must be > 0")
@@ -284,7 +316,11 @@ class SAOConfig:
   def __post_init__(self):
     _check(self.num_samplers >= 0 and self.sampler_slots >= 1 and self.batch_size >= 1,
            "sao.num_samplers >= 0, sampler_slots and batch_size >= 1")
-    _check(self.param_sync_every >= 1 and self.max_staleness >= 0, "bad sao sync/staleness")
+    _check(self.param_sync_every >= 1, "sao.param_sync_every must be >= 1")
+    _check(self.max_staleness >= 0, "sao.max_staleness must be >= 0")
+    _check(self.priority_eps > 0, "sao.priority_eps must be > 0")
+    _check(self.tracker_d_half > 0, "sao.tracker_d_half must be > 0")
+    _check(self.sampler_threads >= 0, "sao.sampler_threads must be >= 0 (0: XLA default)")
     _check(self.staleness_mode in ("decay", "drop"),
            f"sao.staleness_mode {self.staleness_mode!r} unknown; known: decay, drop")
     _check(self.is_level in ("token", "sequence"),
@@ -299,7 +335,8 @@ class SAOConfig:
     _check(self.adv_std_floor > 0, "sao.adv_std_floor must be > 0")
     _check(self.max_sampler_restarts >= 0, "sao.max_sampler_restarts must be >= 0")
     _check(self.is_cap >= 1.0 and self.freshness_half_life > 0, "sao.is_cap >= 1, half_life > 0")
-    _check(0 < self.tracker_rho_min <= self.tracker_rho_max <= 1, "bad tracker rho bounds")
+    _check(0 < self.tracker_rho_min <= self.tracker_rho_max <= 1,
+           "sao: need 0 < tracker_rho_min <= tracker_rho_max <= 1")
     _check(self.quarantine_window >= 0, "sao.quarantine_window must be >= 0 (0: never)")
     _check(0 < self.quarantine_rate <= 1, f"sao.quarantine_rate {self.quarantine_rate} not in "
            "(0, 1]")
@@ -332,6 +369,11 @@ class EvalConfig:
   batch_size: int = 250
   every_seconds: float = 0.0
 
+  def __post_init__(self):
+    _check(self.num_problems >= 1 and self.batch_size >= 1,
+           "eval.num_problems and eval.batch_size must be >= 1")
+    _check(self.every_seconds >= 0, "eval.every_seconds must be >= 0 (0: only at phase ends)")
+
 
 @dataclasses.dataclass(frozen=True)
 class RecoveryConfig:
@@ -356,13 +398,22 @@ class RecoveryConfig:
   lr_decay: float = 0.5
   max_rollbacks: int = 20
   keep_journal: bool = False  # keep every journal segment (for sao_jax.recovery.audit)
+  # JAX's persistent compilation cache, so a restart loads its programs instead of compiling
+  # them: "user" (~/.cache/sao_jax/xla, or $SAO_JAX_CACHE), "workdir", "off", or a directory
+  # (see sao_jax.startup).
+  compile_cache: str = "user"
 
   def __post_init__(self):
     _check(self.keep >= 1 and self.shadow_keep >= 1, "recovery.keep/shadow_keep must be >= 1")
-    _check(self.shadow_every >= 0 and self.val_problems >= 1, "bad recovery.shadow_every/val")
+    _check(self.shadow_every >= 0, "recovery.shadow_every must be >= 0 (0: no shadows)")
+    _check(self.val_problems >= 1, "recovery.val_problems must be >= 1")
     _check(0 < self.regress_threshold <= 1, "recovery.regress_threshold must be in (0, 1]")
-    _check(1 <= self.nonfinite_limit <= self.nonfinite_window, "bad recovery.nonfinite_*")
-    _check(0 < self.lr_decay <= 1 and self.max_rollbacks >= 0, "bad recovery.lr_decay/max")
+    _check(1 <= self.nonfinite_limit <= self.nonfinite_window,
+           "recovery: need 1 <= nonfinite_limit <= nonfinite_window")
+    _check(0 < self.lr_decay <= 1, "recovery.lr_decay must be in (0, 1]")
+    _check(self.max_rollbacks >= 0, "recovery.max_rollbacks must be >= 0")
+    _check(bool(self.compile_cache.strip()), "recovery.compile_cache must be 'user', "
+           "'workdir', 'off' or a directory")
 
 
 # What a poisoned trajectory record can carry (each named by the reason the learner rejects it
@@ -388,6 +439,8 @@ class FaultsConfig:
 
   def __post_init__(self):
     _check(0 <= self.nan_prob <= 1, "faults.nan_prob must be in [0, 1]")
+    _check(all(isinstance(n, int) and n >= 0 for n in self.nan_steps),
+           "faults.nan_steps must be update numbers >= 0")
     unknown = set(self.poison_kinds) - set(POISON_KINDS)
     _check(not unknown, f"faults.poison_kinds {sorted(unknown)} unknown; known: "
            f"{', '.join(POISON_KINDS)}")
@@ -494,7 +547,12 @@ class Config:
   init_from: str = ""
 
   def __post_init__(self):
-    _check(self.log_every > 0 and self.checkpoint_every > 0, "log/checkpoint intervals > 0")
+    _check_finite(self)
+    _check(bool(self.name), "name must not be empty")
+    _check(self.seed >= 0, f"seed must be >= 0, got {self.seed}")
+    _check(bool(self.tokenizer), "tokenizer must name a tokenizer")
+    _check(self.log_every > 0 and self.checkpoint_every > 0,
+           "log_every and checkpoint_every must be > 0")
     _check(self.sao.num_samplers > 0 or self.transport.kind == "kafka",
            "sao.num_samplers=0 (remote samplers only) needs transport.kind=kafka")
     _check(not (self.rl.algorithm == "grpo" and self.rl.sampling == "samplers")
@@ -517,14 +575,41 @@ def override(cfg, key: str, value: Any):
   return apply_overrides(cfg, [(key, value)])
 
 
-def _set_path(d: dict, cls, key: str, value: Any) -> None:
+def config_keys(cls=None, prefix: str = "") -> list[str]:
+  """Every settable dotted key of a config class (`Config` by default), sections expanded."""
+  out = []
+  for name, hint in typing.get_type_hints(cls or Config).items():
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+      out += config_keys(hint, f"{prefix}{name}.")
+    else:
+      out.append(f"{prefix}{name}")
+  return out
+
+
+def suggest_key(key: str, cls=None) -> str:
+  """The nearest known key to a mistyped one (`rl.lr` -> `rl.optim.lr`), or ''."""
+  keys = config_keys(cls)
+  head, leaf = key.split(".")[0], key.split(".")[-1]
+  # Same last name: prefer the key in the same section (rl.lr -> rl.optim.lr, not sft.optim.lr).
+  same_leaf = [k for k in keys if k.split(".")[-1] == leaf]
+  for k in same_leaf:
+    if k.split(".")[0] == head:
+      return k
+  close = difflib.get_close_matches(key, keys, n=1, cutoff=0.75)
+  return close[0] if close else (same_leaf[0] if len(same_leaf) == 1 else "")
+
+
+def _set_path(d: dict, cls, key: str, value: Any, full: str = "", root=None) -> None:
   """Sets dotted `key` in `d` (the `to_dict` form of a `cls`), checking the key against the
   dataclass fields and coercing the value to the field's type."""
+  full, root = full or key, root or cls
   head, _, rest = key.partition(".")
   hints = typing.get_type_hints(cls)
   if head not in hints:
-    raise ConfigError(f"unknown config key {head!r} in {cls.__name__}; "
-                      f"known: {', '.join(sorted(hints))}")
+    near = suggest_key(full, root)
+    hint = f"did you mean {near!r}? " if near else ""
+    raise ConfigError(f"unknown config key {full!r} in {cls.__name__}; {hint}known: "
+                      f"{', '.join(sorted(hints))}")
   hint = hints[head]
   section = isinstance(hint, type) and dataclasses.is_dataclass(hint)
   if rest and head == "options":  # free-form (key, value) pairs, checked by their owner
@@ -532,7 +617,7 @@ def _set_path(d: dict, cls, key: str, value: Any) -> None:
   elif rest:
     if not section:
       raise ConfigError(f"config key {head!r} is a value, not a section (got {key!r})")
-    _set_path(d[head], hint, rest, value)
+    _set_path(d[head], hint, rest, value, full, root)
   elif section:
     raise ConfigError(f"config key {head!r} is a section: set its keys ({head}.KEY=VALUE)")
   else:
@@ -551,8 +636,12 @@ def _literal(value: Any) -> Any:
 
 def coerce(value: Any, hint, name: str):
   """`value` (a command-line string or a Python value) as type `hint`, or a ConfigError."""
-  if isinstance(value, str) and hint is str and value[:1] in "'\"" and value[:1] == value[-1:]:
-    value = ast.literal_eval(value)
+  if (isinstance(value, str) and hint is str and len(value) >= 2 and value[0] in "'\""
+      and value[0] == value[-1]):
+    try:
+      value = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      raise ConfigError(f"cannot parse {value!r} for {name}") from None
   elif isinstance(value, str) and hint is not str:
     try:
       value = ast.literal_eval(value)

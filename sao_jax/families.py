@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from sao_jax.config import ConfigError
 from sao_jax.data import arithmetic_tfds, code_tfds, longhorizon_tfds
 from sao_jax.envs.arithmetic import ArithmeticEnv, ArithmeticSpec
 from sao_jax.envs.base import Task
@@ -33,6 +34,15 @@ def _interleave(parts: list[list[Task]]) -> list[Task]:
 @register_family("arithmetic")
 class Arithmetic(TaskFamily):
   """Reward 1 for the right final answer (and a well-formed solution), else 0."""
+
+  def __init__(self, cfg):
+    super().__init__(cfg)
+    try:
+      self.specs()
+    except ValueError as err:  # the generator's own checks, named as config keys
+      raise ConfigError(f"task.{err}") from None
+    if not all(isinstance(n, int) for n in cfg.n_ops_mix):
+      raise ConfigError(f"task.n_ops_mix {cfg.n_ops_mix} must be operation counts")
 
   def specs(self) -> list[ArithmeticSpec]:
     t = self.cfg

@@ -3,6 +3,7 @@ the task family and its tasks, and the shapes the programs are compiled for."""
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 
 from sao_jax import config as config_lib
 from sao_jax import families  # noqa: F401  (registers the built-in task families)
@@ -42,6 +43,8 @@ def validate(cfg: Config) -> TaskFamily:
         "compression.enabled: the compressed-memory policy is trained by "
         "experiments/bench_compression.py; sao-jax train cannot run it yet (it would "
         "silently train without compression)")
+  if cfg.init_from and not pathlib.Path(cfg.init_from).is_dir():
+    raise ConfigError(f"init_from {cfg.init_from!r}: no such checkpoint directory")
   return get_family(cfg.task)
 
 
@@ -52,10 +55,18 @@ def load_config(path: str, variant: str = "default", overrides: list[str] = ()) 
   return cfg
 
 
-def make_setup(cfg: Config) -> Setup:
+def make_setup(cfg: Config, tasks: tuple[list[Task], list[Task]] | None = None) -> Setup:
+  """`tasks`: (train, test) already loaded for this config (a sampler gets the learner's);
+  None loads them from the family."""
   family = validate(cfg)
-  tok = get_tokenizer(cfg.tokenizer)
-  train, test = family.tasks("train"), family.tasks("test")
+  try:
+    tok = get_tokenizer(cfg.tokenizer)
+  except (ValueError, OSError) as err:
+    raise ConfigError(f"tokenizer {cfg.tokenizer!r}: {err}") from None
+  try:
+    train, test = tasks or (family.tasks("train"), family.tasks("test"))
+  except ValueError as err:  # e.g. a task space too small for the splits
+    raise ConfigError(f"task family {cfg.task.family!r}: {err}") from None
   if len(test) < cfg.eval.num_problems:
     raise ConfigError(f"eval.num_problems {cfg.eval.num_problems} > the {len(test)} test tasks")
   prompt_len, target_len = family.budget(train + test, tok)
@@ -75,6 +86,9 @@ def make_setup(cfg: Config) -> Setup:
     # (the synchronous learner's batches hold one row per trajectory)
     raise ConfigError(f"task family {cfg.task.family!r} has episodes of up to {max_steps} "
                       "steps; rl.algorithm='grpo' samples one step per task (use 'sao')")
+  if cfg.model.vocab_size and cfg.model.vocab_size < tok.vocab_size:
+    raise ConfigError(f"model.vocab_size {cfg.model.vocab_size} < the tokenizer's "
+                      f"{tok.vocab_size} (0: take the tokenizer's)")
   model_cfg = dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or tok.vocab_size)
   return Setup(cfg=cfg, tok=tok, model=make_model(model_cfg), family=family, train=train,
                test=test, prompt_len=prompt_len, target_len=target_len, max_steps=max_steps)

@@ -27,9 +27,34 @@ def make_mesh(cfg: MeshConfig, devices=None) -> Mesh:
 
 
 def logical_shardings(abstract_tree, mesh: Mesh, rules):
-  """NamedShardings for a tree whose leaves may be flax LogicallyPartitioned boxes."""
+  """NamedShardings for a tree whose leaves may be flax LogicallyPartitioned boxes; a
+  ConfigError names the first array dimension that its mesh axes cannot split evenly."""
   specs = nn.get_partition_spec(abstract_tree)
-  return nn.logical_to_mesh_sharding(specs, mesh, list(rules))
+  shardings = nn.logical_to_mesh_sharding(specs, mesh, list(rules))
+  _check_divisible(abstract_tree, specs, shardings, mesh)
+  return shardings
+
+
+def _check_divisible(abstract_tree, specs, shardings, mesh: Mesh) -> None:
+  is_spec = lambda x: isinstance(x, P)  # noqa: E731
+  is_sh = lambda x: isinstance(x, NamedSharding)  # noqa: E731
+  leaves = jax.tree_util.tree_flatten_with_path(nn.unbox(abstract_tree))[0]
+  logical = jax.tree.leaves(specs, is_leaf=is_spec)
+  mesh_specs = jax.tree.leaves(shardings, is_leaf=is_sh)
+  if not len(leaves) == len(logical) == len(mesh_specs):
+    return  # (a tree this check cannot pair up; jax reports any problem itself)
+  for (path, leaf), names, sh in zip(leaves, logical, mesh_specs, strict=True):
+    for dim, (size, axes) in enumerate(zip(getattr(leaf, "shape", ()), sh.spec, strict=False)):
+      axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+      parts = math.prod(mesh.shape[a] for a in axes)
+      if parts > 1 and size % parts:
+        name = names[dim] if dim < len(names) else None
+        raise ConfigError(
+            f"{jax.tree_util.keystr(path)}: its {name or 'dim ' + str(dim)!s} dimension of "
+            f"size {size} cannot be split over mesh axes {axes} of {parts} devices "
+            f"(mesh.shape {dict(mesh.shape)}); pick a mesh.shape whose {'/'.join(axes)} size "
+            f"divides the model's {name or 'dimension'} (see model.heads, model.kv_heads, "
+            "model.width, model.mlp_dim, the vocabulary size)")
 
 
 def batch_sharding(mesh: Mesh, rules) -> NamedSharding:

@@ -13,7 +13,19 @@ _FAKE_DEVICES = "--xla_force_host_platform_device_count=8"
 _USER_XLA_FLAGS = os.environ.get("XLA_FLAGS", "")
 os.environ["XLA_FLAGS"] = f"{_USER_XLA_FLAGS} {_FAKE_DEVICES}".strip()
 
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
 import pytest  # noqa: E402
+
+# One persistent compilation cache for the whole session (runs started by tests, in this
+# process or in subprocesses, share compiled programs), never the user's own.
+_CACHE = tempfile.mkdtemp(prefix="sao_jax_test_xla_")
+os.environ["SAO_JAX_CACHE"] = _CACHE
+
+
+def pytest_sessionfinish(session, exitstatus):
+  shutil.rmtree(_CACHE, ignore_errors=True)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 TINY_CONFIG = REPO_ROOT / "experiments" / "configs" / "arith_grpo.py"

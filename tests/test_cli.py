@@ -39,7 +39,7 @@ def test_eval_rebuilds_from_checkpoint(tiny_run_dir, repo_root):
 def test_errors_are_clear(tiny_run_dir, repo_root, tmp_path):
   proc = _cli("train", "--config", f"{CFG}:tiny", "--workdir", str(tmp_path / "w"),
               "--set", "rl.bogus=1", cwd=repo_root)
-  assert proc.returncode == 2 and "unknown config key 'bogus'" in proc.stderr
+  assert proc.returncode == 2 and "unknown config key 'rl.bogus'" in proc.stderr
   proc = _cli("train", "--config", f"{CFG}:tiny", "--workdir", str(tiny_run_dir),
               "--set", "rl.steps=5", cwd=repo_root)
   assert proc.returncode == 2 and "already holds a run with a different config" in proc.stderr

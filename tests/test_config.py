@@ -17,7 +17,7 @@ def test_override_nested_and_types():
 
 
 @pytest.mark.parametrize("pair, match", [
-    ("rl.bogus=1", "unknown config key 'bogus' in RLConfig"),
+    ("rl.bogus=1", "unknown config key 'rl.bogus' in RLConfig"),
     ("nope=1", "unknown config key 'nope' in Config"),
     ("model.depth=two", "cannot parse"),
     ("model.depth=2.5", "expects int"),
@@ -27,6 +27,17 @@ def test_override_nested_and_types():
     ("rl.advantage='nope'", "rl.advantage 'nope' unknown"),
     ("rl.loss='nope'", "rl.loss 'nope' unknown"),
     ("rl.clip_eps=1.5", "clip_eps"),
+    ("rl.lr=1e-3", "did you mean 'rl.optim.lr'"),
+    ("sao.max_stalenes=2", "did you mean 'sao.max_staleness'"),
+    ("eval.num_problems=0", "eval.num_problems and eval.batch_size must be >= 1"),
+    ("rl.max_seconds=-5", "rl.steps and rl.max_seconds must be >= 0"),
+    ("sft.optim.lr=0", "sft.optim.lr must be > 0"),
+    ("rl.optim.b2=1.0", r"rl.optim.b2 must be in \(0, 1\)"),
+    ("task.n_ops=9", r"task.n_ops must be an int in 1..4"),
+    ("model.vocab_size=-1", "model.vocab_size must be >= 0"),
+    ("sft.steps=3000000000", "does not fit in int32"),
+    ("name=''", "name must not be empty"),
+    ("init_from='/nowhere/ckpt'", "no such checkpoint directory"),
 ])
 def test_bad_overrides_are_clear_errors(pair, match):
   with pytest.raises(C.ConfigError, match=match):
@@ -79,3 +90,27 @@ def test_overrides_are_validated_once_in_any_order():
       C.apply_overrides(C.Config(), pairs)
   with pytest.raises(C.ConfigError, match="is a section"):
     C.apply_overrides(C.Config(), ["rl=1"])
+
+
+def test_non_finite_floats_are_refused():
+  with pytest.raises(C.ConfigError, match="rl.optim.lr must be > 0|lr must be finite"):
+    dataclasses.replace(C.Config(), rl=dataclasses.replace(
+        C.RLConfig(), optim=C.OptimConfig(lr=float("nan"))))
+  with pytest.raises(C.ConfigError, match="sao.is_cap must be finite"):
+    dataclasses.replace(C.Config(), sao=C.SAOConfig(is_cap=float("inf")))
+
+
+def test_task_space_too_small_is_a_config_error(tmp_path):
+  from sao_jax.setup import make_setup
+  cfg = C.apply_overrides(C.load_config(f"{CFG}:tiny"), [
+      "task.n_ops=1", "task.max_operand=5", f"task.data_dir='{tmp_path}'"])
+  with pytest.raises(C.ConfigError, match="task family 'arithmetic': the test split covers"):
+    make_setup(cfg)
+
+
+def test_a_refused_config_leaves_the_workdir_untouched(tmp_path):
+  from sao_jax.runners.run import run
+  cfg = C.apply_overrides(C.load_config(f"{CFG}:tiny"), ["model.vocab_size=3"])
+  with pytest.raises(C.ConfigError, match="model.vocab_size 3 <"):
+    run(cfg, tmp_path / "w", show_progress=False)
+  assert not (tmp_path / "w").exists()

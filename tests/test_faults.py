@@ -6,6 +6,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -109,6 +110,12 @@ def test_kill_9_the_learner_and_rerun(repo_root, tmp_path, seed):
   print(f"recovery after kill -9 (seed {seed}): {rl['recovery_s']:.1f} s")
   audit, rows = _check_finished(workdir, summary)
   resume = [r for r in rows if r.get("event") == "resume"][0]
+  # Where the restart's time went, stage by stage, adding up to the whole.
+  stages = list(resume["breakdown_s"])
+  assert stages[0] == "imports" and stages[-1] == "first_update", stages
+  assert {"setup", "compile_init", "restore"} <= set(stages), stages
+  assert abs(sum(resume["breakdown_s"].values()) - resume["recovery_s"]) < 0.5, resume
+  assert resume["compile_cache"] == os.environ["SAO_JAX_CACHE"]
   expected_from = steps_before[-1] if seed == 0 else steps_before[-2]
   assert resume["from_step"] == expected_from, (steps_before, resume)
   if seed == 1:
@@ -145,6 +152,9 @@ def test_a_killed_sampler_is_restarted(repo_root, tmp_path):
       proc.wait()
   assert proc.returncode == 0, out[-3000:]
   assert "died with exit code -9; restarting it" in out
+  # The surviving sampler finished and sent its in-flight trajectories before its restart.
+  assert re.search(r"sampler \d: sent (\d+) of \1 in-flight trajectories before the restart",
+                   out), out[-3000:]
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["rl"]["sampler_restarts"] == 1
   _check_finished(workdir, summary)

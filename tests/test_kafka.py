@@ -252,8 +252,7 @@ def test_broker_back_within_the_budget_costs_a_pause_not_the_run():
   try:
     broker.stop()
     time.sleep(0.2)
-    # check() in a thread, the restart here: the broker dies with the thread that started it
-    # (PR_SET_PDEATHSIG is per thread).
+    # check() in a thread, the restart here.
     t0 = time.time()
     checker = threading.Thread(target=lambda: outcome.append(_outcome(learner.check)))
     checker.start()
@@ -333,6 +332,38 @@ def test_broker_dies_with_its_owner_after_kill_9():
       break
     time.sleep(0.1)
   assert state in ("Z", "X", "gone"), state
+
+
+def test_broker_started_from_a_thread_outlives_the_thread_and_dies_with_the_process():
+  import os
+  import signal
+  code = ("import threading, time; from sao_jax.transport.broker import LocalBroker, probe; "
+          "box = []; t = threading.Thread(target=lambda: box.append(LocalBroker().start())); "
+          "t.start(); t.join(); time.sleep(1.0); b = box[0]; "
+          "print(b.proc.pid, probe(b.bootstrap), flush=True); time.sleep(120)")
+  owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                           env=subprocess_env())
+  try:
+    pid, answered = owner.stdout.readline().split(maxsplit=1)
+    assert answered.strip() == "None"  # the thread is gone, the broker still answers
+    os.kill(owner.pid, signal.SIGKILL)
+    owner.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and _running(int(pid)):
+      time.sleep(0.1)
+    assert not _running(int(pid))
+  finally:
+    if owner.poll() is None:
+      owner.kill()
+      owner.wait()
+
+
+def _running(pid: int) -> bool:
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+  except FileNotFoundError:
+    return False
 
 
 def _start_run(repo_root, workdir, *sets):

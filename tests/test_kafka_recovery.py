@@ -136,3 +136,11 @@ def test_learner_kill_9_replays_from_committed_offsets(kafka_broker, repo_root, 
   before_commit = {rid for part, off, rid in on_topic if off < committed[part]}
   assert before_commit and before_commit <= set(used), "a committed trajectory was never used"
   assert set(used) <= {rid for _, _, rid in on_topic}
+  # The finished run deleted both incarnations' task topics, and kept the record of the rest.
+  from kafka import KafkaAdminClient
+  admin = KafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap)
+  try:
+    left = {t for t in admin.list_topics() if t.startswith(f"sao.{run_id}.")}
+  finally:
+    admin.close()
+  assert left == {f"sao.{run_id}.{n}" for n in ("trajectories", "dead-letter", "control")}, left

@@ -6,7 +6,7 @@ import optax
 import pytest
 
 from sao_jax.batches import RLBatch, SAOBatch, SFTBatch
-from sao_jax.config import Config, MeshConfig, ModelConfig, RLConfig
+from sao_jax.config import Config, ConfigError, MeshConfig, ModelConfig, RLConfig
 from sao_jax.learner import make_optimizer, make_rl_update, make_sao_update, make_sft_update
 from sao_jax.models.transformer import TransformerLM
 from sao_jax.packing import encode_prompts, encode_targets
@@ -123,3 +123,10 @@ def test_update_traces_once_across_steps():
     state, metrics = progs.update(state, progs.shard_batch(batch))
     losses.append(float(metrics["loss"]))
   assert int(state.step) == 4 and len(set(losses)) > 1  # chex raised had it traced twice
+
+
+def test_indivisible_mesh_is_a_config_error_naming_the_dimension():
+  cfg = _cfg(("data", "fsdp", "tensor"), (1, 1, 8))  # 2 heads cannot split over 8 devices
+  with pytest.raises(ConfigError, match=r"heads dimension of size 2 cannot be split over mesh "
+                     r"axes \('tensor',\) of 8 devices"):
+    _one_update(cfg, make_mesh(cfg.mesh), optax.sgd(0.1), _rl_batch(), make_sft_update)

@@ -143,7 +143,7 @@ def test_overrides_round_trip_through_the_config(repo_root, monkeypatch):
 def test_check_against_base_names_the_problem(repo_root, monkeypatch):
   monkeypatch.chdir(repo_root)
   base = repo_root / "experiments/configs/arith_grpo.py"
-  with pytest.raises(ConfigError, match="axis rl.bogus value 1: unknown config key 'bogus'"):
+  with pytest.raises(ConfigError, match="axis rl.bogus value 1: unknown config key 'rl.bogus'"):
     check_against_base(_sweep(axes=(Choice("rl.bogus", (1,)),)), base, "tiny")
   with pytest.raises(ConfigError, match="axis sft.steps value 1.0: steps expects int"):
     check_against_base(Sweep(name="t", config=BASE, strategy="random", points=2,

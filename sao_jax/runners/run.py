@@ -16,6 +16,7 @@ import jax
 
 from sao_jax import checkpoint as ckpt_lib
 from sao_jax import config as config_lib
+from sao_jax import startup
 from sao_jax.config import Config
 from sao_jax.evaluation import evaluate
 from sao_jax.learner import make_sft_update
@@ -26,6 +27,7 @@ from sao_jax.runners.grpo import run_grpo, run_grpo_samplers
 from sao_jax.runners.sao import run_sao
 from sao_jax.runners.sft import run_sft
 from sao_jax.setup import Setup, make_setup
+from sao_jax.startup import enable_compile_cache
 from sao_jax.state import TrainState
 
 # (rl.algorithm, in sampler processes?) -> the phase that runs it: (setup, writer, start
@@ -93,10 +95,13 @@ def _save_progress(workdir: pathlib.Path, phase: str, info: dict) -> None:
 def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True) -> dict[str, Any]:
   workdir = pathlib.Path(workdir)
   progress = _check_resume(cfg, workdir)
+  t_start = time.time()
+  startup.mark("imports")
+  s = make_setup(cfg)  # before anything is written: a config it refuses leaves no trace
+  startup.mark("setup")
+  enable_compile_cache(cfg.recovery.compile_cache, workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / "config.json").write_text(config_lib.to_json(cfg))
-  t_start = time.time()
-  s = make_setup(cfg)
   writer = MetricsWriter(workdir, show_progress=show_progress, logging=cfg.logging,
                          run_config=config_lib.to_dict(cfg))
   summary: dict[str, Any] = {"name": cfg.name, "devices": [str(d) for d in jax.devices()],
@@ -115,6 +120,7 @@ def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True)
     if "sft" in progress:  # finished before the restart: its final snapshot is the start
       state = restore_init(s, str(workdir / "checkpoints" / "sft"))
       summary["sft"] = progress["sft"]
+      startup.mark("restore_init")
     elif cfg.sft.steps or cfg.sft.max_seconds:
       state, progs, info = run_sft(s, writer, state, workdir, eval_every=cfg.eval.every_seconds)
       summary["sft"] = info

@@ -26,6 +26,8 @@ class SamplerSpec:
   seed: int
   threads: int = 0  # XLA intra-op threads (0: default)
   cores: tuple[int, ...] = ()  # CPU affinity (empty: inherit)
+  compile_cache: str = "off"  # see sao_jax.startup.enable_compile_cache
+  tasks: tuple | None = None  # (train, test) as the learner loaded them; None: load here
 
 
 def _configure_process(spec: SamplerSpec):
@@ -44,13 +46,20 @@ def _configure_process(spec: SamplerSpec):
     os.sched_setaffinity(0, spec.cores)
 
 
-def sampler_main(spec: SamplerSpec, stop, errors) -> None:
-  """Loop: newest params -> up to `sampler_slots` tasks -> one batch of trajectories."""
+# A sampler asked to drain finishes its in-flight trajectories within this long (the group
+# waits 30 s before it terminates a sampler).
+DRAIN_S = 20.0
+
+
+def sampler_main(spec: SamplerSpec, stop, errors, drain=None) -> None:
+  """Loop: newest params -> up to `sampler_slots` tasks -> one batch of trajectories.
+  When `stop` is set the sampler exits; if `drain` is set too, it first finishes and sends
+  the trajectories it has in flight."""
   _configure_process(spec)
   end = None
   try:
     end = spec.transport.sampler_end()
-    _run(spec, end, stop)
+    _run(spec, end, stop, drain)
   except KeyboardInterrupt:
     pass
   except BaseException:
@@ -60,7 +69,7 @@ def sampler_main(spec: SamplerSpec, stop, errors) -> None:
       end.close()
 
 
-def _run(spec: SamplerSpec, end, stop) -> None:
+def _run(spec: SamplerSpec, end, stop, drain=None) -> None:
   import multiprocessing
 
   import jax
@@ -70,10 +79,12 @@ def _run(spec: SamplerSpec, end, stop) -> None:
   from sao_jax.runners.compiled import compile_sampler, compile_slots
   from sao_jax.setup import make_setup
   from sao_jax.sharding import make_mesh
+  from sao_jax.startup import enable_compile_cache
   from sao_jax.transport.params import ParamSubscriber, unflatten
 
   cfg = config_lib.from_dict(spec.config)
-  s = make_setup(cfg)
+  enable_compile_cache(spec.compile_cache)
+  s = make_setup(cfg, tasks=spec.tasks)
   mesh = make_mesh(MeshConfig(shape=(1, 1, 1)), jax.devices()[:1])
   kw = dict(prompt_len=s.prompt_len, max_new_tokens=cfg.rl.max_new_tokens,
             temperature=cfg.rl.temperature, eos_id=s.tok.eos_id, pad_id=s.tok.pad_id)
@@ -97,13 +108,19 @@ def _run(spec: SamplerSpec, end, stop) -> None:
     version, flat = got
     return version, jax.device_put(unflatten(progs.abstract_params, flat), progs.params_sharding)
 
+  def learner_alive() -> bool:
+    return parent is None or parent.is_alive()
+
   def alive() -> bool:
     # The learner gone (e.g. kill -9): nothing to deliver to.
-    return not stop.is_set() and (parent is None or parent.is_alive())
+    return not stop.is_set() and learner_alive()
+
+  def draining() -> bool:
+    return drain is not None and drain.is_set() and learner_alive()
 
   if cfg.sao.continuous:
     progs = compile_slots(cfg, s.model, progs, slots=cfg.sao.sampler_slots, **kw)
-    _run_continuous(spec, cfg, s, progs, poll, alive, end, out)
+    _run_continuous(spec, cfg, s, progs, poll, alive, end, out, draining)
   else:
     _run_batches(spec, cfg, s, progs, poll, alive, end, out)
 
@@ -165,7 +182,7 @@ def _run_batches(spec, cfg, s, progs, poll, alive, end, out) -> None:
     end.ack_tasks()
 
 
-def _run_continuous(spec, cfg, s, progs, poll, alive, end, out) -> None:
+def _run_continuous(spec, cfg, s, progs, poll, alive, end, out, draining=lambda: False) -> None:
   """Continuous batching: slots refilled as completions end, trajectories sent as they
   finish; tasks acknowledged in the order they were taken, as soon as every earlier one is
   done, so a crash redelivers exactly the unfinished ones."""
@@ -197,16 +214,29 @@ def _run_continuous(spec, cfg, s, progs, poll, alive, end, out) -> None:
         sampler.offer_params(*got)
       return [(i, s.train[i]) for i in indices]
 
-    finished = sampler.step(take)
-    for traj in finished:
-      out.send(traj)
-      for entry in taken:  # the oldest unfinished entry of this task
-        if entry[0] == traj.task_index and not entry[1]:
-          entry[1] = True
-          break
-    n = 0
-    while taken and taken[0][1]:
-      taken.popleft()
-      n += 1
-    if n:
-      end.ack_tasks(n)
+    _deliver(sampler.step(take), taken, end, out)
+  # Stopped for a restart of the group: finish what is in flight, take nothing new.
+  if not draining() or sampler.params is None:
+    return
+  deadline, sent, left = time.time() + DRAIN_S, out.counter, sampler.active()
+  while sampler.active() and draining() and time.time() < deadline:
+    _deliver(sampler.step(lambda n: []), taken, end, out)
+  print(f"sampler {spec.sampler_id}: sent {out.counter - sent} of {left} in-flight "
+        "trajectories before the restart", flush=True)
+
+
+def _deliver(finished, taken, end, out) -> None:
+  """Sends finished trajectories and acknowledges the tasks taken before every unfinished
+  one."""
+  for traj in finished:
+    out.send(traj)
+    for entry in taken:  # the oldest unfinished entry of this task
+      if entry[0] == traj.task_index and not entry[1]:
+        entry[1] = True
+        break
+  n = 0
+  while taken and taken[0][1]:
+    taken.popleft()
+    n += 1
+  if n:
+    end.ack_tasks(n)

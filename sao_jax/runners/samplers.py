@@ -14,6 +14,7 @@ import os
 import pathlib
 import queue
 import socket
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -35,12 +36,16 @@ class SamplerGroup:
     self.max_restarts, self.name = max_restarts, name
     self.errors = ctx.Queue()
     self.stop = ctx.Event()
+    # Set with `stop` when the group is restarted: samplers finish and send the trajectories
+    # they have in flight before they exit (at close they just exit).
+    self.drain = ctx.Event()
     self.procs: list[mp.Process] = []
     self.restarts = 0
 
   def _spawn(self, i: int) -> mp.Process:
     p = self.ctx.Process(target=sampler_main, name=f"{self.name}-{i}",
-                         args=(self.make_spec(i, self.restarts), self.stop, self.errors),
+                         args=(self.make_spec(i, self.restarts), self.stop, self.errors,
+                               self.drain),
                          daemon=True)
     p.start()
     return p
@@ -78,9 +83,10 @@ class SamplerGroup:
   def replace_all(self, make_spec: Callable[[int, int], SamplerSpec] | None = None) -> None:
     """Stops every sampler (they finish and send their current call) and starts them again,
     from `make_spec` if given (a new transport or learner incarnation)."""
+    self.drain.set()
     self.stop.set()
     stop_processes(self.procs, timeout=30)
-    self.stop = self.ctx.Event()
+    self.stop, self.drain = self.ctx.Event(), self.ctx.Event()
     if make_spec is not None:
       self.make_spec = make_spec
     self.start()
@@ -106,9 +112,14 @@ class SamplerPool:
   """The learner's transport and its local sampler processes; a context manager that always
   cleans up (processes, queues, and the local broker if it started one)."""
 
-  def __init__(self, cfg: config_lib.Config, param_dir: pathlib.Path, run_id: str = ""):
+  def __init__(self, cfg: config_lib.Config, param_dir: pathlib.Path, run_id: str = "",
+               tasks: tuple | None = None, compile_cache: str | None = None):
+    """`tasks`: (train, test) as the learner loaded them, handed to local samplers so that
+    they do not load them again (None: each sampler loads them). `compile_cache`: the
+    persistent compilation cache directory the samplers share with the learner (None: off)."""
     self.ctx = mp.get_context("spawn")
-    self.cfg, self.param_dir, self.run_id = cfg, param_dir, run_id
+    self.cfg, self.param_dir, self.run_id, self.tasks = cfg, param_dir, run_id, tasks
+    self.compile_cache = compile_cache or "off"
     self.broker = None
     self.transport = None
     self.learner = None
@@ -133,7 +144,9 @@ class SamplerPool:
       return SamplerSpec(sampler_id=i, config=config_lib.to_dict(cfg),
                          param_dir=str(self.param_dir), transport=transport,
                          seed=cfg.seed * 1000 + i + 7919 * restarts,
-                         threads=cfg.sao.sampler_threads, cores=self.cores[i])
+                         threads=cfg.sao.sampler_threads, cores=self.cores[i],
+                         compile_cache=self.compile_cache,
+                         tasks=self.tasks)
     return make
 
   def _make_transport(self):
@@ -166,7 +179,7 @@ class SamplerPool:
       if self.learner_cores:
         os.sched_setaffinity(0, self.learner_cores)
     except BaseException:
-      self.__exit__(None, None, None)
+      self.__exit__(*sys.exc_info())
       raise
     return self
 
@@ -191,6 +204,7 @@ class SamplerPool:
       return []
     self.group.count_restarts(dead)
     old = self.transport
+    self.group.drain.set()  # the live samplers send what they have in flight, then exit
     self.group.stop.set()
     stop_processes(self.group.procs, timeout=30)
     leftovers = []
@@ -217,11 +231,16 @@ class SamplerPool:
         return True
     return False
 
-  def __exit__(self, *exc):
+  def __exit__(self, exc_type, *exc):
     if isinstance(self.transport, KafkaSpec):
       with contextlib.suppress(Exception):
         self.transport.announce({"status": "finished"})  # remote samplers stop
     self.group.close()
+    if isinstance(self.transport, KafkaSpec) and exc_type is None and self.broker is None:
+      # A clean finish: no incarnation's tasks will be read again. (A run's own local broker
+      # takes its topics with it anyway.)
+      with contextlib.suppress(Exception):
+        self.transport.delete_task_topics()
     for closer in (self.learner, self.transport):
       if closer is not None:
         with contextlib.suppress(Exception):

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import sao_jax
-from sao_jax import admission, recovery
+from sao_jax import admission, recovery, startup
 from sao_jax import checkpoint as ckpt_lib
 from sao_jax import config as config_lib
 from sao_jax.buffer import Item, TrajectoryBuffer, batch_rows, decode_trajectory
@@ -105,6 +105,15 @@ class LoopState:
   resume_info: dict | None = None  # set on a resume until the first update is logged
 
 
+# Start-up stages of a learner process, in order (`sao_jax.startup` marks): imports until the
+# run begins; setup (config, tokenizer, task load); restore_init (the SFT result the phase
+# starts from); samplers_started (processes spawned, topics made); compile_init; restore (the
+# snapshot); first_record (samplers imported, compiled and decoded); first_update (batch
+# filled, update compiled or loaded from the cache, applied).
+STARTUP_STAGES = ["imports", "setup", "restore_init", "samplers_started", "compile_init",
+                  "restore", "first_record", "first_update"]
+
+
 class SAOLearner:
   """The learner of one SAO phase (see the module docstring)."""
 
@@ -134,6 +143,7 @@ class SAOLearner:
     self.pool: SamplerPool | None = None
     self.publisher: ParamPublisher | None = None
     self.run_id = ""
+    self.compile_cache = jax.config.jax_compilation_cache_dir or None
     # (prompt_len, completion_len), tasks, rows: what a record must fit to be batched
     self.expect = ((s.prompt_len, rl.max_new_tokens), len(s.train), self.rows)
     self.guard = admission.RecordGuard(
@@ -169,12 +179,26 @@ class SAOLearner:
     return batch, items, stale, staleness
 
   # Start ----------------------------------------------------------------------------------
+  def prepare(self) -> None:
+    """What the samplers need before they start: the run id (the same topics after a
+    restart, so offsets replay) and an empty parameter directory to wait on."""
+    if self.cfg.transport.kind == "kafka":
+      id_path = self.workdir / "run_id"
+      self.run_id = self.cfg.transport.run_id or (
+          id_path.read_text().strip() if id_path.exists() else new_run_id(self.cfg))
+      id_path.write_text(self.run_id)
+    param_dir = self.workdir / "params"
+    shutil.rmtree(param_dir, ignore_errors=True)
+    self.publisher = ParamPublisher(param_dir)
+
   def start(self, init: TrainState) -> bool:
     """Restores the newest readable snapshot (and replays the journal after it), or starts
     from `init`'s params. Publishes the policy samplers start from. Returns resumed?"""
     loop = self.loop
     fresh = self.progs.init(jax.random.key(self.cfg.seed + 1))
+    startup.mark("compile_init")
     resumed = ckpt_lib.restore_latest_valid(self.mngr, fresh) if self.mngr.all_steps() else None
+    startup.mark("restore")
     if resumed is not None:
       self.state, meta, loop.step, skipped = resumed
       st = meta["stream"]
@@ -204,14 +228,6 @@ class SAOLearner:
       self.ledger.cut_to(0)
       self.shadows.reset_to(0, {})
     loop.steady_from = loop.step
-    if self.cfg.transport.kind == "kafka":  # the same topics after a restart: offsets replay
-      id_path = self.workdir / "run_id"
-      self.run_id = self.cfg.transport.run_id or (
-          id_path.read_text().strip() if id_path.exists() else new_run_id(self.cfg))
-      id_path.write_text(self.run_id)
-    param_dir = self.workdir / "params"
-    shutil.rmtree(param_dir, ignore_errors=True)
-    self.publisher = ParamPublisher(param_dir)
     self.publish()  # samplers start from the (restored) policy
     return resumed is not None
 
@@ -234,6 +250,8 @@ class SAOLearner:
       loop.outstanding = max(0, loop.outstanding - 1)
       loop.last_fresh, loop.stall_reports = time.time(), 0
       fresh.append((rec, data, pos))
+    if fresh:
+      startup.mark("first_record")
     first = self.journal.append([data for _, data, _ in fresh])
     self.buffer.extend(Item(rec, first + k, pos) for k, (rec, _, pos) in enumerate(fresh))
 
@@ -301,6 +319,9 @@ class SAOLearner:
                        [it.rec.record_id for it in stale])
     if loop.resume_info is not None and "recovery_s" not in loop.resume_info:
       loop.resume_info["recovery_s"] = t_done - sao_jax.PROCESS_T0
+      startup.mark("first_update")
+      loop.resume_info["breakdown_s"] = startup.breakdown(STARTUP_STAGES)
+      loop.resume_info["compile_cache"] = self.compile_cache
       loop.counts["recovery_ms_total"] += int(1000 * loop.resume_info["recovery_s"])
       self.writer.write(loop.step, loop.resume_info, phase="rl_event", advance=0)
       print(f"sao: first update {loop.resume_info['recovery_s']:.1f} s after the restart",
@@ -425,12 +446,16 @@ class SAOLearner:
 
   # The loop -------------------------------------------------------------------------------
   def run(self, init: TrainState) -> tuple[TrainState, dict]:
-    resumed = self.start(init)
     loop, cfg = self.loop, self.cfg
-    self.writer.progress("sao", cfg.rl.steps or None)
-    param_dir = self.workdir / "params"
-    with SamplerPool(cfg, param_dir, self.run_id) as self.pool:
+    self.prepare()
+    # Samplers start first: their imports and compilation overlap the learner's restore.
+    with SamplerPool(cfg, self.workdir / "params", self.run_id,
+                     tasks=(self.s.train, self.s.test),
+                     compile_cache=self.compile_cache) as self.pool:
       self.guard.on_quarantine = self.pool.stop_local
+      startup.mark("samplers_started")
+      resumed = self.start(init)
+      self.writer.progress("sao", cfg.rl.steps or None)
       if not resumed:
         self.snapshot(force=True)  # step 0: a resume before the first interval starts here
         if self.n_val:

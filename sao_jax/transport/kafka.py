@@ -94,6 +94,23 @@ class KafkaSpec:
     finally:
       admin.close()
 
+  def delete_task_topics(self) -> list[str]:
+    """Deletes the task topics of every incarnation of this run (the run finished: no learner
+    will hand out or redeliver those tasks again); returns their names. The trajectories,
+    dead-letter and control topics stay (the record of what was produced and rejected)."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="sao-jax-admin",
+                             **_CLIENT)
+    try:
+      prefix = f"sao.{self.run_id}.tasks"
+      names = sorted(t for t in admin.list_topics() if t == prefix or t.startswith(prefix + "."))
+      if names:
+        admin.delete_topics(names, timeout_ms=10_000)
+      return names
+    finally:
+      admin.close()
+
   def announce(self, payload: dict) -> None:
     """Appends a JSON announcement to the control topic (learner side)."""
     import json
