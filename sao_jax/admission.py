@@ -180,7 +180,6 @@ class RecordGuard:
     src = self._source(rec)
     index = rec.meta["task_index"]
     known = self.outstanding[index] > 0
-    problem = None
     if src.quarantined:
       problem = ("quarantined", f"sampler quarantined ({src.quarantined})")
     elif not (known or self._handed_out_before(index) or self._from_earlier_learner(rec, index)):
@@ -229,7 +228,7 @@ class RecordGuard:
     return {"rejected": {r: c[f"rejected_{r}"] for r in REASONS},
             "rejected_total": c["rejected"], "reissued_tasks": c["reissued_tasks"],
             "task_redelivered": c["task_redelivered"],
-            "quarantined_samplers": sum(bool(s.quarantined) for s in self.sources.values()),
+            "quarantined_samplers": c["quarantined_samplers"],
             "samplers_with_rejects": {
                 f"{k:06x}": {"accepted": s.accepted, "rejected": s.rejected,
                              "quarantined": s.quarantined or None, "sampler": s.sampler}

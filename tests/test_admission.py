@@ -277,7 +277,8 @@ def test_poisoner_sends_each_kind_as_configured():
 def test_a_live_run_rejects_every_injected_poison_and_trains(repo_root, tmp_path):
   """Sampler 0 of a tiny SAO run sends a poisoned record of each kind among its real ones
   (faults.poison_*): the run finishes, rejects exactly those by reason, and never takes a
-  non-finite update or rolls back."""
+  non-finite update or rolls back. Then 16 bytes flipped inside the newest snapshot's
+  weights: a restore detects it and falls back to the older snapshot."""
   import json
   import math
   import subprocess
@@ -293,7 +294,7 @@ def test_a_live_run_rejects_every_injected_poison_and_trains(repo_root, tmp_path
          "--set", "faults.poison_records=1", "--set", "log_every=1", "--set", "sft.steps=2",
          "--set", "eval.num_problems=16", "--set", "sao.num_samplers=1"]
   proc = subprocess.run(cmd, cwd=repo_root, env=subprocess_env(), capture_output=True,
-                        text=True, timeout=300)
+                        text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   rl = json.loads((tmp_path / "w" / "summary.json").read_text())["rl"]
   assert rl["steps"] == 6
@@ -306,3 +307,27 @@ def test_a_live_run_rejects_every_injected_poison_and_trains(repo_root, tmp_path
   assert len(rows) == 6 and all(math.isfinite(r[k]) for r in rows
                                   for k in ("loss", "grad_norm", "reward"))
   assert "rejected a trajectory record (nonfinite" in proc.stdout + proc.stderr
+
+  from sao_jax import checkpoint as ckpt
+  from sao_jax.learner import make_sao_update
+  from sao_jax.runners.common import programs_for
+  from sao_jax.setup import make_setup
+  directory = tmp_path / "w" / "checkpoints" / "rl"
+  steps = ckpt.manager(directory).all_steps()
+  assert sorted(steps) == [0, 6]
+  files = [f for f in (directory / "6" / "params").rglob("*") if f.parent.name == "d"]
+  weights = max(files, key=lambda f: f.stat().st_size)
+  data = bytearray(weights.read_bytes())
+  at = int(len(data) * 0.3)
+  data[at:at + 16] = bytes(b ^ 0xFF for b in data[at:at + 16])
+  weights.write_bytes(bytes(data))
+  _, meta = ckpt.read_meta(directory, 0)
+  cfg = config.from_dict(meta["config"])
+  s = make_setup(cfg)
+  progs = programs_for(s, cfg.rl.optim, lambda m, tx: make_sao_update(m, tx, cfg.rl, cfg.sao),
+                       num_tasks=len(s.train))
+  import jax
+  with pytest.warns(RuntimeWarning, match="snapshot step 6 .*DamagedSnapshot"):
+    _, _, step, skipped = ckpt.restore_latest_valid(ckpt.manager(directory),
+                                                    progs.init(jax.random.key(0)))
+  assert step == 0 and skipped == [6]
