@@ -165,7 +165,8 @@ def audit_embedded(workdir: pathlib.Path) -> dict:
   from sao_jax import checkpoint as ckpt
   _, meta = ckpt.read_meta(workdir / "checkpoints" / "rl")
   a = recovery.audit(workdir, meta["stream"]["journal_next"])
-  return dict(a, source="journal (every record the learner took) vs ledger")
+  steps = len(recovery.Ledger(workdir / "ledger.jsonl").rows())
+  return dict(a, steps=steps, source="journal (every record the learner took) vs ledger")
 
 
 def chaos(transport: str, kills: int, out: pathlib.Path, args, rng: random.Random) -> dict:
