@@ -244,7 +244,8 @@ def claim_sync_vs_async(root=None) -> Claim:
       seed = (_seed_pair(seed_key) if seed_key else
               f"{SEED['utilisation_sao']:.0%} SAO, +{SEED['utilisation_gain']:.0%} over sync"
               if key == "learner_busy" else "-")
-      rows.append(Row(label, seed, ours, f"GRPO -> SAO (SAO/GRPO), {s['n']} seed(s)"))
+      rows.append(Row(label, seed, ours, f"GRPO -> SAO (SAO/GRPO), {s['n']} seed(s), "
+                      f"`{name}`"))
     tput = sm.get("ratio", {}).get("learner_steps_per_s", {}).get("mean")
     if tput is not None:
       diffs.append(f"Throughput: SAO/GRPO {tput:.2f}x here against the seed's "
@@ -749,12 +750,37 @@ CLAIMS: dict[str, Callable[..., Claim]] = {
     "d": claim_retention, "e": claim_rl_gain, "f": claim_recovery, "g": claim_code}
 
 
+# The rows that stand for each claim at a glance (by the start of their metric name).
+HEADLINES = {
+    "a": ["throughput (learner steps/s)", "learner utilisation", "step latency",
+          "sampling->training delay", "peak memory, all processes",
+          "simulated at the seed's scale"],
+    "b": ["mean |pi_prox/pi_behav - 1|", "largest deviation"],
+    "c": ["retention, 1000-step trajectory: + INT8", "retention: relative performance loss"],
+    "d": ["retention4 (4 fact(s), 44 steps, question >= 32 turns later): compressed",
+          "retention (1 fact(s), 36 steps, question >= 32 turns later): compressed"],
+    "e": ["arithmetic: SFT -> grpo", "saturated sums: SFT -> SAO (not_centred)",
+          "code: SFT -> sao", "code: SFT -> grpo", "code: SFT -> sft_continued"],
+    "f": ["restart -> first update", "trajectories lost"],
+    "g": ["sao: held-out pass rate", "SAO learner busy, sandbox reward"],
+}
+
+
+def headline(c: Claim) -> list[Row]:
+  """The claim's rows listed in HEADLINES that it has (all rows of a claim it has none)."""
+  picked = [r for prefix in HEADLINES.get(c.key, []) for r in c.rows
+            if r.metric.startswith(prefix) and r.metric[len(prefix):][:1] != "_"]
+  out = list(dict.fromkeys(picked))
+  return out or c.rows
+
+
 def all_claims(root=None, runs=None) -> list[Claim]:
   return [fn(root, runs) if k == "b" else fn(root) for k, fn in CLAIMS.items()]
 
 
 # Markdown -------------------------------------------------------------------------------------
-def _cell(s: str) -> str:
+def cell(s: str) -> str:
+  """Text safe inside a Markdown table cell."""
   return s.replace("|", "\\|").replace("\n", " ")
 
 
@@ -764,7 +790,7 @@ def to_markdown(c: Claim, level: int = 2) -> str:
   out = [f"{'#' * level} ({c.key}) {c.title}", "", f"**Seed:** {c.seed_text}", ""]
   if c.rows:
     out += ["| metric | seed | ours | note |", "|---|---|---|---|"]
-    out += [f"| {_cell(r.metric)} | {_cell(r.seed)} | {_cell(r.ours)} | {_cell(r.note)} |"
+    out += [f"| {cell(r.metric)} | {cell(r.seed)} | {cell(r.ours)} | {cell(r.note)} |"
             for r in c.rows]
     out.append("")
   if c.conditions:

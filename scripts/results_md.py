@@ -38,8 +38,15 @@ def render(claims: list[report.Claim], tracked: set[str] | None, command: str) -
          "per claim; each has a notebook under `notebooks/` with plots. Seeded figures are "
          "mean ± standard error over seeds; 'one run' marks a single measurement. Where a "
          "result is missing, the section says which command writes it.", ""]
-  out += ["| claim | rows | missing |", "|---|---:|---|"]
-  out += [f"| ({c.key}) {c.title} | {len(c.rows)} | {len(c.missing) or ''} |" for c in claims]
+  out += ["## At a glance", "", "| claim | metric | seed | ours | note |",
+          "|---|---|---|---|---|"]
+  for c in claims:
+    for r in report.headline(c):
+      out.append(f"| ({c.key}) {c.title} | " + " | ".join(
+          report.cell(x) for x in (r.metric, r.seed, r.ours, r.note)) + " |")
+    if c.missing:
+      out.append(f"| ({c.key}) {c.title} | missing | | "
+                 + "; ".join(report.cell(m) for m in c.missing) + " | |")
   out.append("")
   for c in claims:
     out.append(report.to_markdown(c))

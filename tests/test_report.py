@@ -234,6 +234,10 @@ def test_results_md(tiny_results, tmp_path):
   for key in "abcdefg":
     assert f"## ({key}) " in text
   assert "1.5 ± 0.5 -> 2.25 ± 0.75 (1.50 ± 0.00x)" in text
+  glance = text[text.index("## At a glance"):text.index("## (a)")]
+  assert "| (f) Recovery from failures | restart -> first update | minute-level recovery | " \
+      "median 30.0 s (20-40 s) |" in glance
+  assert "compressed_float_memory" not in glance  # headline rows, not every row
   assert "commit `abcdef123456`" in text
   assert "| `soak/soak.json` | yes | - |" in text  # not the repository's results/: untracked
   assert "**Missing:**" not in text
