@@ -361,15 +361,22 @@ def staleness_bins(rows: list[dict]) -> dict[int, dict]:
   return {k: stats.summarize(v) for k, v in sorted(groups.items())}
 
 
-def _metrics_source(path: pathlib.Path, base: pathlib.Path) -> Source:
-  """A metrics.jsonl's provenance: that of the benchmark's results.json two levels up (the
-  arm's directory sits in the run's), where there is one."""
+def _metrics_source(path: pathlib.Path, base: pathlib.Path, runs: pathlib.Path) -> Source:
+  """A metrics.jsonl's provenance: that of its benchmark's results.json. A copy under the
+  results directory has it two levels up (the arm's directory sits in the run's); a workdir
+  runs/NAME/seedK/ARM/ pairs with results/NAME/results.json (the benchmark's defaults)."""
   label = str(path.relative_to(base)) if path.is_relative_to(base) else str(path)
-  parent = path.parent.parent / "results.json"
-  try:
-    doc = json.loads(parent.read_text()) if parent.exists() else None
-  except json.JSONDecodeError:
-    doc = None
+  candidates = [path.parent.parent / "results.json"]
+  if path.is_relative_to(runs):
+    candidates.append(base / path.relative_to(runs).parts[0] / "results.json")
+  doc = None
+  for c in candidates:
+    try:
+      doc = json.loads(c.read_text()) if c.exists() else None
+    except json.JSONDecodeError:
+      doc = None
+    if doc is not None:
+      break
   return dataclasses.replace(source(label, doc), present=True)
 
 
@@ -431,7 +438,7 @@ def claim_deviation(root=None, runs=None) -> Claim:
       "b", "Off-policy deviation and staleness",
       "Off-policy bias control: deviation kept below 5 % through decoupled policy updates; "
       "importance sampling with a learning rate adjusted by trajectory freshness.",
-      rows_out, [_metrics_source(p, base) for p in used] or
+      rows_out, [_metrics_source(p, base, runs_dir(runs)) for p in used] or
       [Source("bench_sync_vs_async runs' sao/metrics.jsonl", False)],
       [DEVIATION_CMD], "per-update metrics of each SAO run (metrics.jsonl): is_dev, "
       "staleness_mean, is_truncated_frac", diffs, missing, data)

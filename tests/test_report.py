@@ -200,6 +200,20 @@ def test_claims_say_what_is_missing(tmp_path):
   assert "run `python experiments/soak.py`" in report.to_markdown(claims[5])
 
 
+def test_deviation_reads_benchmark_workdirs(tiny_results, tmp_path):
+  runs = tmp_path / "runs"
+  metrics = runs / "bench_sync_vs_async" / "seed0" / "sao" / "metrics.jsonl"
+  metrics.parent.mkdir(parents=True)
+  metrics.write_text("".join(json.dumps(dict(r, is_dev=2 * r["is_dev"])) + "\n"
+                             for r in _deviation_rows()))
+  c = report.claim_deviation(tiny_results, runs)
+  assert [r["updates"] for r in c.data["runs"]] == [6, 6]
+  assert c.data["runs"][1]["max"] == pytest.approx(0.016)
+  assert c.sources[1].commit == "abcdef1234567890"  # results/bench_sync_vs_async/results.json
+  # run means 0.032/6 and twice that: 0.80 ± 0.27 % over the two runs
+  assert _row(c, "mean |pi_prox").ours == "0.80 ± 0.27 %"
+
+
 def test_bad_json_is_named(tmp_path):
   (tmp_path / "soak").mkdir()
   (tmp_path / "soak" / "soak.json").write_text('{"updates": ')
