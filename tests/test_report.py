@@ -26,7 +26,7 @@ def _sync_results() -> dict:
   """bench_sync_vs_async's results.json for 2 seeds; SAO's steps/s is 1.5x GRPO's."""
   runs = []
   for seed, (g, s) in enumerate([(1.0, 1.5), (2.0, 3.0)]):
-    arm = lambda sps: {"learner_steps_per_s": sps, "seconds_per_step": 1 / sps,  # noqa: E731
+    arm = lambda sps: {"learner_steps_per_s": sps, "seconds_per_step": 1 / sps,
                        "trajectories_per_s": 128 * sps, "learner_busy": 0.5 + 0.1 * sps,
                        "delay_mean_s": 2 / sps, "peak_rss_all_mb": 1000.0 * sps,
                        "learner_peak_mb": 500.0, "accuracy": 0.6,
@@ -53,7 +53,7 @@ def _sim_point(tps: float, busy: float) -> dict:
 
 
 def _compression_task(acc_full: float, acc_comp: float, n: int) -> dict:
-  arm = lambda a: {"accuracy": a, "questions": n,  # noqa: E731
+  arm = lambda a: {"accuracy": a, "questions": n,
                    "stderr": math.sqrt(a * (1 - a) / n), "wilson95": [a * 0.9, min(1, a * 1.05)]}
   return {"spec": {"n_steps": 36, "n_facts": 1, "min_gap": 32}, "chance": 0.1,
           "arms": {"full_context": arm(acc_full), "compressed": arm(acc_comp),
@@ -111,7 +111,7 @@ def write_tiny_results(root: pathlib.Path) -> pathlib.Path:
       "sft_accuracy": stats.summarize([0.8, 0.8]),
       "not_centred": {"final_accuracy": stats.summarize([0.9, 1.0])},
       "centred_control": {"final_accuracy": stats.summarize([0.8, 0.8])}}})
-  code_arm = lambda pass_rate, gain: {  # noqa: E731
+  code_arm = lambda pass_rate, gain: {
       "pass_rate": stats.summarize([pass_rate, pass_rate + 0.02]),
       "gain_points": stats.summarize([gain, gain + 2]),
       "learner_busy": stats.summarize([0.6, 0.62]),
