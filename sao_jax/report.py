@@ -431,9 +431,10 @@ def claim_deviation(root=None, runs=None) -> Claim:
                           f"{slope:+.2%}", ""))
     verdict = "below" if worst < SEED["offpolicy_deviation_max"] else "not below"
     diffs.append(f"Every update's deviation is {verdict} the seed's 5 % (largest "
-                 f"{worst:.2%}). Ours is measured on a 0.6M-parameter policy with 24-token "
-                 "completions and staleness of at most a few versions; longer trajectories "
-                 "and bigger policy steps per version would raise it.")
+                 f"{worst:.2%}), at staleness of at most "
+                 f"{max(r['staleness_max'] for r in per_run)} versions. Ours is measured on "
+                 "small policies with short completions; more staleness, bigger policy steps "
+                 "per version and longer trajectories would raise it.")
   return Claim(
       "b", "Off-policy deviation and staleness",
       "Off-policy bias control: deviation kept below 5 % through decoupled policy updates; "
