@@ -141,7 +141,8 @@ def ms(s: dict | None, spec: str = "{:.3g}", scale: float = 1.0, unit: str = "")
     return "-"
   text = spec.format(s["mean"] * scale)
   if s.get("se") is not None:
-    text += " ± " + spec.replace("+", "").format(s["se"] * scale)
+    se_spec = "{:.2g}" if spec.endswith("g}") else spec.replace("+", "")
+    text += " ± " + se_spec.format(s["se"] * scale)
   return text + unit
 
 

@@ -291,7 +291,10 @@ def _execute_claim_notebooks(results: pathlib.Path, runs: pathlib.Path,
     combined.cells += [c for c in nb.cells if c.cell_type == "code"]
   monkeypatch.setenv("SAO_JAX_RESULTS", str(results))  # inherited by the kernel
   monkeypatch.setenv("SAO_JAX_RUNS", str(runs))
-  client = nbclient.NotebookClient(combined, kernel_name="python3", timeout=120,
+  # generous timeouts: on a shared 2-core machine under load a kernel start alone can take
+  # a minute (the whole test takes ~8 s on a quiet one)
+  client = nbclient.NotebookClient(combined, kernel_name="python3", timeout=600,
+                                   startup_timeout=300,
                                    resources={"metadata": {"path": str(REPO / "notebooks")}})
   client.execute()  # raises CellExecutionError on the first failing cell
   per_notebook: dict[str, list] = {}
