@@ -31,8 +31,14 @@ class LearnerPrograms:
   update: Callable[[TrainState, Any], tuple[TrainState, dict]]
   batch_divisor: int
 
-  def shard_batch(self, batch):
-    return jax.device_put(batch, self.batch_sharding)
+  def shard_batch(self, batch, *, local: bool = False):
+    """The batch split over the batch axis; with several processes, `local` says the batch
+    holds only this process's rows (`process_rows`), else each process keeps its own."""
+    return sharding.put_batch(batch, self.batch_sharding, local=local)
+
+  def process_rows(self, rows: int) -> slice:
+    """The rows of a `rows`-row global batch that this process feeds."""
+    return sharding.process_rows(self.batch_sharding, rows)
 
 
 @dataclasses.dataclass

@@ -1,0 +1,70 @@
+"""One process of the 2-process learner in tests/test_multihost.py (not a test module).
+
+Started with $SAO_JAX_COORDINATOR, $SAO_JAX_NUM_PROCESSES, $SAO_JAX_PROCESS_ID and 4 fake
+CPU devices; joins the others, runs one SFT and one SAO update on the global 8-device mesh
+and, on process 0 only, writes loss, grad_norm and the gathered params to OUT/<kind>.npz.
+Every process writes OUT/process_<i>.json (its devices and batch rows) for the test to check.
+
+    python tests/multihost_worker.py OUT
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+from sao_jax import distributed
+from sao_jax.config import DistributedConfig
+
+OUT = pathlib.Path(sys.argv[1])
+dist = distributed.initialize(DistributedConfig())  # before anything touches a device
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
+from test_sharding import _cfg, _rl_batch, _sao_batch, _sft_batch  # noqa: E402
+
+from sao_jax.learner import make_sao_update, make_sft_update  # noqa: E402
+from sao_jax.models.transformer import TransformerLM  # noqa: E402
+from sao_jax.runners.compiled import compile_learner  # noqa: E402
+from sao_jax.sharding import make_mesh  # noqa: E402
+
+AXES, SHAPE = ("data", "fsdp", "tensor"), (4, 2, 1)
+
+
+def main():
+  cfg = _cfg(AXES, SHAPE)
+  mesh = make_mesh(cfg.mesh)
+  model = TransformerLM(cfg.model)
+  tx = optax.sgd(0.1)
+  rl = _rl_batch()
+  sft, sao = _sft_batch(rl), _sao_batch(rl)
+  info = {"process_index": jax.process_index(), "process_count": jax.process_count(),
+          "devices": len(jax.devices()), "local_devices": len(jax.local_devices()),
+          "resolved": [dist.coordinator, dist.num_processes, dist.process_id]}
+  cases = {"sft": (make_sft_update(model, tx), sft, 0, False),
+           "sao": (make_sao_update(model, tx, cfg.rl, cfg.sao), sao, 5, True)}
+  for kind, (update, batch, num_tasks, local) in cases.items():
+    progs = compile_learner(cfg, model, tx, update, with_ref=False, prompt_len=40, mesh=mesh,
+                            num_tasks=num_tasks)
+    rows = progs.process_rows(16)
+    info[f"{kind}_rows"] = [rows.start, rows.stop]
+    if local:  # this process's loader built only its own rows
+      batch = progs.shard_batch(jax.tree.map(lambda x, r=rows: np.asarray(x)[r], batch),
+                                local=True)
+    else:  # every process built the whole batch; each keeps its rows
+      batch = progs.shard_batch(batch)
+    state = progs.init(jax.random.key(0))
+    state, metrics = progs.update(state, batch)
+    params = multihost_utils.process_allgather(state.params, tiled=True)  # a collective
+    if distributed.is_primary():
+      flat = {jax.tree_util.keystr(p): np.asarray(v)
+              for p, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+      np.savez(OUT / f"{kind}.npz", loss=np.asarray(metrics["loss"]),
+               grad_norm=np.asarray(metrics["grad_norm"]), **flat)
+  (OUT / f"process_{jax.process_index()}.json").write_text(json.dumps(info))
+
+
+if __name__ == "__main__":
+  main()
