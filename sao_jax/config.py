@@ -521,9 +521,11 @@ class DistributedConfig:
   init_timeout_s: int = 300  # how long processes wait for each other at start-up
 
   def __post_init__(self):
-    c = self.coordinator
-    _check(c in ("", "auto") or (c.rpartition(":")[0] and c.rpartition(":")[2].isdigit()),
-           f"distributed.coordinator {c!r} must be 'host:port', 'auto' or empty")
+    host, _, port = self.coordinator.rpartition(":")
+    _check(self.coordinator in ("", "auto") or (
+        host.strip() == host != "" and port.isascii() and port.isdigit()
+        and 0 < int(port) < 65536),
+        f"distributed.coordinator {self.coordinator!r} must be 'host:port', 'auto' or empty")
     _check(self.num_processes >= 0, "distributed.num_processes must be >= 0 (0: from "
            "$SAO_JAX_NUM_PROCESSES or detected)")
     _check(self.process_id >= -1, "distributed.process_id must be >= 0 (-1: from "

@@ -12,6 +12,7 @@ import dataclasses
 import os
 
 import jax
+from jax.experimental import multihost_utils
 
 from sao_jax.config import ConfigError, DistributedConfig
 
@@ -71,3 +72,12 @@ def initialize(cfg: DistributedConfig, environ=None) -> DistributedConfig:
 def is_primary() -> bool:
   """Whether this process writes files and publishes (process 0; always, single-process)."""
   return jax.process_index() == 0
+
+
+def host_value(tree):
+  """`tree`'s arrays as host numpy arrays, whole, in every process. With several processes
+  an array may live partly on other hosts' devices: it is all-gathered, a collective that
+  every process must call at the same point of the program."""
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  return multihost_utils.process_allgather(tree, tiled=True)

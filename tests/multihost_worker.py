@@ -3,7 +3,10 @@
 Started with $SAO_JAX_COORDINATOR, $SAO_JAX_NUM_PROCESSES, $SAO_JAX_PROCESS_ID and 4 fake
 CPU devices; joins the others, runs one SFT and one SAO update on the global 8-device mesh
 and, on process 0 only, writes loss, grad_norm and the gathered params to OUT/<kind>.npz.
-Every process writes OUT/process_<i>.json (its devices and batch rows) for the test to check.
+Then it publishes the SAO params (ParamPublisher into OUT/params_<i>: only process 0 writes)
+and saves and restores the sharded SAO state with Orbax (OUT/ckpt, all processes).
+Every process writes OUT/process_<i>.json (its devices, batch rows, restore check) for the
+test to check.
 
     python tests/multihost_worker.py OUT
 """
@@ -25,10 +28,12 @@ import optax  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 from test_sharding import _cfg, _rl_batch, _sao_batch, _sft_batch  # noqa: E402
 
+from sao_jax import checkpoint as ckpt_lib  # noqa: E402
 from sao_jax.learner import make_sao_update, make_sft_update  # noqa: E402
 from sao_jax.models.transformer import TransformerLM  # noqa: E402
 from sao_jax.runners.compiled import compile_learner  # noqa: E402
 from sao_jax.sharding import make_mesh  # noqa: E402
+from sao_jax.transport.params import ParamPublisher  # noqa: E402
 
 AXES, SHAPE = ("data", "fsdp", "tensor"), (4, 2, 1)
 
@@ -63,6 +68,22 @@ def main():
               for p, v in jax.tree_util.tree_flatten_with_path(params)[0]}
       np.savez(OUT / f"{kind}.npz", loss=np.asarray(metrics["loss"]),
                grad_norm=np.asarray(metrics["grad_norm"]), **flat)
+  # Every process publishes into its own folder: only process 0's may have files.
+  ParamPublisher(OUT / f"params_{jax.process_index()}").publish(1, state.params)
+  # An Orbax snapshot of the sharded SAO state, every process saving its shards into one
+  # folder, restored onto a fresh state of the same sharding.
+  mngr = ckpt_lib.manager(OUT / "ckpt", every=1, keep=1, keep_best=False)
+  ckpt_lib.save(mngr, state, cfg, {"note": "multihost"})
+  mngr.wait_until_finished()
+  restored, meta, step, _ = ckpt_lib.restore_latest_valid(mngr, progs.init(jax.random.key(1)))
+  mngr.close()
+  diffs = jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), params,
+                       multihost_utils.process_allgather(restored.params, tiled=True))
+  tracker = multihost_utils.process_allgather(restored.tracker, tiled=True)
+  info["restore"] = {"step": step, "note": meta["note"], "max_diff": max(jax.tree.leaves(diffs)),
+                     "tracker_sum": float(sum(np.sum(x) for x in jax.tree.leaves(tracker))),
+                     "params_sharded": not restored.params["block_0"]["attn"]["query"][
+                         "kernel"].is_fully_addressable}
   (OUT / f"process_{jax.process_index()}.json").write_text(json.dumps(info))
 
 

@@ -47,8 +47,9 @@ def test_distributed_config_from_fields_and_environment():
     distributed.resolve(DistributedConfig(), dict(env, SAO_JAX_PROCESS_ID="x"))
   with pytest.raises(ConfigError, match="must be < num_processes"):
     distributed.resolve(DistributedConfig(), dict(env, SAO_JAX_PROCESS_ID="4"))
-  with pytest.raises(ConfigError, match="must be 'host:port'"):
-    override(Config(), "distributed.coordinator", "nohostport")
+  for bad in ("nohostport", "h:0", "h:70000", ":5", "h:"):
+    with pytest.raises(ConfigError, match="must be 'host:port'"):
+      override(Config(), "distributed.coordinator", bad)
   assert override(Config(), "distributed.num_processes", 2).distributed.num_processes == 2
   # No coordinator: nothing to join, and JAX is left single-process.
   assert distributed.initialize(DistributedConfig(), {}) == DistributedConfig()
@@ -108,6 +109,18 @@ def test_two_processes_equal_one_process(tmp_path):
     assert info["resolved"][1:] == [2, i]
     # Batch axis (data, fsdp) = 8 devices, 4 per process: each feeds half the rows.
     assert info["sft_rows"] == info["sao_rows"] == [8 * i, 8 * i + 8]
+    # The Orbax snapshot that both processes saved restores exactly, still sharded.
+    restore = info["restore"]
+    assert (restore["step"], restore["note"], restore["max_diff"]) == (1, "multihost", 0.0)
+    assert restore["params_sharded"] and restore["tracker_sum"] > 0
+  # Only the primary process publishes parameters, and what it publishes is the whole state.
+  assert not (tmp_path / "params_1").exists()
+  latest = json.loads((tmp_path / "params_0" / "LATEST").read_text())
+  published = np.load(tmp_path / "params_0" / latest["file"])
+  sao_npz = np.load(tmp_path / "sao.npz")
+  assert latest["version"] == 1 and len(published.files) == len(sao_npz.files) - 2
+  for k in published.files:
+    np.testing.assert_array_equal(published[k], sao_npz[k])
   cfg = _cfg(("data", "fsdp", "tensor"), (4, 2, 1))
   mesh = make_mesh(cfg.mesh)
   tx = optax.sgd(0.1)
