@@ -3,8 +3,9 @@
 Started with $SAO_JAX_COORDINATOR, $SAO_JAX_NUM_PROCESSES, $SAO_JAX_PROCESS_ID and 4 fake
 CPU devices; joins the others, runs one SFT and one SAO update on the global 8-device mesh
 and, on process 0 only, writes loss, grad_norm and the gathered params to OUT/<kind>.npz.
-Then it publishes the SAO params (ParamPublisher into OUT/params_<i>: only process 0 writes)
-and saves and restores the sharded SAO state with Orbax (OUT/ckpt, all processes).
+Then it samples greedily from the SAO params (OUT/greedy.npz), publishes them
+(ParamPublisher into OUT/params_<i>: only process 0 writes) and saves and restores the
+sharded SAO state with Orbax (OUT/ckpt, all processes).
 Every process writes OUT/process_<i>.json (its devices, batch rows, restore check) for the
 test to check.
 
@@ -26,12 +27,12 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
-from test_sharding import _cfg, _rl_batch, _sao_batch, _sft_batch  # noqa: E402
+from test_sharding import TOK, _cfg, _rl_batch, _sao_batch, _sft_batch  # noqa: E402
 
 from sao_jax import checkpoint as ckpt_lib  # noqa: E402
 from sao_jax.learner import make_sao_update, make_sft_update  # noqa: E402
 from sao_jax.models.transformer import TransformerLM  # noqa: E402
-from sao_jax.runners.compiled import compile_learner  # noqa: E402
+from sao_jax.runners.compiled import compile_learner, compile_sampler  # noqa: E402
 from sao_jax.sharding import make_mesh  # noqa: E402
 from sao_jax.transport.params import ParamPublisher  # noqa: E402
 
@@ -68,6 +69,12 @@ def main():
               for p, v in jax.tree_util.tree_flatten_with_path(params)[0]}
       np.savez(OUT / f"{kind}.npz", loss=np.asarray(metrics["loss"]),
                grad_norm=np.asarray(metrics["grad_norm"]), **flat)
+  # Sampling as evaluation does it: host prompts in every process, the whole output back.
+  smp = compile_sampler(cfg, model, prompt_len=40, max_new_tokens=4, temperature=1.0,
+                        eos_id=TOK.eos_id, pad_id=TOK.pad_id, mesh=mesh)
+  out = smp.greedy(state.params, rl.prompt_bp, rl.prompt_valid_bp, jax.random.key(0))
+  if distributed.is_primary():
+    np.savez(OUT / "greedy.npz", tokens_bt=out.tokens_bt, logp_bt=out.logp_bt)
   # Every process publishes into its own folder: only process 0's may have files.
   ParamPublisher(OUT / f"params_{jax.process_index()}").publish(1, state.params)
   # An Orbax snapshot of the sharded SAO state, every process saving its shards into one

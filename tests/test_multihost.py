@@ -14,6 +14,7 @@ from conftest import REPO_ROOT, subprocess_env
 from test_sharding import (
     LOSS_RTOL,
     PARAM_ATOL,
+    TOK,
     _cfg,
     _one_update,
     _rl_batch,
@@ -24,6 +25,8 @@ from test_sharding import (
 from sao_jax import distributed
 from sao_jax.config import Config, ConfigError, DistributedConfig, override
 from sao_jax.learner import make_sao_update, make_sft_update
+from sao_jax.models.transformer import TransformerLM
+from sao_jax.runners.compiled import compile_sampler
 from sao_jax.sharding import batch_sharding, make_mesh, process_rows, put_batch
 
 WORKER = REPO_ROOT / "tests" / "multihost_worker.py"
@@ -137,4 +140,12 @@ def test_two_processes_equal_one_process(tmp_path):
     assert len(got.files) == len(flat) + 2
     for path, value in flat:
       np.testing.assert_allclose(got[jax.tree_util.keystr(path)], value, atol=PARAM_ATOL)
+  # Greedy sampling from the SAO params (evaluation's path) gives the same completions.
+  smp = compile_sampler(cfg, TransformerLM(cfg.model), prompt_len=40, max_new_tokens=4,
+                        temperature=1.0, eos_id=TOK.eos_id, pad_id=TOK.pad_id, mesh=mesh)
+  out = jax.device_get(smp.greedy(params, rl.prompt_bp, rl.prompt_valid_bp,
+                                  jax.random.key(0)))
+  greedy = np.load(tmp_path / "greedy.npz")
+  np.testing.assert_array_equal(greedy["tokens_bt"], out.tokens_bt)
+  np.testing.assert_allclose(greedy["logp_bt"], out.logp_bt, atol=1e-5)
   print(f"2-process learner: {wall:.1f} s for both workers", file=sys.stderr)
