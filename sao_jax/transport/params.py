@@ -16,6 +16,8 @@ import tempfile
 import jax
 import numpy as np
 
+from sao_jax import distributed
+
 
 def flatten(tree) -> dict[str, np.ndarray]:
   leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
@@ -44,14 +46,20 @@ def _atomic_write(path: pathlib.Path, write):
 
 
 class ParamPublisher:
+  """Writes versions into `directory`. A learner over several processes calls `publish` in
+  every process (the params are gathered from all hosts); only process 0 writes."""
+
   def __init__(self, directory: str | pathlib.Path, keep: int = 3):
     self.dir = pathlib.Path(directory)
-    self.dir.mkdir(parents=True, exist_ok=True)
+    if distributed.is_primary():
+      self.dir.mkdir(parents=True, exist_ok=True)
     self.keep = keep
     self._published: list[pathlib.Path] = []
 
   def publish(self, version: int, params) -> None:
-    flat = flatten(jax.device_get(params))
+    flat = flatten(distributed.host_value(params))
+    if not distributed.is_primary():
+      return
     path = self.dir / f"params_v{version:08d}.npz"
     _atomic_write(path, lambda f: np.savez(f, **flat))
     _atomic_write(self.dir / "LATEST",
