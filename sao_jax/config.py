@@ -526,6 +526,41 @@ class LoggingConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+  """A learner over several processes (one per host) with JAX's multi-controller runtime.
+
+  Every process runs the same command; `sao_jax.distributed.initialize` joins them before
+  any JAX computation, and the mesh then spans every process's devices. Each field left at
+  its default is read from the environment, so one command line serves all hosts:
+  `coordinator` ($SAO_JAX_COORDINATOR) is process 0's "host:port", or "auto" for JAX's
+  cluster detection (TPU pods, SLURM, Open MPI, Kubernetes); `num_processes`
+  ($SAO_JAX_NUM_PROCESSES; 0: 1, or detected with "auto"); `process_id`
+  ($SAO_JAX_PROCESS_ID; -1: 0, or detected with "auto"). No coordinator anywhere: a single
+  process, and nothing is initialized.
+  """
+
+  coordinator: str = ""
+  num_processes: int = 0
+  process_id: int = -1
+  init_timeout_s: int = 300  # how long processes wait for each other at start-up
+
+  def __post_init__(self):
+    host, _, port = self.coordinator.rpartition(":")
+    _check(self.coordinator in ("", "auto") or (
+        host.strip() == host != "" and port.isascii() and port.isdigit()
+        and 0 < int(port) < 65536),
+        f"distributed.coordinator {self.coordinator!r} must be 'host:port', 'auto' or empty")
+    _check(self.num_processes >= 0, "distributed.num_processes must be >= 0 (0: from "
+           "$SAO_JAX_NUM_PROCESSES or detected)")
+    _check(self.process_id >= -1, "distributed.process_id must be >= 0 (-1: from "
+           "$SAO_JAX_PROCESS_ID or detected)")
+    _check(not self.num_processes or self.process_id < self.num_processes,
+           f"distributed.process_id {self.process_id} must be < num_processes "
+           f"{self.num_processes}")
+    _check(self.init_timeout_s > 0, "distributed.init_timeout_s must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
   name: str = "run"
   seed: int = 0
@@ -542,6 +577,7 @@ class Config:
   faults: FaultsConfig = FaultsConfig()
   compression: CompressionConfig = CompressionConfig()
   logging: LoggingConfig = LoggingConfig()
+  distributed: DistributedConfig = DistributedConfig()
   log_every: int = 10
   checkpoint_every: int = 100
   init_from: str = ""

@@ -106,6 +106,26 @@ class MetricsWriter:
       self._wandb = None
 
 
+class SilentWriter(MetricsWriter):
+  """A MetricsWriter that writes nothing: the one of every learner process but the first,
+  so that a run over several hosts has one metrics.jsonl, one TensorBoard log, one W&B run."""
+
+  def __init__(self):  # (no files opened, nothing to close)
+    self.t0 = time.time()
+
+  def progress(self, desc: str, total: int | None):
+    pass
+
+  def write(self, step: int, metrics: dict[str, Any], *, phase: str, advance: int = 1):
+    pass
+
+  def tick(self, n: int = 1):
+    pass
+
+  def close(self):
+    pass
+
+
 def write_summary(workdir: str | pathlib.Path, summary: dict[str, Any]) -> pathlib.Path:
   path = pathlib.Path(workdir) / "summary.json"
   path.write_text(json.dumps({k: _plain(v) for k, v in summary.items()}, indent=2,

@@ -16,10 +16,12 @@
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
 import pathlib
 import struct
+import time
 import warnings
 import zlib
 from collections.abc import Iterator
@@ -160,6 +162,63 @@ class Ledger:
     if self._file is not None:
       self._file.close()
       self._file = None
+
+
+class EventLog:
+  """`events.jsonl`: what happened to a run, across every process that ran it, never cut back.
+
+  Snapshots carry the counters of the restored lineage only: what an incarnation did after
+  its last snapshot (a sampler restart, a rollback, rejected records) is gone with it, and
+  updates redone after a resume would be counted twice. So each incarnation (one learner
+  process's phase) appends here: "start" (resumed or not, from which step), its counters as
+  deltas since its own start ("counts", at every log step and at its end: a crash loses at
+  most one log interval), "resume" (restart -> first update, with the breakdown), "rollback",
+  and "finish". `lifetime()` adds them up.
+  """
+
+  def __init__(self, path: str | pathlib.Path, phase: str):
+    import uuid
+    self.path, self.phase = pathlib.Path(path), phase
+    self.incarnation = uuid.uuid4().hex[:8]
+    self._file = open(self.path, "a", buffering=1)
+
+  def write(self, event: str, **fields) -> None:
+    row = {"t": round(time.time(), 3), "phase": self.phase, "incarnation": self.incarnation,
+           "pid": os.getpid(), "event": event, **fields}
+    self._file.write(json.dumps(row, default=float) + "\n")
+
+  def close(self) -> None:
+    if not self._file.closed:
+      self._file.close()
+
+  @staticmethod
+  def rows(path: str | pathlib.Path) -> list[dict]:
+    return Ledger(path).rows()  # (a half-written last line is skipped)
+
+  @staticmethod
+  def lifetime(path: str | pathlib.Path, phase: str) -> dict:
+    """Totals over every incarnation of `phase`: incarnations, how many ended without a
+    "finish" (killed), resumes and their recovery times, rollbacks, and the sum of each
+    incarnation's last counter deltas."""
+    rows = [r for r in EventLog.rows(path) if r.get("phase") == phase]
+    incs: dict[str, dict] = {}
+    for r in rows:
+      inc = incs.setdefault(r["incarnation"], {"counts": {}, "finished": False})
+      if r["event"] == "counts":
+        inc["counts"] = r["counts"]
+      elif r["event"] == "finish":
+        inc["finished"] = True
+        inc["counts"] = r.get("counts", inc["counts"])
+    totals: dict[str, int] = collections.Counter()
+    for inc in incs.values():
+      totals.update(inc["counts"])
+    recovery = [r["recovery_s"] for r in rows if r["event"] == "resume" and "recovery_s" in r]
+    return {"incarnations": len(incs),
+            "killed": sum(not inc["finished"] for inc in incs.values()),
+            "resumes": sum(1 for r in rows if r["event"] == "start" and r.get("resumed")),
+            "recovery_s": recovery,
+            "rollbacks": sum(1 for r in rows if r["event"] == "rollback"),
+            "counts": dict(totals)}
 
 
 def audit(workdir: str | pathlib.Path, journal_next: int) -> dict:

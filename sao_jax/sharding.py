@@ -71,3 +71,33 @@ def batch_divisor(mesh: Mesh, rules) -> int:
   axes = dict(rules).get("batch") or ()
   axes = (axes,) if isinstance(axes, str) else axes
   return math.prod(mesh.shape[a] for a in axes)
+
+
+def process_rows(sharding: NamedSharding, rows: int) -> slice:
+  """The rows of a `rows`-row batch that this process's devices hold under `sharding` (all
+  of them in a single process): what its data loader must build."""
+  spans = [(s.start or 0, rows if s.stop is None else s.stop) for (s, *_) in
+           sharding.addressable_devices_indices_map((rows,)).values()]
+  start, stop = min(a for a, _ in spans), max(b for _, b in spans)
+  if set().union(*(range(a, b) for a, b in spans)) != set(range(start, stop)):
+    raise ValueError(f"this process's batch rows {sorted(set(spans))} are not contiguous; "
+                     "order the mesh devices by process")
+  return slice(start, stop)
+
+
+def put_batch(batch, sharding: NamedSharding, *, local: bool = False):
+  """`batch` (a pytree of host arrays with a leading batch axis) as global arrays on
+  `sharding`. Single process: a device_put. Several processes: every process calls this with
+  either the whole batch (`local=False`; it keeps only its `process_rows`) or only its own
+  rows (`local=True`), and `jax.make_array_from_process_local_data` assembles the global
+  arrays without any process holding another's rows on device."""
+  if jax.process_count() == 1:
+    return jax.device_put(batch, sharding)
+
+  def put(x):
+    x = np.asarray(x)
+    if local:
+      return jax.make_array_from_process_local_data(sharding, x)
+    return jax.make_array_from_process_local_data(
+        sharding, x[process_rows(sharding, x.shape[0])], x.shape)
+  return jax.tree.map(put, batch)

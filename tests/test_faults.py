@@ -116,6 +116,11 @@ def test_kill_9_the_learner_and_rerun(repo_root, tmp_path, seed):
   assert {"setup", "compile_init", "restore"} <= set(stages), stages
   assert abs(sum(resume["breakdown_s"].values()) - resume["recovery_s"]) < 0.5, resume
   assert resume["compile_cache"] == os.environ["SAO_JAX_CACHE"]
+  # The event log counts both processes: the killed one's updates after its last snapshot
+  # were done twice (once lost, once replayed), which the restored lineage cannot show.
+  life = rl["lifetime"]
+  assert life["incarnations"] == 2 and life["killed"] == 1 and life["resumes"] == 1, life
+  assert len(life["recovery_s"]) == 1 and life["counts"]["consumed"] >= rl["trajectories"]
   expected_from = steps_before[-1] if seed == 0 else steps_before[-2]
   assert resume["from_step"] == expected_from, (steps_before, resume)
   if seed == 1:

@@ -12,6 +12,7 @@ import pytest
 from conftest import subprocess_env
 
 from sao_jax.recovery import Ledger
+from sao_jax.transport.kafka import committed_offsets, topic_record_ids
 
 pytestmark = pytest.mark.slow
 CFG = "experiments/configs/sao_arith.py:tiny"
@@ -56,32 +57,6 @@ def test_sampler_role_names_a_missing_run(kafka_broker, repo_root):
                         cwd=repo_root, env=subprocess_env(), capture_output=True, text=True,
                         timeout=60)
   assert proc.returncode == 2 and "no SAO run 'nope'" in proc.stderr
-
-
-def _topic_ids(bootstrap, topic, partitions):
-  """(partition, offset, record id) of every decodable record on the topic."""
-  from kafka import KafkaConsumer, TopicPartition
-
-  from sao_jax.transport import records
-  c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                    auto_offset_reset="earliest", fetch_max_wait_ms=25)
-  c.assign([TopicPartition(topic, p) for p in range(partitions)])
-  out, quiet = [], 0
-  while quiet < 10:
-    got = [r for rs in c.poll(timeout_ms=300).values() for r in rs]
-    quiet = 0 if got else quiet + 1
-    for r in got:
-      out.append((r.partition, r.offset, records.decode(r.value).record_id))
-  c.close()
-  return out
-
-
-def _committed(bootstrap, group, topic, partitions):
-  from kafka import KafkaConsumer, TopicPartition
-  c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
-  out = {p: c.committed(TopicPartition(topic, p)) or 0 for p in range(partitions)}
-  c.close()
-  return out
 
 
 @pytest.mark.parametrize("samplers", ["local", "remote"])
@@ -131,8 +106,8 @@ def test_learner_kill_9_replays_from_committed_offsets(kafka_broker, repo_root, 
   assert [r["step"] for r in rows] == list(range(1, 31))
   assert len(used) == len(set(used)), "a trajectory was applied twice"
   topic = f"sao.{run_id}.trajectories"
-  on_topic = _topic_ids(kafka_broker.bootstrap, topic, 4)
-  committed = _committed(kafka_broker.bootstrap, f"sao.{run_id}.learner", topic, 4)
+  on_topic = topic_record_ids(kafka_broker.bootstrap, topic, 4)
+  committed = committed_offsets(kafka_broker.bootstrap, f"sao.{run_id}.learner", topic, 4)
   before_commit = {rid for part, off, rid in on_topic if off < committed[part]}
   assert before_commit and before_commit <= set(used), "a committed trajectory was never used"
   assert set(used) <= {rid for _, _, rid in on_topic}

@@ -176,3 +176,27 @@ def test_shadow_bank_keeps_the_best_and_the_latest(tmp_path):
   bank.reset_to(20, bank.scores)  # a resume at step 20 forgets the shadow of step 30
   assert sorted(bank.scores) == [10, 20]
   bank.close()
+
+
+def test_event_log_adds_up_incarnations_killed_ones_included(tmp_path):
+  path = tmp_path / "events.jsonl"
+  first = recovery.EventLog(path, "rl")
+  first.write("start", resumed=False, from_step=0)
+  first.write("counts", step=10, counts={"consumed": 40, "bad_records": 2})
+  first.write("counts", step=20, counts={"consumed": 80, "bad_records": 3, "rollbacks": 1})
+  first.write("rollback", step=18, reason="x")
+  # killed here: no "finish"; its last counts stand
+  second = recovery.EventLog(path, "rl")
+  second.write("start", resumed=True, from_step=10)
+  second.write("resume", step=11, recovery_s=7.5)
+  second.write("finish", step=30, counts={"consumed": 90, "sampler_restarts": 1})
+  other = recovery.EventLog(path, "sft")
+  other.write("start", resumed=False, from_step=0)
+  for log in (first, second, other):
+    log.close()
+  with open(path, "a") as f:
+    f.write('{"phase": "rl", "incarnation": "half-writ')  # a crash mid-line
+  life = recovery.EventLog.lifetime(path, "rl")
+  assert life == {"incarnations": 2, "killed": 1, "resumes": 1, "recovery_s": [7.5],
+                  "rollbacks": 1, "counts": {"consumed": 170, "bad_records": 3,
+                                             "rollbacks": 1, "sampler_restarts": 1}}

@@ -43,6 +43,19 @@ def _rl_batch():
                  logp_bt=logp, rewards_b=rewards)
 
 
+def _sft_batch(rl: RLBatch) -> SFTBatch:
+  return SFTBatch(prompt_bp=rl.prompt_bp, prompt_valid_bp=rl.prompt_valid_bp,
+                  tokens_bt=rl.tokens_bt, valid_bt=rl.valid_bt, weight_b=np.ones(16, np.float32))
+
+
+def _sao_batch(rl: RLBatch) -> SAOBatch:
+  """Single-step trajectories of 5 tasks, staleness 0..3, the last two rows padding."""
+  return SAOBatch.single_steps(**{f: getattr(rl, f) for f in RLBatch.DTYPES},
+                               task_b=np.arange(16, dtype=np.int32) % 5,
+                               staleness_b=np.arange(16, dtype=np.int32) % 4,
+                               row_valid_b=np.arange(16) < 14)
+
+
 def _one_update(cfg, mesh, tx, batch, make_update, num_tasks=0):
   model = TransformerLM(cfg.model)
   progs = compile_programs(cfg, model, tx, make_update(model, tx), with_ref=False,
@@ -70,15 +83,10 @@ def test_sharded_update_equals_single_device(kind, axes, shape):
   elif kind == "sao":
     make = lambda m, t: make_sao_update(m, t, cfg.rl, cfg.sao)
     num_tasks = 5
-    batch = SAOBatch.single_steps(**{f: getattr(batch, f) for f in RLBatch.DTYPES},
-                                  task_b=np.arange(16, dtype=np.int32) % 5,
-                                  staleness_b=np.arange(16, dtype=np.int32) % 4,
-                                  row_valid_b=np.arange(16) < 14)
+    batch = _sao_batch(batch)
   else:
     make = make_sft_update
-    batch = SFTBatch(prompt_bp=batch.prompt_bp, prompt_valid_bp=batch.prompt_valid_bp,
-                     tokens_bt=batch.tokens_bt, valid_bt=batch.valid_bt,
-                     weight_b=np.ones(16, np.float32))
+    batch = _sft_batch(batch)
   one = make_mesh(MeshConfig(axes=axes, shape=(1, 1, 1)), jax.devices()[:1])
   many = make_mesh(cfg.mesh)
   assert many.devices.size == 8

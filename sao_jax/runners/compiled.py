@@ -12,7 +12,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 
-from sao_jax import sampling, sharding
+from sao_jax import distributed, sampling, sharding
 from sao_jax import slots as slots_lib
 from sao_jax.config import Config
 from sao_jax.learner import init_state_fn
@@ -31,8 +31,14 @@ class LearnerPrograms:
   update: Callable[[TrainState, Any], tuple[TrainState, dict]]
   batch_divisor: int
 
-  def shard_batch(self, batch):
-    return jax.device_put(batch, self.batch_sharding)
+  def shard_batch(self, batch, *, local: bool = False):
+    """The batch split over the batch axis; with several processes, `local` says the batch
+    holds only this process's rows (`process_rows`), else each process keeps its own."""
+    return sharding.put_batch(batch, self.batch_sharding, local=local)
+
+  def process_rows(self, rows: int) -> slice:
+    """The rows of a `rows`-row global batch that this process feeds."""
+    return sharding.process_rows(self.batch_sharding, rows)
 
 
 @dataclasses.dataclass
@@ -109,12 +115,27 @@ def compile_sampler(cfg: Config, model: TransformerLM, *, prompt_len: int, max_n
   def sampler(greedy):
     fn = functools.partial(sampling.sample, model, max_new_tokens=max_new_tokens, eos_id=eos_id,
                            pad_id=pad_id, temperature=temperature, greedy=greedy)
-    return jax.jit(_with_rules(fn, rules), in_shardings=(params_sh, batch_sh, batch_sh, repl),
-                   out_shardings=batch_sh)
+    return _across_processes(jax.jit(
+        _with_rules(fn, rules), in_shardings=(params_sh, batch_sh, batch_sh, repl),
+        out_shardings=batch_sh), batch_sh)
 
   return SamplerPrograms(mesh=mesh, params_sharding=params_sh,
                          abstract_params=nn.meta.unbox(boxed), sample=sampler(False),
                          greedy=sampler(True), batch_divisor=sharding.batch_divisor(mesh, rules))
+
+
+def _across_processes(sample, batch_sh):
+  """With several processes, `sample(params, prompt, prompt_valid, rng)` as callers use it in
+  one: host prompt arrays (the same in every process; each feeds its own rows) in, the whole
+  output on the host out (gathered: every process must make the same call)."""
+  if jax.process_count() == 1:
+    return sample
+
+  @functools.wraps(sample)
+  def wrapped(params, prompt, prompt_valid, rng):
+    prompt, prompt_valid = sharding.put_batch((prompt, prompt_valid), batch_sh)
+    return distributed.host_value(sample(params, prompt, prompt_valid, rng))
+  return wrapped
 
 
 def compile_slots(cfg: Config, model: TransformerLM, progs: SamplerPrograms, *, slots: int,

@@ -16,11 +16,11 @@ import jax
 
 from sao_jax import checkpoint as ckpt_lib
 from sao_jax import config as config_lib
-from sao_jax import startup
+from sao_jax import distributed, startup
 from sao_jax.config import Config
 from sao_jax.evaluation import evaluate
 from sao_jax.learner import make_sft_update
-from sao_jax.metrics import MetricsWriter, peak_memory_mb, write_summary
+from sao_jax.metrics import MetricsWriter, SilentWriter, peak_memory_mb, write_summary
 from sao_jax.runners.common import eval_fn, programs_for
 from sao_jax.runners.compiled import compile_sampler
 from sao_jax.runners.grpo import run_grpo, run_grpo_samplers
@@ -62,7 +62,9 @@ def _check_resume(cfg: Config, workdir: pathlib.Path) -> dict | None:
                                  f"read ({err}); pass a new --workdir") from None
   old = _flat(json.loads(config_lib.to_json(old_cfg)))
   new = _flat(json.loads(config_lib.to_json(cfg)))
-  diff = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+  # The process layout may change between runs: snapshots restore onto any mesh.
+  diff = sorted(k for k in old.keys() | new.keys()
+                if old.get(k) != new.get(k) and not k.startswith("distributed."))
   if diff:
     shown = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:5])
     raise config_lib.ConfigError(
@@ -94,6 +96,8 @@ def _save_progress(workdir: pathlib.Path, phase: str, info: dict) -> None:
 
 def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True) -> dict[str, Any]:
   workdir = pathlib.Path(workdir)
+  distributed.initialize(cfg.distributed)  # before any JAX computation; only process 0 writes
+  primary = distributed.is_primary()
   progress = _check_resume(cfg, workdir)
   t_start = time.time()
   startup.mark("imports")
@@ -101,9 +105,10 @@ def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True)
   startup.mark("setup")
   enable_compile_cache(cfg.recovery.compile_cache, workdir)
   workdir.mkdir(parents=True, exist_ok=True)
-  (workdir / "config.json").write_text(config_lib.to_json(cfg))
+  if primary:
+    (workdir / "config.json").write_text(config_lib.to_json(cfg))
   writer = MetricsWriter(workdir, show_progress=show_progress, logging=cfg.logging,
-                         run_config=config_lib.to_dict(cfg))
+                         run_config=config_lib.to_dict(cfg)) if primary else SilentWriter()
   summary: dict[str, Any] = {"name": cfg.name, "devices": [str(d) for d in jax.devices()],
                              "train_problems": len(s.train), "test_problems": len(s.test)}
   if progress is not None:
@@ -125,7 +130,8 @@ def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True)
       state, progs, info = run_sft(s, writer, state, workdir, eval_every=cfg.eval.every_seconds)
       summary["sft"] = info
       writer.write(info["steps"], _eval_row(info), phase="sft_eval", advance=0)
-      _save_progress(workdir, "sft", info)
+      if primary:
+        _save_progress(workdir, "sft", info)
     if state is None:
       raise config_lib.ConfigError("nothing to train from: set sft.steps/max_seconds or init_from")
     if cfg.rl.steps or cfg.rl.max_seconds:
@@ -136,12 +142,14 @@ def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True)
       state, progs, info = rl_phase(s, writer, state, workdir, eval_every=cfg.eval.every_seconds)
       summary["rl"] = info
       writer.write(info["steps"], _eval_row(info), phase="rl_eval", advance=0)
-      _save_progress(workdir, "rl", info)
+      if primary:
+        _save_progress(workdir, "rl", info)
   finally:
     writer.close()
   summary["wall_s"] = time.time() - t_start
   summary["peak_memory_mb"] = peak_memory_mb()
-  write_summary(workdir, summary)
+  if primary:
+    write_summary(workdir, summary)
   return summary
 
 

@@ -133,6 +133,8 @@ class SAOLearner:
     self.shadows = ckpt_lib.ShadowBank(workdir / "checkpoints" / "shadows", rcfg.shadow_keep)
     self.journal = recovery.Journal(workdir / "journal")
     self.ledger = recovery.Ledger(workdir / "ledger.jsonl")
+    self.events = recovery.EventLog(workdir / "events.jsonl", "rl")
+    self.counts_at_start: dict[str, int] = {}
     self.task_rng = np.random.default_rng((cfg.seed, 3))
     self.clock = PhaseClock(rl.steps, rl.max_seconds if max_seconds is None else max_seconds,
                             eval_every, eval_fn(s, self.progs))
@@ -228,8 +230,17 @@ class SAOLearner:
       self.ledger.cut_to(0)
       self.shadows.reset_to(0, {})
     loop.steady_from = loop.step
+    self.counts_at_start = dict(loop.counts)
+    self.events.write("start", resumed=resumed is not None, from_step=loop.step)
     self.publish()  # samplers start from the (restored) policy
     return resumed is not None
+
+  def count_deltas(self) -> dict[str, int]:
+    """This incarnation's counters: what it added since it started (the event log sums the
+    incarnations; the snapshot's counters are the restored lineage's)."""
+    start = self.counts_at_start
+    return {k: int(v - start.get(k, 0)) for k, v in self.loop.counts.items()
+            if v != start.get(k, 0)}
 
   # Data in --------------------------------------------------------------------------------
   def ingest(self, got: list[tuple[bytes, tuple[int, int] | None]]) -> None:
@@ -256,7 +267,9 @@ class SAOLearner:
     self.buffer.extend(Item(rec, first + k, pos) for k, (rec, _, pos) in enumerate(fresh))
 
   def check_samplers(self) -> None:
+    before = self.pool.restarts
     leftovers = self.pool.check()
+    self.loop.counts["sampler_restarts"] += self.pool.restarts - before
     if leftovers is not None and self.cfg.transport.kind == "embedded":
       self.ingest([(data, None) for data in leftovers])
       self.loop.outstanding = 0  # the old task queue is gone; new tasks go to the new samplers
@@ -324,6 +337,8 @@ class SAOLearner:
       loop.resume_info["compile_cache"] = self.compile_cache
       loop.counts["recovery_ms_total"] += int(1000 * loop.resume_info["recovery_s"])
       self.writer.write(loop.step, loop.resume_info, phase="rl_event", advance=0)
+      self.events.write("resume", step=loop.step,
+                        **{k: v for k, v in loop.resume_info.items() if k != "event"})
       print(f"sao: first update {loop.resume_info['recovery_s']:.1f} s after the restart",
             flush=True)
     skipped = int(metrics["nonfinite_skipped"])
@@ -365,7 +380,7 @@ class SAOLearner:
                dropped_stale=c["dropped_stale"], bad_records=c["bad_records"],
                duplicates=c["duplicates"], rejected=c["rejected"],
                nonfinite_total=c["nonfinite_skipped"],
-               rollbacks=c["rollbacks"], sampler_restarts=self.pool.restarts,
+               rollbacks=c["rollbacks"], sampler_restarts=c["sampler_restarts"],
                train_seconds=self.clock.elapsed,
                trajectories_per_s=c["consumed"] / max(wall, 1e-9),
                peak_memory_mb=peak_memory_mb(), peak_rss_all_mb=loop.rss_peak)
@@ -439,6 +454,8 @@ class SAOLearner:
     print(f"sao: rollback at step {loop.step} to shadow {best[0]} ({reason}); lr scale "
           f"{lr_scale:g}", flush=True)
     self.writer.write(loop.step, event, phase="rl_event", advance=0)
+    self.events.write("rollback", step=loop.step, **{k: v for k, v in event.items()
+                                                     if k != "event"})
 
   def publish(self) -> None:
     self.publisher.publish(self.loop.step, self.state.params)
@@ -467,11 +484,12 @@ class SAOLearner:
         self.fill()
         row = self.update()
         log_step(self.writer, self.clock, cfg, loop.step, self.state.params, row, "rl")
+        if loop.step % cfg.log_every == 0:
+          self.events.write("counts", step=loop.step, counts=self.count_deltas())
       wall = time.time() - loop.t_loop
       self.snapshot(force=True)
       self.mngr.wait_until_finished()
       self.pool.learner.commit_positions(loop.pending_commit)
-      loop.counts["sampler_restarts"] += self.pool.restarts
     return self.state, self.finish(wall)
 
   def finish(self, wall: float) -> dict:
@@ -480,6 +498,8 @@ class SAOLearner:
     self.journal.close()
     self.ledger.close()
     self.shadows.close()
+    self.events.write("finish", step=loop.step, counts=self.count_deltas())
+    self.events.close()
     info = finish_phase(self.mngr, self.state, self.cfg, self.clock, loop.step, "rl")
     steady = None
     if loop.steady_mark is not None and wall > loop.steady_mark[1]:
@@ -500,6 +520,8 @@ class SAOLearner:
                 **delay_stats(loop.delays), **length_stats(loop.lengths))
     if loop.resume_info is not None:
       info["recovery_s"] = loop.resume_info.get("recovery_s")
+    # Everything that happened, over every process that ran this phase (killed ones too).
+    info["lifetime"] = recovery.EventLog.lifetime(self.events.path, "rl")
     return info
 
 

@@ -482,3 +482,41 @@ class KafkaSamplerEnd:
       with contextlib.suppress(BrokerError, Exception):
         self.flush()  # what was generated is delivered and acknowledged before leaving
     _close(self.producer, self.consumer, self._watch)
+
+
+def topic_record_ids(bootstrap: str, topic: str, partitions: int,
+                     quiet_polls: int = 10) -> list[tuple[int, int, int | None]]:
+  """(partition, offset, record id) of every record on `topic`, read from the broker by a
+  consumer of its own (no group): what was produced, independent of any learner. A record
+  that does not decode has id None."""
+  from kafka import KafkaConsumer, TopicPartition
+
+  c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                    auto_offset_reset="earliest", fetch_max_wait_ms=25, **_CLIENT)
+  c.assign([TopicPartition(topic, p) for p in range(partitions)])
+  out, quiet = [], 0
+  try:
+    while quiet < quiet_polls:
+      got = [r for rs in c.poll(timeout_ms=300).values() for r in rs]
+      quiet = 0 if got else quiet + 1
+      for r in got:
+        try:
+          rid = records.decode(r.value).record_id
+        except records.RecordError:
+          rid = None
+        out.append((r.partition, r.offset, rid))
+  finally:
+    c.close()
+  return out
+
+
+def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
+  """The consumer group's committed offset per partition of `topic` (0 where none)."""
+  from kafka import KafkaConsumer, TopicPartition
+
+  c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
+                    **_CLIENT)
+  try:
+    return {p: c.committed(TopicPartition(topic, p)) or 0 for p in range(partitions)}
+  finally:
+    c.close()

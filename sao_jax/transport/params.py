@@ -23,6 +23,8 @@ import crc32c
 import jax
 import numpy as np
 
+from sao_jax import distributed
+
 
 def flatten(tree) -> dict[str, np.ndarray]:
   leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
@@ -51,15 +53,22 @@ def _atomic_write(path: pathlib.Path, write):
 
 
 class ParamPublisher:
+  """Writes versions into `directory`. A learner over several processes calls `publish` in
+  every process (the params are gathered from all hosts); only process 0 writes."""
+
   def __init__(self, directory: str | pathlib.Path, keep: int = 3):
     self.dir = pathlib.Path(directory)
-    self.dir.mkdir(parents=True, exist_ok=True)
+    if distributed.is_primary():
+      self.dir.mkdir(parents=True, exist_ok=True)
     self.keep = keep
     self._published: list[dict] = []  # {"version", "file", "crc32c"}, oldest first
 
   def publish(self, version: int, params) -> None:
+    flat = flatten(distributed.host_value(params))
+    if not distributed.is_primary():
+      return
     buf = io.BytesIO()
-    np.savez(buf, **flatten(jax.device_get(params)))
+    np.savez(buf, **flat)
     data = buf.getvalue()
     path = self.dir / f"params_v{version:08d}.npz"
     _atomic_write(path, lambda f: f.write(data))
