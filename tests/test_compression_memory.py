@@ -102,25 +102,25 @@ def test_learner_recomputes_the_sampler_log_probs_from_the_shipped_bank(sampled)
   logp, _, _ = jax.jit(lambda p, b: policy.row_logprobs(p, b, stored=True))(state.params, batch)
   # Exact for every row after the trajectory's last eviction (all rows when none happened).
   last = np.asarray([t.bank["last_evict"] for t in trajs])
-  exact = batch["valid"] & (batch["row_step"] > last[:, None])[..., None]
-  assert exact.sum() >= 0.5 * batch["valid"].sum()
-  np.testing.assert_allclose(np.asarray(logp)[exact], batch["logp"][exact], atol=2e-5)
-  mask = batch["valid"]
+  exact = batch.valid_brt & (batch.row_step_br > last[:, None])[..., None]
+  assert exact.sum() >= 0.5 * batch.valid_brt.sum()
+  np.testing.assert_allclose(np.asarray(logp)[exact], batch.logp_brt[exact], atol=2e-5)
+  mask = batch.valid_brt
   # Memory matters: without it the same rows get different log-probs.
-  batch0 = dict(batch, bank_count=np.zeros_like(batch["bank_count"]),
-                bank_step=np.full_like(batch["bank_step"], -1))
+  batch0 = batch.replace(bank_count_b=np.zeros_like(batch.bank_count_b),
+                         bank_step_bc=np.full_like(batch.bank_step_bc, -1))
   logp0, _, _ = policy.row_logprobs(state.params, batch0, stored=True)
-  assert np.max(np.abs(np.asarray(logp0)[mask] - batch["logp"][mask])) > 1e-3
+  assert np.max(np.abs(np.asarray(logp0)[mask] - batch.logp_brt[mask])) > 1e-3
 
 
 def test_rl_update_on_sampled_trajectories_is_finite_and_changes_the_encoder(sampled):
   _, progs, state, trajs = sampled
   batch = trajectories_to_batch(trajs, 12)
   # A random policy earns nothing; give half the graded rows a reward so advantages differ.
-  g = np.flatnonzero(batch["graded"].reshape(-1))
-  batch["rewards"] = np.zeros_like(batch["rewards"])
-  rows = batch["rewards"].reshape(-1)
-  rows[g[::2]] = 1.0
+  g = np.flatnonzero(batch.graded_br.reshape(-1))
+  rewards = np.zeros_like(batch.rewards_bs)
+  rewards.reshape(-1)[g[::2]] = 1.0
+  batch = batch.replace(rewards_bs=rewards)
   before = jax.tree.map(np.asarray, state.params)
   new, metrics = progs.update(state, batch)
   assert all(np.isfinite(float(v)) for v in metrics.values())
