@@ -96,7 +96,7 @@ def bytes_per_stage(cfg: Config, progs, policy, params, tasks) -> dict:
   n = len(tasks)
   scripts = [script(t, L.TOK) for t in tasks]
   n_steps = len(scripts[0][0])
-  streams = policy.empty_streams(n)
+  streams = progs.empty_streams(n)
   t0 = time.time()
   for s in range(n_steps):
     segs = [segment(obs[s], acts[s], c.step_len) for obs, acts, _ in scripts]

@@ -115,7 +115,7 @@ def evaluate(cfg: Config, progs, policy, params, tasks, memory: bool, *, length:
     chunk = tasks[start:start + slots]
     envs = [LongHorizonEnv(TOK) for _ in chunk]
     if memory:
-      trajs += sample_long_horizon(progs.greedy, progs.compress, policy.empty_streams(slots),
+      trajs += sample_long_horizon(progs.greedy, progs.compress, progs.empty_streams(slots),
                                    params, envs, chunk, TOK, slots=slots, window=c.window,
                                    step_len=c.step_len, rng=rng)
     else:

@@ -128,3 +128,22 @@ def test_rl_update_on_sampled_trajectories_is_finite_and_changes_the_encoder(sam
     diff = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.max(np.abs(a - np.asarray(b)))),
                                         before[part], new.params[part]))
     assert max(diff) > 0, part
+
+
+def test_memory_update_skips_non_finite_gradients(sampled):
+  """The memory policy's update goes through learner.apply_gradients: a NaN in the batch
+  (here the behaviour log-probs) leaves params and optimizer state exactly as they were and
+  counts the skip."""
+  _, progs, state, trajs = sampled
+  batch = trajectories_to_batch(trajs, 12)
+  batch = batch.replace(logp_brt=np.full_like(batch.logp_brt, np.nan),
+                        rewards_bs=np.where(np.arange(12) % 2, 1.0, 0.0)[None].repeat(3, 0)
+                        .astype(np.float32))
+  state = jax.tree.map(jnp.copy, state)  # the update donates its input
+  before = jax.tree.map(np.asarray, (state.params, state.opt_state))
+  new, metrics = progs.update(state, batch)
+  assert int(metrics["nonfinite_skipped"]) == 1 and int(new.nonfinite) == 1
+  assert int(new.step) == 1
+  for a, b in zip(jax.tree.leaves(before), jax.tree.leaves((new.params, new.opt_state)),
+                  strict=True):
+    np.testing.assert_array_equal(a, np.asarray(b))

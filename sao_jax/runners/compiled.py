@@ -53,8 +53,10 @@ class SamplerPrograms:
   # The policy with compressed memory (`compile_memory_sampler`): sample and greedy take
   # (params, streams, prompt, prompt_valid, rng), and compress runs the three stages on the
   # step each slot just took: (params, streams, seg, seg_valid, reward, boundary, last,
-  # active) -> streams.
+  # active) -> streams; empty_streams(n) the streams of n slots, sharded as compress returns
+  # them (so that the programs compile once, not again for a first call's layout).
   compress: Callable | None = None
+  empty_streams: Callable | None = None
 
 
 @dataclasses.dataclass
@@ -64,6 +66,7 @@ class Programs(LearnerPrograms):
   sample: Callable = None
   greedy: Callable = None
   compress: Callable | None = None
+  empty_streams: Callable | None = None
 
 
 def _with_rules(fn, rules):
@@ -193,7 +196,8 @@ def compile_memory_sampler(cfg: Config, policy, *, max_new_tokens: int, temperat
       sample=sampler(False), greedy=sampler(True),
       batch_divisor=sharding.batch_divisor(mesh, rules),
       compress=jax.jit(_with_rules(policy.compress, rules),
-                       in_shardings=(params_sh,) + (batch_sh,) * 7, out_shardings=batch_sh))
+                       in_shardings=(params_sh,) + (batch_sh,) * 7, out_shardings=batch_sh),
+      empty_streams=jax.jit(policy.empty_streams, static_argnums=0, out_shardings=batch_sh))
 
 
 def compile_memory_programs(cfg: Config, policy, tx, update_fn, *, max_new_tokens: int,
@@ -207,4 +211,5 @@ def compile_memory_programs(cfg: Config, policy, tx, update_fn, *, max_new_token
   smp = compile_memory_sampler(cfg, policy, max_new_tokens=max_new_tokens,
                                temperature=temperature, eos_id=eos_id, pad_id=pad_id, mesh=mesh)
   return Programs(**{f.name: getattr(learner, f.name) for f in dataclasses.fields(learner)},
-                  sample=smp.sample, greedy=smp.greedy, compress=smp.compress)
+                  sample=smp.sample, greedy=smp.greedy, compress=smp.compress,
+                  empty_streams=smp.empty_streams)
