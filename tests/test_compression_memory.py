@@ -134,12 +134,12 @@ def test_memory_update_skips_non_finite_gradients(sampled):
   """The memory policy's update goes through learner.apply_gradients: a NaN in the batch
   (here the behaviour log-probs) leaves params and optimizer state exactly as they were and
   counts the skip."""
-  _, progs, state, trajs = sampled
+  _, progs, _, trajs = sampled
+  state = progs.init(jax.random.key(0))  # the fixture's state may have been donated
   batch = trajectories_to_batch(trajs, 12)
   batch = batch.replace(logp_brt=np.full_like(batch.logp_brt, np.nan),
                         rewards_bs=np.where(np.arange(12) % 2, 1.0, 0.0)[None].repeat(3, 0)
                         .astype(np.float32))
-  state = jax.tree.map(jnp.copy, state)  # the update donates its input
   before = jax.tree.map(np.asarray, (state.params, state.opt_state))
   new, metrics = progs.update(state, batch)
   assert int(metrics["nonfinite_skipped"]) == 1 and int(new.nonfinite) == 1
