@@ -51,7 +51,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import lh_common as L  # noqa: E402
 
-from sao_jax.batches import RLBatch  # noqa: E402
+from sao_jax.batches import MemoryBatch, RLBatch  # noqa: E402
 from sao_jax.compression.rollout import (  # noqa: E402
     episode_tokens,
     script,
@@ -96,7 +96,7 @@ def bytes_per_stage(cfg: Config, progs, policy, params, tasks) -> dict:
   n = len(tasks)
   scripts = [script(t, L.TOK) for t in tasks]
   n_steps = len(scripts[0][0])
-  streams = policy.empty_streams(n)
+  streams = progs.empty_streams(n)
   t0 = time.time()
   for s in range(n_steps):
     segs = [segment(obs[s], acts[s], c.step_len) for obs, acts, _ in scripts]
@@ -229,20 +229,9 @@ def peak_memory(cfg: Config, tasks, *, group: int = 8) -> dict:
   # SAO: one trajectory per task; rows = its graded steps; per-step segments for the
   # encoder and LSTM; the shipped INT8 bank.
   mprogs, _ = L.build(cfg, True, mode="rl")
-  b = len(tasks)
-  sbatch = {
-      "seg": ((b, n_steps, c.step_len), jnp.int32), "seg_valid": ((b, n_steps, c.step_len), bool),
-      "rewards": ((b, n_steps), jnp.float32), "boundary": ((b, n_steps), bool),
-      "step_valid": ((b, n_steps), bool), "row_step": ((b, graded), jnp.int32),
-      "row_valid": ((b, graded), bool), "prompt": ((b, graded, c.window), jnp.int32),
-      "prompt_valid": ((b, graded, c.window), bool),
-      "tokens": ((b, graded, L.MAX_NEW), jnp.int32), "valid": ((b, graded, L.MAX_NEW), bool),
-      "logp": ((b, graded, L.MAX_NEW), jnp.float32), "graded": ((b, graded), bool),
-      "bank_vec": ((b, c.capacity, c.vectors_per_step, c.dim), jnp.int8),
-      "bank_scale": ((b, c.capacity, c.vectors_per_step), jnp.float32),
-      "bank_step": ((b, c.capacity), jnp.int32), "bank_turning": ((b, c.capacity), bool),
-      "bank_count": ((b,), jnp.int32)}
-  sbatch = {k: jax.ShapeDtypeStruct(*v) for k, v in sbatch.items()}
+  sbatch = MemoryBatch.abstract(len(tasks), n_steps, graded, c.window, L.MAX_NEW,
+                                step_len=c.step_len, capacity=c.capacity,
+                                vectors=c.vectors_per_step, dim=c.dim, sampled=True)
   sstate = jax.eval_shape(mprogs.init, jax.random.key(0))
   sao = _memory(mprogs.update.lower(sstate, sbatch).compile())
   return {"tasks": len(tasks), "steps": n_steps, "graded_rows_per_trajectory": graded,

@@ -16,15 +16,17 @@ from sao_jax.compression.policy import (
 )
 from sao_jax.compression.rollout import (
     episode_tokens,
+    expert_memory_batch,
+    expert_trajectory,
     sample_long_horizon,
+    script,
     scripted_full_batch,
-    scripted_memory_batch,
 )
 from sao_jax.config import Config
 from sao_jax.envs.longhorizon import LongHorizonEnv
 from sao_jax.learner import make_optimizer
 from sao_jax.models.transformer import TransformerLM
-from sao_jax.runners.compiled import compile_full_context_programs, compile_memory_programs
+from sao_jax.runners.compiled import compile_memory_programs, compile_programs
 from sao_jax.tokenizer import CharTokenizer
 
 TOK = CharTokenizer()
@@ -54,9 +56,10 @@ def build(cfg: Config, memory: bool, *, full_len: int = 0, mode: str = "sft"):
         cfg, policy, tx, make_memory_update(policy, tx, mode=mode), max_new_tokens=MAX_NEW,
         temperature=1.0, eos_id=TOK.eos_id, pad_id=TOK.pad_id)
     return progs, policy
-  progs = compile_full_context_programs(
-      cfg, model, tx, make_full_context_sft_update(model, tx), prompt_len=full_len,
-      max_new_tokens=MAX_NEW, temperature=1.0, eos_id=TOK.eos_id, pad_id=TOK.pad_id)
+  progs = compile_programs(
+      cfg, model, tx, make_full_context_sft_update(model, tx), with_ref=False,
+      prompt_len=full_len, max_new_tokens=MAX_NEW, temperature=1.0, eos_id=TOK.eos_id,
+      pad_id=TOK.pad_id)
   return progs, model
 
 
@@ -76,13 +79,22 @@ def train(cfg: Config, progs, memory: bool, train_tasks, *, steps: int, length: 
   n_steps = max(len(t.prompt.split("\n")) for t in train_tasks)
   # Rows the memory policy trains on per episode: every graded step and 4 filler steps.
   rows = max(len(t.answer.split(",")) for t in train_tasks) + 4
+  cache = {}
+
+  def expert(task):
+    if task.task_id not in cache:
+      cache[task.task_id] = expert_trajectory(
+          LongHorizonEnv(TOK), task, script(task, TOK)[1], TOK, window=c.window,
+          step_len=c.step_len, completion_len=MAX_NEW)
+    return cache[task.task_id]
+
   t0, metrics = time.time(), {}
   for i in range(steps):
     batch_tasks = [train_tasks[j] for j in rng.integers(len(train_tasks), size=bs)]
     if memory:
-      batch = scripted_memory_batch(batch_tasks, TOK, window=c.window, steps=n_steps,
-                                    max_new_tokens=MAX_NEW, step_len=c.step_len,
-                                    graded_weight=GRADED_WEIGHT, rows=rows, seed=i)
+      trajs = [expert(t) for t in batch_tasks]
+      weights = [np.where(t.graded, GRADED_WEIGHT, 1.0) for t in trajs]
+      batch = expert_memory_batch(trajs, weights, steps=n_steps, rows=rows, seed=i)
     else:
       batch = scripted_full_batch(batch_tasks, TOK, length=length, graded_weight=GRADED_WEIGHT)
     state, metrics = progs.update(state, batch)
@@ -103,7 +115,7 @@ def evaluate(cfg: Config, progs, policy, params, tasks, memory: bool, *, length:
     chunk = tasks[start:start + slots]
     envs = [LongHorizonEnv(TOK) for _ in chunk]
     if memory:
-      trajs += sample_long_horizon(progs.greedy, progs.compress, policy.empty_streams(slots),
+      trajs += sample_long_horizon(progs.greedy, progs.compress, progs.empty_streams(slots),
                                    params, envs, chunk, TOK, slots=slots, window=c.window,
                                    step_len=c.step_len, rng=rng)
     else:

@@ -23,6 +23,7 @@ Dimension key of array names (`logp_bt`, `x_btd`, `mem_bmd`): each letter one me
   C compressed-memory entries                    E vectors per entry
   D model width / feature size                   F MLP hidden size       H heads
   V vocabulary           N tasks                 G group members (GRPO)
+  R training rows taken from each trajectory (a subset of its S steps)
 Suffixes mark arrays; a scalar named `..._s` is in seconds.
 """
 import time as _time

@@ -102,3 +102,70 @@ class SAOBatch:
     fields.setdefault("head_b", np.asarray(fields["row_valid_b"], bool))
     fields.setdefault("poison_b", np.zeros(rows, np.float32))
     return cls(**fields)
+
+
+@flax.struct.dataclass
+class MemoryBatch:
+  """Whole trajectories of the policy with compressed memory (`sao_jax.compression`).
+
+  B trajectories (the batch axis), S environment steps each, R of their steps taken as
+  training rows (the graded steps first: only some steps carry a training signal, while the
+  compressor must run over every step). Per step: the step's segment seg_bsl (observation and
+  action tokens, the encoder's input), its reward, whether an environment boundary came
+  before it, and step_valid_bs (False on padding steps). Per row: its step index, validity
+  and loss weight (supervised phase), whether the step was graded, the raw window it saw
+  (prompt_brp) and its completion (tokens_brt).
+
+  logp_brt (behaviour log-probs) and the shipped bank (bank_*: INT8 vectors [B, C, E, D] or
+  float32 without quantisation, per-vector scales, step index and turning flag of each entry,
+  entries written) come with sampled trajectories (RL); supervised batches of expert episodes
+  leave them None and the learner builds the bank in-graph.
+  """
+
+  seg_bsl: jax.Array
+  seg_valid_bsl: jax.Array
+  rewards_bs: jax.Array
+  boundary_bs: jax.Array
+  step_valid_bs: jax.Array
+  row_step_br: jax.Array
+  row_valid_br: jax.Array
+  row_weight_br: jax.Array
+  graded_br: jax.Array
+  prompt_brp: jax.Array
+  prompt_valid_brp: jax.Array
+  tokens_brt: jax.Array
+  valid_brt: jax.Array
+  logp_brt: jax.Array | None = None
+  bank_vec_bced: jax.Array | None = None
+  bank_scale_bce: jax.Array | None = None
+  bank_step_bc: jax.Array | None = None
+  bank_turning_bc: jax.Array | None = None
+  bank_count_b: jax.Array | None = None
+
+  DTYPES = {"seg_bsl": jnp.int32, "seg_valid_bsl": jnp.bool_, "rewards_bs": jnp.float32,
+            "boundary_bs": jnp.bool_, "step_valid_bs": jnp.bool_, "row_step_br": jnp.int32,
+            "row_valid_br": jnp.bool_, "row_weight_br": jnp.float32, "graded_br": jnp.bool_,
+            "prompt_brp": jnp.int32, "prompt_valid_brp": jnp.bool_, "tokens_brt": jnp.int32,
+            "valid_brt": jnp.bool_, "logp_brt": jnp.float32, "bank_vec_bced": jnp.int8,
+            "bank_scale_bce": jnp.float32, "bank_step_bc": jnp.int32,
+            "bank_turning_bc": jnp.bool_, "bank_count_b": jnp.int32}
+  SAMPLED = ("logp_brt", "bank_vec_bced", "bank_scale_bce", "bank_step_bc", "bank_turning_bc",
+             "bank_count_b")
+
+  @classmethod
+  def abstract(cls, trajectories: int, steps: int, rows: int, prompt_len: int,
+               completion_len: int, *, step_len: int, capacity: int, vectors: int, dim: int,
+               sampled: bool, quantized: bool = True) -> MemoryBatch:
+    """Shapes and dtypes of a batch; `sampled`: with behaviour log-probs and the bank."""
+    dims = {"b": trajectories, "s": steps, "r": rows, "p": prompt_len, "t": completion_len,
+            "l": step_len, "c": capacity, "e": vectors, "d": dim}
+    fields = {}
+    for f in dataclasses.fields(cls):
+      if f.name in cls.SAMPLED and not sampled:
+        continue
+      dtype = cls.DTYPES[f.name]
+      if f.name == "bank_vec_bced" and not quantized:
+        dtype = jnp.float32
+      suffix = f.name.rsplit("_", 1)[1]
+      fields[f.name] = jax.ShapeDtypeStruct(tuple(dims[c] for c in suffix), dtype)
+    return cls(**fields)

@@ -9,8 +9,8 @@
   one `SandboxPool`.
 * ``longhorizon``: multi-turn retention dialogues or corridor walks of up to 1,000 steps
   (`sao_jax.envs.longhorizon`); parameters in `task.options` (`LongHorizonOptions`). The
-  policy sees a raw window of the last `window` tokens of the episode; compressed memory of
-  the earlier steps (`compression.enabled`) is not yet available from the runners.
+  policy sees a raw window of the last `window` tokens of the episode, and with
+  `compression.enabled` a compressed memory of the earlier steps (`sao_jax.runners.memory`).
 """
 from __future__ import annotations
 

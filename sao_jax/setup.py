@@ -7,9 +7,12 @@ import pathlib
 
 from sao_jax import config as config_lib
 from sao_jax import families  # noqa: F401  (registers the built-in task families)
+from sao_jax.compression.memory import Compressor
+from sao_jax.compression.policy import MemoryPolicy
 from sao_jax.config import Config, ConfigError
 from sao_jax.envs.base import Task
 from sao_jax.models import make_model
+from sao_jax.models.transformer import TransformerLM
 from sao_jax.rl import advantages, losses, trackers  # noqa: F401  (fill the registries)
 from sao_jax.rl.registry import ADVANTAGES, LOSSES
 from sao_jax.tasks import TaskFamily, get_family
@@ -29,6 +32,7 @@ class Setup:
   prompt_len: int
   target_len: int
   max_steps: int  # environment steps per episode (1: single-turn tasks)
+  memory: MemoryPolicy | None = None  # the policy with compressed memory (compression.enabled)
 
 
 def validate(cfg: Config) -> TaskFamily:
@@ -39,13 +43,31 @@ def validate(cfg: Config) -> TaskFamily:
   if cfg.rl.loss not in LOSSES.names():
     raise ConfigError(f"rl.loss {cfg.rl.loss!r} unknown; known: {LOSSES.names()}")
   if cfg.compression.enabled:
-    raise ConfigError(
-        "compression.enabled: the compressed-memory policy is trained by "
-        "experiments/bench_compression.py; sao-jax train cannot run it yet (it would "
-        "silently train without compression)")
+    _check_memory_rl(cfg)
   if cfg.init_from and not pathlib.Path(cfg.init_from).is_dir():
     raise ConfigError(f"init_from {cfg.init_from!r}: no such checkpoint directory")
   return get_family(cfg.task)
+
+
+def _check_memory_rl(cfg: Config) -> None:
+  """What the RL phase of the policy with compressed memory (`runners.memory`) honours: GRPO
+  sampled in the learner process, one epoch, group-normalised advantages, the clipped
+  surrogate with a token mean, no KL term."""
+  rl = cfg.rl
+  if not (rl.steps or rl.max_seconds):
+    return
+  if rl.uses_samplers:
+    raise ConfigError(
+        f"compression.enabled with rl.algorithm={rl.algorithm!r}, rl.sampling={rl.sampling!r}: "
+        "the sampler processes (SAO) do not run the policy with compressed memory yet; use "
+        "rl.algorithm='grpo' with rl.sampling='inline'")
+  unsupported = {"rl.advantage": (rl.advantage, "group_norm"), "rl.loss": (rl.loss, "ppo_clip"),
+                 "rl.loss_agg": (rl.loss_agg, "token_mean"), "rl.ppo_epochs": (rl.ppo_epochs, 1),
+                 "rl.kl_coef": (rl.kl_coef, 0.0)}
+  for key, (value, only) in unsupported.items():
+    if value != only:
+      raise ConfigError(f"compression.enabled: {key}={value!r} is not supported by the "
+                        f"compressed-memory GRPO update (only {only!r})")
 
 
 def load_config(path: str, variant: str = "default", overrides: list[str] = ()) -> Config:
@@ -82,7 +104,12 @@ def make_setup(cfg: Config, tasks: tuple[list[Task], list[Task]] | None = None) 
     raise ConfigError(f"recovery.val_problems {n_val} >= the {len(train)} training tasks (the "
                       "SAO learner validates its shadow models on the tail of the train split)")
   max_steps = family.max_steps(tok)
-  if max_steps > 1 and cfg.rl.algorithm == "grpo" and (cfg.rl.steps or cfg.rl.max_seconds):
+  c = cfg.compression
+  if c.enabled and prompt_len != c.window:
+    raise ConfigError(f"compression.window {c.window} != the {prompt_len}-token raw window the "
+                      "task family's rows are built for (its budget)")
+  if max_steps > 1 and cfg.rl.algorithm == "grpo" and (cfg.rl.steps or cfg.rl.max_seconds) \
+      and not c.enabled:
     # (the synchronous learner's batches hold one row per trajectory)
     raise ConfigError(f"task family {cfg.task.family!r} has episodes of up to {max_steps} "
                       "steps; rl.algorithm='grpo' samples one step per task (use 'sao')")
@@ -90,5 +117,12 @@ def make_setup(cfg: Config, tasks: tuple[list[Task], list[Task]] | None = None) 
     raise ConfigError(f"model.vocab_size {cfg.model.vocab_size} < the tokenizer's "
                       f"{tok.vocab_size} (0: take the tokenizer's)")
   model_cfg = dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or tok.vocab_size)
-  return Setup(cfg=cfg, tok=tok, model=make_model(model_cfg), family=family, train=train,
-               test=test, prompt_len=prompt_len, target_len=target_len, max_steps=max_steps)
+  model = make_model(model_cfg)
+  memory = None
+  if c.enabled:
+    if not isinstance(model, TransformerLM):
+      raise ConfigError(f"compression.enabled needs model.arch 'gpt' (its memory prefix "
+                        f"slots), not {cfg.model.arch!r}")
+    memory = MemoryPolicy(model, Compressor(c, model_cfg.vocab_size))
+  return Setup(cfg=cfg, tok=tok, model=model, family=family, train=train, test=test,
+               prompt_len=prompt_len, target_len=target_len, max_steps=max_steps, memory=memory)

@@ -102,25 +102,25 @@ def test_learner_recomputes_the_sampler_log_probs_from_the_shipped_bank(sampled)
   logp, _, _ = jax.jit(lambda p, b: policy.row_logprobs(p, b, stored=True))(state.params, batch)
   # Exact for every row after the trajectory's last eviction (all rows when none happened).
   last = np.asarray([t.bank["last_evict"] for t in trajs])
-  exact = batch["valid"] & (batch["row_step"] > last[:, None])[..., None]
-  assert exact.sum() >= 0.5 * batch["valid"].sum()
-  np.testing.assert_allclose(np.asarray(logp)[exact], batch["logp"][exact], atol=2e-5)
-  mask = batch["valid"]
+  exact = batch.valid_brt & (batch.row_step_br > last[:, None])[..., None]
+  assert exact.sum() >= 0.5 * batch.valid_brt.sum()
+  np.testing.assert_allclose(np.asarray(logp)[exact], batch.logp_brt[exact], atol=2e-5)
+  mask = batch.valid_brt
   # Memory matters: without it the same rows get different log-probs.
-  batch0 = dict(batch, bank_count=np.zeros_like(batch["bank_count"]),
-                bank_step=np.full_like(batch["bank_step"], -1))
+  batch0 = batch.replace(bank_count_b=np.zeros_like(batch.bank_count_b),
+                         bank_step_bc=np.full_like(batch.bank_step_bc, -1))
   logp0, _, _ = policy.row_logprobs(state.params, batch0, stored=True)
-  assert np.max(np.abs(np.asarray(logp0)[mask] - batch["logp"][mask])) > 1e-3
+  assert np.max(np.abs(np.asarray(logp0)[mask] - batch.logp_brt[mask])) > 1e-3
 
 
 def test_rl_update_on_sampled_trajectories_is_finite_and_changes_the_encoder(sampled):
   _, progs, state, trajs = sampled
   batch = trajectories_to_batch(trajs, 12)
   # A random policy earns nothing; give half the graded rows a reward so advantages differ.
-  g = np.flatnonzero(batch["graded"].reshape(-1))
-  batch["rewards"] = np.zeros_like(batch["rewards"])
-  rows = batch["rewards"].reshape(-1)
-  rows[g[::2]] = 1.0
+  g = np.flatnonzero(batch.graded_br.reshape(-1))
+  rewards = np.zeros_like(batch.rewards_bs)
+  rewards.reshape(-1)[g[::2]] = 1.0
+  batch = batch.replace(rewards_bs=rewards)
   before = jax.tree.map(np.asarray, state.params)
   new, metrics = progs.update(state, batch)
   assert all(np.isfinite(float(v)) for v in metrics.values())
@@ -128,3 +128,22 @@ def test_rl_update_on_sampled_trajectories_is_finite_and_changes_the_encoder(sam
     diff = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.max(np.abs(a - np.asarray(b)))),
                                         before[part], new.params[part]))
     assert max(diff) > 0, part
+
+
+def test_memory_update_skips_non_finite_gradients(sampled):
+  """The memory policy's update goes through learner.apply_gradients: a NaN in the batch
+  (here the behaviour log-probs) leaves params and optimizer state exactly as they were and
+  counts the skip."""
+  _, progs, _, trajs = sampled
+  state = progs.init(jax.random.key(0))  # the fixture's state may have been donated
+  batch = trajectories_to_batch(trajs, 12)
+  batch = batch.replace(logp_brt=np.full_like(batch.logp_brt, np.nan),
+                        rewards_bs=np.where(np.arange(12) % 2, 1.0, 0.0)[None].repeat(3, 0)
+                        .astype(np.float32))
+  before = jax.tree.map(np.asarray, (state.params, state.opt_state))
+  new, metrics = progs.update(state, batch)
+  assert int(metrics["nonfinite_skipped"]) == 1 and int(new.nonfinite) == 1
+  assert int(new.step) == 1
+  for a, b in zip(jax.tree.leaves(before), jax.tree.leaves((new.params, new.opt_state)),
+                  strict=True):
+    np.testing.assert_array_equal(a, np.asarray(b))

@@ -72,13 +72,21 @@ def test_options_are_typed_overridable_and_checked():
     validate(apply_overrides(RunConfig(), ["task.options.x=1"]))
 
 
-def test_compression_config_is_refused_by_the_runners():
-  from sao_jax.config import CompressionConfig, ModelConfig
+def test_compression_is_refused_where_the_runners_cannot_honour_it():
+  """GRPO with compressed memory runs (`runners.memory`); SAO and the other RL options the
+  memory update does not implement are refused by name, never run without compression."""
+  from sao_jax.config import CompressionConfig, ModelConfig, RLConfig
   cfg = RunConfig(model=ModelConfig(memory_slots=8, memory_dim=32),
                   compression=CompressionConfig(enabled=True, visible=4, vectors_per_step=2,
-                                                dim=32))
-  with pytest.raises(ConfigError, match="compression.enabled"):
-    validate(cfg)
+                                                dim=32), rl=RLConfig(steps=1))
+  validate(cfg)
+  for override, message in [("rl.algorithm=sao", "rl.algorithm='sao'.*compressed memory"),
+                            ("rl.sampling=samplers", "rl.sampling='samplers'"),
+                            ("rl.kl_coef=0.1", "rl.kl_coef=0.1 is not supported"),
+                            ("rl.ppo_epochs=2", "rl.ppo_epochs=2 is not supported")]:
+    with pytest.raises(ConfigError, match=message):
+      validate(apply_overrides(cfg, [override]))
+  validate(apply_overrides(cfg, ["rl.algorithm=sao", "rl.steps=0"]))  # no RL phase
 
 
 def test_longhorizon_sft_rows_are_what_the_sampler_shows():

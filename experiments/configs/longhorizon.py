@@ -1,21 +1,39 @@
-"""Long-horizon tasks with three-stage context compression (experiments/bench_compression.py).
+"""Long-horizon tasks with three-stage context compression.
 
 The policy: a tiny decoder-only transformer that sees the last `compression.visible` kept
 steps (2 INT8 vectors of 32 each) plus a raw window of 24 tokens. The full-context control is
 the same transformer (memory slots unused) conditioned on the whole episode.
 
+Train and evaluate with `sao-jax train` (supervised warm start on expert episodes, then GRPO
+with compressed memory; `task` holds the retention dialogues of `TASKS[variant]`, navigation
+with `--set task.options.kind=navigation`):
+  sao-jax train --config experiments/configs/longhorizon.py:tiny --workdir /tmp/lh_tiny
+  sao-jax train --config experiments/configs/longhorizon.py --workdir runs/lh
+(tiny: about two minutes on a 2-core CPU, mostly compilation.)
+
 `TASKS[variant]` are the held-out long-horizon specs the benchmark evaluates on (short
 enough to train in minutes), `TRAIN_TASKS[variant]` what it trains on, `LONG_TASKS` the
 1,000-step episodes whose bytes and peak memory it measures.
 
-Run (default, ~15 min on a 2-core CPU):
+The benchmark (memory policy against the full-context control, bytes per stage, peak
+memory) trains on `TRAIN_TASKS` (questions from 4 turns after their fact) and evaluates on
+`TASKS`. Run (default, ~15 min on a 2-core CPU):
   python experiments/bench_compression.py --config experiments/configs/longhorizon.py
 Run the tiny variant (one to two minutes on a 2-core CPU):
   python experiments/bench_compression.py --config experiments/configs/longhorizon.py:tiny --quick
 """
 import dataclasses
 
-from sao_jax.config import CompressionConfig, Config, ModelConfig, OptimConfig, SFTConfig
+from sao_jax.config import (
+    CompressionConfig,
+    Config,
+    EvalConfig,
+    ModelConfig,
+    OptimConfig,
+    RLConfig,
+    SFTConfig,
+    TaskConfig,
+)
 from sao_jax.envs.longhorizon import LongHorizonSpec
 
 TASKS = {
@@ -69,8 +87,21 @@ def get_config(variant: str = "default") -> Config:
   # 300; 100 more steps so that neither arm is compared mid-transition.
   steps = 400 if variant == "default" else 20
   sft = SFTConfig(steps=steps, batch_size=16, optim=OptimConfig(lr=1e-3, warmup_steps=30))
+  # GRPO after the warm start: each step plays `prompts_per_step` tasks `group_size` times
+  # (answers are a digit or "ok"/"f" and EOS: 4 tokens).
+  rl = RLConfig(algorithm="grpo", steps=100, prompts_per_step=4, group_size=8,
+                max_new_tokens=4, optim=OptimConfig(lr=1e-4, warmup_steps=10))
+  num_train, num_test = 4000, 256
   if variant == "tiny":
     comp = dataclasses.replace(comp, capacity=16, budget=4, visible=4)
     model = dataclasses.replace(model, width=32, heads=2, max_len=128, memory_slots=8)
     sft = dataclasses.replace(sft, batch_size=4)
-  return Config(name=f"longhorizon_{variant}", model=model, compression=comp, sft=sft)
+    rl = dataclasses.replace(rl, steps=3, prompts_per_step=2, group_size=4)
+    num_train, num_test = 64, 8
+  spec = TASKS[variant]["retention"]
+  task = TaskConfig(family="longhorizon", num_train=num_train, num_test=num_test, options=(
+      ("kind", spec.family), ("n_steps", spec.n_steps), ("n_facts", spec.n_facts),
+      ("min_gap", spec.min_gap), ("p_noise", spec.p_noise), ("period", spec.period),
+      ("window", comp.window), ("graded_weight", 100.0)))
+  return Config(name=f"longhorizon_{variant}", model=model, compression=comp, sft=sft, rl=rl,
+                task=task, eval=EvalConfig(num_problems=num_test, batch_size=32))

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from sao_jax import sampling
+from sao_jax.batches import MemoryBatch
 from sao_jax.compression import quant, temporal
 from sao_jax.compression.encoder import reconstruction_loss
 from sao_jax.compression.memory import Compressor, Stream
@@ -54,6 +55,16 @@ class MemoryPolicy:
     policy = self.model.init(r1, tokens, tokens, mask, memory)["params"]
     return {"policy": policy, **self.comp.init(r2)}
 
+  def init_state_fn(self, tx):
+    """rng -> TrainState of these params (the policy's logically annotated) and `tx`."""
+    def init(rng):
+      init_rng, state_rng = jax.random.split(rng)
+      params = self.init(init_rng)
+      return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                        rng=state_rng, lr_scale=jnp.ones((), jnp.float32),
+                        nonfinite=jnp.zeros((), jnp.int32))
+    return init
+
   def empty_streams(self, n: int) -> Stream:
     return jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), self.comp.empty_stream())
 
@@ -72,30 +83,26 @@ class MemoryPolicy:
         active_b.reshape(active_b.shape + (1,) * (a.ndim - 1)), a, b), new, streams)
 
   # Learner -------------------------------------------------------------------------------
-  def row_logprobs(self, params, batch: dict, *, stored: bool, temperature: float = 1.0):
-    """Log-probs [B, R, T] (and entropy) of the batch's rows under the memory they saw.
+  def row_logprobs(self, params, batch: MemoryBatch, *, stored: bool, temperature: float = 1.0):
+    """Log-probs [B, R, T] (and entropy, and the compressor's losses) of the batch's rows
+    under the memory they saw.
 
-    batch, per step (B trajectories, S steps): seg [B,S,L], seg_valid, rewards [B,S],
-    boundary [B,S], step_valid [B,S]; per row (R chosen steps of each trajectory):
-    row_step [B,R] (its step index), row_valid [B,R], prompt [B,R,P], prompt_valid,
-    tokens [B,R,T], valid; with `stored` also the shipped bank: bank_vec [B,C,m,d],
-    bank_scale [B,C,m], bank_step [B,C], bank_turning [B,C], bank_count [B]. Rows are a
-    subset of steps because only some steps carry a training signal (e.g. graded ones),
-    while the compressor must still run over every step.
+    With `stored` the memory values are the shipped bank's (`batch.bank_*`); without, the
+    bank is built in-graph by the same per-step logic from the batch's segments.
     """
     comp = self.comp
-    b, s = batch["step_valid"].shape
-    r = batch["row_step"].shape[1]
-    seg = batch["seg"].reshape(b * s, -1)
-    v_bsed = comp.encode(params, seg, batch["seg_valid"].reshape(b * s, -1))
+    b, s = batch.step_valid_bs.shape
+    r = batch.row_step_br.shape[1]
+    seg = batch.seg_bsl.reshape(b * s, -1)
+    v_bsed = comp.encode(params, seg, batch.seg_valid_bsl.reshape(b * s, -1))
     v_bsed = v_bsed.reshape((b, s) + v_bsed.shape[1:])
     final, info = jax.vmap(comp.scan_trajectory, in_axes=(None, 0, 0, 0, 0))(
-        params, v_bsed, batch["rewards"], batch["boundary"], batch["step_valid"])
+        params, v_bsed, batch.rewards_bs, batch.boundary_bs, batch.step_valid_bs)
     bank = final.bank
     if stored:
-      bank = bank.replace(vec_ced=batch["bank_vec"], scale_ce=batch["bank_scale"],
-                          step_c=batch["bank_step"], turning_c=batch["bank_turning"],
-                          count=batch["bank_count"])
+      bank = bank.replace(vec_ced=batch.bank_vec_bced, scale_ce=batch.bank_scale_bce,
+                          step_c=batch.bank_step_bc, turning_c=batch.bank_turning_bc,
+                          count=batch.bank_count_b)
 
     def row_memory(bank_one, v_sed, t):
       vec, ok, idx_c = comp.visible_memory(bank_one, t)
@@ -103,16 +110,16 @@ class MemoryPolicy:
       return quant.straight_through(vec, jnp.where(ok[:, None], fresh, 0.0)), ok
 
     mem, mvalid = jax.vmap(lambda bk, v, ts: jax.vmap(lambda t: row_memory(bk, v, t))(ts))(
-        bank, v_bsed, batch["row_step"])
+        bank, v_bsed, batch.row_step_br)
     flat = lambda x: x.reshape((b * r,) + x.shape[2:])  # noqa: E731
     logp, ent, _ = sampling.completion_logprobs(
-        self.model, params["policy"], flat(batch["prompt"]), flat(batch["prompt_valid"]),
-        flat(batch["tokens"]), flat(batch["valid"]), temperature=temperature,
+        self.model, params["policy"], flat(batch.prompt_brp), flat(batch.prompt_valid_brp),
+        flat(batch.tokens_brt), flat(batch.valid_brt), temperature=temperature,
         memory_bmd=flat(mem), memory_valid_bm=flat(mvalid), with_entropy=True)
     logits = comp.decoder.apply({"params": params["decoder"]}, v_bsed.reshape((b * s,) +
                                                                              v_bsed.shape[2:]))
-    sv = batch["step_valid"]
-    recon = reconstruction_loss(logits, seg, batch["seg_valid"].reshape(b * s, -1),
+    sv = batch.step_valid_bs
+    recon = reconstruction_loss(logits, seg, batch.seg_valid_bsl.reshape(b * s, -1),
                                 sv.reshape(-1).astype(jnp.float32))
     # The prediction made after step s-1 is scored against step s (step 0 has none).
     pred_w = (sv & (jnp.arange(s)[None] > 0)).astype(jnp.float32)
@@ -125,47 +132,65 @@ class MemoryPolicy:
     return logp.reshape(shape), ent.reshape(shape), aux
 
 
-def make_memory_update(policy: MemoryPolicy, tx, *, mode: str, temperature: float = 1.0,
-                       clip_eps: float = 0.2, is_cap: float = 2.0):
-  """update(state, batch) -> (state, metrics) for the memory policy.
+def group_advantages(r_br: jax.Array, g_br: jax.Array, group_size: int) -> jax.Array:
+  """GRPO advantages of graded rows: (r - group mean) / (group std + 1e-6), the mean and std
+  over the graded rows of the `group_size` consecutive trajectories that share a task
+  (group_size 0: the whole batch is one group); 0 on ungraded rows.
 
-  mode "sft": batch has row_weight [B,R]; loss = weighted mean over rows of the row's token
-  cross-entropy (graded steps weigh more than filler steps: they carry the task).
-  mode "rl": batch has logp [B,R,T] (behaviour), graded [B,R] and the stored bank; the
-  advantage of a graded row is its reward minus the batch mean over graded rows, divided by
-  their std; ungraded rows carry no reward signal and get zero weight.
+  r_br [B, R] rewards of the rows, g_br [B, R] bool graded (and valid)."""
+  b = r_br.shape[0]
+  k = group_size or b
+  r_gkr = r_br.reshape(b // k, -1)
+  g_gkr = g_br.reshape(b // k, -1).astype(r_br.dtype)
+  n = jnp.maximum(jnp.sum(g_gkr, -1, keepdims=True), 1)
+  mean = jnp.sum(r_gkr * g_gkr, -1, keepdims=True) / n
+  std = jnp.sqrt(jnp.sum(jnp.square(r_gkr - mean) * g_gkr, -1, keepdims=True) / n)
+  return jnp.where(g_gkr > 0, (r_gkr - mean) / (std + 1e-6), 0.0).reshape(r_br.shape)
+
+
+def make_memory_update(policy: MemoryPolicy, tx, *, mode: str, temperature: float = 1.0,
+                       clip_eps: float = 0.2, is_cap: float = 2.0, group_size: int = 0):
+  """update(state, batch: MemoryBatch) -> (state, metrics) for the memory policy.
+
+  mode "sft": loss = mean over rows of the row's token cross-entropy weighted by
+  row_weight_br (graded steps weigh more than filler steps: they carry the task).
+  mode "rl": the batch carries behaviour log-probs and the shipped bank; the advantage of a
+  graded row is `group_advantages` over groups of `group_size` consecutive trajectories (one
+  task each; 0: the whole batch), ungraded rows carry no reward signal and get zero weight;
+  loss: the decoupled PPO surrogate (`rl.losses.decoupled_ppo_loss`), a token mean over the
+  graded rows.
   """
   if mode not in ("sft", "rl"):
     raise ValueError(f"mode {mode!r} unknown; known: rl, sft")
   ccfg = policy.comp.cfg
 
-  def update(state: TrainState, batch: dict):
-    sv = batch["row_valid"]
-    mask = batch["valid"] & sv[..., None]
+  def update(state: TrainState, batch: MemoryBatch):
+    sv = batch.row_valid_br
+    mask = batch.valid_brt & sv[..., None]
 
     def loss_fn(params):
       logp, ent, aux = policy.row_logprobs(params, batch, stored=mode == "rl",
                                            temperature=temperature)
       n_tok = jnp.maximum(jnp.sum(mask, -1), 1)
+      extra = {}
       if mode == "sft":
-        w = batch["row_weight"] * sv
+        w = batch.row_weight_br * sv
         row_nll = -jnp.sum(jnp.where(mask, logp, 0.0), -1) / n_tok
         pol = jnp.sum(row_nll * w) / jnp.maximum(jnp.sum(w), 1e-6)
       else:
-        g = batch["graded"] & sv
-        n_g = jnp.maximum(jnp.sum(g), 1)
-        r = jnp.take_along_axis(batch["rewards"], batch["row_step"], axis=1)  # per row
-        mean = jnp.sum(r * g) / n_g
-        std = jnp.sqrt(jnp.sum(jnp.square(r - mean) * g) / n_g)
-        adv = jnp.where(g, (r - mean) / (std + 1e-6), 0.0)
+        g = batch.graded_br & sv
+        r = jnp.take_along_axis(batch.rewards_bs, batch.row_step_br, axis=1)  # per row
+        adv = group_advantages(r, g, group_size)
         rows = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
         tok_loss, _ = jax.vmap(lambda lp, bh, a, m: loss_lib.decoupled_ppo_loss(
             lp, jax.lax.stop_gradient(lp), bh, a, m, clip_eps, is_cap))(
-                rows(logp), rows(batch["logp"]), rows(adv), rows(mask & g[..., None]))
+                rows(logp), rows(batch.logp_brt), rows(adv), rows(mask & g[..., None]))
         pol = jnp.sum(tok_loss) / jnp.maximum(jnp.sum(mask & g[..., None]), 1)
+        extra = {"reward": jnp.sum(r * g) / jnp.maximum(jnp.sum(g), 1),
+                 "adv_abs": jnp.sum(jnp.abs(adv)) / jnp.maximum(jnp.sum(g), 1)}
       loss = pol + ccfg.recon_coef * aux["recon"] + ccfg.predict_coef * aux["predict"]
       ent_mean = jnp.sum(jnp.where(mask, ent, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
-      return loss, dict(aux, loss=loss, policy_loss=pol, entropy=ent_mean)
+      return loss, dict(aux, loss=loss, policy_loss=pol, entropy=ent_mean, **extra)
 
     grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params)
     return apply_gradients(state, tx, grads, metrics)

@@ -17,8 +17,9 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
+from sao_jax.batches import MemoryBatch
 from sao_jax.envs.base import Env, Task
-from sao_jax.envs.longhorizon import BOUNDARIES, SEP, graded_steps
+from sao_jax.envs.longhorizon import SEP, graded_steps
 from sao_jax.packing import left_pad, right_pad
 from sao_jax.tokenizer import Tokenizer
 
@@ -41,6 +42,7 @@ class LongTrajectory:
   seg: np.ndarray  # [S, L]
   seg_valid: np.ndarray
   bank: dict | None
+  tokens_total: int = 0  # tokens of the whole episode (BOS, observations, actions)
 
   @property
   def accuracy(self) -> float:
@@ -118,15 +120,18 @@ def sample_long_horizon(sample_fn: Callable, compress_fn: Callable | None, empty
         task_id=tasks[i].task_id, prompt=np.stack(c[0]), prompt_valid=np.stack(c[1]),
         tokens=np.stack(c[2]), valid=np.stack(c[3]), logp=np.stack(c[4]).astype(np.float32),
         rewards=np.asarray(c[5], np.float32), graded=np.asarray(c[6]),
-        boundary=np.asarray(c[7]), seg=seg, seg_valid=segv, bank=bank))
+        boundary=np.asarray(c[7]), seg=seg, seg_valid=segv, bank=bank,
+        tokens_total=len(contexts[i]) + int(c[3][-1].sum())))  # + the last action
   return trajs
 
 
 def trajectories_to_batch(trajs: Sequence[LongTrajectory], steps: int, rows: int = 0,
-                          seed: int = 0) -> dict[str, np.ndarray]:
-  """Stacks trajectories into the learner's layout: per step [B, S=steps, ...] and per row
-  [B, R, ...]. rows=0: every step is a row (R = steps); rows>0: the graded steps first, then
-  other steps drawn at random (seeded), R = rows."""
+                          seed: int = 0, completion_len: int = 0) -> MemoryBatch:
+  """Stacks trajectories into the learner's `MemoryBatch`: per step [B, S=steps, ...] and per
+  row [B, R, ...]. rows=0: every step is a row (R = steps); rows>0: the graded steps first,
+  then other steps drawn at random (seeded), R = rows. Completions are padded (or cut) to
+  `completion_len` tokens (0: as sampled). Row weights are 1; the bank comes along when the
+  trajectories carry one."""
   rng = np.random.default_rng(seed)
 
   def pad(x, n, fill=0):
@@ -134,9 +139,17 @@ def trajectories_to_batch(trajs: Sequence[LongTrajectory], steps: int, rows: int
     out[:len(x)] = x[:n]
     return out
 
+  def width(x, n):
+    if not n or x.shape[-1] == n:
+      return x
+    out = np.zeros(x.shape[:-1] + (n,), x.dtype)
+    k = min(n, x.shape[-1])
+    out[..., :k] = x[..., :k]
+    return out
+
   per_step = {k: np.stack([pad(getattr(t, k), steps) for t in trajs])
               for k in ("rewards", "boundary", "seg", "seg_valid")}
-  per_step["step_valid"] = np.stack([pad(np.ones(len(t.rewards), bool), steps) for t in trajs])
+  step_valid = np.stack([pad(np.ones(len(t.rewards), bool), steps) for t in trajs])
   n_rows = rows or steps
   picks = []
   for t in trajs:
@@ -149,16 +162,72 @@ def trajectories_to_batch(trajs: Sequence[LongTrajectory], steps: int, rows: int
   per_row = {k: np.stack([pad(getattr(t, k)[p], n_rows) for t, p in zip(trajs, picks,
                                                                          strict=True)])
              for k in ("prompt", "prompt_valid", "tokens", "valid", "logp", "graded")}
-  per_row["prompt_valid"][..., -1] |= ~np.stack([pad(np.ones(len(p), bool), n_rows)
-                                                 for p in picks])  # padding rows: 1 token
-  per_row["row_step"] = np.stack([pad(p.astype(np.int32), n_rows) for p in picks])
-  per_row["row_valid"] = np.stack([pad(np.ones(len(p), bool), n_rows) for p in picks])
-  batch = dict(per_step, **per_row)
+  row_valid = np.stack([pad(np.ones(len(p), bool), n_rows) for p in picks])
+  per_row["prompt_valid"][..., -1] |= ~row_valid  # padding rows: 1 token
+  bank = {}
   if trajs[0].bank is not None:
-    for key, name in zip(BANK_KEYS, ("bank_vec", "bank_scale", "bank_step", "bank_turning",
-                                     "bank_count"), strict=True):
-      batch[name] = np.stack([t.bank[key] for t in trajs])
-  return batch
+    bank = {name: np.stack([t.bank[key] for t in trajs]) for key, name in zip(
+        BANK_KEYS, ("bank_vec_bced", "bank_scale_bce", "bank_step_bc", "bank_turning_bc",
+                    "bank_count_b"), strict=True)}
+    bank["logp_brt"] = width(per_row["logp"], completion_len)
+  return MemoryBatch(
+      seg_bsl=per_step["seg"], seg_valid_bsl=per_step["seg_valid"],
+      rewards_bs=per_step["rewards"], boundary_bs=per_step["boundary"], step_valid_bs=step_valid,
+      row_step_br=np.stack([pad(p.astype(np.int32), n_rows) for p in picks]),
+      row_valid_br=row_valid, row_weight_br=row_valid.astype(np.float32),
+      graded_br=per_row["graded"], prompt_brp=per_row["prompt"],
+      prompt_valid_brp=per_row["prompt_valid"],
+      tokens_brt=width(per_row["tokens"], completion_len),
+      valid_brt=width(per_row["valid"], completion_len), **bank)
+
+
+def expert_trajectory(env: Env, task: Task, actions: Sequence[Sequence[int]], tok: Tokenizer, *,
+                      window: int, step_len: int, completion_len: int) -> LongTrajectory:
+  """The expert's episode played through the environment, in the sampler's layout: row t
+  sees the last `window` tokens of [BOS, obs_0, act_0, obs_1, ...] (as `sample_long_horizon`
+  builds them) and its completion is actions[t] (EOS included); rewards, graded steps and
+  boundaries are the environment's."""
+  obs = env.reset(task).tolist()
+  context = [tok.bos_id] + obs
+  items, boundary = [], False
+  for t, action in enumerate(actions):
+    res = env.step(np.asarray(action, np.int32))
+    items.append((context[-window:], list(action), res.reward,
+                  bool(res.info.get("graded", False)), boundary, segment(obs, action, step_len)))
+    boundary = bool(res.info.get("next_boundary", False))
+    if res.done:
+      if t != len(actions) - 1:
+        raise ValueError(f"task {task.task_id}: the episode ended at step {t} of "
+                         f"{len(actions)} expert actions")
+      break
+    obs = res.observation.tolist()
+    context = context + list(action) + obs
+  prompt, pvalid = left_pad([r[0] for r in items], window, tok.pad_id)
+  toks, valid = right_pad([r[1] for r in items], completion_len, tok.pad_id)
+  seg, segv = right_pad([r[5] for r in items], step_len, tok.pad_id)
+  return LongTrajectory(task.task_id, prompt, pvalid, toks, valid,
+                        np.zeros(toks.shape, np.float32),
+                        np.asarray([r[2] for r in items], np.float32),
+                        np.asarray([r[3] for r in items]), np.asarray([r[4] for r in items]),
+                        seg, segv, None, tokens_total=len(context) + len(actions[-1]))
+
+
+def expert_memory_batch(trajs: Sequence[LongTrajectory], weights: Sequence[Sequence[float]], *,
+                        steps: int, rows: int = 0, seed: int = 0) -> MemoryBatch:
+  """Teacher-forced rows of expert episodes (`expert_trajectory`), each row weighted by its
+  step's weight (`weights[i][t]`, e.g. the family's `SFTExample.weight`).
+
+  With rows > 0 the ungraded rows are a sample of the ungraded steps: they are weighed up to
+  stand for all of them (weight * ungraded steps / ungraded rows), so the objective matches
+  training on every step (the full-context control's)."""
+  batch = trajectories_to_batch(trajs, steps, rows, seed)
+  w_bs = np.stack([np.pad(np.asarray(w, np.float32), (0, steps - len(w))) for w in weights])
+  w_br = np.take_along_axis(w_bs, batch.row_step_br, axis=1)
+  filler = batch.row_valid_br & ~batch.graded_br
+  n_filler = np.asarray([len(t.graded) - t.graded.sum() for t in trajs], np.float32)
+  up = n_filler / np.maximum(filler.sum(1), 1)
+  w_br = np.where(batch.graded_br, w_br, w_br * up[:, None]) * batch.row_valid_br
+  return batch.replace(row_weight_br=w_br.astype(np.float32))
 
 
 def script(task: Task, tok: Tokenizer) -> tuple[list[list[int]], list[list[int]], dict]:
@@ -166,39 +235,6 @@ def script(task: Task, tok: Tokenizer) -> tuple[list[list[int]], list[list[int]]
   obs = [tok.encode(o) for o in task.prompt.split(SEP)]
   acts = [tok.encode(a, add_eos=True) for a in task.solution.split(SEP)]
   return obs, acts, graded_steps(task)
-
-
-def scripted_memory_batch(tasks: Sequence[Task], tok: Tokenizer, *, window: int, steps: int,
-                          max_new_tokens: int, step_len: int, graded_weight: float,
-                          rows: int = 0, seed: int = 0) -> dict[str, np.ndarray]:
-  """Teacher-forced rows of the expert script, in the memory policy's layout."""
-  out = []
-  for task in tasks:
-    obs, acts, graded = script(task, tok)
-    ctx = [tok.bos_id]
-    items = []
-    for t, (o, a) in enumerate(zip(obs, acts, strict=True)):
-      ctx = ctx + o
-      items.append((ctx[-window:], a, t in graded, segment(o, a, step_len)))
-      ctx = ctx + a
-    prompt, pvalid = left_pad([r[0] for r in items], window, tok.pad_id)
-    toks, valid = right_pad([r[1] for r in items], max_new_tokens, tok.pad_id)
-    seg, segv = right_pad([r[3] for r in items], step_len, tok.pad_id)
-    g = np.asarray([r[2] for r in items])
-    # Rewards and boundaries as a perfect rollout would record them, so that the in-graph
-    # filter sees the same turning points as on sampled episodes.
-    bnd = np.asarray([o in BOUNDARIES for o in task.prompt.split(SEP)])
-    out.append(LongTrajectory(task.task_id, prompt, pvalid, toks, valid,
-                              np.zeros(toks.shape, np.float32), g.astype(np.float32), g, bnd,
-                              seg, segv, None))
-  batch = trajectories_to_batch(out, steps, rows, seed)
-  # Filler rows are a sample of the filler steps: weigh them up to stand for all of them, so
-  # the objective matches the full-context control's (which trains on every step).
-  filler = batch["row_valid"] & ~batch["graded"]
-  n_filler = np.asarray([len(t.graded) - t.graded.sum() for t in out], np.float32)
-  up = n_filler / np.maximum(filler.sum(1), 1)
-  batch["row_weight"] = np.where(batch["graded"], graded_weight, up[:, None]).astype(np.float32)
-  return batch
 
 
 def scripted_full_batch(tasks: Sequence[Task], tok: Tokenizer, *, length: int,

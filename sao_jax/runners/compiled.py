@@ -56,6 +56,13 @@ class SamplerPrograms:
   decode: Callable | None = None  # (params, slots, version, rng, min_done) -> slots
   refresh: Callable | None = None  # (params, slots) -> slots, caches under new params
   empty_slots: Callable | None = None  # () -> an empty slot state
+  # The policy with compressed memory (`compile_memory_sampler`): sample and greedy take
+  # (params, streams, prompt, prompt_valid, rng), and compress runs the three stages on the
+  # step each slot just took: (params, streams, seg, seg_valid, reward, boundary, last,
+  # active) -> streams; empty_streams(n) the streams of n slots, sharded as compress returns
+  # them (so that the programs compile once, not again for a first call's layout).
+  compress: Callable | None = None
+  empty_streams: Callable | None = None
 
 
 @dataclasses.dataclass
@@ -64,6 +71,8 @@ class Programs(LearnerPrograms):
 
   sample: Callable = None
   greedy: Callable = None
+  compress: Callable | None = None
+  empty_streams: Callable | None = None
 
 
 def _with_rules(fn, rules):
@@ -74,14 +83,16 @@ def _with_rules(fn, rules):
   return wrapped
 
 
-def compile_learner(cfg: Config, model: TransformerLM, tx, update_fn, *, with_ref: bool,
+def compile_learner(cfg: Config, model: TransformerLM | None, tx, update_fn, *, with_ref: bool,
                     prompt_len: int, mesh: jax.sharding.Mesh | None = None,
-                    num_tasks: int = 0) -> LearnerPrograms:
+                    num_tasks: int = 0, init_fn: Callable | None = None) -> LearnerPrograms:
   """init and update (state donated) with the state sharded by the logical-axis rules and
-  every batch field split over the batch axis."""
+  every batch field split over the batch axis. `init_fn` (rng -> TrainState with logically
+  annotated params) replaces the model's own (`learner.init_state_fn`), e.g. for the policy
+  with compressed memory."""
   mesh = mesh or sharding.make_mesh(cfg.mesh)
   rules = cfg.mesh.rules
-  init_boxed = init_state_fn(model, tx, prompt_len, with_ref, num_tasks)
+  init_boxed = init_fn or init_state_fn(model, tx, prompt_len, with_ref, num_tasks)
   abstract = jax.eval_shape(init_boxed, jax.random.key(0))
   state_sh = sharding.logical_shardings(abstract, mesh, rules)
   batch_sh = sharding.batch_sharding(mesh, rules)
@@ -181,72 +192,45 @@ def compile_programs(cfg: Config, model: TransformerLM, tx, update_fn, *, with_r
                   sample=smp.sample, greedy=smp.greedy)
 
 
-@dataclasses.dataclass
-class MemoryPrograms:
-  """Jitted programs of the long-horizon policy with compressed memory (sao_jax.compression).
-
-  `compress` is the sampler's one jitted function with all three stages (encoder, LSTM
-  filter, INT8) for the step every slot just took; `sample`/`greedy` condition on the banks.
-  """
-
-  mesh: jax.sharding.Mesh
-  init: Callable[[jax.Array], TrainState]
-  update: Callable[[TrainState, dict], tuple[TrainState, dict]]
-  sample: Callable  # (params, streams, prompt, prompt_valid, rng) -> SampleOutput
-  greedy: Callable
-  compress: Callable  # (params, streams, seg, seg_valid, reward, boundary, last, active)
-
-
-def compile_memory_programs(cfg: Config, policy, tx, update_fn, *, max_new_tokens: int,
-                            temperature: float, eos_id: int, pad_id: int,
-                            mesh: jax.sharding.Mesh | None = None) -> MemoryPrograms:
-  """Parameters replicated, everything with a leading batch/slot axis split over 'batch'."""
+def compile_memory_sampler(cfg: Config, policy, *, max_new_tokens: int, temperature: float,
+                           eos_id: int, pad_id: int, mesh: jax.sharding.Mesh | None = None
+                           ) -> SamplerPrograms:
+  """`compile_sampler` for a `compression.policy.MemoryPolicy`: sample and greedy condition
+  on the slots' banks, and compress runs all three stages (encoder, LSTM filter, INT8) in one
+  jitted call. Params sharded like the learner's, streams split over the batch axis."""
   mesh = mesh or sharding.make_mesh(cfg.mesh)
   rules = cfg.mesh.rules
-  repl = sharding.replicated(mesh)
+  boxed = jax.eval_shape(policy.init, jax.random.key(0))
+  params_sh = sharding.logical_shardings(boxed, mesh, rules)
   batch_sh = sharding.batch_sharding(mesh, rules)
-
-  def init_fn(rng):
-    params = nn.meta.unbox(policy.init(rng))
-    return TrainState(step=jax.numpy.zeros((), jax.numpy.int32), params=params,
-                      opt_state=tx.init(params), rng=rng,
-                      lr_scale=jax.numpy.ones((), jax.numpy.float32),
-                      nonfinite=jax.numpy.zeros((), jax.numpy.int32))
+  repl = sharding.replicated(mesh)
 
   def sampler(greedy):
     fn = functools.partial(policy.sample, max_new_tokens=max_new_tokens, eos_id=eos_id,
                            pad_id=pad_id, temperature=temperature, greedy=greedy)
-    return jax.jit(_with_rules(fn, rules), in_shardings=(repl, batch_sh, batch_sh, batch_sh, repl),
+    return jax.jit(_with_rules(fn, rules),
+                   in_shardings=(params_sh, batch_sh, batch_sh, batch_sh, repl),
                    out_shardings=batch_sh)
 
-  return MemoryPrograms(
-      mesh=mesh, init=jax.jit(init_fn, out_shardings=repl),
-      update=jax.jit(_with_rules(update_fn, rules), in_shardings=(repl, batch_sh),
-                     out_shardings=(repl, repl), donate_argnums=(0,)),
+  return SamplerPrograms(
+      mesh=mesh, params_sharding=params_sh, abstract_params=nn.meta.unbox(boxed),
       sample=sampler(False), greedy=sampler(True),
+      batch_divisor=sharding.batch_divisor(mesh, rules),
       compress=jax.jit(_with_rules(policy.compress, rules),
-                       in_shardings=(repl,) + (batch_sh,) * 7, out_shardings=batch_sh))
+                       in_shardings=(params_sh,) + (batch_sh,) * 7, out_shardings=batch_sh),
+      empty_streams=jax.jit(policy.empty_streams, static_argnums=0, out_shardings=batch_sh))
 
 
-def compile_full_context_programs(cfg: Config, model: TransformerLM, tx, update_fn, *,
-                                  prompt_len: int, max_new_tokens: int, temperature: float,
-                                  eos_id: int, pad_id: int, mesh: jax.sharding.Mesh | None = None
-                                  ) -> MemoryPrograms:
-  """The full-context control of `compile_memory_programs` (no memory; `compress` is None)."""
+def compile_memory_programs(cfg: Config, policy, tx, update_fn, *, max_new_tokens: int,
+                            temperature: float, eos_id: int, pad_id: int,
+                            mesh: jax.sharding.Mesh | None = None) -> Programs:
+  """Learner (`compile_learner` with the policy's state) and sampler
+  (`compile_memory_sampler`) of the policy with compressed memory."""
   mesh = mesh or sharding.make_mesh(cfg.mesh)
-  rules = cfg.mesh.rules
-  repl = sharding.replicated(mesh)
-  batch_sh = sharding.batch_sharding(mesh, rules)
-  init_boxed = init_state_fn(model, tx, prompt_len, with_ref=False)
-
-  def sampler(greedy):
-    fn = functools.partial(sampling.sample, model, max_new_tokens=max_new_tokens, eos_id=eos_id,
-                           pad_id=pad_id, temperature=temperature, greedy=greedy)
-    return jax.jit(_with_rules(fn, rules), in_shardings=(repl, batch_sh, batch_sh, repl),
-                   out_shardings=batch_sh)
-
-  return MemoryPrograms(
-      mesh=mesh, init=jax.jit(lambda rng: nn.meta.unbox(init_boxed(rng)), out_shardings=repl),
-      update=jax.jit(_with_rules(update_fn, rules), in_shardings=(repl, batch_sh),
-                     out_shardings=(repl, repl), donate_argnums=(0,)),
-      sample=sampler(False), greedy=sampler(True), compress=None)
+  learner = compile_learner(cfg, None, tx, update_fn, with_ref=False, prompt_len=0, mesh=mesh,
+                            init_fn=policy.init_state_fn(tx))
+  smp = compile_memory_sampler(cfg, policy, max_new_tokens=max_new_tokens,
+                               temperature=temperature, eos_id=eos_id, pad_id=pad_id, mesh=mesh)
+  return Programs(**{f.name: getattr(learner, f.name) for f in dataclasses.fields(learner)},
+                  sample=smp.sample, greedy=smp.greedy, compress=smp.compress,
+                  empty_streams=smp.empty_streams)

@@ -18,35 +18,49 @@ from sao_jax import checkpoint as ckpt_lib
 from sao_jax import config as config_lib
 from sao_jax import distributed, startup
 from sao_jax.config import Config
-from sao_jax.evaluation import evaluate
+from sao_jax.evaluation import evaluate, evaluate_memory
 from sao_jax.learner import make_sft_update
 from sao_jax.metrics import MetricsWriter, SilentWriter, peak_memory_mb, write_summary
 from sao_jax.runners.common import eval_fn, programs_for
-from sao_jax.runners.compiled import compile_sampler
+from sao_jax.runners.compiled import compile_memory_sampler, compile_sampler
 from sao_jax.runners.grpo import run_grpo, run_grpo_samplers
+from sao_jax.runners.memory import memory_eval_fn, memory_programs, run_memory_grpo, run_memory_sft
 from sao_jax.runners.sao import run_sao
 from sao_jax.runners.sft import run_sft
 from sao_jax.setup import Setup, make_setup
 from sao_jax.startup import enable_compile_cache
 from sao_jax.state import TrainState
 
-# (rl.algorithm, in sampler processes?) -> the phase that runs it: (setup, writer, start
-# state, workdir, *, eval_every) -> (state, programs, summary)
-RL_PHASES = {("grpo", False): run_grpo, ("grpo", True): run_grpo_samplers,
-             ("sao", True): run_sao}
+# (rl.algorithm, in sampler processes?, compressed memory?) -> the phase that runs it:
+# (setup, writer, start state, workdir, *, eval_every) -> (state, programs, summary).
+# `sao_jax.setup.validate` refuses the combinations missing here.
+RL_PHASES = {("grpo", False, False): run_grpo, ("grpo", True, False): run_grpo_samplers,
+             ("sao", True, False): run_sao, ("grpo", False, True): run_memory_grpo}
+SFT_PHASES = {False: run_sft, True: run_memory_sft}
+
+
+def _sft_programs(s: Setup):
+  if s.memory is not None:
+    return memory_programs(s, s.cfg.sft.optim, mode="sft")
+  return programs_for(s, s.cfg.sft.optim, make_sft_update)
+
+
+def _eval_fn(s: Setup, progs):
+  return memory_eval_fn(s, progs) if s.memory is not None else eval_fn(s, progs)
 
 
 def restore_init(s: Setup, path: str) -> TrainState:
   """Params from another run's latest checkpoint (a workdir or a checkpoint folder)."""
   directory = ckpt_lib.checkpoint_dir(pathlib.Path(path))
-  progs = programs_for(s, s.cfg.sft.optim, make_sft_update)
+  progs = _sft_programs(s)
   like = progs.init(jax.random.key(0))
   params, _, _ = ckpt_lib.restore_params(directory, like.params)
   return like.replace(params=params)
 
 
 def _eval_row(info: dict) -> dict:
-  return {f"eval_{k}": info[k] for k in ("accuracy", "format_rate", "num_problems") if k in info}
+  return {f"eval_{k}": info[k] for k in ("accuracy", "format_rate", "num_problems", "retention",
+                                         "bytes_stage3") if k in info}
 
 
 def _check_resume(cfg: Config, workdir: pathlib.Path) -> dict | None:
@@ -127,7 +141,8 @@ def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True)
       summary["sft"] = progress["sft"]
       startup.mark("restore_init")
     elif cfg.sft.steps or cfg.sft.max_seconds:
-      state, progs, info = run_sft(s, writer, state, workdir, eval_every=cfg.eval.every_seconds)
+      state, progs, info = SFT_PHASES[cfg.compression.enabled](
+          s, writer, state, workdir, eval_every=cfg.eval.every_seconds)
       summary["sft"] = info
       writer.write(info["steps"], _eval_row(info), phase="sft_eval", advance=0)
       if primary:
@@ -136,9 +151,8 @@ def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True)
       raise config_lib.ConfigError("nothing to train from: set sft.steps/max_seconds or init_from")
     if cfg.rl.steps or cfg.rl.max_seconds:
       if "sft" not in summary:
-        progs = programs_for(s, cfg.sft.optim, make_sft_update)
-        summary["start"] = eval_fn(s, progs)(state.params)
-      rl_phase = RL_PHASES[cfg.rl.algorithm, cfg.rl.uses_samplers]
+        summary["start"] = _eval_fn(s, _sft_programs(s))(state.params)
+      rl_phase = RL_PHASES[cfg.rl.algorithm, cfg.rl.uses_samplers, cfg.compression.enabled]
       state, progs, info = rl_phase(s, writer, state, workdir, eval_every=cfg.eval.every_seconds)
       summary["rl"] = info
       writer.write(info["steps"], _eval_row(info), phase="rl_eval", advance=0)
@@ -159,6 +173,13 @@ def eval_workdir(workdir: str | pathlib.Path, num: int | None = None) -> dict[st
   step, meta = ckpt_lib.read_meta(directory)
   cfg = config_lib.from_dict(meta["config"])
   s = make_setup(cfg)
+  if s.memory is not None:
+    progs = compile_memory_sampler(cfg, s.memory, max_new_tokens=cfg.rl.max_new_tokens,
+                                   temperature=cfg.rl.temperature, eos_id=s.tok.eos_id,
+                                   pad_id=s.tok.pad_id)
+    params, _, _ = ckpt_lib.restore_params(directory, progs.abstract_params)
+    result = evaluate_memory(s, progs, params, batch_divisor=progs.batch_divisor, num=num)
+    return dict(result, checkpoint=str(directory), step=step)
   progs = compile_sampler(cfg, s.model, prompt_len=s.prompt_len,
                           max_new_tokens=cfg.rl.max_new_tokens, temperature=cfg.rl.temperature,
                           eos_id=s.tok.eos_id, pad_id=s.tok.pad_id)
