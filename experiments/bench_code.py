@@ -34,6 +34,7 @@ Every figure is mean ± standard error over seeds with a 95 % t-interval in the 
 also carries the command, commit, machine and the load average at start and end (the
 machine is shared). Writes `--out` (JSON) and `--plot` (pass rate vs training seconds).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,26 +65,33 @@ from sao_jax.tokenizer import Tokenizer
 HERE = pathlib.Path(__file__).resolve().parent
 ARMS = ("sao", "grpo", "sft_continued")
 QUICK_UPDATES = 2
-LABELS = {"sao": "SFT -> SAO", "grpo": "SFT -> GRPO(N=8)",
-          "sft_continued": "SFT -> more SFT (control)"}
+LABELS = {
+  "sao": "SFT -> SAO",
+  "grpo": "SFT -> GRPO(N=8)",
+  "sft_continued": "SFT -> more SFT (control)",
+}
 # (key, label, format, percent?) of the per-arm table
-ROWS = [("pass_rate", "held-out pass rate (tests passed)", "{:.1f}", True),
-        ("solved_rate", "held-out tasks fully solved", "{:.1f}", True),
-        ("gain_points", "gain over the SFT start (points)", "{:+.1f}", False),
-        ("minus_control_points", "minus the SFT control (points)", "{:+.1f}", False),
-        ("steps", "updates", "{:.0f}", False),
-        ("trajectories_per_s", "trajectories/s", "{:.1f}", False),
-        ("learner_busy", "learner busy fraction", "{:.1f}", True),
-        ("reward_s_per_trajectory", "reward s per trajectory", "{:.4f}", False),
-        ("sandbox_runs_per_s", "sandbox executions/s", "{:.1f}", False)]
-BUSY_ROWS = [("learner_busy", "learner busy fraction", "{:.1f}", True),
-             ("learner_busy_steady", "learner busy, after 10 updates", "{:.1f}", True),
-             ("trajectories_per_s", "trajectories/s", "{:.1f}", False),
-             ("steps", "updates", "{:.0f}", False),
-             ("reward_s_per_trajectory", "reward s per trajectory", "{:.4f}", False),
-             ("sandbox_runs_per_s", "sandbox executions/s", "{:.1f}", False),
-             ("delay_mean_s", "sampling->training delay (s)", "{:.1f}", False),
-             ("pass_rate", "held-out pass rate after", "{:.1f}", True)]
+ROWS = [
+  ("pass_rate", "held-out pass rate (tests passed)", "{:.1f}", True),
+  ("solved_rate", "held-out tasks fully solved", "{:.1f}", True),
+  ("gain_points", "gain over the SFT start (points)", "{:+.1f}", False),
+  ("minus_control_points", "minus the SFT control (points)", "{:+.1f}", False),
+  ("steps", "updates", "{:.0f}", False),
+  ("trajectories_per_s", "trajectories/s", "{:.1f}", False),
+  ("learner_busy", "learner busy fraction", "{:.1f}", True),
+  ("reward_s_per_trajectory", "reward s per trajectory", "{:.4f}", False),
+  ("sandbox_runs_per_s", "sandbox executions/s", "{:.1f}", False),
+]
+BUSY_ROWS = [
+  ("learner_busy", "learner busy fraction", "{:.1f}", True),
+  ("learner_busy_steady", "learner busy, after 10 updates", "{:.1f}", True),
+  ("trajectories_per_s", "trajectories/s", "{:.1f}", False),
+  ("steps", "updates", "{:.0f}", False),
+  ("reward_s_per_trajectory", "reward s per trajectory", "{:.4f}", False),
+  ("sandbox_runs_per_s", "sandbox executions/s", "{:.1f}", False),
+  ("delay_mean_s", "sampling->training delay (s)", "{:.1f}", False),
+  ("pass_rate", "held-out pass rate after", "{:.1f}", True),
+]
 FREE_FAMILY = f"{pathlib.Path(__file__).resolve()}:CodeExactMatch"
 
 
@@ -105,8 +113,12 @@ class ExactMatchEnv:
     if self._task is None:
       raise RuntimeError("ExactMatchEnv.step() with no episode in progress; call reset(task)")
     text, task, self._task = self._tokenizer.decode(action_tokens), self._task, None
-    return StepResult(np.zeros((0,), np.int32), float(text.strip() == task.solution), True,
-                      {"format_ok": not precheck(text)})
+    return StepResult(
+      np.zeros((0,), np.int32),
+      float(text.strip() == task.solution),
+      True,
+      {"format_ok": not precheck(text)},
+    )
 
 
 class CodeExactMatch(Code):
@@ -122,25 +134,43 @@ def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--config", default=str(HERE / "configs" / "code.py"))
   p.add_argument("--variant", default="default")
-  p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                 help="config overrides for every run (e.g. rl.optim.lr=3e-4)")
+  p.add_argument(
+    "--set",
+    action="append",
+    default=[],
+    metavar="KEY=VALUE",
+    help="config overrides for every run (e.g. rl.optim.lr=3e-4)",
+  )
   p.add_argument("--seeds", type=int, default=3, help="number of seeds (default 3)")
-  p.add_argument("--first-seed", type=int, default=0,
-                 help="seeds first..first+N-1 (pilots use other seeds than reported runs)")
+  p.add_argument(
+    "--first-seed",
+    type=int,
+    default=0,
+    help="seeds first..first+N-1 (pilots use other seeds than reported runs)",
+  )
   p.add_argument("--seconds", type=float, default=180.0, help="training seconds per arm")
-  p.add_argument("--evals", type=int, default=1,
-                 help="held-out evals inside each arm besides its start and end")
-  p.add_argument("--busy-seconds", type=float, default=90.0,
-                 help="seconds of each busy-fraction run (0: skip that comparison)")
+  p.add_argument(
+    "--evals", type=int, default=1, help="held-out evals inside each arm besides its start and end"
+  )
+  p.add_argument(
+    "--busy-seconds",
+    type=float,
+    default=90.0,
+    help="seconds of each busy-fraction run (0: skip that comparison)",
+  )
   p.add_argument("--arms", default=",".join(ARMS), help=f"subset of {','.join(ARMS)}")
-  p.add_argument("--quick", action="store_true",
-                 help="smoke test: tiny variant, 1 seed, a few seconds per run")
+  p.add_argument(
+    "--quick", action="store_true", help="smoke test: tiny variant, 1 seed, a few seconds per run"
+  )
   p.add_argument("--out", default="results/bench_code.json")
   p.add_argument("--plot", default="results/bench_code.png")
   p.add_argument("--workdir", default="runs/bench_code", help="checkpoints and metrics (large)")
-  p.add_argument("--reuse-sft", action="store_true",
-                 help="keep the SFT checkpoints in --workdir (same config and seeds: e.g. a "
-                      "pilot of RL settings) and retrain only what follows them")
+  p.add_argument(
+    "--reuse-sft",
+    action="store_true",
+    help="keep the SFT checkpoints in --workdir (same config and seeds: e.g. a "
+    "pilot of RL settings) and retrain only what follows them",
+  )
   p.add_argument("--no-progress", action="store_true")
   args = p.parse_args(argv)
   if args.quick:  # every run stops after QUICK_UPDATES updates (the seconds are a cap)
@@ -154,10 +184,16 @@ def main(argv=None) -> dict:
   load_start = os.getloadavg()
   base = load_config(args.config, args.variant, args.set)
   if base.task.family != "code":
-    raise SystemExit(f"this benchmark is about the code family, the config has "
-                     f"{base.task.family!r}")
-  base = dataclasses.replace(base, rl=dataclasses.replace(
-      base.rl, steps=QUICK_UPDATES if args.quick else 0, max_seconds=args.seconds), log_every=1)
+    raise SystemExit(
+      f"this benchmark is about the code family, the config has {base.task.family!r}"
+    )
+  base = dataclasses.replace(
+    base,
+    rl=dataclasses.replace(
+      base.rl, steps=QUICK_UPDATES if args.quick else 0, max_seconds=args.seconds
+    ),
+    log_every=1,
+  )
   out, plot_path, work = pathlib.Path(args.out), pathlib.Path(args.plot), pathlib.Path(args.workdir)
   keep = {"sft"} if args.reuse_sft else set()
   for d in sorted(work.glob("seed*/*")) if work.exists() else []:
@@ -167,14 +203,23 @@ def main(argv=None) -> dict:
   t0 = time.time()
   runs = []
   for seed in range(args.first_seed, args.first_seed + args.seeds):
-    runs.append(_one_seed(dataclasses.replace(base, seed=seed), arm_names, args,
-                          work / f"seed{seed}"))
-  results = {"provenance": provenance(), "config": config_lib.to_dict(base),
-             "seeds": [r["seed"] for r in runs], "seconds_per_arm": args.seconds,
-             "evals_per_arm": args.evals, "busy_seconds": args.busy_seconds,
-             "load_average_start": list(load_start), "load_average_end": list(os.getloadavg()),
-             "runs": runs, "summary": _summary(runs, arm_names, bool(args.busy_seconds)),
-             "wall_s": time.time() - t0, "bench_peak_memory_mb": peak_memory_mb()}
+    runs.append(
+      _one_seed(dataclasses.replace(base, seed=seed), arm_names, args, work / f"seed{seed}")
+    )
+  results = {
+    "provenance": provenance(),
+    "config": config_lib.to_dict(base),
+    "seeds": [r["seed"] for r in runs],
+    "seconds_per_arm": args.seconds,
+    "evals_per_arm": args.evals,
+    "busy_seconds": args.busy_seconds,
+    "load_average_start": list(load_start),
+    "load_average_end": list(os.getloadavg()),
+    "runs": runs,
+    "summary": _summary(runs, arm_names, bool(args.busy_seconds)),
+    "wall_s": time.time() - t0,
+    "bench_peak_memory_mb": peak_memory_mb(),
+  }
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps(results, indent=2))
   print_table(results)
@@ -195,31 +240,48 @@ def _one_seed(cfg: config_lib.Config, arm_names: list[str], args, work: pathlib.
   sft_state, _, sft = run_sft(s, w, None, work / "sft")
   w.close()
   sft = _arm_summary(sft, None)
-  print(f"seed {cfg.seed}: SFT {sft['steps']} steps, pass rate {sft['pass_rate']:.3f}, "
-        f"solved {sft['solved_rate']:.3f}", flush=True)
+  print(
+    f"seed {cfg.seed}: SFT {sft['steps']} steps, pass rate {sft['pass_rate']:.3f}, "
+    f"solved {sft['solved_rate']:.3f}",
+    flush=True,
+  )
   arms = {}
   for name in arm_names:
     w = writer(name)
     if name == "sao":
-      _, _, info = run_sao(s, w, sft_state, work / name, max_seconds=seconds,
-                           eval_every=eval_every)
+      _, _, info = run_sao(s, w, sft_state, work / name, max_seconds=seconds, eval_every=eval_every)
     elif name == "grpo":
-      s_grpo = dataclasses.replace(s, cfg=dataclasses.replace(
-          cfg, rl=dataclasses.replace(cfg.rl, algorithm="grpo")))
-      _, _, info = run_grpo(s_grpo, w, sft_state, work / name, max_seconds=seconds,
-                            eval_every=eval_every)
+      s_grpo = dataclasses.replace(
+        s, cfg=dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, algorithm="grpo"))
+      )
+      _, _, info = run_grpo(
+        s_grpo, w, sft_state, work / name, max_seconds=seconds, eval_every=eval_every
+      )
     else:  # as many training seconds as the longest RL arm took (they overshoot a little)
       budget = max([arms[a]["seconds"] for a in arms] or [seconds])
-      _, _, info = run_sft(s, w, sft_state, work / name, steps=0, max_seconds=budget,
-                           tag="sft_continued", eval_every=eval_every, keep_opt_state=True)
+      _, _, info = run_sft(
+        s,
+        w,
+        sft_state,
+        work / name,
+        steps=0,
+        max_seconds=budget,
+        tag="sft_continued",
+        eval_every=eval_every,
+        keep_opt_state=True,
+      )
     w.close()
     arms[name] = _arm_summary(info, sft)
-    print(f"seed {cfg.seed}: {name} {info['steps']} steps in {info['seconds']:.0f} s, pass rate "
-          f"{arms[name]['pass_rate']:.3f} ({arms[name]['gain_points']:+.1f} points)", flush=True)
+    print(
+      f"seed {cfg.seed}: {name} {info['steps']} steps in {info['seconds']:.0f} s, pass rate "
+      f"{arms[name]['pass_rate']:.3f} ({arms[name]['gain_points']:+.1f} points)",
+      flush=True,
+    )
   if "sft_continued" in arms:
     for name in arms:
-      arms[name]["minus_control_points"] = 100 * (arms[name]["pass_rate"]
-                                                  - arms["sft_continued"]["pass_rate"])
+      arms[name]["minus_control_points"] = 100 * (
+        arms[name]["pass_rate"] - arms["sft_continued"]["pass_rate"]
+      )
   run = {"seed": cfg.seed, "sft": sft, **arms}
   if args.busy_seconds:
     run["busy_code"], run["busy_free"] = _busy_pair(s, sft_state, args.busy_seconds, work, show)
@@ -235,14 +297,14 @@ def _arm_summary(info: dict, sft: dict | None) -> dict:
   return out
 
 
-def _busy_pair(s, sft_state, seconds: float, work: pathlib.Path, show: bool
-               ) -> tuple[dict, dict]:
+def _busy_pair(s, sft_state, seconds: float, work: pathlib.Path, show: bool) -> tuple[dict, dict]:
   """Two SAO runs from the SFT params without periodic evaluation, one scored in the sandbox,
   one by exact match (free). The free one's final params are also scored by the hidden tests
   afterwards, so that its pass rate is comparable."""
   cfg = s.cfg
-  s_free = make_setup(dataclasses.replace(cfg, task=dataclasses.replace(cfg.task,
-                                                                         family=FREE_FAMILY)))
+  s_free = make_setup(
+    dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, family=FREE_FAMILY))
+  )
   out = []
   for name, setup in (("busy_code", s), ("busy_free", s_free)):
     w = MetricsWriter(work / name, show_progress=show)
@@ -250,35 +312,48 @@ def _busy_pair(s, sft_state, seconds: float, work: pathlib.Path, show: bool
     w.close()
     if setup is s_free:
       info["exact_match_rate"] = info["accuracy"]
-      info["accuracy"] = evaluate(s, progs.greedy, state.params,
-                                  batch_divisor=progs.batch_divisor)["accuracy"]
+      info["accuracy"] = evaluate(s, progs.greedy, state.params, batch_divisor=progs.batch_divisor)[
+        "accuracy"
+      ]
     out.append(_arm_summary(info, None))
-    print(f"seed {cfg.seed}: {name} {info['steps']} updates, learner busy "
-          f"{info['learner_busy']:.1%}, {info['trajectories_per_s']:.1f} trajectories/s, "
-          f"{info['reward_s_per_trajectory'] * 1e3:.1f} ms reward per trajectory", flush=True)
+    print(
+      f"seed {cfg.seed}: {name} {info['steps']} updates, learner busy "
+      f"{info['learner_busy']:.1%}, {info['trajectories_per_s']:.1f} trajectories/s, "
+      f"{info['reward_s_per_trajectory'] * 1e3:.1f} ms reward per trajectory",
+      flush=True,
+    )
   return out[0], out[1]
 
 
 def _summary(runs: list[dict], arm_names: list[str], busy: bool) -> dict:
   """Per arm and metric: mean, s.e. and 95 % interval over seeds; and for the busy pair the
   per-seed ratio code / free."""
-  out = {"sft": {k: stats.summarize([r["sft"].get(k) for r in runs])
-                 for k in ("pass_rate", "solved_rate", "steps", "seconds")}}
+  out = {
+    "sft": {
+      k: stats.summarize([r["sft"].get(k) for r in runs])
+      for k in ("pass_rate", "solved_rate", "steps", "seconds")
+    }
+  }
   for arm in arm_names:
-    out[arm] = {k: stats.summarize([r[arm].get(k) for r in runs])
-                for k, *_ in ROWS + [("seconds",)]}
+    out[arm] = {
+      k: stats.summarize([r[arm].get(k) for r in runs]) for k, *_ in ROWS + [("seconds",)]
+    }
   if busy:
     for arm in ("busy_code", "busy_free"):
       out[arm] = {k: stats.summarize([r[arm].get(k) for r in runs]) for k, *_ in BUSY_ROWS}
-    out["busy_ratio_code_over_free"] = {k: stats.summarize([
-        r["busy_code"][k] / r["busy_free"][k] if r["busy_free"].get(k) else None
-        for r in runs]) for k in ("learner_busy", "trajectories_per_s")}
+    out["busy_ratio_code_over_free"] = {
+      k: stats.summarize(
+        [r["busy_code"][k] / r["busy_free"][k] if r["busy_free"].get(k) else None for r in runs]
+      )
+      for k in ("learner_busy", "trajectories_per_s")
+    }
   return out
 
 
 def _cell(d: dict, spec: str, pct: bool) -> str:
-  return stats.fmt(d, spec, 100.0 if pct else 1.0) + ("%" if pct and d.get("mean") is not None
-                                                      else "")
+  return stats.fmt(d, spec, 100.0 if pct else 1.0) + (
+    "%" if pct and d.get("mean") is not None else ""
+  )
 
 
 def print_table(r: dict):
@@ -286,32 +361,43 @@ def print_table(r: dict):
   arms = [a for a in ARMS if a in sm]
   n = len(r["seeds"])
   print(f"\nCoding RL, {n} seed(s), {r['seconds_per_arm']:.0f} training s per arm, mean ± s.e.")
-  print(f"SFT start: pass rate {_cell(sm['sft']['pass_rate'], '{:.1f}', True)}, fully solved "
-        f"{_cell(sm['sft']['solved_rate'], '{:.1f}', True)}")
+  print(
+    f"SFT start: pass rate {_cell(sm['sft']['pass_rate'], '{:.1f}', True)}, fully solved "
+    f"{_cell(sm['sft']['solved_rate'], '{:.1f}', True)}"
+  )
   print(f"{'':36s}" + "".join(f"{LABELS[a]:>28s}" for a in arms))
   for key, label, spec, pct in ROWS:
-    print(f"{label:36s}" + "".join(f"{_cell(sm[a].get(key, {}), spec, pct):>28s}"
-                                   for a in arms))
+    print(f"{label:36s}" + "".join(f"{_cell(sm[a].get(key, {}), spec, pct):>28s}" for a in arms))
   if "busy_code" in sm:
     print(f"\nDoes the sandbox keep up? SAO, {r['busy_seconds']:.0f} s, no periodic eval")
     print(f"{'':36s}{'code reward (sandbox)':>28s}{'free reward (exact match)':>28s}")
     for key, label, spec, pct in BUSY_ROWS:
-      print(f"{label:36s}" + "".join(f"{_cell(sm[a].get(key, {}), spec, pct):>28s}"
-                                     for a in ("busy_code", "busy_free")))
+      print(
+        f"{label:36s}"
+        + "".join(
+          f"{_cell(sm[a].get(key, {}), spec, pct):>28s}" for a in ("busy_code", "busy_free")
+        )
+      )
     q = sm["busy_ratio_code_over_free"]
-    print(f"code / free: learner busy {stats.fmt(q['learner_busy'], '{:.2f}')}, "
-          f"trajectories/s {stats.fmt(q['trajectories_per_s'], '{:.2f}')}")
+    print(
+      f"code / free: learner busy {stats.fmt(q['learner_busy'], '{:.2f}')}, "
+      f"trajectories/s {stats.fmt(q['trajectories_per_s'], '{:.2f}')}"
+    )
   la, lb = r["load_average_start"], r["load_average_end"]
-  print(f"load average (1, 5, 15 min): start {la[0]:.1f} {la[1]:.1f} {la[2]:.1f}, "
-        f"end {lb[0]:.1f} {lb[1]:.1f} {lb[2]:.1f}\n")
+  print(
+    f"load average (1, 5, 15 min): start {la[0]:.1f} {la[1]:.1f} {la[2]:.1f}, "
+    f"end {lb[0]:.1f} {lb[1]:.1f} {lb[2]:.1f}\n"
+  )
 
 
 def plot(r: dict, path: pathlib.Path):
   """Held-out pass rate against training seconds: each seed thin, the mean over seeds bold
   with its standard error as a band (at the mean time of each eval point)."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   fig, ax = plt.subplots(figsize=(6.5, 4.2))
   colors = {"sao": "tab:orange", "grpo": "tab:blue", "sft_continued": "tab:green"}
   for arm in ARMS:
@@ -324,17 +410,20 @@ def plot(r: dict, path: pathlib.Path):
     t = np.mean([[x[0] for x in c[:n]] for c in curves], axis=0)
     acc = np.asarray([[100 * x[2] for x in c[:n]] for c in curves])
     mean = acc.mean(axis=0)
-    ax.plot(t, mean, color=colors[arm], marker="o", lw=2,
-            label=f"{LABELS[arm]} (mean of {len(curves)})")
+    ax.plot(
+      t, mean, color=colors[arm], marker="o", lw=2, label=f"{LABELS[arm]} (mean of {len(curves)})"
+    )
     if len(curves) > 1:
       se = acc.std(axis=0, ddof=1) / np.sqrt(len(curves))
       ax.fill_between(t, mean - se, mean + se, color=colors[arm], alpha=0.15)
-  ax.axhline(100 * r["summary"]["sft"]["pass_rate"]["mean"], color="gray", ls="--",
-             label="SFT start (mean)")
+  ax.axhline(
+    100 * r["summary"]["sft"]["pass_rate"]["mean"], color="gray", ls="--", label="SFT start (mean)"
+  )
   ax.set_xlabel("training seconds after the SFT checkpoint")
   ax.set_ylabel("held-out pass rate (% of hidden tests)")
-  ax.set_title(f"code family, {len(r['runs'])} seed(s), "
-               f"{r['config']['eval']['num_problems']} held-out tasks")
+  ax.set_title(
+    f"code family, {len(r['runs'])} seed(s), {r['config']['eval']['num_problems']} held-out tasks"
+  )
   ax.legend(fontsize=8)
   fig.tight_layout()
   path.parent.mkdir(parents=True, exist_ok=True)

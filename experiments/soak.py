@@ -16,6 +16,7 @@ be 0). Writes OUT/soak.json and prints a table: updates, faults survived, rollba
 skipped updates, recovery times (process start -> first update after a restart, as the
 resumed learner logs it), trajectories lost.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,6 @@ REPO = HERE.parent
 FAULTS = ("kill_learner", "kill_sampler", "corrupt_and_kill")
 
 
-
-
 def _ledger_lines(workdir: pathlib.Path) -> int:
   path = workdir / "ledger.jsonl"
   return path.read_text().count("\n") if path.exists() else 0
@@ -64,15 +63,25 @@ def main():
   p.add_argument("--fault-every", type=float, default=150.0, help="seconds between faults")
   p.add_argument("--variant", default="default")
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--est-updates-per-s", type=float, default=0.8,
-                 help="for placing the NaN schedule inside the run")
+  p.add_argument(
+    "--est-updates-per-s",
+    type=float,
+    default=0.8,
+    help="for placing the NaN schedule inside the run",
+  )
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
   p.add_argument("--out", default=str(REPO / "results" / "soak"))
-  p.add_argument("--report-only", action="store_true",
-                 help="recompute OUT/soak.json's report from OUT/run and the attempt logs")
-  p.add_argument("--resume", action="store_true",
-                 help="continue the run in OUT/run (e.g. after the driver itself stopped), "
-                      "keeping the fault log of OUT/soak.json")
+  p.add_argument(
+    "--report-only",
+    action="store_true",
+    help="recompute OUT/soak.json's report from OUT/run and the attempt logs",
+  )
+  p.add_argument(
+    "--resume",
+    action="store_true",
+    help="continue the run in OUT/run (e.g. after the driver itself stopped), "
+    "keeping the fault log of OUT/soak.json",
+  )
   args = p.parse_args()
 
   out = pathlib.Path(args.out)
@@ -88,22 +97,42 @@ def main():
   out.mkdir(parents=True, exist_ok=True)
   rng = np.random.default_rng(args.seed + 1000 * bool(args.resume))
   seconds = args.minutes * 60
-  nan_steps = previous.get("nan_steps") or _nan_schedule(
-      rng, int(seconds * args.est_updates_per_s))
+  nan_steps = previous.get("nan_steps") or _nan_schedule(rng, int(seconds * args.est_updates_per_s))
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)
-  cmd = [sys.executable, "-m", "sao_jax.cli", "train", "--config",
-         f"{HERE / 'configs' / 'sao_arith.py'}:{args.variant}", "--workdir", str(workdir),
-         "--no-progress", "--set", f"rl.max_seconds={seconds}", "--set", "rl.steps=0",
-         "--set", "recovery.keep_journal=True",
-         "--set", f"faults.nan_steps=({','.join(map(str, nan_steps))},)", *sum(
-             (["--set", kv] for kv in args.set), [])]
+  cmd = [
+    sys.executable,
+    "-m",
+    "sao_jax.cli",
+    "train",
+    "--config",
+    f"{HERE / 'configs' / 'sao_arith.py'}:{args.variant}",
+    "--workdir",
+    str(workdir),
+    "--no-progress",
+    "--set",
+    f"rl.max_seconds={seconds}",
+    "--set",
+    "rl.steps=0",
+    "--set",
+    "recovery.keep_journal=True",
+    "--set",
+    f"faults.nan_steps=({','.join(map(str, nan_steps))},)",
+    *sum((["--set", kv] for kv in args.set), []),
+  ]
   events: list[dict] = previous.get("faults", [])
   attempt = previous.get("attempts", 0)
   t0 = time.time() - previous.get("wall_s", 0.0)
   driver_restarts = previous.get("driver_restarts", []) + (
-      [{"t": round(t0 + previous.get("wall_s", 0.0) - t0, 1), "previous_returncode":
-        previous.get("returncode")}] if previous else [])
+    [
+      {
+        "t": round(t0 + previous.get("wall_s", 0.0) - t0, 1),
+        "previous_returncode": previous.get("returncode"),
+      }
+    ]
+    if previous
+    else []
+  )
   fault_i = 0
   proc = None
   try:
@@ -121,8 +150,11 @@ def main():
           fault_i += 1
           step = _ledger_lines(workdir)
           if kind == "kill_sampler":
-            samplers = [q for q in descendants(proc.pid)
-                        if b"spawn_main" in pathlib.Path(f"/proc/{q}/cmdline").read_bytes()]
+            samplers = [
+              q
+              for q in descendants(proc.pid)
+              if b"spawn_main" in pathlib.Path(f"/proc/{q}/cmdline").read_bytes()
+            ]
             if samplers:
               os.kill(samplers[0], signal.SIGKILL)
               events.append({"fault": kind, "t": time.time() - t0, "at_update": step})
@@ -158,11 +190,18 @@ def main():
       proc.wait()
   wall = time.time() - t0
   rc = proc.returncode
-  result: dict = {"machine": platform.processor() or platform.machine(),
-                  "cpus": os.cpu_count(), "minutes": args.minutes, "wall_s": round(wall, 1),
-                  "returncode": rc, "attempts": attempt, "faults": events,
-                  "driver_restarts": driver_restarts,
-                  "nan_steps": nan_steps, "command": " ".join(sys.argv)}
+  result: dict = {
+    "machine": platform.processor() or platform.machine(),
+    "cpus": os.cpu_count(),
+    "minutes": args.minutes,
+    "wall_s": round(wall, 1),
+    "returncode": rc,
+    "attempts": attempt,
+    "faults": events,
+    "driver_restarts": driver_restarts,
+    "nan_steps": nan_steps,
+    "command": " ".join(sys.argv),
+  }
   return _report(result, out, workdir, rc)
 
 
@@ -175,6 +214,7 @@ def _report(result: dict, out: pathlib.Path, workdir: pathlib.Path, rc: int) -> 
     from sao_jax import checkpoint as ckpt
     from sao_jax import recovery
     from sao_jax.metrics import read_jsonl
+
     summary = json.loads((workdir / "summary.json").read_text())
     rl = summary["rl"]
     _, meta = ckpt.read_meta(workdir / "checkpoints" / "rl")
@@ -187,29 +227,50 @@ def _report(result: dict, out: pathlib.Path, workdir: pathlib.Path, rc: int) -> 
     logs = "".join(f.read_text(errors="replace") for f in sorted(out.glob("attempt_*.log")))
     skipped = {r["step"] for r in rows if r.get("phase") == "rl" and r.get("nonfinite_skipped")}
     result.update(
-        updates=rl["steps"], final_accuracy=rl["accuracy"], start_accuracy=summary["sft"][
-            "accuracy"], trajectories=rl["trajectories"], rollbacks=len(rollbacks),
-        rollbacks_in_final_lineage=rl["rollbacks"],
-        rollback_events=[{k: r[k] for k in ("step", "reason", "to_shadow_step", "lr_scale")}
-                         for r in rollbacks],
-        # each update is once in the final lineage, so its skip count is exact
-        skipped_nonfinite=rl["nonfinite_skipped"], skipped_nonfinite_logged_steps=sorted(skipped),
-        sampler_restarts=logs.count("; restarting it ("),
-        learner_kills=sum(f["fault"] != "kill_sampler" for f in result["faults"]),
-        sampler_kills=sum(f["fault"] == "kill_sampler" for f in result["faults"]),
-        resumes=len(resumes), recovery_s=rec,
-        recovery_median_s=statistics.median(rec) if rec else None,
-        fallbacks=sum(len(r.get("skipped_snapshots", [])) for r in resumes),
-        audit=audit, trajectories_lost=audit["lost"], applied_twice=audit["applied_twice"],
-        final_metrics_finite=all(math.isfinite(v) for v in (rl["accuracy"],)))
+      updates=rl["steps"],
+      final_accuracy=rl["accuracy"],
+      start_accuracy=summary["sft"]["accuracy"],
+      trajectories=rl["trajectories"],
+      rollbacks=len(rollbacks),
+      rollbacks_in_final_lineage=rl["rollbacks"],
+      rollback_events=[
+        {k: r[k] for k in ("step", "reason", "to_shadow_step", "lr_scale")} for r in rollbacks
+      ],
+      # each update is once in the final lineage, so its skip count is exact
+      skipped_nonfinite=rl["nonfinite_skipped"],
+      skipped_nonfinite_logged_steps=sorted(skipped),
+      sampler_restarts=logs.count("; restarting it ("),
+      learner_kills=sum(f["fault"] != "kill_sampler" for f in result["faults"]),
+      sampler_kills=sum(f["fault"] == "kill_sampler" for f in result["faults"]),
+      resumes=len(resumes),
+      recovery_s=rec,
+      recovery_median_s=statistics.median(rec) if rec else None,
+      fallbacks=sum(len(r.get("skipped_snapshots", [])) for r in resumes),
+      audit=audit,
+      trajectories_lost=audit["lost"],
+      applied_twice=audit["applied_twice"],
+      final_metrics_finite=all(math.isfinite(v) for v in (rl["accuracy"],)),
+    )
   (out / "soak.json").write_text(json.dumps(result, indent=2))
   print(json.dumps({k: v for k, v in result.items() if k not in ("faults", "audit")}, indent=2))
   if rc == 0:
     print("\n| what | value |\n|---|---|")
-    for k in ("updates", "trajectories", "learner_kills", "resumes", "sampler_kills",
-              "sampler_restarts", "fallbacks",
-              "rollbacks", "skipped_nonfinite", "recovery_median_s", "trajectories_lost",
-              "applied_twice", "start_accuracy", "final_accuracy"):
+    for k in (
+      "updates",
+      "trajectories",
+      "learner_kills",
+      "resumes",
+      "sampler_kills",
+      "sampler_restarts",
+      "fallbacks",
+      "rollbacks",
+      "skipped_nonfinite",
+      "recovery_median_s",
+      "trajectories_lost",
+      "applied_twice",
+      "start_accuracy",
+      "final_accuracy",
+    ):
       print(f"| {k} | {result[k]} |")
   print(f"\nwrote {out / 'soak.json'}")
   return 0 if rc == 0 and result.get("trajectories_lost") == 0 else 1

@@ -9,6 +9,7 @@ plus demo.json (command, numbers, git commit, machine) into OUT.
 Run (24 tiny GRPO trials, ~4 min on a quiet 2-core CPU):
   python experiments/sweep_resume_demo.py --out results/sweep_resume_demo
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,15 @@ import time
 
 from sao_jax.sweep import kill_leftovers, trial_processes
 
-REPORTS = ("trials.csv", "trials.json", "points.csv", "sweep.png", "best_config.py",
-           "events.jsonl", "sweep.json")
+REPORTS = (
+  "trials.csv",
+  "trials.json",
+  "points.csv",
+  "sweep.png",
+  "best_config.py",
+  "events.jsonl",
+  "sweep.json",
+)
 
 
 def _events(d: pathlib.Path) -> list[dict]:
@@ -47,8 +55,9 @@ def _snapshots(d: pathlib.Path, trial: int) -> list[pathlib.Path]:
 
 def _git_commit() -> str:
   try:
-    return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    return subprocess.run(
+      ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
   except (OSError, subprocess.CalledProcessError):
     return "unknown"
 
@@ -56,8 +65,11 @@ def _git_commit() -> str:
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--sweep", default="experiments/sweeps/grpo_lr_tiny.py")
-  p.add_argument("--dir", default="runs/sweep_resume_demo",
-                 help="the sweep's DIR (trial workdirs; not committed)")
+  p.add_argument(
+    "--dir",
+    default="runs/sweep_resume_demo",
+    help="the sweep's DIR (trial workdirs; not committed)",
+  )
   p.add_argument("--out", default="results/sweep_resume_demo")
   p.add_argument("--parallel", type=int, default=2)
   p.add_argument("--kill-after", type=int, default=12, help="ended trials before the kill")
@@ -66,8 +78,16 @@ def main(argv=None) -> int:
   out = pathlib.Path(args.out)
   if d.exists():
     shutil.rmtree(d)
-  cmd = ["sao-jax", "sweep", args.sweep, "--dir", args.dir, "--parallel", str(args.parallel),
-         "--no-progress"]
+  cmd = [
+    "sao-jax",
+    "sweep",
+    args.sweep,
+    "--dir",
+    args.dir,
+    "--parallel",
+    str(args.parallel),
+    "--no-progress",
+  ]
   run_cmd = [sys.executable, "-m", "sao_jax.cli", *cmd[1:]]
   t0 = time.time()
   proc = subprocess.Popen(run_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -78,8 +98,11 @@ def main(argv=None) -> int:
       running = {e["trial"] for e in ev if e["event"] == "start"} - ended
       # Halfway, with as many trials running as --parallel allows (several interrupted),
       # one of them far enough to have a snapshot to resume from.
-      if (len(ended) >= args.kill_after and len(running) >= args.parallel
-          and any(_snapshots(d, n) for n in running)):
+      if (
+        len(ended) >= args.kill_after
+        and len(running) >= args.parallel
+        and any(_snapshots(d, n) for n in running)
+      ):
         break
       if proc.poll() is not None:
         raise SystemExit(f"the sweep ended ({proc.returncode}) before the kill")
@@ -98,9 +121,11 @@ def main(argv=None) -> int:
   time.sleep(5.0)
   survivors = trial_processes(d)
   kill_leftovers(d)
-  print(f"killed after {t_kill:.0f} s: {len(done_before)} trials done, {len(interrupted)} "
-        f"running ({interrupted}); trial processes alive 5 s later: {len(survivors)}",
-        flush=True)
+  print(
+    f"killed after {t_kill:.0f} s: {len(done_before)} trials done, {len(interrupted)} "
+    f"running ({interrupted}); trial processes alive 5 s later: {len(survivors)}",
+    flush=True,
+  )
   t1 = time.time()
   rerun = subprocess.run(run_cmd, capture_output=True, text=True)
   t_resume = time.time() - t1
@@ -119,31 +144,36 @@ def main(argv=None) -> int:
       bucket = starts if e["event"] == "start" else ends
       bucket[e["trial"]] = bucket.get(e["trial"], 0) + 1
   result = {
-      "command": " ".join(cmd),
-      "demo_command": "python experiments/sweep_resume_demo.py " + " ".join(
-          f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
-      "trials_planned": expected,
-      "trials_done_before_kill": len(done_before),
-      "trials_running_at_kill": interrupted,
-      "trial_processes_alive_5s_after_kill": len(survivors),
-      "trials_in_final_table": len(rows),
-      "trials_complete_after_resume": sum(r["status"] == "complete" for r in rows),
-      "status": {s: sum(r["status"] == s for r in rows) for s in {r["status"] for r in rows}},
-      "duplicates": (len(pairs) - len(set(pairs))) + sum(n - 1 for n in ends.values() if n > 1),
-      "lost": expected - len(set(pairs)) + sum(r["status"] in ("running", "waiting")
-                                               for r in rows),
-      "done_before_kill_started_again": sum(starts.get(n, 0) - 1 for n in done_before),
-      "interrupted_rerun_attempts": {n: starts.get(n, 0) for n in interrupted},
-      "interrupted_with_snapshot": with_snapshot,
-      "resumed_from_snapshot": [n for n in with_snapshot if "resuming the run in" in
-                                (d / "trials" / str(n) / "train.log").read_text()],
-      "seconds_to_kill": round(t_kill, 1),
-      "seconds_resume": round(t_resume, 1),
-      "best": json.loads(rerun.stdout[rerun.stdout.index("{"):]).get("best"),
-      "git_commit": _git_commit(),
-      "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                  "python": platform.python_version(),
-                  "jax": __import__("jax").__version__},
+    "command": " ".join(cmd),
+    "demo_command": "python experiments/sweep_resume_demo.py "
+    + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
+    "trials_planned": expected,
+    "trials_done_before_kill": len(done_before),
+    "trials_running_at_kill": interrupted,
+    "trial_processes_alive_5s_after_kill": len(survivors),
+    "trials_in_final_table": len(rows),
+    "trials_complete_after_resume": sum(r["status"] == "complete" for r in rows),
+    "status": {s: sum(r["status"] == s for r in rows) for s in {r["status"] for r in rows}},
+    "duplicates": (len(pairs) - len(set(pairs))) + sum(n - 1 for n in ends.values() if n > 1),
+    "lost": expected - len(set(pairs)) + sum(r["status"] in ("running", "waiting") for r in rows),
+    "done_before_kill_started_again": sum(starts.get(n, 0) - 1 for n in done_before),
+    "interrupted_rerun_attempts": {n: starts.get(n, 0) for n in interrupted},
+    "interrupted_with_snapshot": with_snapshot,
+    "resumed_from_snapshot": [
+      n
+      for n in with_snapshot
+      if "resuming the run in" in (d / "trials" / str(n) / "train.log").read_text()
+    ],
+    "seconds_to_kill": round(t_kill, 1),
+    "seconds_resume": round(t_resume, 1),
+    "best": json.loads(rerun.stdout[rerun.stdout.index("{") :]).get("best"),
+    "git_commit": _git_commit(),
+    "machine": {
+      "platform": platform.platform(),
+      "cpus": os.cpu_count(),
+      "python": platform.python_version(),
+      "jax": __import__("jax").__version__,
+    },
   }
   out.mkdir(parents=True, exist_ok=True)
   for f in REPORTS:

@@ -30,6 +30,7 @@ simulated on its own wall and start-up and the means over seeds are compared. Al
 the benchmark's older layout (one run: results.json with the arms at the top, metrics in
 the bench folder). Writes results/sim_validation.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,16 @@ from sao_jax import sim
 from sao_jax.metrics import read_jsonl
 
 HERE = pathlib.Path(__file__).resolve().parent
-METRICS = ("trajectories_per_s", "learner_steps_per_s", "learner_busy", "delay_mean_s",
-           "delay_p95_s", "trajectories_per_s_steady", "learner_busy_steady", "staleness_mean")
+METRICS = (
+  "trajectories_per_s",
+  "learner_steps_per_s",
+  "learner_busy",
+  "delay_mean_s",
+  "delay_p95_s",
+  "trajectories_per_s_steady",
+  "learner_busy_steady",
+  "staleness_mean",
+)
 STEADY_AFTER = 10
 ARMS = ("grpo", "grpo_samplers", "sao")
 SAMPLER_ARMS = ("grpo_samplers", "sao")  # arms whose samplers start beside the learner
@@ -77,8 +86,12 @@ class LoadSampler:
 
   def summary(self) -> dict:
     a = np.asarray(self.samples or [np.nan])
-    return {"loadavg1_mean": float(np.mean(a)), "loadavg1_max": float(np.max(a)),
-            "samples": len(self.samples), "cpus": os.cpu_count()}
+    return {
+      "loadavg1_mean": float(np.mean(a)),
+      "loadavg1_max": float(np.max(a)),
+      "samples": len(self.samples),
+      "cpus": os.cpu_count(),
+    }
 
 
 def _run(cmd: list[str]) -> dict:
@@ -92,38 +105,59 @@ def default_workdir(bench: pathlib.Path) -> pathlib.Path:
   return pathlib.Path("runs") / bench.name
 
 
-def bench_runs(bench: pathlib.Path, workdir: pathlib.Path | None = None
-               ) -> list[dict[str, tuple[dict, pathlib.Path]]]:
+def bench_runs(
+  bench: pathlib.Path, workdir: pathlib.Path | None = None
+) -> list[dict[str, tuple[dict, pathlib.Path]]]:
   """Per benchmark seed: {arm: (its results.json summary, its metrics.jsonl)}."""
   res = json.loads((bench / "results.json").read_text())
   if "runs" not in res:  # the older layout: one run, arms at the top
     return [{arm: (res[arm], bench / arm / "metrics.jsonl") for arm in ARMS if arm in res}]
   work = workdir or default_workdir(bench)
-  return [{arm: (run[arm], work / f"seed{run['seed']}" / arm / "metrics.jsonl")
-           for arm in ARMS if arm in run} for run in res["runs"]]
+  return [
+    {
+      arm: (run[arm], work / f"seed{run['seed']}" / arm / "metrics.jsonl")
+      for arm in ARMS
+      if arm in run
+    }
+    for run in res["runs"]
+  ]
 
 
-def real_metrics(bench: pathlib.Path, arm: str, rows_per_step: int, run: int = 0,
-                 workdir: pathlib.Path | None = None) -> dict:
+def real_metrics(
+  bench: pathlib.Path,
+  arm: str,
+  rows_per_step: int,
+  run: int = 0,
+  workdir: pathlib.Path | None = None,
+) -> dict:
   """The arm's metrics in benchmark run `run` on the learner loop's own clock (see the
   module docstring)."""
   info, path = bench_runs(bench, workdir)[run][arm]
   wall = info["trajectories"] / info["trajectories_per_s"]
-  out = {"wall_s": wall, "steps": info["steps"], "trajectories_per_s": info["trajectories_per_s"],
-         "learner_steps_per_s": info["steps"] / wall, "learner_busy": info["learner_busy"],
-         "delay_mean_s": info["delay_mean_s"], "delay_p95_s": info["delay_p95_s"],
-         "preloop_s": max(0.0, info["seconds"] - wall)}
+  out = {
+    "wall_s": wall,
+    "steps": info["steps"],
+    "trajectories_per_s": info["trajectories_per_s"],
+    "learner_steps_per_s": info["steps"] / wall,
+    "learner_busy": info["learner_busy"],
+    "delay_mean_s": info["delay_mean_s"],
+    "delay_p95_s": info["delay_p95_s"],
+    "preloop_s": max(0.0, info["seconds"] - wall),
+  }
   rows = [r for r in read_jsonl(path) if r.get("phase") == "rl" and "learner_busy" in r]
   if len(rows) > STEADY_AFTER:
     offset = rows[-1]["wall_s"] - wall  # writer clock - loop clock
+
     def at(r):
       w = r["wall_s"] - offset
       traj = r.get("trajectories", r["step"] * rows_per_step)
       return w, r["learner_busy"] * w, traj
+
     w0, b0, c0 = at(next(r for r in rows if r["step"] == STEADY_AFTER))
     w1, b1, c1 = at(rows[-1])
-    out.update(learner_busy_steady=(b1 - b0) / (w1 - w0),
-               trajectories_per_s_steady=(c1 - c0) / (w1 - w0))
+    out.update(
+      learner_busy_steady=(b1 - b0) / (w1 - w0), trajectories_per_s_steady=(c1 - c0) / (w1 - w0)
+    )
   stale = [r["staleness_mean"] for r in rows if "staleness_mean" in r]
   if stale:  # every step consumes the same number of rows: the mean of the step means
     out["staleness_mean"] = float(np.mean(stale))
@@ -158,33 +192,57 @@ def arm_scenarios(cfg: dict, sao_policy: str) -> dict[str, tuple[str, dict]]:
   rl, sao = cfg["rl"], cfg["sao"]
   rows = rl["prompts_per_step"] * rl["group_size"]
   continuous = sao.get("continuous", False)
-  samplers = dict(num_samplers=sao["num_samplers"], slots=sao["sampler_slots"],
-                  refill_rows=sao.get("refill_rows", 0) if continuous else 0, colocated=True)
+  samplers = dict(
+    num_samplers=sao["num_samplers"],
+    slots=sao["sampler_slots"],
+    refill_rows=sao.get("refill_rows", 0) if continuous else 0,
+    colocated=True,
+  )
   return {
-      "grpo": ("grpo_inline", dict(batch_size=rows)),
-      "grpo_samplers": ("grpo_continuous" if continuous else "grpo",
-                        dict(samplers, batch_size=rows, update_kind="grpo")),
-      "sao": (sao_policy, dict(samplers, batch_size=sao["batch_size"],
-                               max_staleness=sao["max_staleness"],
-                               param_sync_every=sao["param_sync_every"]))}
+    "grpo": ("grpo_inline", dict(batch_size=rows)),
+    "grpo_samplers": (
+      "grpo_continuous" if continuous else "grpo",
+      dict(samplers, batch_size=rows, update_kind="grpo"),
+    ),
+    "sao": (
+      sao_policy,
+      dict(
+        samplers,
+        batch_size=sao["batch_size"],
+        max_staleness=sao["max_staleness"],
+        param_sync_every=sao["param_sync_every"],
+      ),
+    ),
+  }
 
 
 def with_start(costs: sim.Costs, preloop_s: float) -> sim.Costs:
   """`costs` with the sampler's start-up shortened by the learner's pre-loop seconds."""
   prof = costs.profiles["sampler"]
-  return costs.replace(profiles={**costs.profiles, "sampler": sim.Profile(
-      **{**prof.__dict__, "start_s": max(0.0, prof.start_s - preloop_s)})})
+  return costs.replace(
+    profiles={
+      **costs.profiles,
+      "sampler": sim.Profile(**{**prof.__dict__, "start_s": max(0.0, prof.start_s - preloop_s)}),
+    }
+  )
 
 
-def simulated(costs: sim.Costs, scenarios: list[tuple[sim.Scenario, float]],
-              seeds: int) -> dict:
+def simulated(costs: sim.Costs, scenarios: list[tuple[sim.Scenario, float]], seeds: int) -> dict:
   """Mean (and sd) over `seeds` simulator seeds of each (scenario, pre-loop seconds)."""
-  runs = [sim.simulate(with_start(costs, preloop),
-                       sim.Scenario(**{**scenario.__dict__, "seed": k}))
-          for scenario, preloop in scenarios for k in range(seeds)]
+  runs = [
+    sim.simulate(with_start(costs, preloop), sim.Scenario(**{**scenario.__dict__, "seed": k}))
+    for scenario, preloop in scenarios
+    for k in range(seeds)
+  ]
   out = {}
-  for key in (*METRICS, "staleness_mean", "steps", "wall_s", "sampler_busy",
-              "decode_row_efficiency"):
+  for key in (
+    *METRICS,
+    "staleness_mean",
+    "steps",
+    "wall_s",
+    "sampler_busy",
+    "decode_row_efficiency",
+  ):
     vals = [r[key] for r in runs if r.get(key) is not None]
     if vals:
       out[key] = float(np.mean(vals))
@@ -203,22 +261,39 @@ def compare(real: dict, simulated_: dict) -> dict:
 
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-  p.add_argument("--bench", default="results/bench_sync_vs_async_val",
-                 help="the benchmark's --out (results.json)")
-  p.add_argument("--workdir", default="",
-                 help="the benchmark's --workdir (metrics, SFT checkpoints); default "
-                 "runs/<name of --bench>")
+  p.add_argument(
+    "--bench",
+    default="results/bench_sync_vs_async_val",
+    help="the benchmark's --out (results.json)",
+  )
+  p.add_argument(
+    "--workdir",
+    default="",
+    help="the benchmark's --workdir (metrics, SFT checkpoints); default runs/<name of --bench>",
+  )
   p.add_argument("--costs", default="results/sim_costs.json")
   p.add_argument("--run-bench", action="store_true", help="run the benchmark first")
-  p.add_argument("--calibrate", action="store_true",
-                 help="calibrate first (from the benchmark's first SFT checkpoint)")
+  p.add_argument(
+    "--calibrate",
+    action="store_true",
+    help="calibrate first (from the benchmark's first SFT checkpoint)",
+  )
   p.add_argument("--seconds", type=float, default=120.0, help="benchmark seconds per arm")
   p.add_argument("--bench-seeds", type=int, default=1, help="benchmark seeds (--run-bench)")
   p.add_argument("--arms", default=",".join(ARMS), help="benchmark arms (--run-bench)")
-  p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                 help="config overrides for the benchmark and the calibration")
-  p.add_argument("--sao-policy", default="auto", choices=["auto", *sorted(sim.PRESETS)],
-                 help="the simulator policy of the SAO arm (auto: from the benchmark's config)")
+  p.add_argument(
+    "--set",
+    action="append",
+    default=[],
+    metavar="KEY=VALUE",
+    help="config overrides for the benchmark and the calibration",
+  )
+  p.add_argument(
+    "--sao-policy",
+    default="auto",
+    choices=["auto", *sorted(sim.PRESETS)],
+    help="the simulator policy of the SAO arm (auto: from the benchmark's config)",
+  )
   p.add_argument("--seeds", type=int, default=3, help="simulator seeds (mean reported)")
   p.add_argument("--out", default="results/sim_validation.json")
   args = p.parse_args(argv)
@@ -227,15 +302,40 @@ def main(argv=None) -> dict:
   sets = [x for kv in args.set for x in ("--set", kv)]
   load = {}
   if args.run_bench:
-    load["bench"] = _run([sys.executable, str(HERE / "bench_sync_vs_async.py"), "--seconds",
-                          str(args.seconds), "--seeds", str(args.bench_seeds), "--arms",
-                          args.arms, "--eval-every", "1e9", "--out", str(bench), "--workdir",
-                          str(work), "--no-progress", *sets])
+    load["bench"] = _run(
+      [
+        sys.executable,
+        str(HERE / "bench_sync_vs_async.py"),
+        "--seconds",
+        str(args.seconds),
+        "--seeds",
+        str(args.bench_seeds),
+        "--arms",
+        args.arms,
+        "--eval-every",
+        "1e9",
+        "--out",
+        str(bench),
+        "--workdir",
+        str(work),
+        "--no-progress",
+        *sets,
+      ]
+    )
   bres = json.loads((bench / "results.json").read_text())
   if args.calibrate:
     sft = work / f"seed{bres['runs'][0]['seed']}" / "sft" if "runs" in bres else bench / "sft"
-    load["calibrate"] = _run([sys.executable, str(HERE / "calibrate_sim.py"), "--sft-from",
-                              str(sft), "--out", args.costs, *sets])
+    load["calibrate"] = _run(
+      [
+        sys.executable,
+        str(HERE / "calibrate_sim.py"),
+        "--sft-from",
+        str(sft),
+        "--out",
+        args.costs,
+        *sets,
+      ]
+    )
   prev = pathlib.Path(args.out)
   if not load and prev.exists():  # a re-comparison keeps the load recorded when measured
     old = json.loads(prev.read_text())
@@ -245,47 +345,75 @@ def main(argv=None) -> dict:
   costs = sim.Costs.from_dict(cal["costs"])
   cfg = bres["config"]
   rl = cfg["rl"]
-  diffs = {k: (cal["config"][s][k], cfg[s][k]) for s in ("model", "rl", "sao", "task")
-           for k in cfg[s] if cal["config"][s].get(k) != cfg[s][k] and k not in
-           ("max_seconds", "steps", "algorithm")}
+  diffs = {
+    k: (cal["config"][s][k], cfg[s][k])
+    for s in ("model", "rl", "sao", "task")
+    for k in cfg[s]
+    if cal["config"][s].get(k) != cfg[s][k] and k not in ("max_seconds", "steps", "algorithm")
+  }
   rows = rl["prompts_per_step"] * rl["group_size"]
   runs = bench_runs(bench, work)
   sao_policy = sao_policy_for(cfg) if args.sao_policy == "auto" else args.sao_policy
-  report = {"command": " ".join([sys.executable.split("/")[-1], *sys.argv]),
-            "commit": cal.get("commit"), "bench": str(bench), "workdir": str(work),
-            "bench_runs": len(runs), "costs": args.costs,
-            "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-            "load_during": load, "config_differences_bench_vs_calibration": diffs,
-            "calibration_machine": cal.get("machine"), "arms": {}}
+  report = {
+    "command": " ".join([sys.executable.split("/")[-1], *sys.argv]),
+    "commit": cal.get("commit"),
+    "bench": str(bench),
+    "workdir": str(work),
+    "bench_runs": len(runs),
+    "costs": args.costs,
+    "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+    "load_during": load,
+    "config_differences_bench_vs_calibration": diffs,
+    "calibration_machine": cal.get("machine"),
+    "arms": {},
+  }
   for arm, (policy, kw) in arm_scenarios(cfg, sao_policy).items():
     if arm not in runs[0]:
       continue
     per_run = [real_metrics(bench, arm, rows, k, work) for k in range(len(runs))]
     real, real_se = mean_over_runs(per_run)
-    scenarios = [(sim.preset(policy, sim.Scenario(seconds=r["wall_s"], **kw)),
-                  r["preloop_s"] if arm in SAMPLER_ARMS else 0.0) for r in per_run]
+    scenarios = [
+      (
+        sim.preset(policy, sim.Scenario(seconds=r["wall_s"], **kw)),
+        r["preloop_s"] if arm in SAMPLER_ARMS else 0.0,
+      )
+      for r in per_run
+    ]
     predicted = simulated(costs, scenarios, args.seeds)
     errs = compare(real, predicted)
-    report["arms"][arm] = {"policy": policy, "scenario": scenarios[0][0].__dict__,
-                           "scenarios": [[sc.__dict__, pre] for sc, pre in scenarios],
-                           "real": real, "real_se": real_se, "real_runs": per_run,
-                           "simulated": predicted, "relative_error": errs,
-                           "within_10pct": {k: abs(v) <= 0.10 for k, v in errs.items()}}
+    report["arms"][arm] = {
+      "policy": policy,
+      "scenario": scenarios[0][0].__dict__,
+      "scenarios": [[sc.__dict__, pre] for sc, pre in scenarios],
+      "real": real,
+      "real_se": real_se,
+      "real_runs": per_run,
+      "simulated": predicted,
+      "relative_error": errs,
+      "within_10pct": {k: abs(v) <= 0.10 for k, v in errs.items()},
+    }
   # Diagnostic: the same simulation with the update cost a GRPO arm itself logged (median
   # learner_time after its first step) in place of the calibrated one, both update kinds
   # scaled alike: what is left of the error is not the update's cost level.
   ref = next((a for a in ("grpo", "grpo_samplers") if a in runs[0]), None)
-  logged = [] if ref is None else [
-      r["learner_time"] for run in runs
-      for r in [r for r in read_jsonl(run[ref][1]) if r.get("phase") == "rl"
-                and "learner_time" in r][1:]]
+  logged = (
+    []
+    if ref is None
+    else [
+      r["learner_time"]
+      for run in runs
+      for r in [
+        r for r in read_jsonl(run[ref][1]) if r.get("phase") == "rl" and "learner_time" in r
+      ][1:]
+    ]
+  )
   if logged:
     in_run = float(np.median(logged))
     f = in_run / costs.update("grpo", rows)
-    scaled = costs.replace(update_s={k: tuple((n, t * f) for n, t in v)
-                                     for k, v in costs.update_s.items()})
-    diag = {"update_scale": f, "update_logged_by": ref, "grpo_update_in_run_s": in_run,
-            "arms": {}}
+    scaled = costs.replace(
+      update_s={k: tuple((n, t * f) for n, t in v) for k, v in costs.update_s.items()}
+    )
+    diag = {"update_scale": f, "update_logged_by": ref, "grpo_update_in_run_s": in_run, "arms": {}}
     for arm, r in report["arms"].items():
       scenarios = [(sim.Scenario(**sc), pre) for sc, pre in r["scenarios"]]
       pred = simulated(scaled, scenarios, args.seeds)
@@ -295,22 +423,26 @@ def main(argv=None) -> dict:
     if base in report["arms"] and "sao" in report["arms"]:
       g, a = report["arms"][base], report["arms"]["sao"]
       report[f"ratios_sao_over_{base}"] = {
-          key: {"real": a["real"][key] / g["real"][key],
-                "simulated": a["simulated"][key] / g["simulated"][key]}
-          for key in ("trajectories_per_s", "learner_busy", "delay_mean_s")
-          if g["real"].get(key) and g["simulated"].get(key)}
+        key: {
+          "real": a["real"][key] / g["real"][key],
+          "simulated": a["simulated"][key] / g["simulated"][key],
+        }
+        for key in ("trajectories_per_s", "learner_busy", "delay_mean_s")
+        if g["real"].get(key) and g["simulated"].get(key)
+      }
   out = pathlib.Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps(report, indent=2, default=float))
   print(f"\n{'metric':30s} {'arm':13s} {'real':>10s} {'simulated':>10s} {'error':>8s}")
   for arm, r in report["arms"].items():
     for key, err in r["relative_error"].items():
-      print(f"{key:30s} {arm:13s} {r['real'][key]:10.3f} {r['simulated'][key]:10.3f} "
-            f"{err:+8.1%}")
+      print(f"{key:30s} {arm:13s} {r['real'][key]:10.3f} {r['simulated'][key]:10.3f} {err:+8.1%}")
   diag = report.get("diagnostic_in_run_update_cost")
   if diag:
-    print(f"\nwith the update cost logged in the {diag['update_logged_by']} arm "
-          f"(x{diag['update_scale']:.2f}):")
+    print(
+      f"\nwith the update cost logged in the {diag['update_logged_by']} arm "
+      f"(x{diag['update_scale']:.2f}):"
+    )
     for arm, r in diag["arms"].items():
       print("  " + arm + ": " + ", ".join(f"{k} {v:+.1%}" for k, v in r["relative_error"].items()))
   print(f"results: {out}")

@@ -26,6 +26,7 @@ Dimension key of array names (`logp_bt`, `x_btd`, `mem_bmd`): each letter one me
   R training rows taken from each trajectory (a subset of its S steps)
 Suffixes mark arrays; a scalar named `..._s` is in seconds.
 """
+
 import time as _time
 
 PROCESS_T0 = _time.time()  # when this process loaded sao_jax: restart -> first update timing

@@ -36,6 +36,7 @@ Versions: `published` keeps the highest version ever published in this workdir i
 file, so a resumed learner (whose step went back to its snapshot) still accepts records of
 the policies its crashed incarnation published, and nothing newer.
 """
+
 from __future__ import annotations
 
 import collections
@@ -52,8 +53,15 @@ from sao_jax.config import POISON_KINDS, FaultsConfig
 from sao_jax.transport import records
 
 # Reasons, in the order they are checked.
-REASONS = ("quarantined", "unknown_task", "future_version", "nonfinite", "positive_logp",
-           "token_oov", "reward_range")
+REASONS = (
+  "quarantined",
+  "unknown_task",
+  "future_version",
+  "nonfinite",
+  "positive_logp",
+  "token_oov",
+  "reward_range",
+)
 LOGP_TOL = 1e-3  # a log-probability above this is not one (float32 rounding stays below)
 REWARD_TOL = 1e-4  # float32 sums of per-step rewards may overshoot a bound by rounding
 SOURCE_SHIFT = 40  # record ids are (random per-process prefix << 40) | counter
@@ -64,8 +72,9 @@ def source_of(record_id: int) -> int:
   return record_id >> SOURCE_SHIFT
 
 
-def value_problem(rec: records.Record, *, vocab_size: int, reward_range: tuple[float, float],
-                  max_version: int) -> tuple[str, str] | None:
+def value_problem(
+  rec: records.Record, *, vocab_size: int, reward_range: tuple[float, float], max_version: int
+) -> tuple[str, str] | None:
   """(reason, detail) for the first thing wrong with a format-checked trajectory record's
   values, or None if it may be trained on.
 
@@ -75,13 +84,15 @@ def value_problem(rec: records.Record, *, vocab_size: int, reward_range: tuple[f
   to the model too); meta `reward` within `reward_range` (+- REWARD_TOL)."""
   a, m = rec.arrays, rec.meta
   if rec.policy_version > max_version:
-    return "future_version", (f"policy version {rec.policy_version} is ahead of the newest "
-                              f"published ({max_version})")
+    return "future_version", (
+      f"policy version {rec.policy_version} is ahead of the newest published ({max_version})"
+    )
   if "version" in a:
     v = a["version"][a["valid"].astype(bool)]
     if v.size and int(v.max()) > max_version:
-      return "future_version", (f"a token of policy version {int(v.max())} is ahead of the "
-                                f"newest published ({max_version})")
+      return "future_version", (
+        f"a token of policy version {int(v.max())} is ahead of the newest published ({max_version})"
+      )
   for name, x in a.items():
     if x.dtype.kind == "f" and not np.isfinite(x).all():
       return "nonfinite", f"array {name!r} holds {int((~np.isfinite(x)).sum())} non-finite values"
@@ -93,8 +104,10 @@ def value_problem(rec: records.Record, *, vocab_size: int, reward_range: tuple[f
     if x.dtype.kind not in "iu":
       return "token_oov", f"array {name!r} holds {x.dtype}, not token ids"
     if x.size and (int(x.min()) < 0 or int(x.max()) >= vocab_size):
-      return "token_oov", (f"array {name!r} holds token ids in [{int(x.min())}, "
-                           f"{int(x.max())}], outside [0, {vocab_size})")
+      return "token_oov", (
+        f"array {name!r} holds token ids in [{int(x.min())}, "
+        f"{int(x.max())}], outside [0, {vocab_size})"
+      )
   lo, hi = reward_range
   r = m["reward"]
   if not lo - REWARD_TOL <= r <= hi + REWARD_TOL:
@@ -121,11 +134,19 @@ class RecordGuard:
   i's (low, high) total reward; task indices handed out are in [0, num_tasks).
   `state_path` keeps the highest published version across restarts of the learner."""
 
-  def __init__(self, *, vocab_size: int, num_tasks: int,
-               reward_range: Callable[[int], tuple[float, float]],
-               counts: collections.Counter, state_path: str | pathlib.Path | None = None,
-               window: int = 50, rate: float = 0.5, resumed: bool = False,
-               started: float | None = None):
+  def __init__(
+    self,
+    *,
+    vocab_size: int,
+    num_tasks: int,
+    reward_range: Callable[[int], tuple[float, float]],
+    counts: collections.Counter,
+    state_path: str | pathlib.Path | None = None,
+    window: int = 50,
+    rate: float = 0.5,
+    resumed: bool = False,
+    started: float | None = None,
+  ):
     if window < 0 or not 0 < rate <= 1:
       raise ValueError(f"quarantine window {window} must be >= 0 and rate {rate} in (0, 1]")
     self.vocab_size, self.num_tasks = vocab_size, num_tasks
@@ -146,8 +167,11 @@ class RecordGuard:
       try:
         self.max_version = int(json.loads(self.state_path.read_text())["max_published"])
       except (ValueError, KeyError, TypeError):
-        print(f"sao: {self.state_path} is unreadable; newest published version starts "
-              "from this learner's", flush=True)
+        print(
+          f"sao: {self.state_path} is unreadable; newest published version starts "
+          "from this learner's",
+          flush=True,
+        )
 
   # What the learner tells the guard -----------------------------------------------------------
   def handed_out(self, indices: Sequence[int]) -> None:
@@ -185,8 +209,12 @@ class RecordGuard:
     elif not (known or self._handed_out_before(index) or self._from_earlier_learner(rec, index)):
       problem = ("unknown_task", f"task {index} was never handed out")
     else:
-      problem = value_problem(rec, vocab_size=self.vocab_size, max_version=self.max_version,
-                              reward_range=self._range(index))
+      problem = value_problem(
+        rec,
+        vocab_size=self.vocab_size,
+        max_version=self.max_version,
+        reward_range=self._range(index),
+      )
     if known:
       self.outstanding[index] -= 1
     if problem is None:
@@ -199,8 +227,11 @@ class RecordGuard:
     self.counts["rejected"] += 1
     self.rejected_ids.add(rec.record_id)
     if self.counts[f"rejected_{reason}"] == 1:
-      print(f"sao: rejected a trajectory record ({reason}: {detail}); further ones are only "
-            f"counted (rejected_{reason}) and dead-lettered", flush=True)
+      print(
+        f"sao: rejected a trajectory record ({reason}: {detail}); further ones are only "
+        f"counted (rejected_{reason}) and dead-lettered",
+        flush=True,
+      )
     learner.dead_letter(data, f"{reason}: {detail}")
     if known:  # its task is still to be done
       learner.put_tasks([index])
@@ -225,14 +256,23 @@ class RecordGuard:
     """What summary.json reports: rejected records by reason, reissued tasks, and each
     sampler that had records rejected."""
     c = self.counts
-    return {"rejected": {r: c[f"rejected_{r}"] for r in REASONS},
-            "rejected_total": c["rejected"], "reissued_tasks": c["reissued_tasks"],
-            "task_redelivered": c["task_redelivered"],
-            "quarantined_samplers": c["quarantined_samplers"],
-            "samplers_with_rejects": {
-                f"{k:06x}": {"accepted": s.accepted, "rejected": s.rejected,
-                             "quarantined": s.quarantined or None, "sampler": s.sampler}
-                for k, s in self.sources.items() if s.rejected or s.quarantined}}
+    return {
+      "rejected": {r: c[f"rejected_{r}"] for r in REASONS},
+      "rejected_total": c["rejected"],
+      "reissued_tasks": c["reissued_tasks"],
+      "task_redelivered": c["task_redelivered"],
+      "quarantined_samplers": c["quarantined_samplers"],
+      "samplers_with_rejects": {
+        f"{k:06x}": {
+          "accepted": s.accepted,
+          "rejected": s.rejected,
+          "quarantined": s.quarantined or None,
+          "sampler": s.sampler,
+        }
+        for k, s in self.sources.items()
+        if s.rejected or s.quarantined
+      },
+    }
 
   # Internals ----------------------------------------------------------------------------------
   def _source(self, rec: records.Record) -> _Source:
@@ -267,17 +307,30 @@ class RecordGuard:
       src.quarantined = f"{bad} of its last {self.window} records rejected"
       self.counts["quarantined_samplers"] += 1
       meta = rec.meta if rec is not None else {}
-      where = (f"local sampler {meta.get('sampler')}, pid {meta.get('pid')}"
-               if "pid" in meta else f"sampler {meta.get('sampler', '?')}")
-      print(f"sao: quarantined sampler {src.key:06x} ({where}): {src.quarantined}; its records "
-            "are dropped from now on (rejected_quarantined)", flush=True)
+      where = (
+        f"local sampler {meta.get('sampler')}, pid {meta.get('pid')}"
+        if "pid" in meta
+        else f"sampler {meta.get('sampler', '?')}"
+      )
+      print(
+        f"sao: quarantined sampler {src.key:06x} ({where}): {src.quarantined}; its records "
+        "are dropped from now on (rejected_quarantined)",
+        flush=True,
+      )
       if self.on_quarantine is not None:
         self.on_quarantine(dict(meta))
 
 
-def poison(kind: str, arrays: dict[str, np.ndarray], meta: dict, policy_version: int, *,
-           vocab_size: int, reward_high: float, unknown_task: int
-           ) -> tuple[dict[str, np.ndarray], dict, int]:
+def poison(
+  kind: str,
+  arrays: dict[str, np.ndarray],
+  meta: dict,
+  policy_version: int,
+  *,
+  vocab_size: int,
+  reward_high: float,
+  unknown_task: int,
+) -> tuple[dict[str, np.ndarray], dict, int]:
   """A copy of a trajectory record's (arrays, meta, policy version) that passes the format
   checks and is rejected at the door with reason `kind` (one of POISON_KINDS): a NaN
   behaviour log-prob, a token id past the vocabulary, a total reward above the task's range,
@@ -307,8 +360,14 @@ class Poisoner:
   A poisoned record replaces the clean one (its task is handed out again when it is refused),
   except `unknown_task`, which is an extra copy (the clean record answers the task)."""
 
-  def __init__(self, faults: FaultsConfig, *, vocab_size: int,
-               reward_high: Callable[[int], float], unknown_task: int):
+  def __init__(
+    self,
+    faults: FaultsConfig,
+    *,
+    vocab_size: int,
+    reward_high: Callable[[int], float],
+    unknown_task: int,
+  ):
     self.kinds, self.every = tuple(faults.poison_kinds), faults.poison_every
     self.left = {k: faults.poison_records for k in self.kinds}
     self.vocab_size, self.reward_high, self.unknown_task = vocab_size, reward_high, unknown_task
@@ -324,6 +383,13 @@ class Poisoner:
     kind = todo[self.sent.total() % len(todo)]
     self.left[kind] -= 1
     self.sent[kind] += 1
-    bad = poison(kind, arrays, meta, version, vocab_size=self.vocab_size,
-                 reward_high=self.reward_high(meta["task_index"]), unknown_task=self.unknown_task)
+    bad = poison(
+      kind,
+      arrays,
+      meta,
+      version,
+      vocab_size=self.vocab_size,
+      reward_high=self.reward_high(meta["task_index"]),
+      unknown_task=self.unknown_task,
+    )
     return [(arrays, meta, version), bad] if kind == "unknown_task" else [bad]

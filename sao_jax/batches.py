@@ -6,6 +6,7 @@ Every batch is a `flax.struct` dataclass (a pytree), so it is jitted, sharded (o
 `abstract(rows, prompt_len, completion_len)` gives the shapes and dtypes the programs are
 compiled for, without data.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,8 +38,13 @@ class SFTBatch:
   valid_bt: jax.Array
   weight_b: jax.Array
 
-  DTYPES = {"prompt_bp": jnp.int32, "prompt_valid_bp": jnp.bool_, "tokens_bt": jnp.int32,
-            "valid_bt": jnp.bool_, "weight_b": jnp.float32}
+  DTYPES = {
+    "prompt_bp": jnp.int32,
+    "prompt_valid_bp": jnp.bool_,
+    "tokens_bt": jnp.int32,
+    "valid_bt": jnp.bool_,
+    "weight_b": jnp.float32,
+  }
   abstract = classmethod(_abstract)
 
 
@@ -54,8 +60,14 @@ class RLBatch:
   logp_bt: jax.Array
   rewards_b: jax.Array
 
-  DTYPES = {"prompt_bp": jnp.int32, "prompt_valid_bp": jnp.bool_, "tokens_bt": jnp.int32,
-            "valid_bt": jnp.bool_, "logp_bt": jnp.float32, "rewards_b": jnp.float32}
+  DTYPES = {
+    "prompt_bp": jnp.int32,
+    "prompt_valid_bp": jnp.bool_,
+    "tokens_bt": jnp.int32,
+    "valid_bt": jnp.bool_,
+    "logp_bt": jnp.float32,
+    "rewards_b": jnp.float32,
+  }
   abstract = classmethod(_abstract)
 
 
@@ -83,9 +95,15 @@ class SAOBatch:
   head_b: jax.Array
   poison_b: jax.Array
 
-  DTYPES = {**RLBatch.DTYPES, "task_b": jnp.int32, "staleness_bt": jnp.int32,
-            "row_valid_b": jnp.bool_, "traj_b": jnp.int32, "head_b": jnp.bool_,
-            "poison_b": jnp.float32}
+  DTYPES = {
+    **RLBatch.DTYPES,
+    "task_b": jnp.int32,
+    "staleness_bt": jnp.int32,
+    "row_valid_b": jnp.bool_,
+    "traj_b": jnp.int32,
+    "head_b": jnp.bool_,
+    "poison_b": jnp.float32,
+  }
   abstract = classmethod(_abstract)
 
   @classmethod
@@ -95,8 +113,9 @@ class SAOBatch:
     staleness_b [B] (one version per row) broadcast over the row's tokens."""
     rows = len(fields["rewards_b"])
     if staleness_b is not None:
-      fields["staleness_bt"] = np.broadcast_to(np.asarray(staleness_b, np.int32)[:, None],
-                                               np.shape(fields["tokens_bt"])).copy()
+      fields["staleness_bt"] = np.broadcast_to(
+        np.asarray(staleness_b, np.int32)[:, None], np.shape(fields["tokens_bt"])
+      ).copy()
     fields.setdefault("row_valid_b", np.ones(rows, bool))
     fields.setdefault("traj_b", np.arange(rows, dtype=np.int32))
     fields.setdefault("head_b", np.asarray(fields["row_valid_b"], bool))
@@ -142,23 +161,64 @@ class MemoryBatch:
   bank_turning_bc: jax.Array | None = None
   bank_count_b: jax.Array | None = None
 
-  DTYPES = {"seg_bsl": jnp.int32, "seg_valid_bsl": jnp.bool_, "rewards_bs": jnp.float32,
-            "boundary_bs": jnp.bool_, "step_valid_bs": jnp.bool_, "row_step_br": jnp.int32,
-            "row_valid_br": jnp.bool_, "row_weight_br": jnp.float32, "graded_br": jnp.bool_,
-            "prompt_brp": jnp.int32, "prompt_valid_brp": jnp.bool_, "tokens_brt": jnp.int32,
-            "valid_brt": jnp.bool_, "logp_brt": jnp.float32, "bank_vec_bced": jnp.int8,
-            "bank_scale_bce": jnp.float32, "bank_step_bc": jnp.int32,
-            "bank_turning_bc": jnp.bool_, "bank_count_b": jnp.int32}
-  SAMPLED = ("logp_brt", "bank_vec_bced", "bank_scale_bce", "bank_step_bc", "bank_turning_bc",
-             "bank_count_b")
+  DTYPES = {
+    "seg_bsl": jnp.int32,
+    "seg_valid_bsl": jnp.bool_,
+    "rewards_bs": jnp.float32,
+    "boundary_bs": jnp.bool_,
+    "step_valid_bs": jnp.bool_,
+    "row_step_br": jnp.int32,
+    "row_valid_br": jnp.bool_,
+    "row_weight_br": jnp.float32,
+    "graded_br": jnp.bool_,
+    "prompt_brp": jnp.int32,
+    "prompt_valid_brp": jnp.bool_,
+    "tokens_brt": jnp.int32,
+    "valid_brt": jnp.bool_,
+    "logp_brt": jnp.float32,
+    "bank_vec_bced": jnp.int8,
+    "bank_scale_bce": jnp.float32,
+    "bank_step_bc": jnp.int32,
+    "bank_turning_bc": jnp.bool_,
+    "bank_count_b": jnp.int32,
+  }
+  SAMPLED = (
+    "logp_brt",
+    "bank_vec_bced",
+    "bank_scale_bce",
+    "bank_step_bc",
+    "bank_turning_bc",
+    "bank_count_b",
+  )
 
   @classmethod
-  def abstract(cls, trajectories: int, steps: int, rows: int, prompt_len: int,
-               completion_len: int, *, step_len: int, capacity: int, vectors: int, dim: int,
-               sampled: bool, quantized: bool = True) -> MemoryBatch:
+  def abstract(
+    cls,
+    trajectories: int,
+    steps: int,
+    rows: int,
+    prompt_len: int,
+    completion_len: int,
+    *,
+    step_len: int,
+    capacity: int,
+    vectors: int,
+    dim: int,
+    sampled: bool,
+    quantized: bool = True,
+  ) -> MemoryBatch:
     """Shapes and dtypes of a batch; `sampled`: with behaviour log-probs and the bank."""
-    dims = {"b": trajectories, "s": steps, "r": rows, "p": prompt_len, "t": completion_len,
-            "l": step_len, "c": capacity, "e": vectors, "d": dim}
+    dims = {
+      "b": trajectories,
+      "s": steps,
+      "r": rows,
+      "p": prompt_len,
+      "t": completion_len,
+      "l": step_len,
+      "c": capacity,
+      "e": vectors,
+      "d": dim,
+    }
     fields = {}
     for f in dataclasses.fields(cls):
       if f.name in cls.SAMPLED and not sampled:

@@ -10,6 +10,7 @@ rows: whole trajectories in consumption order until the next one would not fit; 
 padding (`row_valid` False) and that trajectory waits for the next batch. Trajectories are
 never split across updates and no row is dropped.
 """
+
 from __future__ import annotations
 
 import collections
@@ -38,8 +39,9 @@ class Item:
     return len(self.rec.arrays["tokens"])
 
 
-def check_trajectory(rec: records.Record, widths: tuple[int, int], num_tasks: int,
-                     max_rows: int) -> None:
+def check_trajectory(
+  rec: records.Record, widths: tuple[int, int], num_tasks: int, max_rows: int
+) -> None:
   """Raises `records.Malformed` unless `rec` carries what the batch is built from, in the
   shapes it is compiled for: a well-formed record from a foreign writer (other config or code
   version) must be dropped like a corrupt one, not crash the learner."""
@@ -47,20 +49,29 @@ def check_trajectory(rec: records.Record, widths: tuple[int, int], num_tasks: in
   for names, width in zip(TRAJECTORY_ARRAYS, widths, strict=True):
     for k in names:
       if k not in a or a[k].ndim != 2 or a[k].shape[1] != width or len(a[k]) < 1:
-        raise records.Malformed(f"trajectory array {k!r} missing or not [steps, {width}]: "
-                                f"{a[k].shape if k in a else None}")
+        raise records.Malformed(
+          f"trajectory array {k!r} missing or not [steps, {width}]: "
+          f"{a[k].shape if k in a else None}"
+        )
   if len({len(a[k]) for names in TRAJECTORY_ARRAYS for k in names}) != 1:
     raise records.Malformed("trajectory arrays disagree on the number of steps")
-  if "version" in a and (a["version"].shape != a["tokens"].shape
-                         or a["version"].dtype.kind not in "iu"):
-    raise records.Malformed(f"trajectory array 'version' must be integers shaped like tokens "
-                            f"{a['tokens'].shape}, got {a['version'].dtype} {a['version'].shape}")
+  if "version" in a and (
+    a["version"].shape != a["tokens"].shape or a["version"].dtype.kind not in "iu"
+  ):
+    raise records.Malformed(
+      f"trajectory array 'version' must be integers shaped like tokens "
+      f"{a['tokens'].shape}, got {a['version'].dtype} {a['version'].shape}"
+    )
   if len(a["tokens"]) > max_rows:
-    raise records.Malformed(f"trajectory of {len(a['tokens'])} steps does not fit a batch of "
-                            f"{max_rows} rows")
+    raise records.Malformed(
+      f"trajectory of {len(a['tokens'])} steps does not fit a batch of {max_rows} rows"
+    )
   numbers = [m.get(k) for k in ("reward", "t_end")]
-  if not (all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in numbers)
-          and isinstance(m.get("task_index"), int) and 0 <= m["task_index"] < num_tasks):
+  if not (
+    all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in numbers)
+    and isinstance(m.get("task_index"), int)
+    and 0 <= m["task_index"] < num_tasks
+  ):
     raise records.Malformed(f"trajectory meta lacks a valid reward/t_end/task_index: {m}"[:300])
   rs = m.get("reward_s", 0.0)
   if not (isinstance(rs, (int, float)) and not isinstance(rs, bool) and 0 <= rs < float("inf")):
@@ -70,8 +81,9 @@ def check_trajectory(rec: records.Record, widths: tuple[int, int], num_tasks: in
     raise records.Malformed(f"trajectory meta sandbox_runs {runs!r} is not a count")
 
 
-def decode_trajectory(data: bytes, learner, counts: collections.Counter,
-                      expect: tuple | None = None) -> records.Record | None:
+def decode_trajectory(
+  data: bytes, learner, counts: collections.Counter, expect: tuple | None = None
+) -> records.Record | None:
   """A trajectory record, or None for one that is malformed (counted in
   `counts['bad_records']`, sent to the learner end's dead-letter topic, and logged the first
   time) or of another kind. With `expect` (`(prompt_len, completion_len)`, number of tasks,
@@ -86,8 +98,11 @@ def decode_trajectory(data: bytes, learner, counts: collections.Counter,
   except records.RecordError as err:
     counts["bad_records"] += 1
     if counts["bad_records"] == 1:
-      print(f"sao: skipping a malformed trajectory record ({err}); further ones are only "
-            "counted (bad_records) and copied to the dead-letter topic", flush=True)
+      print(
+        f"sao: skipping a malformed trajectory record ({err}); further ones are only "
+        "counted (bad_records) and copied to the dead-letter topic",
+        flush=True,
+      )
     learner.dead_letter(data, str(err))
     return None
 
@@ -152,8 +167,7 @@ class TrajectoryBuffer:
     return out
 
 
-def batch_rows(items: list[Item], step: int, rows: int, max_staleness: int
-               ) -> tuple[SAOBatch, int]:
+def batch_rows(items: list[Item], step: int, rows: int, max_staleness: int) -> tuple[SAOBatch, int]:
   """The SAO update's batch from whole trajectories: one row per environment step, padded to
   `rows` (numpy fields). Returns (batch, number of records whose version is ahead of `step`:
   made by a lineage that a resume or rollback discarded; they are given the largest staleness
@@ -189,11 +203,18 @@ def batch_rows(items: list[Item], step: int, rows: int, max_staleness: int
     return np.concatenate([x, np.full((rows - n,) + x.shape[1:], fill, x.dtype)])
 
   # Padding rows are zeros, each its own (empty) trajectory so that it shares no statistics.
-  traj = np.concatenate([cat["traj"], np.arange(len(items), len(items) + rows - n,
-                                                dtype=np.int32)])
-  return SAOBatch(prompt_bp=pad(cat["prompt"]), prompt_valid_bp=pad(cat["prompt_valid"]),
-                  tokens_bt=pad(cat["tokens"]), valid_bt=pad(cat["valid"]),
-                  logp_bt=pad(cat["logp"].astype(np.float32)), rewards_b=pad(cat["rewards"]),
-                  task_b=pad(cat["task"]), staleness_bt=pad(cat["staleness"]),
-                  row_valid_b=np.arange(rows) < n, traj_b=traj, head_b=pad(cat["head"]),
-                  poison_b=np.zeros(rows, np.float32)), orphans
+  traj = np.concatenate([cat["traj"], np.arange(len(items), len(items) + rows - n, dtype=np.int32)])
+  return SAOBatch(
+    prompt_bp=pad(cat["prompt"]),
+    prompt_valid_bp=pad(cat["prompt_valid"]),
+    tokens_bt=pad(cat["tokens"]),
+    valid_bt=pad(cat["valid"]),
+    logp_bt=pad(cat["logp"].astype(np.float32)),
+    rewards_b=pad(cat["rewards"]),
+    task_b=pad(cat["task"]),
+    staleness_bt=pad(cat["staleness"]),
+    row_valid_b=np.arange(rows) < n,
+    traj_b=traj,
+    head_b=pad(cat["head"]),
+    poison_b=np.zeros(rows, np.float32),
+  ), orphans

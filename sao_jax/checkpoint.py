@@ -13,6 +13,7 @@ snapshots carry theirs in a `sums` item. The `meta` item
 (JSON) holds the resolved config and the run's stream positions (task sampler state,
 journal position, transport offsets, clock), so a resumed run continues where it stopped.
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -57,28 +58,42 @@ def verify(tree, expected: dict[str, str] | None, what: str) -> None:
     return
   bad = sorted(k for k in set(expected) | set(got) if expected.get(k) != got.get(k))
   if bad:
-    raise DamagedSnapshot(f"{what}: {len(bad)} of {len(expected)} arrays differ from the "
-                          f"checksums written with the snapshot (e.g. {bad[:3]})")
+    raise DamagedSnapshot(
+      f"{what}: {len(bad)} of {len(expected)} arrays differ from the "
+      f"checksums written with the snapshot (e.g. {bad[:3]})"
+    )
 
 
-def manager(directory: str | pathlib.Path, *, every: int = 100, keep: int = 3,
-            keep_best: bool = True) -> ocp.CheckpointManager:
+def manager(
+  directory: str | pathlib.Path, *, every: int = 100, keep: int = 3, keep_best: bool = True
+) -> ocp.CheckpointManager:
   """Saves every `every` steps (asynchronously); keeps the last `keep` snapshots and, with
   `keep_best`, also the one with the highest `val_accuracy` among those saved with metrics."""
   cm = ocp.checkpoint_managers
   policies = [cm.LatestN(n=keep)]
   if keep_best:
-    policies.append(cm.BestN(get_metric_fn=lambda m: m[BEST_METRIC], n=1,
-                             keep_checkpoints_without_metrics=False))
+    policies.append(
+      cm.BestN(get_metric_fn=lambda m: m[BEST_METRIC], n=1, keep_checkpoints_without_metrics=False)
+    )
   options = ocp.CheckpointManagerOptions(
-      save_interval_steps=every, enable_async_checkpointing=True, create=True,
-      cleanup_tmp_directories=True, preservation_policy=cm.AnyPreservationPolicy(policies))
+    save_interval_steps=every,
+    enable_async_checkpointing=True,
+    create=True,
+    cleanup_tmp_directories=True,
+    preservation_policy=cm.AnyPreservationPolicy(policies),
+  )
   return ocp.CheckpointManager(pathlib.Path(directory).absolute(), options=options)
 
 
-def save(mngr: ocp.CheckpointManager, state: TrainState, cfg: config_lib.Config,
-         meta: dict[str, Any] | None = None, *, force: bool = False,
-         metrics: dict[str, float] | None = None) -> bool:
+def save(
+  mngr: ocp.CheckpointManager,
+  state: TrainState,
+  cfg: config_lib.Config,
+  meta: dict[str, Any] | None = None,
+  *,
+  force: bool = False,
+  metrics: dict[str, float] | None = None,
+) -> bool:
   """Snapshot at `state.step` if the manager's interval says so (or `force`)."""
   step = int(jax.device_get(state.step))
   if force and step in mngr.all_steps():
@@ -87,18 +102,30 @@ def save(mngr: ocp.CheckpointManager, state: TrainState, cfg: config_lib.Config,
     return False
   rest = _rest(state)
   sums = {"params": checksums(state.params), "rest": checksums(rest)}
-  return mngr.save(step, force=force, metrics=metrics, args=ocp.args.Composite(
+  return mngr.save(
+    step,
+    force=force,
+    metrics=metrics,
+    args=ocp.args.Composite(
       params=ocp.args.StandardSave(state.params),
       rest=ocp.args.StandardSave(rest),
-      meta=ocp.args.JsonSave({"config": config_lib.to_dict(cfg), **(meta or {}),
-                              "checksums": sums})))
+      meta=ocp.args.JsonSave(
+        {"config": config_lib.to_dict(cfg), **(meta or {}), "checksums": sums}
+      ),
+    ),
+  )
 
 
 def _rest(state: TrainState) -> dict:
   """Everything but params: optimizer, step, RNG, step-size scale, skip counter, and the SAO
   value trackers if any."""
-  rest = {"step": state.step, "opt_state": state.opt_state, "rng": jax.random.key_data(state.rng),
-          "lr_scale": state.lr_scale, "nonfinite": state.nonfinite}
+  rest = {
+    "step": state.step,
+    "opt_state": state.opt_state,
+    "rng": jax.random.key_data(state.rng),
+    "lr_scale": state.lr_scale,
+    "nonfinite": state.nonfinite,
+  }
   if state.tracker is not None:
     rest["tracker"] = state.tracker
   return rest
@@ -108,27 +135,38 @@ def _abstract(tree):
   return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
 
 
-def restore_state(mngr: ocp.CheckpointManager, like: TrainState, step: int | None = None
-                  ) -> tuple[TrainState, dict]:
+def restore_state(
+  mngr: ocp.CheckpointManager, like: TrainState, step: int | None = None
+) -> tuple[TrainState, dict]:
   """Restores onto the shardings of `like` (an initialised state of the same run)."""
   step = mngr.latest_step() if step is None else step
-  out = mngr.restore(step, args=ocp.args.Composite(
+  out = mngr.restore(
+    step,
+    args=ocp.args.Composite(
       params=ocp.args.StandardRestore(_abstract(like.params)),
       rest=ocp.args.StandardRestore(_abstract(_rest(like))),
-      meta=ocp.args.JsonRestore()))
+      meta=ocp.args.JsonRestore(),
+    ),
+  )
   sums = out["meta"].get("checksums", {})
   verify(out["params"], sums.get("params"), f"snapshot step {step} params")
   verify(out["rest"], sums.get("rest"), f"snapshot step {step} optimizer state")
   rest = out["rest"]
-  state = like.replace(step=rest["step"], params=out["params"], opt_state=rest["opt_state"],
-                       rng=jax.random.wrap_key_data(rest["rng"]),
-                       tracker=rest.get("tracker", like.tracker), lr_scale=rest["lr_scale"],
-                       nonfinite=rest["nonfinite"])
+  state = like.replace(
+    step=rest["step"],
+    params=out["params"],
+    opt_state=rest["opt_state"],
+    rng=jax.random.wrap_key_data(rest["rng"]),
+    tracker=rest.get("tracker", like.tracker),
+    lr_scale=rest["lr_scale"],
+    nonfinite=rest["nonfinite"],
+  )
   return state, dict(out["meta"])
 
 
-def restore_latest_valid(mngr: ocp.CheckpointManager, like: TrainState
-                         ) -> tuple[TrainState, dict, int, list[int]] | None:
+def restore_latest_valid(
+  mngr: ocp.CheckpointManager, like: TrainState
+) -> tuple[TrainState, dict, int, list[int]] | None:
   """The newest snapshot that restores cleanly, newest first: (state, meta, step, skipped).
 
   A snapshot that fails to restore (truncated or damaged files, unreadable metadata) is
@@ -142,9 +180,13 @@ def restore_latest_valid(mngr: ocp.CheckpointManager, like: TrainState
     except Exception as err:  # noqa: BLE001 - any failure to read means: not usable
       skipped.append(step)
       aside = _move_aside(mngr, step)
-      warnings.warn(f"snapshot step {step} in {mngr.directory} is unreadable "
-                    f"({type(err).__name__}: {str(err)[:200]}); moved to {aside}; falling "
-                    "back to an earlier one", RuntimeWarning, stacklevel=2)
+      warnings.warn(
+        f"snapshot step {step} in {mngr.directory} is unreadable "
+        f"({type(err).__name__}: {str(err)[:200]}); moved to {aside}; falling "
+        "back to an earlier one",
+        RuntimeWarning,
+        stacklevel=2,
+      )
   return None
 
 
@@ -152,6 +194,7 @@ def _move_aside(mngr: ocp.CheckpointManager, step: int) -> pathlib.Path:
   """Takes a damaged snapshot out of the manager's view (kept for inspection under
   `corrupt/`), so the resumed run saves that step again and no later resume trips on it."""
   import time
+
   src = pathlib.Path(mngr.directory) / str(step)
   dst = pathlib.Path(mngr.directory).parent / f"{pathlib.Path(mngr.directory).name}-corrupt"
   dst.mkdir(exist_ok=True)
@@ -177,11 +220,18 @@ def restore_params(directory: str | pathlib.Path, like_params, step: int | None 
   step = mngr.latest_step() if step is None else step
   if step is None:
     raise FileNotFoundError(f"no complete checkpoint in {directory}")
-  out = mngr.restore(step, args=ocp.args.Composite(
-      params=ocp.args.StandardRestore(_abstract(like_params)), meta=ocp.args.JsonRestore()))
+  out = mngr.restore(
+    step,
+    args=ocp.args.Composite(
+      params=ocp.args.StandardRestore(_abstract(like_params)), meta=ocp.args.JsonRestore()
+    ),
+  )
   mngr.close()
-  verify(out["params"], out["meta"].get("checksums", {}).get("params"),
-         f"snapshot step {step} params in {directory}")
+  verify(
+    out["params"],
+    out["meta"].get("checksums", {}).get("params"),
+    f"snapshot step {step} params in {directory}",
+  )
   return out["params"], step, dict(out["meta"])
 
 
@@ -191,13 +241,20 @@ class ShadowBank:
 
   def __init__(self, directory: str | pathlib.Path, keep: int):
     cm = ocp.checkpoint_managers
-    policy = cm.AnyPreservationPolicy([
+    policy = cm.AnyPreservationPolicy(
+      [
         cm.LatestN(n=keep),
-        cm.BestN(get_metric_fn=lambda m: m[BEST_METRIC], n=1,
-                 keep_checkpoints_without_metrics=False)])
-    options = ocp.CheckpointManagerOptions(create=True, cleanup_tmp_directories=True,
-                                           enable_async_checkpointing=False,
-                                           preservation_policy=policy)
+        cm.BestN(
+          get_metric_fn=lambda m: m[BEST_METRIC], n=1, keep_checkpoints_without_metrics=False
+        ),
+      ]
+    )
+    options = ocp.CheckpointManagerOptions(
+      create=True,
+      cleanup_tmp_directories=True,
+      enable_async_checkpointing=False,
+      preservation_policy=policy,
+    )
     self.mngr = ocp.CheckpointManager(pathlib.Path(directory).absolute(), options=options)
     self.scores: dict[int, float] = {}
 
@@ -211,9 +268,14 @@ class ShadowBank:
   def save(self, step: int, params, val_accuracy: float) -> None:
     if step in self.mngr.all_steps():
       self.mngr.delete(step)
-    self.mngr.save(step, metrics={BEST_METRIC: val_accuracy}, force=True, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(params),
-        sums=ocp.args.JsonSave({"params": checksums(params)})))
+    self.mngr.save(
+      step,
+      metrics={BEST_METRIC: val_accuracy},
+      force=True,
+      args=ocp.args.Composite(
+        params=ocp.args.StandardSave(params), sums=ocp.args.JsonSave({"params": checksums(params)})
+      ),
+    )
     self.mngr.wait_until_finished()
     kept = set(self.mngr.all_steps())
     self.scores = {s: v for s, v in {**self.scores, step: val_accuracy}.items() if s in kept}
@@ -244,9 +306,12 @@ class ShadowBank:
       except Exception as err:  # noqa: BLE001 - any failure to read means: not usable
         del self.scores[best[0]]
         aside = _move_aside(self.mngr, best[0])
-        warnings.warn(f"shadow step {best[0]} is unreadable ({type(err).__name__}: "
-                      f"{str(err)[:200]}); moved to {aside}; trying the next best",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+          f"shadow step {best[0]} is unreadable ({type(err).__name__}: "
+          f"{str(err)[:200]}); moved to {aside}; trying the next best",
+          RuntimeWarning,
+          stacklevel=2,
+        )
     return None
 
   def close(self) -> None:

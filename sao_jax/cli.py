@@ -1,5 +1,6 @@
 """`sao-jax` command line: train, eval, sweep, broker, the two roles of a multi-machine SAO
 run (learner, sampler), and simulate (the calibrated cluster model)."""
+
 from __future__ import annotations
 
 import argparse
@@ -15,53 +16,91 @@ def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="sao-jax", description=__doc__)
   sub = p.add_subparsers(dest="command", required=True)
   t = sub.add_parser("train", help="train from a config file (SFT warm start, then RL)")
-  t.add_argument("--config", required=True,
-                 help="Python config file, optionally with :variant (e.g. ...arith.py:tiny)")
-  t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                 help="override a config value, e.g. --set rl.optim.lr=1e-4 (repeatable)")
+  t.add_argument(
+    "--config",
+    required=True,
+    help="Python config file, optionally with :variant (e.g. ...arith.py:tiny)",
+  )
+  t.add_argument(
+    "--set",
+    action="append",
+    default=[],
+    metavar="KEY=VALUE",
+    help="override a config value, e.g. --set rl.optim.lr=1e-4 (repeatable)",
+  )
   t.add_argument("--workdir", required=True, help="where metrics, checkpoints and summary go")
   t.add_argument("--no-progress", action="store_true", help="no progress bar")
-  ln = sub.add_parser("learner", help="the SAO learner alone, over Kafka: samplers on any "
-                      "machine join with `sao-jax sampler` (same options as train)")
+  ln = sub.add_parser(
+    "learner",
+    help="the SAO learner alone, over Kafka: samplers on any "
+    "machine join with `sao-jax sampler` (same options as train)",
+  )
   ln.add_argument("--config", required=True)
   ln.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
   ln.add_argument("--workdir", required=True)
-  ln.add_argument("--local-samplers", type=int, default=0,
-                  help="sampler processes on this machine too (default 0)")
+  ln.add_argument(
+    "--local-samplers",
+    type=int,
+    default=0,
+    help="sampler processes on this machine too (default 0)",
+  )
   ln.add_argument("--no-progress", action="store_true")
   sm = sub.add_parser("sampler", help="sampler processes that join a running SAO learner")
   sm.add_argument("--bootstrap", required=True, help="the run's Kafka bootstrap servers")
   sm.add_argument("--run-id", required=True, help="the run id the learner printed")
   sm.add_argument("--num", type=int, default=1, help="sampler processes on this machine")
   sm.add_argument("--threads", type=int, default=0, help="XLA threads per sampler")
-  sm.add_argument("--wait", type=float, default=600.0,
-                  help="seconds to wait for the learner's announcement")
+  sm.add_argument(
+    "--wait", type=float, default=600.0, help="seconds to wait for the learner's announcement"
+  )
   b = sub.add_parser("broker", help="run a local Kafka-protocol broker until Ctrl-C")
   b.add_argument("--host", default="127.0.0.1")
   b.add_argument("--port", type=int, default=9092)
-  sw = sub.add_parser("sweep", help="run or resume a hyperparameter sweep (a sweep file's "
-                      "get_sweep(variant)); rerun the same command to resume")
+  sw = sub.add_parser(
+    "sweep",
+    help="run or resume a hyperparameter sweep (a sweep file's "
+    "get_sweep(variant)); rerun the same command to resume",
+  )
   sw.add_argument("sweep", help="sweep file, optionally with :variant")
   sw.add_argument("--dir", required=True, help="where the study, trials and reports go")
-  sw.add_argument("--parallel", type=int, default=None,
-                  help="trials at once (default: the number of cores)")
+  sw.add_argument(
+    "--parallel", type=int, default=None, help="trials at once (default: the number of cores)"
+  )
   sw.add_argument("--no-progress", action="store_true")
-  si = sub.add_parser("simulate", help="discrete-event model of GRPO/SAO on measured costs "
-                      "(experiments/calibrate_sim.py writes them)")
+  si = sub.add_parser(
+    "simulate",
+    help="discrete-event model of GRPO/SAO on measured costs "
+    "(experiments/calibrate_sim.py writes them)",
+  )
   si.add_argument("--costs", required=True, help="costs JSON (results/sim_costs.json)")
-  si.add_argument("--policy", default="grpo_inline,sao_batch,sao_continuous,sao_inflight",
-                  help="comma-separated: grpo_inline, grpo, grpo_continuous, sao_batch, "
-                  "sao_continuous, sao_inflight")
-  si.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                  help="a scenario field, e.g. --set num_samplers=4 (repeatable)")
+  si.add_argument(
+    "--policy",
+    default="grpo_inline,sao_batch,sao_continuous,sao_inflight",
+    help="comma-separated: grpo_inline, grpo, grpo_continuous, sao_batch, "
+    "sao_continuous, sao_inflight",
+  )
+  si.add_argument(
+    "--set",
+    action="append",
+    default=[],
+    metavar="KEY=VALUE",
+    help="a scenario field, e.g. --set num_samplers=4 (repeatable)",
+  )
   si.add_argument("--out", default="", help="also write the metrics as JSON here")
-  e = sub.add_parser("eval", help="held-out greedy accuracy of a workdir's latest checkpoint, "
-                     "or HumanEval pass@1/pass@10 (--suite humaneval)")
+  e = sub.add_parser(
+    "eval",
+    help="held-out greedy accuracy of a workdir's latest checkpoint, "
+    "or HumanEval pass@1/pass@10 (--suite humaneval)",
+  )
   e.add_argument("--workdir", required=True)
   e.add_argument("--num", type=int, default=None, help="number of test problems")
-  e.add_argument("--suite", default="heldout", choices=("heldout", "humaneval"),
-                 help="heldout: the run's own test split (default); humaneval: sandboxed "
-                 "HumanEval, needs a tokenizer that can encode its prompts")
+  e.add_argument(
+    "--suite",
+    default="heldout",
+    choices=("heldout", "humaneval"),
+    help="heldout: the run's own test split (default); humaneval: sandboxed "
+    "HumanEval, needs a tokenizer that can encode its prompts",
+  )
   e.add_argument("--samples", type=int, default=10, help="humaneval: completions per problem")
   return p
 
@@ -71,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
   import faulthandler
   import logging
   import signal
+
   # `kill -USR1 PID` prints every thread's stack to stderr: for a run that seems stuck.
   faulthandler.register(signal.SIGUSR1, all_threads=True)
   # kafka-python logs every reconnect attempt and slow I/O task; our own errors name the
@@ -78,14 +118,19 @@ def main(argv: list[str] | None = None) -> int:
   logging.getLogger("kafka").setLevel(logging.ERROR)
   # The runners (and their process machinery) load only for the command that needs them.
   from sao_jax.setup import load_config
+
   try:
     if args.command in ("train", "learner"):
       overrides = list(args.set)
       if args.command == "learner":
-        overrides += ["transport.kind=kafka", "rl.algorithm=sao",
-                      f"sao.num_samplers={args.local_samplers}"]
+        overrides += [
+          "transport.kind=kafka",
+          "rl.algorithm=sao",
+          f"sao.num_samplers={args.local_samplers}",
+        ]
       cfg = load_config(args.config, overrides=overrides)
       from sao_jax.runners.run import run
+
       summary = run(cfg, args.workdir, show_progress=not args.no_progress)
       keep = {k: summary[k] for k in ("sft", "start", "rl", "wall_s") if k in summary}
       for v in keep.values():
@@ -95,24 +140,28 @@ def main(argv: list[str] | None = None) -> int:
       print(f"results: {args.workdir}/summary.json, metrics.jsonl, tb/")
     elif args.command == "sampler":
       from sao_jax.runners.roles import run_sampler_role
-      return run_sampler_role(args.bootstrap, args.run_id, args.num, args.threads,
-                              wait_s=args.wait)
+
+      return run_sampler_role(args.bootstrap, args.run_id, args.num, args.threads, wait_s=args.wait)
     elif args.command == "sweep":
       from sao_jax.sweep import run_sweep
-      summary = run_sweep(args.sweep, args.dir, parallel=args.parallel,
-                          show_progress=not args.no_progress)
+
+      summary = run_sweep(
+        args.sweep, args.dir, parallel=args.parallel, show_progress=not args.no_progress
+      )
       print(json.dumps(summary, indent=2))
       return 0 if summary["status"].get("complete") else 1
     elif args.command == "broker":
       return _broker(args.host, args.port)
     elif args.command == "eval" and args.suite == "humaneval":
       from sao_jax.runners.code_eval import eval_humaneval_workdir
+
       result = eval_humaneval_workdir(args.workdir, n=args.samples, num_problems=args.num)
       print(json.dumps({k: v for k, v in result.items() if k != "per_problem"}, indent=2))
     elif args.command == "simulate":
       return _simulate(args.costs, args.policy.split(","), args.set, args.out)
     elif args.command == "eval":
       from sao_jax.runners.run import eval_workdir
+
       print(json.dumps(eval_workdir(args.workdir, args.num), indent=2))
   except (ConfigError, FileNotFoundError, FileExistsError) as err:
     print(f"sao-jax: error: {err}", file=sys.stderr)
@@ -134,6 +183,7 @@ def _simulate(costs_path: str, policies: list[str], overrides: list[str], out: s
 
   from sao_jax import config as config_lib
   from sao_jax import sim
+
   try:
     raw = json.loads(pathlib.Path(costs_path).read_text())
   except json.JSONDecodeError as err:
@@ -143,8 +193,9 @@ def _simulate(costs_path: str, policies: list[str], overrides: list[str], out: s
   results = {name: sim.simulate(costs, sim.preset(name, base)) for name in policies}
   print(sim.format_table(results))
   if out:
-    pathlib.Path(out).write_text(json.dumps({"costs_file": costs_path, "overrides": overrides,
-                                             "results": results}, indent=2))
+    pathlib.Path(out).write_text(
+      json.dumps({"costs_file": costs_path, "overrides": overrides, "results": results}, indent=2)
+    )
     print(f"results: {out}")
   return 0
 
@@ -154,16 +205,22 @@ def _broker(host: str, port: int) -> int:
   import threading
 
   from sao_jax.transport.broker import LocalBroker
+
   done = threading.Event()
   signal.signal(signal.SIGTERM, lambda *_: done.set())
   with LocalBroker(host=host, port=port) as broker:
-    print(f"broker ready: --set transport.bootstrap_servers={broker.bootstrap} "
-          f"(log: {broker.log_path}); Ctrl-C stops it", flush=True)
+    print(
+      f"broker ready: --set transport.bootstrap_servers={broker.bootstrap} "
+      f"(log: {broker.log_path}); Ctrl-C stops it",
+      flush=True,
+    )
     try:
       while not done.wait(0.5):
         if broker.proc.poll() is not None:
-          print(f"sao-jax: error: the broker exited ({broker.proc.returncode}); log: "
-                f"{broker.log_path}", file=sys.stderr)
+          print(
+            f"sao-jax: error: the broker exited ({broker.proc.returncode}); log: {broker.log_path}",
+            file=sys.stderr,
+          )
           return 1
     except KeyboardInterrupt:
       pass

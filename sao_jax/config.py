@@ -4,6 +4,7 @@ A config is a tree of frozen dataclasses. Experiment configs are Python files th
 ``get_config(variant: str = "default") -> Config``; command-line overrides use dotted keys
 (``--set rl.lr=1e-4``). Unknown keys and ill-typed values are errors, never ignored.
 """
+
 from __future__ import annotations
 
 import ast
@@ -35,21 +36,21 @@ def _check_finite(cfg, prefix: str = "") -> None:
     elif isinstance(v, float):
       _check(math.isfinite(v), f"{prefix}{f.name} must be finite, got {v}")
     elif isinstance(v, int) and not isinstance(v, bool):  # sizes, steps, ids: int32 on device
-      _check(-2**31 <= v < 2**31, f"{prefix}{f.name} {v} does not fit in int32")
+      _check(-(2**31) <= v < 2**31, f"{prefix}{f.name} {v} does not fit in int32")
 
 
 # Logical axis -> mesh axis rules: model code names only logical axes; the mapping is config.
 DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
-    ("batch", ("data", "fsdp")),
-    ("embed", "fsdp"),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
-    ("kv", None),
-    ("mlp", "tensor"),
-    ("vocab", "tensor"),
-    ("length", None),
-    ("act_embed", None),
-    ("norm", None),
+  ("batch", ("data", "fsdp")),
+  ("embed", "fsdp"),
+  ("heads", "tensor"),
+  ("kv_heads", "tensor"),
+  ("kv", None),
+  ("mlp", "tensor"),
+  ("vocab", "tensor"),
+  ("length", None),
+  ("act_embed", None),
+  ("norm", None),
 )
 
 # Projections that can carry LoRA adapters (model.lora_targets), by their parameter names.
@@ -97,32 +98,55 @@ class ModelConfig:
   def __post_init__(self):
     _check(self.width > 0 and self.depth > 0 and self.heads > 0, "model sizes must be positive")
     _check(self.vocab_size >= 0, "model.vocab_size must be >= 0 (0: the tokenizer's)")
-    _check(self.width % self.heads == 0,
-           f"model.width {self.width} not divisible by heads {self.heads}")
+    _check(
+      self.width % self.heads == 0, f"model.width {self.width} not divisible by heads {self.heads}"
+    )
     _check(self.max_len > 0, "model.max_len must be positive")
     _check(self.memory_slots >= 0 and self.memory_dim >= 0, "memory sizes must be >= 0")
-    _check(self.dtype in ("float32", "bfloat16"),
-           f"model.dtype {self.dtype!r} not float32/bfloat16")
+    _check(
+      self.dtype in ("float32", "bfloat16"), f"model.dtype {self.dtype!r} not float32/bfloat16"
+    )
     _check(self.arch in ("gpt", "llama"), f"model.arch {self.arch!r} unknown; known: gpt, llama")
-    _check(self.kv_heads >= 0 and self.mlp_dim >= 0 and self.lora_rank >= 0,
-           "model.kv_heads, mlp_dim and lora_rank must be >= 0")
-    _check(self.heads % self.n_kv_heads == 0,
-           f"model.heads {self.heads} not divisible by kv_heads {self.n_kv_heads}")
-    _check(self.rope_theta > 0 and self.norm_eps > 0 and self.lora_alpha > 0,
-           "model.rope_theta, norm_eps and lora_alpha must be > 0")
-    _check(set(self.lora_targets) <= set(LORA_TARGETS) and len(set(self.lora_targets)) == len(
-        self.lora_targets), f"model.lora_targets {self.lora_targets} must be distinct names "
-           f"from {LORA_TARGETS}")
+    _check(
+      self.kv_heads >= 0 and self.mlp_dim >= 0 and self.lora_rank >= 0,
+      "model.kv_heads, mlp_dim and lora_rank must be >= 0",
+    )
+    _check(
+      self.heads % self.n_kv_heads == 0,
+      f"model.heads {self.heads} not divisible by kv_heads {self.n_kv_heads}",
+    )
+    _check(
+      self.rope_theta > 0 and self.norm_eps > 0 and self.lora_alpha > 0,
+      "model.rope_theta, norm_eps and lora_alpha must be > 0",
+    )
+    _check(
+      set(self.lora_targets) <= set(LORA_TARGETS)
+      and len(set(self.lora_targets)) == len(self.lora_targets),
+      f"model.lora_targets {self.lora_targets} must be distinct names from {LORA_TARGETS}",
+    )
     _check(not self.lora_rank or self.lora_targets, "model.lora_rank > 0 needs lora_targets")
     if self.arch == "llama":
-      _check(self.head_dim % 2 == 0, f"model.arch='llama' needs an even head dim (rotary "
-             f"pairs), got width / heads = {self.head_dim}")
+      _check(
+        self.head_dim % 2 == 0,
+        f"model.arch='llama' needs an even head dim (rotary "
+        f"pairs), got width / heads = {self.head_dim}",
+      )
     else:
       defaults = ModelConfig.__dataclass_fields__
-      changed = [f for f in ("kv_heads", "mlp_dim", "rope_theta", "tie_embeddings", "qkv_bias",
-                             "norm_eps", "lora_rank")
-                 if getattr(self, f) != defaults[f].default and not (
-                     f == "kv_heads" and self.kv_heads == self.heads)]
+      changed = [
+        f
+        for f in (
+          "kv_heads",
+          "mlp_dim",
+          "rope_theta",
+          "tie_embeddings",
+          "qkv_bias",
+          "norm_eps",
+          "lora_rank",
+        )
+        if getattr(self, f) != defaults[f].default
+        and not (f == "kv_heads" and self.kv_heads == self.heads)
+      ]
       _check(not changed, f"model.{', model.'.join(changed)} only apply to arch='llama'")
 
   @property
@@ -148,8 +172,10 @@ class MeshConfig:
 
   def __post_init__(self):
     _check(len(self.axes) == len(self.shape), "mesh.axes and mesh.shape differ in length")
-    _check(len(set(self.axes)) == len(self.axes) and all(self.axes),
-           f"mesh.axes {self.axes} must be distinct non-empty names")
+    _check(
+      len(set(self.axes)) == len(self.axes) and all(self.axes),
+      f"mesh.axes {self.axes} must be distinct non-empty names",
+    )
     _check(sum(s == -1 for s in self.shape) <= 1, "at most one mesh axis may be -1")
     _check(all(s == -1 or s > 0 for s in self.shape), f"bad mesh.shape {self.shape}")
 
@@ -178,8 +204,10 @@ class TaskConfig:
     _check(bool(self.family), "task.family must name a task family")
     _check(self.num_train > 0 and self.num_test > 0, "task sizes must be positive")
     _check(self.seed >= 0, f"task.seed must be >= 0, got {self.seed}")
-    _check(all(isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], str)
-               for kv in self.options), "task.options must be (key, value) pairs")
+    _check(
+      all(isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], str) for kv in self.options),
+      "task.options must be (key, value) pairs",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,23 +267,31 @@ class RLConfig:
   optim: OptimConfig = OptimConfig(lr=1e-4, warmup_steps=10)
 
   def __post_init__(self):
-    _check(self.algorithm in ("grpo", "sao"),
-           f"rl.algorithm {self.algorithm!r} unknown; known: grpo, sao")
+    _check(
+      self.algorithm in ("grpo", "sao"),
+      f"rl.algorithm {self.algorithm!r} unknown; known: grpo, sao",
+    )
     _check(self.group_size >= 1 and self.prompts_per_step >= 1, "rl sizes must be >= 1")
-    _check(self.steps >= 0 and self.max_seconds >= 0,
-           "rl.steps and rl.max_seconds must be >= 0 (0: no limit)")
+    _check(
+      self.steps >= 0 and self.max_seconds >= 0,
+      "rl.steps and rl.max_seconds must be >= 0 (0: no limit)",
+    )
     _check(self.max_new_tokens >= 1, "rl.max_new_tokens must be >= 1")
     self.optim.check("rl.optim")
-    _check(self.sampling in ("inline", "samplers"),
-           f"rl.sampling {self.sampling!r} unknown; known: inline, samplers")
+    _check(
+      self.sampling in ("inline", "samplers"),
+      f"rl.sampling {self.sampling!r} unknown; known: inline, samplers",
+    )
     _check(self.temperature > 0, "rl.temperature must be > 0")
     _check(0 < self.clip_eps < 1, "rl.clip_eps must be in (0, 1)")
     _check(self.kl_coef >= 0, "rl.kl_coef must be >= 0")
     # Epochs are unrolled inside the one jitted update: a handful, not hundreds.
     _check(1 <= self.ppo_epochs <= 16, f"rl.ppo_epochs {self.ppo_epochs} not in 1..16")
     # rl.advantage and rl.loss name registry entries: checked by sao_jax.setup.validate.
-    _check(self.loss_agg in ("token_mean", "seq_mean"),
-           f"rl.loss_agg {self.loss_agg!r} unknown; known: seq_mean, token_mean")
+    _check(
+      self.loss_agg in ("token_mean", "seq_mean"),
+      f"rl.loss_agg {self.loss_agg!r} unknown; known: seq_mean, token_mean",
+    )
 
   @property
   def uses_samplers(self) -> bool:
@@ -314,32 +350,47 @@ class SAOConfig:
   quarantine_rate: float = 0.5
 
   def __post_init__(self):
-    _check(self.num_samplers >= 0 and self.sampler_slots >= 1 and self.batch_size >= 1,
-           "sao.num_samplers >= 0, sampler_slots and batch_size >= 1")
+    _check(
+      self.num_samplers >= 0 and self.sampler_slots >= 1 and self.batch_size >= 1,
+      "sao.num_samplers >= 0, sampler_slots and batch_size >= 1",
+    )
     _check(self.param_sync_every >= 1, "sao.param_sync_every must be >= 1")
     _check(self.max_staleness >= 0, "sao.max_staleness must be >= 0")
     _check(self.priority_eps > 0, "sao.priority_eps must be > 0")
     _check(self.tracker_d_half > 0, "sao.tracker_d_half must be > 0")
     _check(self.sampler_threads >= 0, "sao.sampler_threads must be >= 0 (0: XLA default)")
-    _check(self.staleness_mode in ("decay", "drop"),
-           f"sao.staleness_mode {self.staleness_mode!r} unknown; known: decay, drop")
-    _check(self.is_level in ("token", "sequence"),
-           f"sao.is_level {self.is_level!r} unknown; known: sequence, token")
-    _check(self.baseline in ("tracker", "value_head"),
-           f"sao.baseline {self.baseline!r} unknown; known: tracker, value_head")
+    _check(
+      self.staleness_mode in ("decay", "drop"),
+      f"sao.staleness_mode {self.staleness_mode!r} unknown; known: decay, drop",
+    )
+    _check(
+      self.is_level in ("token", "sequence"),
+      f"sao.is_level {self.is_level!r} unknown; known: sequence, token",
+    )
+    _check(
+      self.baseline in ("tracker", "value_head"),
+      f"sao.baseline {self.baseline!r} unknown; known: tracker, value_head",
+    )
     _check(self.value_coef >= 0, "sao.value_coef must be >= 0")
-    _check(1 <= self.refill_rows <= self.sampler_slots,
-           f"sao.refill_rows {self.refill_rows} not in 1..sampler_slots {self.sampler_slots}")
-    _check(self.inflight in ("off", "steps", "tokens"),
-           f"sao.inflight {self.inflight!r} unknown; known: off, steps, tokens")
+    _check(
+      1 <= self.refill_rows <= self.sampler_slots,
+      f"sao.refill_rows {self.refill_rows} not in 1..sampler_slots {self.sampler_slots}",
+    )
+    _check(
+      self.inflight in ("off", "steps", "tokens"),
+      f"sao.inflight {self.inflight!r} unknown; known: off, steps, tokens",
+    )
     _check(self.adv_std_floor > 0, "sao.adv_std_floor must be > 0")
     _check(self.max_sampler_restarts >= 0, "sao.max_sampler_restarts must be >= 0")
     _check(self.is_cap >= 1.0 and self.freshness_half_life > 0, "sao.is_cap >= 1, half_life > 0")
-    _check(0 < self.tracker_rho_min <= self.tracker_rho_max <= 1,
-           "sao: need 0 < tracker_rho_min <= tracker_rho_max <= 1")
+    _check(
+      0 < self.tracker_rho_min <= self.tracker_rho_max <= 1,
+      "sao: need 0 < tracker_rho_min <= tracker_rho_max <= 1",
+    )
     _check(self.quarantine_window >= 0, "sao.quarantine_window must be >= 0 (0: never)")
-    _check(0 < self.quarantine_rate <= 1, f"sao.quarantine_rate {self.quarantine_rate} not in "
-           "(0, 1]")
+    _check(
+      0 < self.quarantine_rate <= 1, f"sao.quarantine_rate {self.quarantine_rate} not in (0, 1]"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -355,12 +406,16 @@ class TransportConfig:
   broker_timeout_s: float = 30.0  # a lost broker is retried this long, then a clear error
 
   def __post_init__(self):
-    _check(self.kind in ("embedded", "kafka"),
-           f"transport.kind {self.kind!r} unknown; known: embedded, kafka")
+    _check(
+      self.kind in ("embedded", "kafka"),
+      f"transport.kind {self.kind!r} unknown; known: embedded, kafka",
+    )
     _check(self.partitions >= 1, "transport.partitions must be >= 1")
     _check(self.broker_timeout_s > 0, "transport.broker_timeout_s must be > 0")
-    _check(all(c.isalnum() or c in "-_" for c in self.run_id),
-           f"transport.run_id {self.run_id!r}: letters, digits, - and _ only")
+    _check(
+      all(c.isalnum() or c in "-_" for c in self.run_id),
+      f"transport.run_id {self.run_id!r}: letters, digits, - and _ only",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -370,8 +425,10 @@ class EvalConfig:
   every_seconds: float = 0.0
 
   def __post_init__(self):
-    _check(self.num_problems >= 1 and self.batch_size >= 1,
-           "eval.num_problems and eval.batch_size must be >= 1")
+    _check(
+      self.num_problems >= 1 and self.batch_size >= 1,
+      "eval.num_problems and eval.batch_size must be >= 1",
+    )
     _check(self.every_seconds >= 0, "eval.every_seconds must be >= 0 (0: only at phase ends)")
 
 
@@ -408,12 +465,16 @@ class RecoveryConfig:
     _check(self.shadow_every >= 0, "recovery.shadow_every must be >= 0 (0: no shadows)")
     _check(self.val_problems >= 1, "recovery.val_problems must be >= 1")
     _check(0 < self.regress_threshold <= 1, "recovery.regress_threshold must be in (0, 1]")
-    _check(1 <= self.nonfinite_limit <= self.nonfinite_window,
-           "recovery: need 1 <= nonfinite_limit <= nonfinite_window")
+    _check(
+      1 <= self.nonfinite_limit <= self.nonfinite_window,
+      "recovery: need 1 <= nonfinite_limit <= nonfinite_window",
+    )
     _check(0 < self.lr_decay <= 1, "recovery.lr_decay must be in (0, 1]")
     _check(self.max_rollbacks >= 0, "recovery.max_rollbacks must be >= 0")
-    _check(bool(self.compile_cache.strip()), "recovery.compile_cache must be 'user', "
-           "'workdir', 'off' or a directory")
+    _check(
+      bool(self.compile_cache.strip()),
+      "recovery.compile_cache must be 'user', 'workdir', 'off' or a directory",
+    )
 
 
 # What a poisoned trajectory record can carry (each named by the reason the learner rejects it
@@ -439,13 +500,19 @@ class FaultsConfig:
 
   def __post_init__(self):
     _check(0 <= self.nan_prob <= 1, "faults.nan_prob must be in [0, 1]")
-    _check(all(isinstance(n, int) and n >= 0 for n in self.nan_steps),
-           "faults.nan_steps must be update numbers >= 0")
+    _check(
+      all(isinstance(n, int) and n >= 0 for n in self.nan_steps),
+      "faults.nan_steps must be update numbers >= 0",
+    )
     unknown = set(self.poison_kinds) - set(POISON_KINDS)
-    _check(not unknown, f"faults.poison_kinds {sorted(unknown)} unknown; known: "
-           f"{', '.join(POISON_KINDS)}")
-    _check(self.poison_records >= 0 and self.poison_every >= 1,
-           "faults.poison_records must be >= 0 and faults.poison_every >= 1")
+    _check(
+      not unknown,
+      f"faults.poison_kinds {sorted(unknown)} unknown; known: {', '.join(POISON_KINDS)}",
+    )
+    _check(
+      self.poison_records >= 0 and self.poison_every >= 1,
+      "faults.poison_records must be >= 0 and faults.poison_every >= 1",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -486,18 +553,40 @@ class CompressionConfig:
   predict_coef: float = 1.0
 
   def __post_init__(self):
-    _check(min(self.step_len, self.vectors_per_step, self.dim, self.enc_width, self.enc_depth,
-               self.enc_heads, self.enc_mlp_ratio, self.lstm_hidden, self.capacity,
-               self.visible, self.window) > 0, "compression sizes must be positive")
-    _check(self.enc_width % self.enc_heads == 0,
-           f"compression.enc_width {self.enc_width} not divisible by enc_heads {self.enc_heads}")
-    _check(self.vectors_per_step * self.dim * 5 <= self.step_len * self.enc_width,
-           "compression: a step's vectors must be >= 80% smaller than its token embeddings "
-           "(vectors_per_step * dim <= step_len * enc_width / 5)")
-    _check(0 <= self.keep_threshold <= self.turning_surprise,
-           "compression: need 0 <= keep_threshold <= turning_surprise")
-    _check(0 <= self.budget and self.visible <= self.capacity,
-           "compression: need budget >= 0 and visible <= capacity")
+    _check(
+      min(
+        self.step_len,
+        self.vectors_per_step,
+        self.dim,
+        self.enc_width,
+        self.enc_depth,
+        self.enc_heads,
+        self.enc_mlp_ratio,
+        self.lstm_hidden,
+        self.capacity,
+        self.visible,
+        self.window,
+      )
+      > 0,
+      "compression sizes must be positive",
+    )
+    _check(
+      self.enc_width % self.enc_heads == 0,
+      f"compression.enc_width {self.enc_width} not divisible by enc_heads {self.enc_heads}",
+    )
+    _check(
+      self.vectors_per_step * self.dim * 5 <= self.step_len * self.enc_width,
+      "compression: a step's vectors must be >= 80% smaller than its token embeddings "
+      "(vectors_per_step * dim <= step_len * enc_width / 5)",
+    )
+    _check(
+      0 <= self.keep_threshold <= self.turning_surprise,
+      "compression: need 0 <= keep_threshold <= turning_surprise",
+    )
+    _check(
+      0 <= self.budget and self.visible <= self.capacity,
+      "compression: need budget >= 0 and visible <= capacity",
+    )
     _check(self.recon_coef >= 0 and self.predict_coef >= 0, "compression coefs must be >= 0")
 
 
@@ -520,8 +609,10 @@ class LoggingConfig:
   wandb_name: str = ""  # empty: the workdir's folder name
 
   def __post_init__(self):
-    _check(self.wandb_mode in ("offline", "online"),
-           f"logging.wandb_mode {self.wandb_mode!r} unknown; known: offline, online")
+    _check(
+      self.wandb_mode in ("offline", "online"),
+      f"logging.wandb_mode {self.wandb_mode!r} unknown; known: offline, online",
+    )
     _check(bool(self.wandb_project), "logging.wandb_project must not be empty")
 
 
@@ -546,17 +637,25 @@ class DistributedConfig:
 
   def __post_init__(self):
     host, _, port = self.coordinator.rpartition(":")
-    _check(self.coordinator in ("", "auto") or (
-        host.strip() == host != "" and port.isascii() and port.isdigit()
-        and 0 < int(port) < 65536),
-        f"distributed.coordinator {self.coordinator!r} must be 'host:port', 'auto' or empty")
-    _check(self.num_processes >= 0, "distributed.num_processes must be >= 0 (0: from "
-           "$SAO_JAX_NUM_PROCESSES or detected)")
-    _check(self.process_id >= -1, "distributed.process_id must be >= 0 (-1: from "
-           "$SAO_JAX_PROCESS_ID or detected)")
-    _check(not self.num_processes or self.process_id < self.num_processes,
-           f"distributed.process_id {self.process_id} must be < num_processes "
-           f"{self.num_processes}")
+    _check(
+      self.coordinator in ("", "auto")
+      or (
+        host.strip() == host != "" and port.isascii() and port.isdigit() and 0 < int(port) < 65536
+      ),
+      f"distributed.coordinator {self.coordinator!r} must be 'host:port', 'auto' or empty",
+    )
+    _check(
+      self.num_processes >= 0,
+      "distributed.num_processes must be >= 0 (0: from $SAO_JAX_NUM_PROCESSES or detected)",
+    )
+    _check(
+      self.process_id >= -1,
+      "distributed.process_id must be >= 0 (-1: from $SAO_JAX_PROCESS_ID or detected)",
+    )
+    _check(
+      not self.num_processes or self.process_id < self.num_processes,
+      f"distributed.process_id {self.process_id} must be < num_processes {self.num_processes}",
+    )
     _check(self.init_timeout_s > 0, "distributed.init_timeout_s must be > 0")
 
 
@@ -587,23 +686,36 @@ class Config:
     _check(bool(self.name), "name must not be empty")
     _check(self.seed >= 0, f"seed must be >= 0, got {self.seed}")
     _check(bool(self.tokenizer), "tokenizer must name a tokenizer")
-    _check(self.log_every > 0 and self.checkpoint_every > 0,
-           "log_every and checkpoint_every must be > 0")
-    _check(self.sao.num_samplers > 0 or self.transport.kind == "kafka",
-           "sao.num_samplers=0 (remote samplers only) needs transport.kind=kafka")
-    _check(not (self.rl.algorithm == "grpo" and self.rl.sampling == "samplers")
-           or self.sao.param_sync_every == 1,
-           "rl.sampling='samplers' (synchronous GRPO) publishes every update: "
-           "sao.param_sync_every must be 1")
-    _check(self.sao.baseline != "value_head" or self.model.value_head,
-           "sao.baseline='value_head' needs model.value_head=True")
-    _check(self.eval.num_problems <= self.task.num_test,
-           f"eval.num_problems {self.eval.num_problems} > task.num_test {self.task.num_test}")
+    _check(
+      self.log_every > 0 and self.checkpoint_every > 0, "log_every and checkpoint_every must be > 0"
+    )
+    _check(
+      self.sao.num_samplers > 0 or self.transport.kind == "kafka",
+      "sao.num_samplers=0 (remote samplers only) needs transport.kind=kafka",
+    )
+    _check(
+      not (self.rl.algorithm == "grpo" and self.rl.sampling == "samplers")
+      or self.sao.param_sync_every == 1,
+      "rl.sampling='samplers' (synchronous GRPO) publishes every update: "
+      "sao.param_sync_every must be 1",
+    )
+    _check(
+      self.sao.baseline != "value_head" or self.model.value_head,
+      "sao.baseline='value_head' needs model.value_head=True",
+    )
+    _check(
+      self.eval.num_problems <= self.task.num_test,
+      f"eval.num_problems {self.eval.num_problems} > task.num_test {self.task.num_test}",
+    )
     c = self.compression
-    _check(not c.enabled or (self.model.memory_slots == c.visible * c.vectors_per_step
-                             and self.model.memory_dim == c.dim),
-           "compression.enabled needs model.memory_slots == visible * vectors_per_step and "
-           "model.memory_dim == compression.dim")
+    _check(
+      not c.enabled
+      or (
+        self.model.memory_slots == c.visible * c.vectors_per_step and self.model.memory_dim == c.dim
+      ),
+      "compression.enabled needs model.memory_slots == visible * vectors_per_step and "
+      "model.memory_dim == compression.dim",
+    )
 
 
 def override(cfg, key: str, value: Any):
@@ -644,8 +756,9 @@ def _set_path(d: dict, cls, key: str, value: Any, full: str = "", root=None) -> 
   if head not in hints:
     near = suggest_key(full, root)
     hint = f"did you mean {near!r}? " if near else ""
-    raise ConfigError(f"unknown config key {full!r} in {cls.__name__}; {hint}known: "
-                      f"{', '.join(sorted(hints))}")
+    raise ConfigError(
+      f"unknown config key {full!r} in {cls.__name__}; {hint}known: {', '.join(sorted(hints))}"
+    )
   hint = hints[head]
   section = isinstance(hint, type) and dataclasses.is_dataclass(hint)
   if rest and head == "options":  # free-form (key, value) pairs, checked by their owner
@@ -672,8 +785,13 @@ def _literal(value: Any) -> Any:
 
 def coerce(value: Any, hint, name: str):
   """`value` (a command-line string or a Python value) as type `hint`, or a ConfigError."""
-  if (isinstance(value, str) and hint is str and len(value) >= 2 and value[0] in "'\""
-      and value[0] == value[-1]):
+  if (
+    isinstance(value, str)
+    and hint is str
+    and len(value) >= 2
+    and value[0] in "'\""
+    and value[0] == value[-1]
+  ):
     try:
       value = ast.literal_eval(value)
     except (ValueError, SyntaxError):
@@ -760,4 +878,3 @@ def _freeze(v):
 
 def to_json(cfg) -> str:
   return json.dumps(to_dict(cfg), indent=2, sort_keys=True)
-

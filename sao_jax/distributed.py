@@ -6,6 +6,7 @@ After `initialize`, `jax.devices()` lists every process's devices, so the mesh o
 runs the same jitted programs. Process 0 is the primary: the only one that writes metrics and
 publishes parameters to samplers.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,16 +37,21 @@ def resolve(cfg: DistributedConfig, environ=None) -> DistributedConfig:
       raise ConfigError(f"${name}={raw!r} is not an integer") from None
 
   out = dataclasses.replace(
-      cfg, coordinator=cfg.coordinator or environ.get(ENV_COORDINATOR, "").strip(),
-      num_processes=cfg.num_processes or env_int(ENV_NUM_PROCESSES, 0),
-      process_id=cfg.process_id if cfg.process_id >= 0 else env_int(ENV_PROCESS_ID, -1))
+    cfg,
+    coordinator=cfg.coordinator or environ.get(ENV_COORDINATOR, "").strip(),
+    num_processes=cfg.num_processes or env_int(ENV_NUM_PROCESSES, 0),
+    process_id=cfg.process_id if cfg.process_id >= 0 else env_int(ENV_PROCESS_ID, -1),
+  )
   if out.coordinator not in ("", "auto") and (out.num_processes < 1 or out.process_id < 0):
     raise ConfigError(
-        f"distributed.coordinator {out.coordinator!r} needs distributed.num_processes and "
-        f"distributed.process_id (or ${ENV_NUM_PROCESSES} and ${ENV_PROCESS_ID})")
+      f"distributed.coordinator {out.coordinator!r} needs distributed.num_processes and "
+      f"distributed.process_id (or ${ENV_NUM_PROCESSES} and ${ENV_PROCESS_ID})"
+    )
   if not out.coordinator and out.num_processes > 1:
-    raise ConfigError(f"distributed.num_processes={out.num_processes} needs "
-                      f"distributed.coordinator (or ${ENV_COORDINATOR}): process 0's host:port")
+    raise ConfigError(
+      f"distributed.num_processes={out.num_processes} needs "
+      f"distributed.coordinator (or ${ENV_COORDINATOR}): process 0's host:port"
+    )
   return out
 
 
@@ -59,13 +65,19 @@ def initialize(cfg: DistributedConfig, environ=None) -> DistributedConfig:
   if not os.environ.get("JAX_CPU_COLLECTIVES_IMPLEMENTATION"):
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   if cfg.coordinator == "auto":  # the cluster (TPU pod, SLURM, ...) says who is who
-    kw = {k: v for k, v in (("num_processes", cfg.num_processes or None),
-                            ("process_id", cfg.process_id if cfg.process_id >= 0 else None))
-          if v is not None}
+    kw = {
+      k: v
+      for k, v in (
+        ("num_processes", cfg.num_processes or None),
+        ("process_id", cfg.process_id if cfg.process_id >= 0 else None),
+      )
+      if v is not None
+    }
     jax.distributed.initialize(initialization_timeout=cfg.init_timeout_s, **kw)
   else:
-    jax.distributed.initialize(cfg.coordinator, cfg.num_processes, cfg.process_id,
-                               initialization_timeout=cfg.init_timeout_s)
+    jax.distributed.initialize(
+      cfg.coordinator, cfg.num_processes, cfg.process_id, initialization_timeout=cfg.init_timeout_s
+    )
   return cfg
 
 

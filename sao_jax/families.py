@@ -12,6 +12,7 @@
   policy sees a raw window of the last `window` tokens of the episode, and with
   `compression.enabled` a compressed memory of the earlier steps (`sao_jax.runners.memory`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,13 +47,19 @@ class Arithmetic(TaskFamily):
 
   def specs(self) -> list[ArithmeticSpec]:
     t = self.cfg
-    return [ArithmeticSpec(n_ops=n, max_operand=t.max_operand, ops=t.ops,
-                           reverse_digits=t.reverse_digits) for n in (t.n_ops_mix or (t.n_ops,))]
+    return [
+      ArithmeticSpec(n_ops=n, max_operand=t.max_operand, ops=t.ops, reverse_digits=t.reverse_digits)
+      for n in (t.n_ops_mix or (t.n_ops,))
+    ]
 
   def tasks(self, split: str) -> list[Task]:
     t, specs = self.cfg, self.specs()
-    kw = dict(num_train=t.num_train // len(specs), num_test=t.num_test // len(specs),
-              seed=t.seed, data_dir=t.data_dir or None)
+    kw = dict(
+      num_train=t.num_train // len(specs),
+      num_test=t.num_test // len(specs),
+      seed=t.seed,
+      data_dir=t.data_dir or None,
+    )
     # A mixture interleaves its parts, so any prefix of the test split (eval.num_problems)
     # holds every part in equal measure.
     return _interleave([arithmetic_tfds.load_tasks(spec, split, **kw) for spec in specs])
@@ -80,8 +87,13 @@ class CodeOptions:
       raise ValueError("format_weight must be in [0, 1)")
 
   def spec(self) -> CodeSpec:
-    return CodeSpec(min_depth=self.min_depth, max_depth=self.max_depth, kinds=self.kinds,
-                    num_hidden=self.num_hidden, test_fraction=self.test_fraction)
+    return CodeSpec(
+      min_depth=self.min_depth,
+      max_depth=self.max_depth,
+      kinds=self.kinds,
+      num_hidden=self.num_hidden,
+      test_fraction=self.test_fraction,
+    )
 
 
 @register_family("code")
@@ -96,8 +108,9 @@ class Code(TaskFamily):
 
   def tasks(self, split: str) -> list[Task]:
     t = self.cfg
-    return code_tfds.load_tasks(self.options.spec(), split, t.num_train, t.num_test, t.seed,
-                                data_dir=t.data_dir or None)
+    return code_tfds.load_tasks(
+      self.options.spec(), split, t.num_train, t.num_test, t.seed, data_dir=t.data_dir or None
+    )
 
   def make_env(self, tok: Tokenizer) -> CodeEnv:
     if self._pool is None:  # one pool per process, shared by all of its envs
@@ -133,8 +146,14 @@ class LongHorizonOptions:
       raise ValueError("window must be >= 8 and graded_weight > 0")
 
   def spec(self) -> LongHorizonSpec:
-    return LongHorizonSpec(self.kind, n_steps=self.n_steps, n_facts=self.n_facts,
-                           min_gap=self.min_gap, p_noise=self.p_noise, period=self.period)
+    return LongHorizonSpec(
+      self.kind,
+      n_steps=self.n_steps,
+      n_facts=self.n_facts,
+      min_gap=self.min_gap,
+      p_noise=self.p_noise,
+      period=self.period,
+    )
 
 
 @register_family("longhorizon")
@@ -146,8 +165,9 @@ class LongHorizon(TaskFamily):
 
   def tasks(self, split: str) -> list[Task]:
     t = self.cfg
-    return longhorizon_tfds.load_tasks(self.options.spec(), split, t.num_train, t.num_test,
-                                       t.seed, data_dir=t.data_dir or None)
+    return longhorizon_tfds.load_tasks(
+      self.options.spec(), split, t.num_train, t.num_test, t.seed, data_dir=t.data_dir or None
+    )
 
   def make_env(self, tok: Tokenizer) -> LongHorizonEnv:
     return LongHorizonEnv(tok, max_steps=self.options.n_steps)
@@ -160,16 +180,17 @@ class LongHorizon(TaskFamily):
     episode so far (as the sampler's rows do)."""
     graded = graded_steps(task)
     ctx, out = [tok.bos_id], []
-    for t, (obs, act) in enumerate(zip(task.prompt.split(SEP), task.solution.split(SEP),
-                                       strict=True)):
+    for t, (obs, act) in enumerate(
+      zip(task.prompt.split(SEP), task.solution.split(SEP), strict=True)
+    ):
       ctx = ctx + tok.encode(obs)
       target = tok.encode(act, add_eos=True)
-      out.append(SFTExample(ctx[-prompt_len:], target,
-                            self.options.graded_weight if t in graded else 1.0))
+      out.append(
+        SFTExample(ctx[-prompt_len:], target, self.options.graded_weight if t in graded else 1.0)
+      )
       ctx = ctx + target  # the action with its EOS, as sao_sampling appends it
     return out
 
   def budget(self, tasks: list[Task], tok: Tokenizer) -> tuple[int, int]:
-    target = max(len(tok.encode(a, add_eos=True)) for t in tasks
-                 for a in t.solution.split(SEP))
+    target = max(len(tok.encode(a, add_eos=True)) for t in tasks for a in t.solution.split(SEP))
     return self.options.window, target

@@ -3,6 +3,7 @@
 Nothing here is jitted; `sao_jax.runners.compiled` applies `jax.jit` with shardings.
 Batches are the typed dataclasses of `sao_jax.batches`; the state is `sao_jax.state.TrainState`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -30,12 +31,18 @@ def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
   warmup = max(cfg.warmup_steps, 1)
   schedule = optax.linear_schedule(cfg.lr / warmup, cfg.lr, warmup)
   return optax.chain(
-      optax.clip_by_global_norm(cfg.grad_clip),
-      optax.adamw(schedule, b2=cfg.b2, weight_decay=cfg.weight_decay))
+    optax.clip_by_global_norm(cfg.grad_clip),
+    optax.adamw(schedule, b2=cfg.b2, weight_decay=cfg.weight_decay),
+  )
 
 
-def init_state_fn(model: TransformerLM, tx: optax.GradientTransformation, prompt_len: int,
-                  with_ref: bool, num_tasks: int = 0) -> Callable[[jax.Array], TrainState]:
+def init_state_fn(
+  model: TransformerLM,
+  tx: optax.GradientTransformation,
+  prompt_len: int,
+  with_ref: bool,
+  num_tasks: int = 0,
+) -> Callable[[jax.Array], TrainState]:
   """Returns rng -> TrainState with logically-annotated (boxed) params, for eval_shape/jit."""
   cfg: ModelConfig = model.cfg
 
@@ -48,16 +55,31 @@ def init_state_fn(model: TransformerLM, tx: optax.GradientTransformation, prompt
     if cfg.memory_slots:
       memory = jnp.zeros((1, 0, cfg.memory_dim or cfg.width))
     params = model.init(init_rng, tokens, jnp.zeros_like(tokens), mask, memory)["params"]
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                      rng=state_rng, ref_params=params if with_ref else None,
-                      tracker=trackers.init_beta_tracker(num_tasks) if num_tasks else None,
-                      lr_scale=jnp.ones((), jnp.float32), nonfinite=jnp.zeros((), jnp.int32))
+    return TrainState(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      opt_state=tx.init(params),
+      rng=state_rng,
+      ref_params=params if with_ref else None,
+      tracker=trackers.init_beta_tracker(num_tasks) if num_tasks else None,
+      lr_scale=jnp.ones((), jnp.float32),
+      nonfinite=jnp.zeros((), jnp.int32),
+    )
+
   return init
 
 
-def apply_gradients(state: TrainState, tx, grads, metrics: Metrics, *,
-                    step_scale: jax.Array | float = 1.0, poison_b: jax.Array | None = None,
-                    advance: bool = True, **extra) -> tuple[TrainState, Metrics]:
+def apply_gradients(
+  state: TrainState,
+  tx,
+  grads,
+  metrics: Metrics,
+  *,
+  step_scale: jax.Array | float = 1.0,
+  poison_b: jax.Array | None = None,
+  advance: bool = True,
+  **extra,
+) -> tuple[TrainState, Metrics]:
   """Optimizer step scaled by `state.lr_scale * step_scale`, guarded against non-finite values.
 
   The scale multiplies the optimizer's output, so it is a step size exactly: gradient
@@ -80,13 +102,21 @@ def apply_gradients(state: TrainState, tx, grads, metrics: Metrics, *,
   updates = jax.tree.map(lambda u: u * scale.astype(u.dtype), updates)
   params = optax.apply_updates(state.params, updates)
   new = {"params": params, "opt_state": opt_state, **extra}
-  old = {"params": state.params, "opt_state": state.opt_state,
-         **{k: getattr(state, k) for k in extra}}
+  old = {
+    "params": state.params,
+    "opt_state": state.opt_state,
+    **{k: getattr(state, k) for k in extra},
+  }
   kept = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-  metrics = dict(metrics, grad_norm=grad_norm, nonfinite_skipped=(~finite).astype(jnp.int32),
-                 lr_scale=state.lr_scale)
-  return state.replace(step=state.step + int(advance), nonfinite=state.nonfinite + (
-      ~finite).astype(jnp.int32), **kept), metrics
+  metrics = dict(
+    metrics,
+    grad_norm=grad_norm,
+    nonfinite_skipped=(~finite).astype(jnp.int32),
+    lr_scale=state.lr_scale,
+  )
+  return state.replace(
+    step=state.step + int(advance), nonfinite=state.nonfinite + (~finite).astype(jnp.int32), **kept
+  ), metrics
 
 
 def make_sft_update(model: TransformerLM, tx) -> Callable[[TrainState, SFTBatch], tuple]:
@@ -96,19 +126,22 @@ def make_sft_update(model: TransformerLM, tx) -> Callable[[TrainState, SFTBatch]
 
   def update(state: TrainState, batch: SFTBatch):
     def loss_fn(params):
-      lp = completion_logprobs(model, params, batch.prompt_bp, batch.prompt_valid_bp,
-                               batch.tokens_bt, batch.valid_bt)
+      lp = completion_logprobs(
+        model, params, batch.prompt_bp, batch.prompt_valid_bp, batch.tokens_bt, batch.valid_bt
+      )
       w_bt = batch.weight_b[:, None] * batch.valid_bt
       loss = -jnp.sum(lp.logp_bt * w_bt) / jnp.maximum(jnp.sum(w_bt), 1e-9)
       return loss, {"loss": loss, "tokens": jnp.sum(batch.valid_bt)}
 
     grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params)
     return apply_gradients(state, tx, grads, metrics)
+
   return update
 
 
-def make_rl_update(model: TransformerLM, tx, cfg: RLConfig) -> Callable[[TrainState, RLBatch],
-                                                                        tuple]:
+def make_rl_update(
+  model: TransformerLM, tx, cfg: RLConfig
+) -> Callable[[TrainState, RLBatch], tuple]:
   """Group-based policy-gradient update (synchronous GRPO with `cfg.group_size` rows per
   prompt, consecutive); `cfg.ppo_epochs` optimizer steps on the batch make one learner step."""
   loss_fn_tok = loss_lib.LOSSES.get(cfg.loss)
@@ -119,23 +152,39 @@ def make_rl_update(model: TransformerLM, tx, cfg: RLConfig) -> Callable[[TrainSt
     mask_bt = batch.valid_bt
     ref_logp_bt = None
     if use_kl:
-      ref_logp_bt = jax.lax.stop_gradient(completion_logprobs(
-          model, state.ref_params, batch.prompt_bp, batch.prompt_valid_bp, batch.tokens_bt,
-          mask_bt, temperature=cfg.temperature).logp_bt)
+      ref_logp_bt = jax.lax.stop_gradient(
+        completion_logprobs(
+          model,
+          state.ref_params,
+          batch.prompt_bp,
+          batch.prompt_valid_bp,
+          batch.tokens_bt,
+          mask_bt,
+          temperature=cfg.temperature,
+        ).logp_bt
+      )
 
     def loss_fn(params):
-      lp = completion_logprobs(model, params, batch.prompt_bp, batch.prompt_valid_bp,
-                               batch.tokens_bt, mask_bt, temperature=cfg.temperature,
-                               with_entropy=True)
+      lp = completion_logprobs(
+        model,
+        params,
+        batch.prompt_bp,
+        batch.prompt_valid_bp,
+        batch.tokens_bt,
+        mask_bt,
+        temperature=cfg.temperature,
+        with_entropy=True,
+      )
       tok_loss_bt, clipped_bt = jax.vmap(loss_fn_tok, in_axes=(0, 0, 0, 0, None))(
-          lp.logp_bt, batch.logp_bt, adv_b, mask_bt, cfg.clip_eps)
+        lp.logp_bt, batch.logp_bt, adv_b, mask_bt, cfg.clip_eps
+      )
       pg_loss = loss_lib.aggregate(tok_loss_bt, mask_bt, cfg.loss_agg)
       metrics = {
-          "pg_loss": pg_loss,
-          "clip_frac": masked_mean(clipped_bt, mask_bt),
-          "entropy": masked_mean(lp.entropy_bt, mask_bt),
-          "kl_behaviour": masked_mean(loss_lib.kl_k3(lp.logp_bt, batch.logp_bt), mask_bt),
-          "ratio_dev": masked_mean(jnp.abs(jnp.exp(lp.logp_bt - batch.logp_bt) - 1), mask_bt),
+        "pg_loss": pg_loss,
+        "clip_frac": masked_mean(clipped_bt, mask_bt),
+        "entropy": masked_mean(lp.entropy_bt, mask_bt),
+        "kl_behaviour": masked_mean(loss_lib.kl_k3(lp.logp_bt, batch.logp_bt), mask_bt),
+        "ratio_dev": masked_mean(jnp.abs(jnp.exp(lp.logp_bt - batch.logp_bt) - 1), mask_bt),
       }
       loss = pg_loss
       if use_kl:
@@ -155,6 +204,7 @@ def make_rl_update(model: TransformerLM, tx, cfg: RLConfig) -> Callable[[TrainSt
     metrics["adv_abs"] = jnp.mean(jnp.abs(adv_b))
     metrics["reward"] = jnp.mean(batch.rewards_b)
     return apply_gradients(state, tx, grads, metrics)
+
   return update
 
 
@@ -173,16 +223,25 @@ def sao_row_weights(batch: SAOBatch, sao: SAOConfig) -> dict[str, jax.Array]:
   steps_b = jax.ops.segment_sum(valid_f_b, batch.traj_b, rows)[batch.traj_b]
   share_b = valid_f_b / jnp.maximum(steps_b, 1.0)
   mask_bt = batch.valid_bt & batch.row_valid_b[:, None]
-  fresh_bt = jnp.where(mask_bt, loss_lib.freshness_weights(
-      batch.staleness_bt.reshape(-1), sao.freshness_half_life, sao.max_staleness,
-      sao.staleness_mode).reshape(mask_bt.shape), 0.0)
+  fresh_bt = jnp.where(
+    mask_bt,
+    loss_lib.freshness_weights(
+      batch.staleness_bt.reshape(-1), sao.freshness_half_life, sao.max_staleness, sao.staleness_mode
+    ).reshape(mask_bt.shape),
+    0.0,
+  )
   step_scale = masked_mean(fresh_bt, mask_bt)
-  return {"share_b": share_b, "fresh_bt": fresh_bt, "step_scale": step_scale,
-          "weight_bt": fresh_bt / jnp.maximum(step_scale, 1e-12)}
+  return {
+    "share_b": share_b,
+    "fresh_bt": fresh_bt,
+    "step_scale": step_scale,
+    "weight_bt": fresh_bt / jnp.maximum(step_scale, 1e-12),
+  }
 
 
-def make_sao_update(model: TransformerLM, tx, rl: RLConfig, sao: SAOConfig
-                    ) -> Callable[[TrainState, SAOBatch], tuple]:
+def make_sao_update(
+  model: TransformerLM, tx, rl: RLConfig, sao: SAOConfig
+) -> Callable[[TrainState, SAOBatch], tuple]:
   """SAO update on a batch of single trajectories from any policy versions (`SAOBatch`).
 
   1. Baseline: the task's Beta-tracker value from before this reward (SPO, arXiv
@@ -217,10 +276,16 @@ def make_sao_update(model: TransformerLM, tx, rl: RLConfig, sao: SAOConfig
     mask_bt = batch.valid_bt & batch.row_valid_b[:, None]
     used_bt = mask_bt & (w["weight_bt"] > 0)
     logprobs = lambda params, **kw: completion_logprobs(
-        model, params, batch.prompt_bp, batch.prompt_valid_bp, batch.tokens_bt, mask_bt,
-        temperature=rl.temperature, **kw)
-    ref_logp_bt = (jax.lax.stop_gradient(logprobs(state.ref_params).logp_bt) if use_kl
-                   else None)
+      model,
+      params,
+      batch.prompt_bp,
+      batch.prompt_valid_bp,
+      batch.tokens_bt,
+      mask_bt,
+      temperature=rl.temperature,
+      **kw,
+    )
+    ref_logp_bt = jax.lax.stop_gradient(logprobs(state.ref_params).logp_bt) if use_kl else None
 
     def loss_fn(params, prox_logp_bt):
       lp = logprobs(params, with_entropy=True, with_value=use_value_head)
@@ -230,23 +295,31 @@ def make_sao_update(model: TransformerLM, tx, rl: RLConfig, sao: SAOConfig
       else:
         value_loss = jnp.zeros((), jnp.float32)
         values_b = trackers.tracker_value(state.tracker, batch.task_b)
-      adv_b = trackers.spo_advantage(batch.rewards_b, values_b, w["share_b"],
-                                     sao.adv_std_floor, sao.adv_center)
+      adv_b = trackers.spo_advantage(
+        batch.rewards_b, values_b, w["share_b"], sao.adv_std_floor, sao.adv_center
+      )
       if prox_logp_bt is None:  # the first step: pi_prox is exactly these parameters
         prox_logp_bt = jax.lax.stop_gradient(lp.logp_bt)
       tok_loss_bt, aux = jax.vmap(
-          lambda lp_t, px_t, bh_t, a, m_t: loss_lib.decoupled_ppo_loss(
-              lp_t, px_t, bh_t, a, m_t, rl.clip_eps, sao.is_cap, sao.is_level))(
-                  lp.logp_bt, prox_logp_bt, batch.logp_bt, adv_b, mask_bt)
+        lambda lp_t, px_t, bh_t, a, m_t: loss_lib.decoupled_ppo_loss(
+          lp_t, px_t, bh_t, a, m_t, rl.clip_eps, sao.is_cap, sao.is_level
+        )
+      )(lp.logp_bt, prox_logp_bt, batch.logp_bt, adv_b, mask_bt)
       pg_loss = loss_lib.aggregate(tok_loss_bt * w["weight_bt"], used_bt, rl.loss_agg)
       loss = pg_loss + sao.value_coef * value_loss
-      out = {"aux": aux, "entropy_bt": lp.entropy_bt, "prox_logp_bt": prox_logp_bt,
-             "adv_b": adv_b, "values_b": values_b, "value_loss": value_loss,
-             "pg_loss": pg_loss}
+      out = {
+        "aux": aux,
+        "entropy_bt": lp.entropy_bt,
+        "prox_logp_bt": prox_logp_bt,
+        "adv_b": adv_b,
+        "values_b": values_b,
+        "value_loss": value_loss,
+        "pg_loss": pg_loss,
+      }
       if use_kl:
         out["kl_ref"] = loss_lib.aggregate(
-            jnp.where(used_bt, loss_lib.kl_k3(lp.logp_bt, ref_logp_bt), 0.0), used_bt,
-            rl.loss_agg)
+          jnp.where(used_bt, loss_lib.kl_k3(lp.logp_bt, ref_logp_bt), 0.0), used_bt, rl.loss_agg
+        )
         loss = loss + rl.kl_coef * out["kl_ref"]
       return loss, out
 
@@ -256,45 +329,63 @@ def make_sao_update(model: TransformerLM, tx, rl: RLConfig, sao: SAOConfig
     clip_fracs = [first["aux"]["clipped_t"]]
     first_loss = loss
     for _ in range(rl.ppo_epochs - 1):
-      state, _ = apply_gradients(state, tx, grads, {"loss": loss}, step_scale=w["step_scale"],
-                                 poison_b=batch.poison_b, advance=False)
+      state, _ = apply_gradients(
+        state,
+        tx,
+        grads,
+        {"loss": loss},
+        step_scale=w["step_scale"],
+        poison_b=batch.poison_b,
+        advance=False,
+      )
       (loss, out), grads = grad_fn(state.params, prox_logp_bt)
       clip_fracs.append(out["aux"]["clipped_t"])
     drift_b = trackers.trajectory_drift(batch.logp_bt, prox_logp_bt, mask_bt, batch.traj_b)
-    rho_b = trackers.forgetting_factor(drift_b, sao.tracker_d_half, sao.tracker_rho_min,
-                                       sao.tracker_rho_max)
+    rho_b = trackers.forgetting_factor(
+      drift_b, sao.tracker_d_half, sao.tracker_rho_min, sao.tracker_rho_max
+    )
     log_ratio_bt = prox_logp_bt - batch.logp_bt
     metrics = {
-        "loss": loss,  # the last epoch's: the one whose gradient this step applies
-        "pg_loss": first["pg_loss"],
-        "value_loss": first["value_loss"],
-        "reward": per_traj(batch.rewards_b),
-        "adv_abs": per_share(jnp.abs(first["adv_b"])),
-        "adv_neg_frac": per_share((first["adv_b"] < 0).astype(jnp.float32)),
-        "value_mean": per_share(first["values_b"]),
-        # Off-policy deviation of the consumed tokens: |pi_prox / pi_behav - 1| and
-        # KL(behaviour || current) (k3 estimate; tokens were drawn from the behaviour
-        # policy, so it is unbiased), before truncation.
-        "is_dev": masked_mean(jnp.abs(jnp.exp(log_ratio_bt) - 1), mask_bt),
-        "kl_behaviour": masked_mean(loss_lib.kl_k3(batch.logp_bt, prox_logp_bt), mask_bt),
-        "drift": per_traj(drift_b),
-        "tracker_rho": per_traj(rho_b),
-        "is_truncated_frac": masked_mean(first["aux"]["truncated_t"], mask_bt),
-        # Clipping can only bind from the second epoch on (pi_prox = pi_theta at the first).
-        "clip_frac": jnp.mean(jnp.stack([masked_mean(c, mask_bt) for c in clip_fracs[1:]]))
-                     if rl.ppo_epochs > 1 else masked_mean(clip_fracs[0], mask_bt),
-        "entropy": masked_mean(first["entropy_bt"], mask_bt),
-        "freshness_mean": masked_mean(w["fresh_bt"], mask_bt),
-        "step_scale": w["step_scale"],
-        "tokens_used": jnp.sum(used_bt),
-        "trajectories": jnp.sum(head_b),
+      "loss": loss,  # the last epoch's: the one whose gradient this step applies
+      "pg_loss": first["pg_loss"],
+      "value_loss": first["value_loss"],
+      "reward": per_traj(batch.rewards_b),
+      "adv_abs": per_share(jnp.abs(first["adv_b"])),
+      "adv_neg_frac": per_share((first["adv_b"] < 0).astype(jnp.float32)),
+      "value_mean": per_share(first["values_b"]),
+      # Off-policy deviation of the consumed tokens: |pi_prox / pi_behav - 1| and
+      # KL(behaviour || current) (k3 estimate; tokens were drawn from the behaviour
+      # policy, so it is unbiased), before truncation.
+      "is_dev": masked_mean(jnp.abs(jnp.exp(log_ratio_bt) - 1), mask_bt),
+      "kl_behaviour": masked_mean(loss_lib.kl_k3(batch.logp_bt, prox_logp_bt), mask_bt),
+      "drift": per_traj(drift_b),
+      "tracker_rho": per_traj(rho_b),
+      "is_truncated_frac": masked_mean(first["aux"]["truncated_t"], mask_bt),
+      # Clipping can only bind from the second epoch on (pi_prox = pi_theta at the first).
+      "clip_frac": jnp.mean(jnp.stack([masked_mean(c, mask_bt) for c in clip_fracs[1:]]))
+      if rl.ppo_epochs > 1
+      else masked_mean(clip_fracs[0], mask_bt),
+      "entropy": masked_mean(first["entropy_bt"], mask_bt),
+      "freshness_mean": masked_mean(w["fresh_bt"], mask_bt),
+      "step_scale": w["step_scale"],
+      "tokens_used": jnp.sum(used_bt),
+      "trajectories": jnp.sum(head_b),
     }
     if use_kl:
       metrics["kl_ref"] = first["kl_ref"]
     if rl.ppo_epochs > 1:
       metrics["first_loss"] = first_loss
-    tracker = trackers.update_beta_tracker(state.tracker, batch.task_b, batch.rewards_b, rho_b,
-                                           head_b)
-    return apply_gradients(state, tx, grads, metrics, step_scale=w["step_scale"],
-                           poison_b=batch.poison_b, tracker=tracker)
+    tracker = trackers.update_beta_tracker(
+      state.tracker, batch.task_b, batch.rewards_b, rho_b, head_b
+    )
+    return apply_gradients(
+      state,
+      tx,
+      grads,
+      metrics,
+      step_scale=w["step_scale"],
+      poison_b=batch.poison_b,
+      tracker=tracker,
+    )
+
   return update

@@ -1,6 +1,7 @@
 """Run metrics: one JSON line per logged step, TensorBoard events, a console progress bar,
 and a final summary.json. Everything a plot or a notebook needs is in the workdir.
 Optionally (config `logging.wandb`) the same rows also go to Weights & Biases."""
+
 from __future__ import annotations
 
 import hashlib
@@ -34,8 +35,11 @@ def require_wandb():
     import wandb
   except ImportError:
     from sao_jax.config import ConfigError
-    raise ConfigError("logging.wandb=True needs the wandb package: pip install wandb "
-                      "(or the sao_jax[wandb] extra), or set logging.wandb=False") from None
+
+    raise ConfigError(
+      "logging.wandb=True needs the wandb package: pip install wandb "
+      "(or the sao_jax[wandb] extra), or set logging.wandb=False"
+    ) from None
   return wandb
 
 
@@ -43,22 +47,40 @@ def _start_wandb(logging, workdir: pathlib.Path, run_config: dict | None):
   wandb = require_wandb()
   # One W&B run per workdir: a resumed run (same workdir) continues it.
   run_id = hashlib.sha1(str(workdir.resolve()).encode()).hexdigest()[:16]
-  return wandb.init(project=logging.wandb_project, entity=logging.wandb_entity or None,
-                    group=logging.wandb_group or None, name=logging.wandb_name or workdir.name,
-                    id=run_id, resume="allow", mode=logging.wandb_mode, dir=str(workdir),
-                    config=run_config)
+  return wandb.init(
+    project=logging.wandb_project,
+    entity=logging.wandb_entity or None,
+    group=logging.wandb_group or None,
+    name=logging.wandb_name or workdir.name,
+    id=run_id,
+    resume="allow",
+    mode=logging.wandb_mode,
+    dir=str(workdir),
+    config=run_config,
+  )
 
 
 class MetricsWriter:
   """Appends to `workdir/metrics.jsonl` and `workdir/tb/` (and a W&B run when
   `logging.wandb`); resumes by appending."""
 
-  def __init__(self, workdir: str | pathlib.Path, *, total: int | None = None, desc: str = "",
-               show_progress: bool = True, logging=None, run_config: dict | None = None):
+  def __init__(
+    self,
+    workdir: str | pathlib.Path,
+    *,
+    total: int | None = None,
+    desc: str = "",
+    show_progress: bool = True,
+    logging=None,
+    run_config: dict | None = None,
+  ):
     self.workdir = pathlib.Path(workdir)
     self.workdir.mkdir(parents=True, exist_ok=True)
-    self._wandb = (_start_wandb(logging, self.workdir, run_config)
-                   if logging is not None and logging.wandb else None)
+    self._wandb = (
+      _start_wandb(logging, self.workdir, run_config)
+      if logging is not None and logging.wandb
+      else None
+    )
     self._wandb_phases: set[str] = set()
     path = self.workdir / "metrics.jsonl"
     if path.exists() and path.stat().st_size:
@@ -80,8 +102,11 @@ class MetricsWriter:
     row = {"phase": phase, "step": int(step), "wall_s": round(time.time() - self.t0, 3)}
     row.update({k: _plain(v) for k, v in metrics.items()})
     self._jsonl.write(json.dumps(row) + "\n")
-    scalars = {k: v for k, v in row.items()
-               if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    scalars = {
+      k: v
+      for k, v in row.items()
+      if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
     for k, v in scalars.items():
       self._tb.add_scalar(f"{phase}/{k}", v, step)
     if self._wandb is not None:
@@ -128,8 +153,7 @@ class SilentWriter(MetricsWriter):
 
 def write_summary(workdir: str | pathlib.Path, summary: dict[str, Any]) -> pathlib.Path:
   path = pathlib.Path(workdir) / "summary.json"
-  path.write_text(json.dumps({k: _plain(v) for k, v in summary.items()}, indent=2,
-                             sort_keys=True))
+  path.write_text(json.dumps({k: _plain(v) for k, v in summary.items()}, indent=2, sort_keys=True))
   return path
 
 

@@ -1,4 +1,5 @@
 """Host-side packing of text into the fixed-shape arrays the jitted programs take."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -17,8 +18,8 @@ def left_pad(rows: Sequence[Sequence[int]], length: int, pad_id: int) -> tuple[n
     if len(row) > length:
       raise ValueError(f"row of {len(row)} tokens exceeds length {length}")
     if row:
-      ids[i, length - len(row):] = row
-      valid[i, length - len(row):] = True
+      ids[i, length - len(row) :] = row
+      valid[i, length - len(row) :] = True
   return ids, valid
 
 
@@ -28,8 +29,8 @@ def right_pad(rows: Sequence[Sequence[int]], length: int, pad_id: int) -> tuple[
   for i, row in enumerate(rows):
     if len(row) > length:
       raise ValueError(f"row of {len(row)} tokens exceeds length {length}")
-    ids[i, :len(row)] = row
-    valid[i, :len(row)] = True
+    ids[i, : len(row)] = row
+    valid[i, : len(row)] = True
   return ids, valid
 
 

@@ -1,6 +1,7 @@
 """Process helpers (Linux /proc): stopping sampler processes, and, for fault injection,
 finding the processes of a run (the soak run and the fault tests kill some and check that
 none is left behind)."""
+
 from __future__ import annotations
 
 import pathlib

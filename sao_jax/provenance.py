@@ -1,5 +1,6 @@
 """Where a result came from: the command, the code version and the machine, written into
 every result JSON so that a number can be traced back and rerun."""
+
 from __future__ import annotations
 
 import os
@@ -21,17 +22,27 @@ def _git(*args: str) -> str | None:
 
 def machine() -> dict:
   import jax
-  return {"platform": platform.platform(), "python": platform.python_version(),
-          "cpus": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)),
-          "devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
-          # other work on the machine: 1-, 5- and 15-minute load averages when this was read
-          "loadavg": [round(x, 2) for x in os.getloadavg()]}
+
+  return {
+    "platform": platform.platform(),
+    "python": platform.python_version(),
+    "cpus": os.cpu_count(),
+    "cpus_usable": len(os.sched_getaffinity(0)),
+    "devices": [str(d) for d in jax.devices()],
+    "jax": jax.__version__,
+    # other work on the machine: 1-, 5- and 15-minute load averages when this was read
+    "loadavg": [round(x, 2) for x in os.getloadavg()],
+  }
 
 
 def provenance(argv: list[str] | None = None) -> dict:
   """{"command", "commit", "dirty", "time", "machine"} of the current process."""
   argv = sys.argv if argv is None else argv
   status = _git("status", "--porcelain", "--untracked-files=no")
-  return {"command": " ".join(["python", *argv]), "commit": _git("rev-parse", "HEAD"),
-          "dirty": bool(status) if status is not None else None,
-          "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine()}
+  return {
+    "command": " ".join(["python", *argv]),
+    "commit": _git("rev-parse", "HEAD"),
+    "dirty": bool(status) if status is not None else None,
+    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    "machine": machine(),
+  }

@@ -14,6 +14,7 @@
   describes the lineage of the current state: the accounting behind "nothing lost, nothing
   applied twice", and the id set that drops redelivered duplicates.
 """
+
 from __future__ import annotations
 
 import collections
@@ -149,8 +150,12 @@ class Ledger:
     tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
     os.replace(tmp, self.path)
     if dropped:
-      warnings.warn(f"ledger: {dropped} updates after step {step} were lost in the crash and "
-                    "will be redone from the journal", RuntimeWarning, stacklevel=2)
+      warnings.warn(
+        f"ledger: {dropped} updates after step {step} were lost in the crash and "
+        "will be redone from the journal",
+        RuntimeWarning,
+        stacklevel=2,
+      )
     return {i for r in keep for i in r["applied"] + r["stale"]}
 
   def append(self, step: int, applied: list[int], stale: list[int]) -> None:
@@ -178,13 +183,20 @@ class EventLog:
 
   def __init__(self, path: str | pathlib.Path, phase: str):
     import uuid
+
     self.path, self.phase = pathlib.Path(path), phase
     self.incarnation = uuid.uuid4().hex[:8]
     self._file = open(self.path, "a", buffering=1)
 
   def write(self, event: str, **fields) -> None:
-    row = {"t": round(time.time(), 3), "phase": self.phase, "incarnation": self.incarnation,
-           "pid": os.getpid(), "event": event, **fields}
+    row = {
+      "t": round(time.time(), 3),
+      "phase": self.phase,
+      "incarnation": self.incarnation,
+      "pid": os.getpid(),
+      "event": event,
+      **fields,
+    }
     self._file.write(json.dumps(row, default=float) + "\n")
 
   def close(self) -> None:
@@ -213,12 +225,14 @@ class EventLog:
     for inc in incs.values():
       totals.update(inc["counts"])
     recovery = [r["recovery_s"] for r in rows if r["event"] == "resume" and "recovery_s" in r]
-    return {"incarnations": len(incs),
-            "killed": sum(not inc["finished"] for inc in incs.values()),
-            "resumes": sum(1 for r in rows if r["event"] == "start" and r.get("resumed")),
-            "recovery_s": recovery,
-            "rollbacks": sum(1 for r in rows if r["event"] == "rollback"),
-            "counts": dict(totals)}
+    return {
+      "incarnations": len(incs),
+      "killed": sum(not inc["finished"] for inc in incs.values()),
+      "resumes": sum(1 for r in rows if r["event"] == "start" and r.get("resumed")),
+      "recovery_s": recovery,
+      "rollbacks": sum(1 for r in rows if r["event"] == "rollback"),
+      "counts": dict(totals),
+    }
 
 
 def audit(workdir: str | pathlib.Path, journal_next: int) -> dict:
@@ -227,6 +241,7 @@ def audit(workdir: str | pathlib.Path, journal_next: int) -> dict:
   (the final snapshot's) was applied or dropped as stale exactly once in the final lineage,
   and none appears twice. Returns counts; `lost` and `applied_twice` must be 0."""
   from sao_jax.transport import records
+
   workdir = pathlib.Path(workdir)
   journal = Journal(workdir / "journal")
   if journal.first_available() != 0:
@@ -241,8 +256,13 @@ def audit(workdir: str | pathlib.Path, journal_next: int) -> dict:
   used = [i for r in rows for i in r["applied"] + r["stale"]]
   steps = [r["step"] for r in rows]
   used_set = set(used)
-  return {"consumed": len(consumed), "applied": sum(len(r["applied"]) for r in rows),
-          "stale": sum(len(r["stale"]) for r in rows), "unused_at_end": unused,
-          "applied_twice": len(used) - len(used_set),
-          "lost": len(set(consumed) - used_set), "not_consumed": len(used_set - set(consumed)),
-          "steps_contiguous": steps == list(range(1, len(steps) + 1))}
+  return {
+    "consumed": len(consumed),
+    "applied": sum(len(r["applied"]) for r in rows),
+    "stale": sum(len(r["stale"]) for r in rows),
+    "unused_at_end": unused,
+    "applied_twice": len(used) - len(used_set),
+    "lost": len(set(consumed) - used_set),
+    "not_consumed": len(used_set - set(consumed)),
+    "steps_contiguous": steps == list(range(1, len(steps) + 1)),
+  }

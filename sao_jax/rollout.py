@@ -10,6 +10,7 @@ The context of step k is the task's observation tokens plus all earlier actions 
 observations, left-padded to the prompt length (the most recent tokens are kept when it
 overflows: the raw window; the compressed memory of a later stage covers the rest).
 """
+
 from __future__ import annotations
 
 import collections
@@ -55,9 +56,13 @@ class Trajectory:
     version = self.version
     if version is None:
       version = np.where(self.valid, self.policy_version, -1).astype(np.int32)
-    return dict({k: getattr(self, k) for k in ("prompt", "prompt_valid", "tokens", "valid",
-                                               "logp", "rewards", "step_seconds")},
-                version=version)
+    return dict(
+      {
+        k: getattr(self, k)
+        for k in ("prompt", "prompt_valid", "tokens", "valid", "logp", "rewards", "step_seconds")
+      },
+      version=version,
+    )
 
 
 def _step_each(envs, actions):
@@ -68,11 +73,22 @@ def identity_compression(traj: Trajectory) -> Trajectory:
   return traj
 
 
-def sao_sampling(sample_fn: Callable, params, envs: Sequence[Env], tasks: Sequence[Task],
-                 task_indices: Sequence[int], tok: Tokenizer, *, slots: int, prompt_len: int,
-                 max_steps: int, rng: jax.Array, policy_version: int,
-                 compress: Callable[[Trajectory], Trajectory] = identity_compression,
-                 step_many: Callable | None = None) -> list[Trajectory]:
+def sao_sampling(
+  sample_fn: Callable,
+  params,
+  envs: Sequence[Env],
+  tasks: Sequence[Task],
+  task_indices: Sequence[int],
+  tok: Tokenizer,
+  *,
+  slots: int,
+  prompt_len: int,
+  max_steps: int,
+  rng: jax.Array,
+  policy_version: int,
+  compress: Callable[[Trajectory], Trajectory] = identity_compression,
+  step_many: Callable | None = None,
+) -> list[Trajectory]:
   """Samples one trajectory for each of `tasks` (at most `slots`), in one batch of slots.
 
   Args:
@@ -85,8 +101,10 @@ def sao_sampling(sample_fn: Callable, params, envs: Sequence[Env], tasks: Sequen
   n = len(tasks)
   if not 0 < n <= slots or len(envs) != n or len(task_indices) != n:
     raise ValueError(f"need 1..{slots} tasks with one env each, got {n} tasks, {len(envs)} envs")
-  contexts = [list(tok.encode("", add_bos=True)) + env.reset(t).tolist()
-              for env, t in zip(envs, tasks, strict=True)]
+  contexts = [
+    list(tok.encode("", add_bos=True)) + env.reset(t).tolist()
+    for env, t in zip(envs, tasks, strict=True)
+  ]
   steps: list[list[tuple]] = [[] for _ in range(n)]
   reward_s = 0.0  # host time in the environments' steps (rewards), all slots together
   active = np.ones(n, bool)
@@ -104,8 +122,18 @@ def sao_sampling(sample_fn: Callable, params, envs: Sequence[Env], tasks: Sequen
     results = (step_many or _step_each)([envs[i] for i in live], [out.tokens_bt[i] for i in live])
     reward_s += time.time() - t_env
     for i, res in zip(live, results, strict=True):
-      steps[i].append((prompt[i], pvalid[i], out.tokens_bt[i], out.valid_bt[i], out.logp_bt[i],
-                       res.reward, dt, res.info))
+      steps[i].append(
+        (
+          prompt[i],
+          pvalid[i],
+          out.tokens_bt[i],
+          out.valid_bt[i],
+          out.logp_bt[i],
+          res.reward,
+          dt,
+          res.info,
+        )
+      )
       if res.done:
         active[i] = False
       else:
@@ -115,12 +143,26 @@ def sao_sampling(sample_fn: Callable, params, envs: Sequence[Env], tasks: Sequen
   trajs = []
   for i in range(n):
     cols = list(zip(*steps[i], strict=True))
-    trajs.append(compress(Trajectory(
-        task_index=int(task_indices[i]), task_id=tasks[i].task_id, policy_version=policy_version,
-        prompt=np.stack(cols[0]), prompt_valid=np.stack(cols[1]), tokens=np.stack(cols[2]),
-        valid=np.stack(cols[3]), logp=np.stack(cols[4]).astype(np.float32),
-        rewards=np.asarray(cols[5], np.float32), step_seconds=np.asarray(cols[6], np.float32),
-        done=not active[i], t_end=now, infos=list(cols[7]), reward_seconds=reward_s / n)))
+    trajs.append(
+      compress(
+        Trajectory(
+          task_index=int(task_indices[i]),
+          task_id=tasks[i].task_id,
+          policy_version=policy_version,
+          prompt=np.stack(cols[0]),
+          prompt_valid=np.stack(cols[1]),
+          tokens=np.stack(cols[2]),
+          valid=np.stack(cols[3]),
+          logp=np.stack(cols[4]).astype(np.float32),
+          rewards=np.asarray(cols[5], np.float32),
+          step_seconds=np.asarray(cols[6], np.float32),
+          done=not active[i],
+          t_end=now,
+          infos=list(cols[7]),
+          reward_seconds=reward_s / n,
+        )
+      )
+    )
   return trajs
 
 
@@ -159,10 +201,23 @@ class ContinuousSampler:
     refresh(params, slots) -> slots: the caches recomputed under new params ("tokens")
   """
 
-  def __init__(self, fill: Callable, decode: Callable, refresh: Callable, empty,
-               tok: Tokenizer, *, slots: int,
-               refill_rows: int, prompt_len: int, max_steps: int, make_env: Callable,
-               step_many: Callable | None = None, inflight: str = "tokens", seed: int = 0):
+  def __init__(
+    self,
+    fill: Callable,
+    decode: Callable,
+    refresh: Callable,
+    empty,
+    tok: Tokenizer,
+    *,
+    slots: int,
+    refill_rows: int,
+    prompt_len: int,
+    max_steps: int,
+    make_env: Callable,
+    step_many: Callable | None = None,
+    inflight: str = "tokens",
+    seed: int = 0,
+  ):
     if inflight not in INFLIGHT_MODES:
       raise ValueError(f"inflight {inflight!r} unknown; known: {', '.join(INFLIGHT_MODES)}")
     self.fill_fn, self.decode_fn, self.refresh_fn, self.state = fill, decode, refresh, empty
@@ -193,8 +248,7 @@ class ContinuousSampler:
     if self.pending is None:
       return
     decoding, episodes = self._in_flight()
-    if (self.inflight == "tokens" or (self.inflight == "steps" and not decoding)
-        or not episodes):
+    if self.inflight == "tokens" or (self.inflight == "steps" and not decoding) or not episodes:
       (self.version, self.params), self.pending = self.pending, None
       if decoding:  # completions in flight go on under the new policy, prefix recomputed
         self.state = self.refresh_fn(self.params, self.state)
@@ -210,14 +264,16 @@ class ContinuousSampler:
     if not live:
       return []
     self.rng, key = jax.random.split(self.rng)
-    self.state = self.decode_fn(self.params, self.state, np.int32(self.version), key,
-                                min(self.refill_rows, len(live)))
+    self.state = self.decode_fn(
+      self.params, self.state, np.int32(self.version), key, min(self.refill_rows, len(live))
+    )
     done = np.asarray(jax.device_get(self.state.done_b))
     ended = [i for i in live if done[i]]
     if not ended:
       return []
-    st = jax.device_get((self.state.tokens_bt, self.state.logp_bt, self.state.version_bt,
-                         self.state.gen_b))
+    st = jax.device_get(
+      (self.state.tokens_bt, self.state.logp_bt, self.state.version_bt, self.state.gen_b)
+    )
     tokens_bt, logp_bt, version_bt, gen_b = (np.asarray(x) for x in st)
     eps = [self.occupant[i] for i in ended]
     t_env = time.time()
@@ -229,9 +285,19 @@ class ContinuousSampler:
     for i, ep, res in zip(ended, eps, results, strict=True):
       self.occupant[i] = None
       valid = np.arange(tokens_bt.shape[1]) < gen_b[i]
-      ep.steps.append((ep.prompt[0], ep.prompt[1], tokens_bt[i], valid, logp_bt[i],
-                       np.where(valid, version_bt[i], -1), res.reward, now - ep.t_fill,
-                       res.info))
+      ep.steps.append(
+        (
+          ep.prompt[0],
+          ep.prompt[1],
+          tokens_bt[i],
+          valid,
+          logp_bt[i],
+          np.where(valid, version_bt[i], -1),
+          res.reward,
+          now - ep.t_fill,
+          res.info,
+        )
+      )
       if res.done or len(ep.steps) >= self.max_steps:
         finished.append(self._trajectory(ep, res.done, now))
       else:
@@ -253,12 +319,11 @@ class ContinuousSampler:
         batch.append(_Episode(index, task, env, [self.tok.bos_id] + env.reset(task).tolist()))
     self.idle_slot_steps += len(free) - len(batch)
     for start in range(0, len(batch), self.refill_rows):
-      chunk = batch[start:start + self.refill_rows]
-      slots_used = free[start:start + len(chunk)]
-      rows = [e.context[-self.prompt_len:] for e in chunk]
+      chunk = batch[start : start + self.refill_rows]
+      slots_used = free[start : start + len(chunk)]
+      rows = [e.context[-self.prompt_len :] for e in chunk]
       pad = self.refill_rows - len(chunk)
-      prompt, pvalid = left_pad(rows + [[self.tok.bos_id]] * pad, self.prompt_len,
-                                self.tok.pad_id)
+      prompt, pvalid = left_pad(rows + [[self.tok.bos_id]] * pad, self.prompt_len, self.tok.pad_id)
       slot_r = np.asarray(slots_used + [self.slots] * pad, np.int32)  # >= slots: dropped
       self.state = self.fill_fn(self.params, self.state, prompt, pvalid, slot_r)
       now = time.time()
@@ -271,12 +336,22 @@ class ContinuousSampler:
     version = np.stack(cols[5]).astype(np.int32)
     used = version[version >= 0]
     return Trajectory(
-        task_index=ep.index, task_id=ep.task.task_id,
-        policy_version=int(used.min()) if used.size else self.version,
-        prompt=np.stack(cols[0]), prompt_valid=np.stack(cols[1]), tokens=np.stack(cols[2]),
-        valid=np.stack(cols[3]), logp=np.stack(cols[4]).astype(np.float32),
-        rewards=np.asarray(cols[6], np.float32), step_seconds=np.asarray(cols[7], np.float32),
-        done=done, t_end=now, infos=list(cols[8]), reward_seconds=ep.reward_s, version=version)
+      task_index=ep.index,
+      task_id=ep.task.task_id,
+      policy_version=int(used.min()) if used.size else self.version,
+      prompt=np.stack(cols[0]),
+      prompt_valid=np.stack(cols[1]),
+      tokens=np.stack(cols[2]),
+      valid=np.stack(cols[3]),
+      logp=np.stack(cols[4]).astype(np.float32),
+      rewards=np.asarray(cols[6], np.float32),
+      step_seconds=np.asarray(cols[7], np.float32),
+      done=done,
+      t_end=now,
+      infos=list(cols[8]),
+      reward_seconds=ep.reward_s,
+      version=version,
+    )
 
   def active(self) -> int:
     return sum(e is not None for e in self.occupant)

@@ -12,6 +12,7 @@ token: the full (untruncated) distribution at the sampling temperature. With top
 the behaviour distribution is the truncated one, so RL configs keep both off; the recorded
 values then equal `sequence_logprobs(..., temperature)` exactly up to float error.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -44,10 +45,23 @@ def _filter_logits(logits_bv, top_k: int, top_p: float):
   return logits_bv
 
 
-def sample(model: TransformerLM, params, prompt_bp, prompt_valid_bp, rng, *,
-           max_new_tokens: int, eos_id: int, pad_id: int, temperature: float = 1.0,
-           top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
-           memory_bmd=None, memory_valid_bm=None) -> SampleOutput:
+def sample(
+  model: TransformerLM,
+  params,
+  prompt_bp,
+  prompt_valid_bp,
+  rng,
+  *,
+  max_new_tokens: int,
+  eos_id: int,
+  pad_id: int,
+  temperature: float = 1.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
+  greedy: bool = False,
+  memory_bmd=None,
+  memory_valid_bm=None,
+) -> SampleOutput:
   """Samples up to `max_new_tokens` tokens after each left-padded prompt.
 
   Args:
@@ -63,11 +77,12 @@ def sample(model: TransformerLM, params, prompt_bp, prompt_valid_bp, rng, *,
   valid_bk = jnp.zeros((batch, total), bool)
   if n_mem:
     valid_bk = valid_bk.at[:, :n_mem].set(memory_valid_bm)
-  valid_bk = valid_bk.at[:, n_mem:n_mem + plen].set(prompt_valid_bp)
+  valid_bk = valid_bk.at[:, n_mem : n_mem + plen].set(prompt_valid_bp)
   pos_bp = positions_from_valid(prompt_valid_bp)
   mask = causal_mask(valid_bk, jnp.arange(n_mem + plen))
-  logits_bpv, cache = model.apply({"params": params}, prompt_bp, pos_bp, mask,
-                                  memory_bmd=memory_bmd, cache=cache, index=0)
+  logits_bpv, cache = model.apply(
+    {"params": params}, prompt_bp, pos_bp, mask, memory_bmd=memory_bmd, cache=cache, index=0
+  )
   next_pos_b = jnp.sum(prompt_valid_bp, axis=-1).astype(jnp.int32)
 
   def choose(logits_bv, key):
@@ -101,25 +116,39 @@ def sample(model: TransformerLM, params, prompt_bp, prompt_valid_bp, rng, *,
     valid_bk = valid_bk.at[:, slot].set(~done_b)
     done_b = done_b | (tok_b == eos_id)
     mask = causal_mask(valid_bk, slot[None])
-    logits_b1v, cache = model.apply({"params": params}, tok_b[:, None], pos_b[:, None], mask,
-                                    cache=cache, index=slot)
+    logits_b1v, cache = model.apply(
+      {"params": params}, tok_b[:, None], pos_b[:, None], mask, cache=cache, index=slot
+    )
     return (i + 1, logits_b1v[:, 0], cache, valid_bk, pos_b + 1, tokens_bt, logp_bt, done_b, rng)
 
   _, _, _, valid_bk, _, tokens_bt, logp_bt, _, _ = jax.lax.while_loop(cond, body, init)
-  valid_bt = valid_bk[:, n_mem + plen:]
+  valid_bt = valid_bk[:, n_mem + plen :]
   return SampleOutput(tokens_bt, logp_bt, valid_bt, jnp.sum(valid_bt, axis=-1).astype(jnp.int32))
 
 
-def sequence_logits(model: TransformerLM, params, tokens_bl, valid_bl, memory_bmd=None,
-                    memory_valid_bm=None, with_values: bool = False):
+def sequence_logits(
+  model: TransformerLM,
+  params,
+  tokens_bl,
+  valid_bl,
+  memory_bmd=None,
+  memory_valid_bm=None,
+  with_values: bool = False,
+):
   """Full-row forward: logits [B, L, V] predicting the token after each slot (and the value
   head's outputs [B, L] with `with_values`)."""
   valid_bk = valid_bl
   if memory_bmd is not None:
     valid_bk = jnp.concatenate([memory_valid_bm, valid_bl], axis=1)
   mask = causal_mask(valid_bk, jnp.arange(valid_bk.shape[1]))
-  out = model.apply({"params": params}, tokens_bl, positions_from_valid(valid_bl), mask,
-                    memory_bmd=memory_bmd, with_values=with_values)
+  out = model.apply(
+    {"params": params},
+    tokens_bl,
+    positions_from_valid(valid_bl),
+    mask,
+    memory_bmd=memory_bmd,
+    with_values=with_values,
+  )
   return (out[0], out[2]) if with_values else out[0]
 
 
@@ -131,10 +160,20 @@ class LogProbs(NamedTuple):
   values_b: jax.Array | None = None  # value head at the last prompt token
 
 
-def completion_logprobs(model: TransformerLM, params, prompt_bp, prompt_valid_bp, tokens_bt,
-                        valid_bt, *, temperature: float = 1.0, memory_bmd=None,
-                        memory_valid_bm=None, with_entropy: bool = False,
-                        with_value: bool = False) -> LogProbs:
+def completion_logprobs(
+  model: TransformerLM,
+  params,
+  prompt_bp,
+  prompt_valid_bp,
+  tokens_bt,
+  valid_bt,
+  *,
+  temperature: float = 1.0,
+  memory_bmd=None,
+  memory_valid_bm=None,
+  with_entropy: bool = False,
+  with_value: bool = False,
+) -> LogProbs:
   """Per-token log-probs [B, T] of `tokens_bt` following each prompt (0 where invalid).
 
   Formula: logp[b, t] = log softmax(logits[b, P-1+t] / temperature)[tokens[b, t]], where
@@ -145,10 +184,11 @@ def completion_logprobs(model: TransformerLM, params, prompt_bp, prompt_valid_bp
   plen = prompt_bp.shape[1]
   tokens_bl = jnp.concatenate([prompt_bp, tokens_bt], axis=1)
   valid_bl = jnp.concatenate([prompt_valid_bp, valid_bt], axis=1)
-  out = sequence_logits(model, params, tokens_bl, valid_bl, memory_bmd, memory_valid_bm,
-                        with_values=with_value)
+  out = sequence_logits(
+    model, params, tokens_bl, valid_bl, memory_bmd, memory_valid_bm, with_values=with_value
+  )
   logits_blv = out[0] if with_value else out
-  logits_btv = logits_blv[:, plen - 1:-1] / temperature
+  logits_btv = logits_blv[:, plen - 1 : -1] / temperature
   logp_btv = jax.nn.log_softmax(logits_btv, axis=-1)
   logp_bt = jnp.take_along_axis(logp_btv, tokens_bt[..., None], axis=-1)[..., 0]
   entropy_bt = values_b = None

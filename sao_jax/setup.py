@@ -1,5 +1,6 @@
 """What a run is made of before it starts: the validated config, the tokenizer, the model,
 the task family and its tasks, and the shapes the programs are compiled for."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -58,16 +59,23 @@ def _check_memory_rl(cfg: Config) -> None:
     return
   if rl.uses_samplers:
     raise ConfigError(
-        f"compression.enabled with rl.algorithm={rl.algorithm!r}, rl.sampling={rl.sampling!r}: "
-        "the sampler processes (SAO) do not run the policy with compressed memory yet; use "
-        "rl.algorithm='grpo' with rl.sampling='inline'")
-  unsupported = {"rl.advantage": (rl.advantage, "group_norm"), "rl.loss": (rl.loss, "ppo_clip"),
-                 "rl.loss_agg": (rl.loss_agg, "token_mean"), "rl.ppo_epochs": (rl.ppo_epochs, 1),
-                 "rl.kl_coef": (rl.kl_coef, 0.0)}
+      f"compression.enabled with rl.algorithm={rl.algorithm!r}, rl.sampling={rl.sampling!r}: "
+      "the sampler processes (SAO) do not run the policy with compressed memory yet; use "
+      "rl.algorithm='grpo' with rl.sampling='inline'"
+    )
+  unsupported = {
+    "rl.advantage": (rl.advantage, "group_norm"),
+    "rl.loss": (rl.loss, "ppo_clip"),
+    "rl.loss_agg": (rl.loss_agg, "token_mean"),
+    "rl.ppo_epochs": (rl.ppo_epochs, 1),
+    "rl.kl_coef": (rl.kl_coef, 0.0),
+  }
   for key, (value, only) in unsupported.items():
     if value != only:
-      raise ConfigError(f"compression.enabled: {key}={value!r} is not supported by the "
-                        f"compressed-memory GRPO update (only {only!r})")
+      raise ConfigError(
+        f"compression.enabled: {key}={value!r} is not supported by the "
+        f"compressed-memory GRPO update (only {only!r})"
+      )
 
 
 def load_config(path: str, variant: str = "default", overrides: list[str] = ()) -> Config:
@@ -94,35 +102,62 @@ def make_setup(cfg: Config, tasks: tuple[list[Task], list[Task]] | None = None) 
   prompt_len, target_len = family.budget(train + test, tok)
   if prompt_len + max(target_len, cfg.rl.max_new_tokens) > cfg.model.max_len:
     raise ConfigError(
-        f"model.max_len {cfg.model.max_len} < prompt {prompt_len} + completion "
-        f"{max(target_len, cfg.rl.max_new_tokens)} tokens")
+      f"model.max_len {cfg.model.max_len} < prompt {prompt_len} + completion "
+      f"{max(target_len, cfg.rl.max_new_tokens)} tokens"
+    )
   if cfg.rl.max_new_tokens < target_len:
-    raise ConfigError(f"rl.max_new_tokens {cfg.rl.max_new_tokens} cannot hold the longest "
-                      f"solution ({target_len} tokens with EOS)")
+    raise ConfigError(
+      f"rl.max_new_tokens {cfg.rl.max_new_tokens} cannot hold the longest "
+      f"solution ({target_len} tokens with EOS)"
+    )
   n_val = cfg.recovery.val_problems if cfg.recovery.shadow_every else 0
   if cfg.rl.uses_samplers and n_val >= len(train):
-    raise ConfigError(f"recovery.val_problems {n_val} >= the {len(train)} training tasks (the "
-                      "SAO learner validates its shadow models on the tail of the train split)")
+    raise ConfigError(
+      f"recovery.val_problems {n_val} >= the {len(train)} training tasks (the "
+      "SAO learner validates its shadow models on the tail of the train split)"
+    )
   max_steps = family.max_steps(tok)
   c = cfg.compression
   if c.enabled and prompt_len != c.window:
-    raise ConfigError(f"compression.window {c.window} != the {prompt_len}-token raw window the "
-                      "task family's rows are built for (its budget)")
-  if max_steps > 1 and cfg.rl.algorithm == "grpo" and (cfg.rl.steps or cfg.rl.max_seconds) \
-      and not c.enabled:
+    raise ConfigError(
+      f"compression.window {c.window} != the {prompt_len}-token raw window the "
+      "task family's rows are built for (its budget)"
+    )
+  if (
+    max_steps > 1
+    and cfg.rl.algorithm == "grpo"
+    and (cfg.rl.steps or cfg.rl.max_seconds)
+    and not c.enabled
+  ):
     # (the synchronous learner's batches hold one row per trajectory)
-    raise ConfigError(f"task family {cfg.task.family!r} has episodes of up to {max_steps} "
-                      "steps; rl.algorithm='grpo' samples one step per task (use 'sao')")
+    raise ConfigError(
+      f"task family {cfg.task.family!r} has episodes of up to {max_steps} "
+      "steps; rl.algorithm='grpo' samples one step per task (use 'sao')"
+    )
   if cfg.model.vocab_size and cfg.model.vocab_size < tok.vocab_size:
-    raise ConfigError(f"model.vocab_size {cfg.model.vocab_size} < the tokenizer's "
-                      f"{tok.vocab_size} (0: take the tokenizer's)")
+    raise ConfigError(
+      f"model.vocab_size {cfg.model.vocab_size} < the tokenizer's "
+      f"{tok.vocab_size} (0: take the tokenizer's)"
+    )
   model_cfg = dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or tok.vocab_size)
   model = make_model(model_cfg)
   memory = None
   if c.enabled:
     if not isinstance(model, TransformerLM):
-      raise ConfigError(f"compression.enabled needs model.arch 'gpt' (its memory prefix "
-                        f"slots), not {cfg.model.arch!r}")
+      raise ConfigError(
+        f"compression.enabled needs model.arch 'gpt' (its memory prefix "
+        f"slots), not {cfg.model.arch!r}"
+      )
     memory = MemoryPolicy(model, Compressor(c, model_cfg.vocab_size))
-  return Setup(cfg=cfg, tok=tok, model=model, family=family, train=train, test=test,
-               prompt_len=prompt_len, target_len=target_len, max_steps=max_steps, memory=memory)
+  return Setup(
+    cfg=cfg,
+    tok=tok,
+    model=model,
+    family=family,
+    train=train,
+    test=test,
+    prompt_len=prompt_len,
+    target_len=target_len,
+    max_steps=max_steps,
+    memory=memory,
+  )

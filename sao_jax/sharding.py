@@ -1,4 +1,5 @@
 """Device mesh and logical-axis shardings, both from config."""
+
 from __future__ import annotations
 
 import math
@@ -21,8 +22,9 @@ def make_mesh(cfg: MeshConfig, devices=None) -> Mesh:
       raise ConfigError(f"mesh {cfg.shape} does not divide {len(devices)} devices")
     shape[shape.index(-1)] = len(devices) // fixed
   if math.prod(shape) != len(devices):
-    raise ConfigError(f"mesh shape {tuple(shape)} needs {math.prod(shape)} devices, "
-                      f"have {len(devices)}")
+    raise ConfigError(
+      f"mesh shape {tuple(shape)} needs {math.prod(shape)} devices, have {len(devices)}"
+    )
   return Mesh(np.asarray(devices).reshape(shape), tuple(cfg.axes))
 
 
@@ -50,11 +52,12 @@ def _check_divisible(abstract_tree, specs, shardings, mesh: Mesh) -> None:
       if parts > 1 and size % parts:
         name = names[dim] if dim < len(names) else None
         raise ConfigError(
-            f"{jax.tree_util.keystr(path)}: its {name or 'dim ' + str(dim)!s} dimension of "
-            f"size {size} cannot be split over mesh axes {axes} of {parts} devices "
-            f"(mesh.shape {dict(mesh.shape)}); pick a mesh.shape whose {'/'.join(axes)} size "
-            f"divides the model's {name or 'dimension'} (see model.heads, model.kv_heads, "
-            "model.width, model.mlp_dim, the vocabulary size)")
+          f"{jax.tree_util.keystr(path)}: its {name or 'dim ' + str(dim)!s} dimension of "
+          f"size {size} cannot be split over mesh axes {axes} of {parts} devices "
+          f"(mesh.shape {dict(mesh.shape)}); pick a mesh.shape whose {'/'.join(axes)} size "
+          f"divides the model's {name or 'dimension'} (see model.heads, model.kv_heads, "
+          "model.width, model.mlp_dim, the vocabulary size)"
+        )
 
 
 def batch_sharding(mesh: Mesh, rules) -> NamedSharding:
@@ -76,12 +79,16 @@ def batch_divisor(mesh: Mesh, rules) -> int:
 def process_rows(sharding: NamedSharding, rows: int) -> slice:
   """The rows of a `rows`-row batch that this process's devices hold under `sharding` (all
   of them in a single process): what its data loader must build."""
-  spans = [(s.start or 0, rows if s.stop is None else s.stop) for (s, *_) in
-           sharding.addressable_devices_indices_map((rows,)).values()]
+  spans = [
+    (s.start or 0, rows if s.stop is None else s.stop)
+    for (s, *_) in sharding.addressable_devices_indices_map((rows,)).values()
+  ]
   start, stop = min(a for a, _ in spans), max(b for _, b in spans)
   if set().union(*(range(a, b) for a, b in spans)) != set(range(start, stop)):
-    raise ValueError(f"this process's batch rows {sorted(set(spans))} are not contiguous; "
-                     "order the mesh devices by process")
+    raise ValueError(
+      f"this process's batch rows {sorted(set(spans))} are not contiguous; "
+      "order the mesh devices by process"
+    )
   return slice(start, stop)
 
 
@@ -99,5 +106,7 @@ def put_batch(batch, sharding: NamedSharding, *, local: bool = False):
     if local:
       return jax.make_array_from_process_local_data(sharding, x)
     return jax.make_array_from_process_local_data(
-        sharding, x[process_rows(sharding, x.shape[0])], x.shape)
+      sharding, x[process_rows(sharding, x.shape[0])], x.shape
+    )
+
   return jax.tree.map(put, batch)

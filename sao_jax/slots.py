@@ -18,6 +18,7 @@ slot gives the tokens that `sampling.sample` gives for that
 prompt alone, and the recorded log-probs equal `sampling.completion_logprobs` up to float
 error: a slot sees only its own cache rows, and positions count valid tokens.
 """
+
 from __future__ import annotations
 
 import flax
@@ -46,24 +47,25 @@ class Slots:
   version_bt: jax.Array  # int32 policy version that produced each token (-1 where none)
 
 
-def empty(model, rows: int, prompt_len: int, max_new_tokens: int,
-          pad_id: int) -> Slots:
+def empty(model, rows: int, prompt_len: int, max_new_tokens: int, pad_id: int) -> Slots:
   cfg = model.cfg
   k = prompt_len + max_new_tokens
   return Slots(
-      cache=init_cache(cfg, rows, k, jnp.dtype(cfg.dtype)),
-      prompt_bp=jnp.full((rows, prompt_len), pad_id, jnp.int32),
-      valid_bk=jnp.zeros((rows, k), bool), pos_b=jnp.zeros((rows,), jnp.int32),
-      gen_b=jnp.zeros((rows,), jnp.int32), active_b=jnp.zeros((rows,), bool),
-      done_b=jnp.zeros((rows,), bool),
-      logits_bv=jnp.zeros((rows, cfg.vocab_size), jnp.float32),
-      tokens_bt=jnp.full((rows, max_new_tokens), pad_id, jnp.int32),
-      logp_bt=jnp.zeros((rows, max_new_tokens), jnp.float32),
-      version_bt=jnp.full((rows, max_new_tokens), -1, jnp.int32))
+    cache=init_cache(cfg, rows, k, jnp.dtype(cfg.dtype)),
+    prompt_bp=jnp.full((rows, prompt_len), pad_id, jnp.int32),
+    valid_bk=jnp.zeros((rows, k), bool),
+    pos_b=jnp.zeros((rows,), jnp.int32),
+    gen_b=jnp.zeros((rows,), jnp.int32),
+    active_b=jnp.zeros((rows,), bool),
+    done_b=jnp.zeros((rows,), bool),
+    logits_bv=jnp.zeros((rows, cfg.vocab_size), jnp.float32),
+    tokens_bt=jnp.full((rows, max_new_tokens), pad_id, jnp.int32),
+    logp_bt=jnp.zeros((rows, max_new_tokens), jnp.float32),
+    version_bt=jnp.full((rows, max_new_tokens), -1, jnp.int32),
+  )
 
 
-def fill(model, params, slots: Slots, prompt_rp, prompt_valid_rp, slot_r, *,
-         pad_id: int) -> Slots:
+def fill(model, params, slots: Slots, prompt_rp, prompt_valid_rp, slot_r, *, pad_id: int) -> Slots:
   """Prefills R prompts (left-padded [R, P]) into slots `slot_r` [R] int32; an index >= B
   marks an unused row (dropped). Those slots start a new completion; the others are
   unchanged."""
@@ -74,25 +76,29 @@ def fill(model, params, slots: Slots, prompt_rp, prompt_valid_rp, slot_r, *,
   cache_r = init_cache(model.cfg, r, k, slots.cache.k[0].dtype)
   valid_rk = jnp.concatenate([prompt_valid_rp, jnp.zeros((r, t), bool)], axis=1)
   mask = causal_mask(valid_rk, jnp.arange(plen))
-  logits_rpv, cache_r = model.apply({"params": params}, prompt_rp, _positions(prompt_valid_rp),
-                                    mask, cache=cache_r, index=0)
+  logits_rpv, cache_r = model.apply(
+    {"params": params}, prompt_rp, _positions(prompt_valid_rp), mask, cache=cache_r, index=0
+  )
 
   def put(dst, src):
     return dst.at[slot_r].set(src.astype(dst.dtype), mode="drop")
 
   return Slots(
-      cache=KVCache(tuple(put(a, b) for a, b in zip(slots.cache.k, cache_r.k, strict=True)),
-                    tuple(put(a, b) for a, b in zip(slots.cache.v, cache_r.v, strict=True))),
-      prompt_bp=put(slots.prompt_bp, prompt_rp),
-      valid_bk=put(slots.valid_bk, valid_rk),
-      pos_b=put(slots.pos_b, jnp.sum(prompt_valid_rp, axis=-1).astype(jnp.int32)),
-      gen_b=put(slots.gen_b, jnp.zeros((r,), jnp.int32)),
-      active_b=put(slots.active_b, jnp.ones((r,), bool)),
-      done_b=put(slots.done_b, jnp.zeros((r,), bool)),
-      logits_bv=put(slots.logits_bv, logits_rpv[:, -1]),
-      tokens_bt=put(slots.tokens_bt, jnp.full((r, t), pad_id, jnp.int32)),
-      logp_bt=put(slots.logp_bt, jnp.zeros((r, t), jnp.float32)),
-      version_bt=put(slots.version_bt, jnp.full((r, t), -1, jnp.int32)))
+    cache=KVCache(
+      tuple(put(a, b) for a, b in zip(slots.cache.k, cache_r.k, strict=True)),
+      tuple(put(a, b) for a, b in zip(slots.cache.v, cache_r.v, strict=True)),
+    ),
+    prompt_bp=put(slots.prompt_bp, prompt_rp),
+    valid_bk=put(slots.valid_bk, valid_rk),
+    pos_b=put(slots.pos_b, jnp.sum(prompt_valid_rp, axis=-1).astype(jnp.int32)),
+    gen_b=put(slots.gen_b, jnp.zeros((r,), jnp.int32)),
+    active_b=put(slots.active_b, jnp.ones((r,), bool)),
+    done_b=put(slots.done_b, jnp.zeros((r,), bool)),
+    logits_bv=put(slots.logits_bv, logits_rpv[:, -1]),
+    tokens_bt=put(slots.tokens_bt, jnp.full((r, t), pad_id, jnp.int32)),
+    logp_bt=put(slots.logp_bt, jnp.zeros((r, t), jnp.float32)),
+    version_bt=put(slots.version_bt, jnp.full((r, t), -1, jnp.int32)),
+  )
 
 
 def refresh(model, params, slots: Slots) -> Slots:
@@ -104,18 +110,35 @@ def refresh(model, params, slots: Slots) -> Slots:
   plen = slots.prompt_bp.shape[1]
   seq_bk = jnp.concatenate([slots.prompt_bp, slots.tokens_bt], axis=1)
   cache = init_cache(model.cfg, rows, k, slots.cache.k[0].dtype)
-  logits_bkv, cache = model.apply({"params": params}, seq_bk, _positions(slots.valid_bk),
-                                  causal_mask(slots.valid_bk, jnp.arange(k)), cache=cache,
-                                  index=0)
+  logits_bkv, cache = model.apply(
+    {"params": params},
+    seq_bk,
+    _positions(slots.valid_bk),
+    causal_mask(slots.valid_bk, jnp.arange(k)),
+    cache=cache,
+    index=0,
+  )
   last_b = plen - 1 + slots.gen_b  # the slot of the row's last token so far
   logits_bv = jnp.take_along_axis(logits_bkv, last_b[:, None, None], axis=1)[:, 0]
-  return slots.replace(cache=cache, logits_bv=jnp.where(slots.active_b[:, None], logits_bv,
-                                                        slots.logits_bv))
+  return slots.replace(
+    cache=cache, logits_bv=jnp.where(slots.active_b[:, None], logits_bv, slots.logits_bv)
+  )
 
 
-def decode(model, params, slots: Slots, version, rng, *, eos_id: int,
-           pad_id: int, temperature: float = 1.0, greedy: bool = False, min_done: int = 1,
-           max_steps: int = 0) -> Slots:
+def decode(
+  model,
+  params,
+  slots: Slots,
+  version,
+  rng,
+  *,
+  eos_id: int,
+  pad_id: int,
+  temperature: float = 1.0,
+  greedy: bool = False,
+  min_done: int = 1,
+  max_steps: int = 0,
+) -> Slots:
   """Decode steps for every active slot until at least `min_done` completions ended in this
   call, no slot is active, or `max_steps` steps (0: T). `version` (int32 scalar) is recorded
   for every token produced here. Ended slots have `done_b` set until they are refilled."""
@@ -150,12 +173,26 @@ def decode(model, params, slots: Slots, version, rng, *, eos_id: int,
     ended = act & ((tok_b == eos_id) | (s.gen_b + 1 >= t))
     # Inactive rows run too (fixed shapes) but only touch their own unused cache slot.
     mask = valid_bk[:, None, :] & (jnp.arange(k)[None, None, :] <= slot_b[:, None, None])
-    logits_b1v, cache = model.apply({"params": params}, jnp.where(act, tok_b, pad_id)[:, None],
-                                    s.pos_b[:, None], mask, cache=s.cache, index=slot_b)
-    s = s.replace(cache=cache, valid_bk=valid_bk, pos_b=s.pos_b + act,
-                  gen_b=s.gen_b + act, active_b=act & ~ended, done_b=s.done_b | ended,
-                  logits_bv=jnp.where(act[:, None], logits_b1v[:, 0], s.logits_bv),
-                  tokens_bt=tokens_bt, logp_bt=logp_bt, version_bt=version_bt)
+    logits_b1v, cache = model.apply(
+      {"params": params},
+      jnp.where(act, tok_b, pad_id)[:, None],
+      s.pos_b[:, None],
+      mask,
+      cache=s.cache,
+      index=slot_b,
+    )
+    s = s.replace(
+      cache=cache,
+      valid_bk=valid_bk,
+      pos_b=s.pos_b + act,
+      gen_b=s.gen_b + act,
+      active_b=act & ~ended,
+      done_b=s.done_b | ended,
+      logits_bv=jnp.where(act[:, None], logits_b1v[:, 0], s.logits_bv),
+      tokens_bt=tokens_bt,
+      logp_bt=logp_bt,
+      version_bt=version_bt,
+    )
     return i + 1, n_ended + jnp.sum(ended), s, rng
 
   _, _, slots, _ = jax.lax.while_loop(cond, body, (0, 0, slots, rng))

@@ -11,6 +11,7 @@ so a change of code or config that changes a program compiles it anew, and anyth
 reused. Settings: "user" (a per-user directory: $SAO_JAX_CACHE, else $XDG_CACHE_HOME/sao_jax/xla
 or ~/.cache/sao_jax/xla), "workdir" (WORKDIR/xla_cache), "off", or a directory path.
 """
+
 from __future__ import annotations
 
 import os

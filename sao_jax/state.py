@@ -1,4 +1,5 @@
 """The learner's state: everything one update reads and writes, and a snapshot saves."""
+
 from __future__ import annotations
 
 from typing import Any

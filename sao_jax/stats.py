@@ -11,6 +11,7 @@ t is Student's t quantile with n - 1 degrees of freedom (scipy.stats.t), which i
 makes a 3-seed interval honest: t_{0.975, 2} = 4.30, not the normal 1.96. With one seed the
 spread is unknown and se and the interval are NaN.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,16 +34,23 @@ class SeedStats:
   confidence: float = 0.95
 
   def as_dict(self, prefix: str = "") -> dict[str, float | int]:
-    return {f"{prefix}n": self.n, f"{prefix}mean": self.mean, f"{prefix}se": self.se,
-            f"{prefix}ci_low": self.ci_low, f"{prefix}ci_high": self.ci_high}
+    return {
+      f"{prefix}n": self.n,
+      f"{prefix}mean": self.mean,
+      f"{prefix}se": self.se,
+      f"{prefix}ci_low": self.ci_low,
+      f"{prefix}ci_high": self.ci_high,
+    }
 
   def __str__(self) -> str:
     if self.n == 0:
       return "n/a (no values)"
     if self.n == 1:
       return f"{self.mean:.4g} (n=1, no spread)"
-    return (f"{self.mean:.4g} +- {self.se:.2g} s.e. ({self.confidence:.0%} CI "
-            f"{self.ci_low:.4g} .. {self.ci_high:.4g}, n={self.n})")
+    return (
+      f"{self.mean:.4g} +- {self.se:.2g} s.e. ({self.confidence:.0%} CI "
+      f"{self.ci_low:.4g} .. {self.ci_high:.4g}, n={self.n})"
+    )
 
 
 def t_quantile(confidence: float, dof: int) -> float:
@@ -80,9 +88,14 @@ def summarize(values: Iterable[float | None], confidence: float = 0.95) -> dict:
   kept = [float(v) for v in values if v is not None and math.isfinite(float(v))]
   st = seed_stats(kept, confidence)
   num = lambda x: None if math.isnan(x) else x  # noqa: E731
-  return {"n": st.n, "values": values, "missing": len(values) - st.n, "mean": num(st.mean),
-          "se": num(st.se),
-          "ci95": None if math.isnan(st.ci_low) else [st.ci_low, st.ci_high]}
+  return {
+    "n": st.n,
+    "values": values,
+    "missing": len(values) - st.n,
+    "mean": num(st.mean),
+    "se": num(st.se),
+    "ci95": None if math.isnan(st.ci_low) else [st.ci_low, st.ci_high],
+  }
 
 
 def fmt(s: dict, spec: str = "{:.3g}", scale: float = 1.0) -> str:

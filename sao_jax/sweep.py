@@ -21,6 +21,7 @@ the same DIR is an error), events.jsonl (one line per trial start and end), tria
 (workdirs with train.log), and the reports: trials.csv, trials.json, points.csv, sweep.png,
 best_config.py (sao_jax.sweep_report).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,8 +44,16 @@ from sao_jax.config import ConfigError
 from sao_jax.setup import load_config, validate
 
 STRATEGIES = ("grid", "random", "tpe")
-TABLE_COLUMNS = ("trial", "point", "seed", "status", "attempts", "trial_wall_s", "reason",
-                 "workdir")
+TABLE_COLUMNS = (
+  "trial",
+  "point",
+  "seed",
+  "status",
+  "attempts",
+  "trial_wall_s",
+  "reason",
+  "workdir",
+)
 PRUNERS = ("median", "halving")
 _CHOICE_TYPES = (type(None), bool, int, float, str)
 
@@ -73,14 +82,19 @@ class Choice:
   def __post_init__(self):
     object.__setattr__(self, "values", tuple(self.values))
     _check(len(self.values) > 0, f"axis {self.key}: Choice needs at least one value")
-    _check(all(isinstance(v, _CHOICE_TYPES) for v in self.values),
-           f"axis {self.key}: Choice values must be numbers, strings, booleans or None, got "
-           f"{self.values!r}")
-    _check(len(set(map(repr, self.values))) == len(self.values),
-           f"axis {self.key}: Choice values repeat: {self.values!r}")
+    _check(
+      all(isinstance(v, _CHOICE_TYPES) for v in self.values),
+      f"axis {self.key}: Choice values must be numbers, strings, booleans or None, got "
+      f"{self.values!r}",
+    )
+    _check(
+      len(set(map(repr, self.values))) == len(self.values),
+      f"axis {self.key}: Choice values repeat: {self.values!r}",
+    )
 
   def distribution(self):
     from optuna.distributions import CategoricalDistribution
+
     return CategoricalDistribution(self.values)
 
   def grid(self) -> tuple:
@@ -107,17 +121,22 @@ class Uniform:
   high: float
 
   def __post_init__(self):
-    _check(_finite(self.low) and _finite(self.high) and self.low < self.high,
-           f"axis {self.key}: {type(self).__name__} needs finite low < high, got "
-           f"[{self.low}, {self.high}]")
+    _check(
+      _finite(self.low) and _finite(self.high) and self.low < self.high,
+      f"axis {self.key}: {type(self).__name__} needs finite low < high, got "
+      f"[{self.low}, {self.high}]",
+    )
 
   def distribution(self):
     from optuna.distributions import FloatDistribution
+
     return FloatDistribution(float(self.low), float(self.high), log=self.log)
 
   def grid(self) -> tuple:
-    raise ConfigError(f"axis {self.key}: a continuous axis has no grid; use Choice for "
-                      "strategy 'grid', or strategy 'random'/'tpe'")
+    raise ConfigError(
+      f"axis {self.key}: a continuous axis has no grid; use Choice for "
+      "strategy 'grid', or strategy 'random'/'tpe'"
+    )
 
   def samples(self) -> tuple:
     return (float(self.low), float(self.high))
@@ -154,18 +173,26 @@ class IntRange:
   log: bool = False
 
   def __post_init__(self):
-    _check(all(isinstance(v, int) and not isinstance(v, bool)
-               for v in (self.low, self.high, self.step)),
-           f"axis {self.key}: IntRange bounds and step must be ints")
-    _check(self.low <= self.high and self.step >= 1,
-           f"axis {self.key}: IntRange needs low <= high and step >= 1")
-    _check(not self.log or (self.low >= 1 and self.step == 1),
-           f"axis {self.key}: a log IntRange needs low >= 1 and step 1")
-    _check((self.high - self.low) % self.step == 0,
-           f"axis {self.key}: high - low must be a multiple of step")
+    _check(
+      all(isinstance(v, int) and not isinstance(v, bool) for v in (self.low, self.high, self.step)),
+      f"axis {self.key}: IntRange bounds and step must be ints",
+    )
+    _check(
+      self.low <= self.high and self.step >= 1,
+      f"axis {self.key}: IntRange needs low <= high and step >= 1",
+    )
+    _check(
+      not self.log or (self.low >= 1 and self.step == 1),
+      f"axis {self.key}: a log IntRange needs low >= 1 and step 1",
+    )
+    _check(
+      (self.high - self.low) % self.step == 0,
+      f"axis {self.key}: high - low must be a multiple of step",
+    )
 
   def distribution(self):
     from optuna.distributions import IntDistribution
+
     return IntDistribution(self.low, self.high, step=self.step, log=self.log)
 
   def grid(self) -> tuple:
@@ -205,14 +232,18 @@ class Pruning:
   def __post_init__(self):
     _check(self.kind in PRUNERS, f"pruning.kind {self.kind!r} unknown; known: {PRUNERS}")
     _check(bool(self.phase) and bool(self.key), "pruning.phase and pruning.key must be set")
-    _check(self.startup_trials >= 0 and self.warmup_evals >= 0,
-           "pruning.startup_trials and warmup_evals must be >= 0")
+    _check(
+      self.startup_trials >= 0 and self.warmup_evals >= 0,
+      "pruning.startup_trials and warmup_evals must be >= 0",
+    )
 
   def make(self):
     import optuna
+
     if self.kind == "median":
-      return optuna.pruners.MedianPruner(n_startup_trials=self.startup_trials,
-                                         n_warmup_steps=self.warmup_evals)
+      return optuna.pruners.MedianPruner(
+        n_startup_trials=self.startup_trials, n_warmup_steps=self.warmup_evals
+      )
     return optuna.pruners.SuccessiveHalvingPruner(min_resource=max(1, self.warmup_evals))
 
 
@@ -252,11 +283,15 @@ class Sweep:
   def __post_init__(self):
     for f in ("axes", "fixed", "report"):
       object.__setattr__(self, f, tuple(getattr(self, f)))
-    _check(bool(self.name) and all(c.isalnum() or c in "-_" for c in self.name),
-           f"sweep name {self.name!r}: letters, digits, - and _ only")
+    _check(
+      bool(self.name) and all(c.isalnum() or c in "-_" for c in self.name),
+      f"sweep name {self.name!r}: letters, digits, - and _ only",
+    )
     _check(bool(self.config), "sweep.config must name the base config file")
-    _check(all(isinstance(a, (Choice, Uniform, IntRange)) for a in self.axes),
-           "sweep.axes must be Choice, Uniform, LogUniform or IntRange")
+    _check(
+      all(isinstance(a, (Choice, Uniform, IntRange)) for a in self.axes),
+      "sweep.axes must be Choice, Uniform, LogUniform or IntRange",
+    )
     keys = [a.key for a in self.axes]
     _check(len(set(keys)) == len(keys), f"sweep axes repeat a key: {keys}")
     _check("seed" not in keys, "seed is not an axis: set sweep.seeds (seeds 0..seeds-1)")
@@ -266,22 +301,33 @@ class Sweep:
       _check(k.strip() not in keys, f"{k.strip()} is both fixed and an axis")
       _check(k.strip() != "seed", "seed cannot be fixed: set sweep.seeds")
     _check(self.seeds >= 1, "sweep.seeds must be >= 1")
-    _check(self.direction in ("maximize", "minimize"),
-           f"sweep.direction {self.direction!r}: maximize or minimize")
-    _check(bool(self.metric) and "" not in self.metric.split("."),
-           f"sweep.metric {self.metric!r} must be a dotted path like 'rl.accuracy'")
-    _check(all(r and "" not in r.split(".") for r in self.report),
-           f"sweep.report entries must be dotted paths, got {self.report!r}")
+    _check(
+      self.direction in ("maximize", "minimize"),
+      f"sweep.direction {self.direction!r}: maximize or minimize",
+    )
+    _check(
+      bool(self.metric) and "" not in self.metric.split("."),
+      f"sweep.metric {self.metric!r} must be a dotted path like 'rl.accuracy'",
+    )
+    _check(
+      all(r and "" not in r.split(".") for r in self.report),
+      f"sweep.report entries must be dotted paths, got {self.report!r}",
+    )
     taken = [c for c in (self.metric, *self.report, *keys) if c in TABLE_COLUMNS]
-    _check(not taken, f"sweep: {taken} would clash with the table's own columns "
-                      f"{TABLE_COLUMNS}")
-    _check(self.strategy in STRATEGIES,
-           f"sweep.strategy {self.strategy!r} unknown; known: {', '.join(STRATEGIES)}")
-    _check(self.points >= 0 and self.startup_points >= 1,
-           "sweep.points must be >= 0 and startup_points >= 1")
+    _check(not taken, f"sweep: {taken} would clash with the table's own columns {TABLE_COLUMNS}")
+    _check(
+      self.strategy in STRATEGIES,
+      f"sweep.strategy {self.strategy!r} unknown; known: {', '.join(STRATEGIES)}",
+    )
+    _check(
+      self.points >= 0 and self.startup_points >= 1,
+      "sweep.points must be >= 0 and startup_points >= 1",
+    )
     _check(self.trial_timeout_s >= 0, "sweep.trial_timeout_s must be >= 0")
-    _check(self.pruning is None or isinstance(self.pruning, Pruning),
-           "sweep.pruning must be a Pruning or None")
+    _check(
+      self.pruning is None or isinstance(self.pruning, Pruning),
+      "sweep.pruning must be a Pruning or None",
+    )
     if self.strategy == "grid":
       size = self.grid_size()
       _check(self.points <= size, f"sweep.points {self.points} > the grid's {size} points")
@@ -302,8 +348,10 @@ class Sweep:
 
   def grid(self) -> list[dict[str, Any]]:
     """Every point of the grid, in order (the last axis varies fastest)."""
-    return [dict(zip([a.key for a in self.axes], values, strict=True))
-            for values in itertools.product(*(a.grid() for a in self.axes))]
+    return [
+      dict(zip([a.key for a in self.axes], values, strict=True))
+      for values in itertools.product(*(a.grid() for a in self.axes))
+    ]
 
   def distributions(self) -> dict[str, Any]:
     """Axis key -> Optuna distribution."""
@@ -333,8 +381,9 @@ def load_sweep(path: str) -> tuple[Sweep, pathlib.Path]:
   spec.loader.exec_module(module)
   _check(hasattr(module, "get_sweep"), f"{file_name} defines no get_sweep(variant)")
   sweep = module.get_sweep(variant)
-  _check(isinstance(sweep, Sweep),
-         f"{file_name}:get_sweep returned {type(sweep).__name__}, not Sweep")
+  _check(
+    isinstance(sweep, Sweep), f"{file_name}:get_sweep returned {type(sweep).__name__}, not Sweep"
+  )
   return sweep, file.resolve()
 
 
@@ -346,8 +395,10 @@ def resolve_base(sweep: Sweep, sweep_file: pathlib.Path) -> tuple[pathlib.Path, 
     candidate = (root / name).resolve()
     if candidate.is_file():
       return candidate, variant
-  raise ConfigError(f"sweep {sweep.name}: base config {name!r} not found (looked in "
-                    f"{pathlib.Path.cwd()} and {sweep_file.parent})")
+  raise ConfigError(
+    f"sweep {sweep.name}: base config {name!r} not found (looked in "
+    f"{pathlib.Path.cwd()} and {sweep_file.parent})"
+  )
 
 
 def format_value(v: Any) -> str:
@@ -356,8 +407,11 @@ def format_value(v: Any) -> str:
 
 
 def trial_overrides(sweep: Sweep, params: dict[str, Any], seed: int) -> list[str]:
-  return [*sweep.fixed, *(f"{a.key}={format_value(params[a.key])}" for a in sweep.axes),
-          f"seed={seed}"]
+  return [
+    *sweep.fixed,
+    *(f"{a.key}={format_value(params[a.key])}" for a in sweep.axes),
+    f"seed={seed}",
+  ]
 
 
 def check_against_base(sweep: Sweep, base: pathlib.Path, variant: str) -> config_lib.Config:
@@ -374,8 +428,10 @@ def check_against_base(sweep: Sweep, base: pathlib.Path, variant: str) -> config
       except ConfigError as err:
         raise ConfigError(f"sweep {sweep.name}: axis {axis.key} value {v!r}: {err}") from None
   if sweep.pruning is not None and cfg.eval.every_seconds <= 0:
-    raise ConfigError(f"sweep {sweep.name}: pruning reads the eval curve, which needs "
-                      "eval.every_seconds > 0 (set it in the config or sweep.fixed)")
+    raise ConfigError(
+      f"sweep {sweep.name}: pruning reads the eval curve, which needs "
+      "eval.every_seconds > 0 (set it in the config or sweep.fixed)"
+    )
   return cfg
 
 
@@ -405,13 +461,17 @@ def trial_env(threads: int, workdir: pathlib.Path) -> dict[str, str]:
   do), so that `parallel` trials share the cores instead of each spreading over all; and
   SAO_JAX_SWEEP_TRIAL=workdir, inherited by every process of the trial, by which a later run
   finds what an interrupted one left behind (`trial_processes`)."""
-  flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
-           if not f.startswith("--xla_force_host_platform_device_count")
-           and not f.startswith("intra_op_parallelism_threads")
-           and not f.startswith("--xla_cpu_multi_thread_eigen")]
+  flags = [
+    f
+    for f in os.environ.get("XLA_FLAGS", "").split()
+    if not f.startswith("--xla_force_host_platform_device_count")
+    and not f.startswith("intra_op_parallelism_threads")
+    and not f.startswith("--xla_cpu_multi_thread_eigen")
+  ]
   flags += ["--xla_cpu_multi_thread_eigen=false", f"intra_op_parallelism_threads={threads}"]
-  return dict(os.environ, XLA_FLAGS=" ".join(flags), PYTHONUNBUFFERED="1",
-              **{TRIAL_ENV: str(workdir)})
+  return dict(
+    os.environ, XLA_FLAGS=" ".join(flags), PYTHONUNBUFFERED="1", **{TRIAL_ENV: str(workdir)}
+  )
 
 
 def trial_processes(sweep_dir: pathlib.Path) -> list[int]:
@@ -464,10 +524,19 @@ def start_group(cmd: list[str], *, log: pathlib.Path, env: dict, cwd: str) -> su
     cmd = [setpriv, "--pdeathsig", "SIGKILL", "--", *cmd]
   else:
     from sao_jax.transport.broker import _die_with_parent
+
     extra["preexec_fn"] = _die_with_parent
   with open(log, "ab") as f:
-    return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=env, cwd=cwd, start_new_session=True, **extra)
+    return subprocess.Popen(
+      cmd,
+      stdout=f,
+      stderr=subprocess.STDOUT,
+      stdin=subprocess.DEVNULL,
+      env=env,
+      cwd=cwd,
+      start_new_session=True,
+      **extra,
+    )
 
 
 def group_alive(pgid: int) -> bool:
@@ -555,9 +624,17 @@ class SweepRunner:
   stand-in) takes the same arguments.
   """
 
-  def __init__(self, sweep: Sweep, sweep_file: pathlib.Path, sweep_dir: str | pathlib.Path, *,
-               parallel: int | None = None, show_progress: bool = True, poll_s: float = 0.25,
-               train_cmd: tuple[str, ...] | None = None):
+  def __init__(
+    self,
+    sweep: Sweep,
+    sweep_file: pathlib.Path,
+    sweep_dir: str | pathlib.Path,
+    *,
+    parallel: int | None = None,
+    show_progress: bool = True,
+    poll_s: float = 0.25,
+    train_cmd: tuple[str, ...] | None = None,
+  ):
     self.sweep = sweep
     self.train_cmd = list(train_cmd or (sys.executable, "-m", "sao_jax.cli", "train"))
     self.dir = pathlib.Path(sweep_dir).resolve()
@@ -570,6 +647,7 @@ class SweepRunner:
     self.base_cfg = check_against_base(sweep, self.base, self.variant)
     if self.base_cfg.logging.wandb:
       from sao_jax.metrics import require_wandb
+
       require_wandb()
     self.study = None
     self._rerun: list[int] = []  # trial ids RUNNING in the journal when this run started
@@ -599,17 +677,21 @@ class SweepRunner:
 
   def _check_same_sweep(self) -> None:
     """sweep.json pins what DIR holds; only the budget (points) may change on a rerun."""
-    mine = json.loads(json.dumps(dict(self.sweep.to_dict(), base_config=str(self.base),
-                                      base_variant=self.variant)))
+    mine = json.loads(
+      json.dumps(dict(self.sweep.to_dict(), base_config=str(self.base), base_variant=self.variant))
+    )
     path = self.dir / "sweep.json"
     if path.exists():
       old = json.loads(path.read_text())
-      diff = sorted(k for k in old.keys() | mine.keys()
-                    if k != "points" and old.get(k) != mine.get(k))
+      diff = sorted(
+        k for k in old.keys() | mine.keys() if k != "points" and old.get(k) != mine.get(k)
+      )
       if diff:
         shown = "; ".join(f"{k}: {old.get(k)!r} -> {mine.get(k)!r}" for k in diff[:3])
-        raise ConfigError(f"{self.dir} holds a different sweep ({shown}); rerun the same "
-                          "sweep to resume it, or pass a new --dir")
+        raise ConfigError(
+          f"{self.dir} holds a different sweep ({shown}); rerun the same "
+          "sweep to resume it, or pass a new --dir"
+        )
     path.write_text(json.dumps(mine, indent=2))
 
   def _repair_journal(self, journal: pathlib.Path) -> None:
@@ -628,12 +710,17 @@ class SweepRunner:
     import optuna
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     journal = self.dir / "optuna.journal"
     self._repair_journal(journal)
     storage = JournalStorage(JournalFileBackend(str(journal)))
-    study = optuna.create_study(storage=storage, study_name=self.sweep.name,
-                                direction=self.sweep.direction, load_if_exists=True)
+    study = optuna.create_study(
+      storage=storage,
+      study_name=self.sweep.name,
+      direction=self.sweep.direction,
+      load_if_exists=True,
+    )
     # The sampler's random state is not in the journal: seeding it with the trial count
     # makes a resumed sweep draw new points instead of repeating the first run's draws.
     seed = (self.sweep.sampler_seed * 1_000_003 + len(study.trials)) % 2**31
@@ -643,10 +730,11 @@ class SweepRunner:
 
   def _sampler(self, seed: int):
     import optuna
+
     if self.sweep.strategy == "tpe":
       return optuna.samplers.TPESampler(
-          seed=seed, n_startup_trials=self.sweep.startup_points * self.sweep.seeds,
-          constant_liar=True)
+        seed=seed, n_startup_trials=self.sweep.startup_points * self.sweep.seeds, constant_liar=True
+      )
     # 'grid' enqueues every point itself (Optuna's GridSampler cannot run the enqueued
     # trials that carry the other seeds of a point); the sampler is then never consulted.
     return optuna.samplers.RandomSampler(seed=seed)
@@ -678,6 +766,7 @@ class SweepRunner:
     one that never got its point attributes becomes seed 0 of a new point; a point that is
     missing seeds gets them enqueued."""
     from optuna.trial import TrialState
+
     running = []
     points = self._points()
     for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -701,6 +790,7 @@ class SweepRunner:
     (within the budget); None when nothing is left."""
     import optuna
     from optuna.trial import TrialState
+
     if self._rerun:
       return optuna.Trial(self.study, self._rerun.pop(0))
     dists = self.sweep.distributions()
@@ -727,30 +817,52 @@ class SweepRunner:
     workdir.mkdir(parents=True, exist_ok=True)
     overrides = trial_overrides(self.sweep, trial.params, seed)
     try:
-      cfg = config_lib.apply_overrides(self.base_cfg, overrides[len(self.sweep.fixed):])
+      cfg = config_lib.apply_overrides(self.base_cfg, overrides[len(self.sweep.fixed) :])
       if cfg.logging.wandb:
-        overrides += [f"logging.wandb_group={self.sweep.name!r}",
-                      f"logging.wandb_name={f'{self.sweep.name}-t{trial.number}'!r}"]
+        overrides += [
+          f"logging.wandb_group={self.sweep.name!r}",
+          f"logging.wandb_name={f'{self.sweep.name}-t{trial.number}'!r}",
+        ]
     except ConfigError as err:
       self._finish_without_run(trial, point, seed, f"config: {err}")
       return None
     attempt = trial.user_attrs.get("attempts", 0) + 1
     trial.set_user_attr("attempts", attempt)
-    cmd = [*self.train_cmd, "--config", f"{self.base}:{self.variant}",
-           *itertools.chain.from_iterable(("--set", o) for o in overrides),
-           "--workdir", str(workdir), "--no-progress"]
+    cmd = [
+      *self.train_cmd,
+      "--config",
+      f"{self.base}:{self.variant}",
+      *itertools.chain.from_iterable(("--set", o) for o in overrides),
+      "--workdir",
+      str(workdir),
+      "--no-progress",
+    ]
     (workdir / "command.json").write_text(json.dumps(cmd))
-    proc = start_group(cmd, log=workdir / "train.log", env=trial_env(self.threads, workdir),
-                       cwd=str(pathlib.Path.cwd()))
-    self._event(event="start", trial=trial.number, point=point, seed=seed, attempt=attempt,
-                pid=proc.pid)
+    proc = start_group(
+      cmd,
+      log=workdir / "train.log",
+      env=trial_env(self.threads, workdir),
+      cwd=str(pathlib.Path.cwd()),
+    )
+    self._event(
+      event="start", trial=trial.number, point=point, seed=seed, attempt=attempt, pid=proc.pid
+    )
     reported = set(self.study._storage.get_trial(trial._trial_id).intermediate_values)
-    return _Running(trial=trial, point=point, seed=seed, workdir=workdir, proc=proc,
-                    started=time.time(), every_seconds=cfg.eval.every_seconds,
-                    tail=JsonlTail(workdir / "metrics.jsonl"), reported=reported)
+    return _Running(
+      trial=trial,
+      point=point,
+      seed=seed,
+      workdir=workdir,
+      proc=proc,
+      started=time.time(),
+      every_seconds=cfg.eval.every_seconds,
+      tail=JsonlTail(workdir / "metrics.jsonl"),
+      reported=reported,
+    )
 
   def _finish_without_run(self, trial, point: int, seed: int, reason: str) -> None:
     from optuna.trial import TrialState
+
     trial.set_user_attr("status", "failed")
     trial.set_user_attr("reason", reason)
     trial.set_user_attr("wall_s", 0.0)
@@ -785,6 +897,7 @@ class SweepRunner:
   def _finish(self, r: _Running) -> str:
     """Records the outcome of a trial whose process has ended; returns its status."""
     from optuna.trial import TrialState
+
     wall = time.time() - r.started
     rc = r.proc.returncode
     value, metrics, reason = None, {}, ""
@@ -808,12 +921,20 @@ class SweepRunner:
       self.study.tell(r.trial, value)
     else:
       self.study.tell(r.trial, state=state)
-    self._event(event="end", trial=r.trial.number, point=r.point, seed=r.seed, status=status,
-                value=value, wall_s=round(wall, 3))
+    self._event(
+      event="end",
+      trial=r.trial.number,
+      point=r.point,
+      seed=r.seed,
+      status=status,
+      value=value,
+      wall_s=round(wall, 3),
+    )
     return status
 
   def _read_summary(self, workdir: pathlib.Path):
     from optuna.trial import TrialState
+
     path = workdir / "summary.json"
     try:
       summary = json.loads(path.read_text())
@@ -828,8 +949,13 @@ class SweepRunner:
       if isinstance(v, (int, float)) and not isinstance(v, bool):
         metrics[p] = float(v)
     if self.sweep.metric not in metrics:
-      return ("failed", TrialState.FAIL, None, metrics,
-              f"metric {self.sweep.metric} missing from summary.json (or not a number)")
+      return (
+        "failed",
+        TrialState.FAIL,
+        None,
+        metrics,
+        f"metric {self.sweep.metric} missing from summary.json (or not a number)",
+      )
     value = metrics[self.sweep.metric]
     if not math.isfinite(value):
       return "diverged", TrialState.FAIL, None, metrics, f"{self.sweep.metric} = {value}"
@@ -844,6 +970,7 @@ class SweepRunner:
     import tqdm
 
     from sao_jax import sweep_report
+
     self._acquire()
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     running: dict[int, _Running] = {}
@@ -854,17 +981,26 @@ class SweepRunner:
       # not write into a workdir that its trial's re-run is about to use.
       left = kill_leftovers(self.dir)
       if left:
-        print(f"sweep {self.sweep.name}: stopped {left} process(es) left by an interrupted "
-              "run", flush=True)
+        print(
+          f"sweep {self.sweep.name}: stopped {left} process(es) left by an interrupted run",
+          flush=True,
+        )
       self.study = self._open_study()
       self._rerun = self._reconcile()
       if self._rerun:
-        print(f"sweep {self.sweep.name}: resuming; re-running {len(self._rerun)} interrupted "
-              "trial(s)", flush=True)
+        print(
+          f"sweep {self.sweep.name}: resuming; re-running {len(self._rerun)} interrupted trial(s)",
+          flush=True,
+        )
       done = sum(t.state.is_finished() for t in self.study.get_trials(deepcopy=False))
-      bar = tqdm.tqdm(total=max(self.sweep.num_trials, done), initial=done,
-                      desc=f"sweep {self.sweep.name}", unit="trial", dynamic_ncols=True,
-                      disable=not self.show_progress)
+      bar = tqdm.tqdm(
+        total=max(self.sweep.num_trials, done),
+        initial=done,
+        desc=f"sweep {self.sweep.name}",
+        unit="trial",
+        dynamic_ncols=True,
+        disable=not self.show_progress,
+      )
       counts: dict[str, int] = {}
       while True:
         while len(running) < self.parallel:
@@ -915,9 +1051,9 @@ def _last_line(path: pathlib.Path) -> str:
   return lines[-1][:300] if lines else "(empty log)"
 
 
-def run_sweep(path: str, sweep_dir: str, *, parallel: int | None = None,
-              show_progress: bool = True) -> dict:
+def run_sweep(
+  path: str, sweep_dir: str, *, parallel: int | None = None, show_progress: bool = True
+) -> dict:
   """What `sao-jax sweep` calls."""
   sweep, file = load_sweep(path)
-  return SweepRunner(sweep, file, sweep_dir, parallel=parallel,
-                     show_progress=show_progress).run()
+  return SweepRunner(sweep, file, sweep_dir, parallel=parallel, show_progress=show_progress).run()

@@ -14,6 +14,7 @@
 
 The writers take plain rows, so notebooks can rebuild any of them from trials.json.
 """
+
 from __future__ import annotations
 
 import csv
@@ -25,8 +26,13 @@ from typing import Any
 
 from sao_jax import stats
 
-_STATE_STATUS = {"COMPLETE": "complete", "PRUNED": "pruned", "RUNNING": "running",
-                 "WAITING": "waiting", "FAIL": "failed"}
+_STATE_STATUS = {
+  "COMPLETE": "complete",
+  "PRUNED": "pruned",
+  "RUNNING": "running",
+  "WAITING": "waiting",
+  "FAIL": "failed",
+}
 
 
 def _clean(v: Any) -> Any:
@@ -50,12 +56,22 @@ def trial_rows(study, sweep) -> list[dict]:
     if status == "failed":
       status = attrs.get("status", "failed")
     metrics = attrs.get("metrics", {})
-    row = {"trial": t.number, "point": attrs.get("point"), "seed": attrs.get("seed"),
-           "status": status}
+    row = {
+      "trial": t.number,
+      "point": attrs.get("point"),
+      "seed": attrs.get("seed"),
+      "status": status,
+    }
     row.update({a.key: params.get(a.key) for a in sweep.axes})
     row.update({m: metrics.get(m) for m in (sweep.metric, *sweep.report)})
-    row.update({"attempts": attrs.get("attempts", 0), "trial_wall_s": attrs.get("wall_s"),
-                "reason": attrs.get("reason", ""), "workdir": f"trials/{t.number}"})
+    row.update(
+      {
+        "attempts": attrs.get("attempts", 0),
+        "trial_wall_s": attrs.get("wall_s"),
+        "reason": attrs.get("reason", ""),
+        "workdir": f"trials/{t.number}",
+      }
+    )
     rows.append(row)
   return rows
 
@@ -97,8 +113,12 @@ def _write_csv(path: pathlib.Path, rows: list[dict]) -> None:
     w = csv.DictWriter(f, fieldnames=columns)
     w.writeheader()
     for r in rows:
-      w.writerow({k: "" if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
-                  for k, v in r.items()})
+      w.writerow(
+        {
+          k: "" if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
+          for k, v in r.items()
+        }
+      )
   os.replace(tmp, path)
 
 
@@ -108,47 +128,82 @@ def _write_json(path: pathlib.Path, obj: Any) -> None:
   os.replace(tmp, path)
 
 
-def write_table_files(sweep_dir: pathlib.Path, sweep, rows: list[dict],
-                      points: list[dict], best: dict | None, extra: dict | None = None) -> None:
+def write_table_files(
+  sweep_dir: pathlib.Path,
+  sweep,
+  rows: list[dict],
+  points: list[dict],
+  best: dict | None,
+  extra: dict | None = None,
+) -> None:
   _write_csv(sweep_dir / "trials.csv", rows)
   _write_csv(sweep_dir / "points.csv", points)
-  _write_json(sweep_dir / "trials.json", {"sweep": sweep.to_dict(), **(extra or {}),
-                                          "trials": rows, "points": points, "best": best})
+  _write_json(
+    sweep_dir / "trials.json",
+    {"sweep": sweep.to_dict(), **(extra or {}), "trials": rows, "points": points, "best": best},
+  )
 
 
 def write_plot(path: pathlib.Path, sweep, rows: list[dict], points: list[dict]) -> bool:
   """Metric against each axis; False (and no file) when matplotlib is not installed."""
   try:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
   except ImportError:
     return False
   axes = list(sweep.axes) or [None]
-  fig, grid = plt.subplots(1, len(axes), figsize=(4.2 * len(axes), 3.6), squeeze=False,
-                           sharey=True)
+  fig, grid = plt.subplots(1, len(axes), figsize=(4.2 * len(axes), 3.6), squeeze=False, sharey=True)
   done = [r for r in rows if r["status"] == "complete"]
   for ax, axis in zip(grid[0], axes, strict=True):
     x = _x_of(ax, axis)
-    ax.scatter([x(r) for r in done], [r[sweep.metric] for r in done], s=12, color="0.55",
-               alpha=0.7, label="one seed", zorder=2)
+    ax.scatter(
+      [x(r) for r in done],
+      [r[sweep.metric] for r in done],
+      s=12,
+      color="0.55",
+      alpha=0.7,
+      label="one seed",
+      zorder=2,
+    )
     ok = [p for p in points if math.isfinite(p["mean"])]
-    err = [[p["mean"] - p["ci_low"] if math.isfinite(p["ci_low"]) else 0 for p in ok],
-           [p["ci_high"] - p["mean"] if math.isfinite(p["ci_high"]) else 0 for p in ok]]
-    ax.errorbar([x(p) for p in ok], [p["mean"] for p in ok], yerr=err, fmt="o", color="C0",
-                ms=5, capsize=3, label="point mean, 95 % CI", zorder=3)
+    err = [
+      [p["mean"] - p["ci_low"] if math.isfinite(p["ci_low"]) else 0 for p in ok],
+      [p["ci_high"] - p["mean"] if math.isfinite(p["ci_high"]) else 0 for p in ok],
+    ]
+    ax.errorbar(
+      [x(p) for p in ok],
+      [p["mean"] for p in ok],
+      yerr=err,
+      fmt="o",
+      color="C0",
+      ms=5,
+      capsize=3,
+      label="point mean, 95 % CI",
+      zorder=3,
+    )
     for status, marker in (("diverged", "x"), ("failed", "v"), ("pruned", "s")):
       bad = [p for p in points if p[f"n_{status}"]]
       if bad:
-        ax.scatter([x(p) for p in bad], [ax.get_ylim()[0]] * len(bad), marker=marker,
-                   color="C3", label=f"has {status} seeds", zorder=4)
+        ax.scatter(
+          [x(p) for p in bad],
+          [ax.get_ylim()[0]] * len(bad),
+          marker=marker,
+          color="C3",
+          label=f"has {status} seeds",
+          zorder=4,
+        )
     key = axis.key if axis is not None else None
     ax.set_xlabel(key or "all trials")
     ax.grid(alpha=0.3)
   grid[0][0].set_ylabel(f"{sweep.metric} ({sweep.direction})")
   grid[0][-1].legend(fontsize=7, loc="best")
-  fig.suptitle(f"sweep {sweep.name}: {len(done)} complete trials, {len(points)} points, "
-               f"{sweep.seeds} seed(s) each", fontsize=9)
+  fig.suptitle(
+    f"sweep {sweep.name}: {len(done)} complete trials, {len(points)} points, "
+    f"{sweep.seeds} seed(s) each",
+    fontsize=9,
+  )
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
@@ -175,8 +230,9 @@ def _spans_decades(axis) -> bool:
   return bool(values) and min(values) > 0 and max(values) / min(values) >= 10
 
 
-def best_config_source(sweep, base: pathlib.Path, variant: str, best: dict,
-                       out_dir: pathlib.Path) -> str:
+def best_config_source(
+  sweep, base: pathlib.Path, variant: str, best: dict, out_dir: pathlib.Path
+) -> str:
   """A config file: the base config's `variant` (or any other variant of it) with the
   sweep's fixed overrides and the best point's values."""
   overrides = [*sweep.fixed, *(f"{a.key}={best[a.key]!r}" for a in sweep.axes)]
@@ -186,37 +242,41 @@ def best_config_source(sweep, base: pathlib.Path, variant: str, best: dict,
   inside = all(p.resolve().is_relative_to(cwd) for p in (base, out_dir))
   rel = os.path.relpath(base, out_dir) if inside else str(base)
   here = out_dir / "best_config.py"
-  ci = (f"95 % CI {best['ci_low']:.4g} .. {best['ci_high']:.4g}"
-        if math.isfinite(best["ci_low"]) else "one seed: no interval")
-  mean_se = f"{best['mean']:.4g}" + (f" +- {best['se']:.2g} s.e." if math.isfinite(best["se"])
-                                     else "")
+  ci = (
+    f"95 % CI {best['ci_low']:.4g} .. {best['ci_high']:.4g}"
+    if math.isfinite(best["ci_low"])
+    else "one seed: no interval"
+  )
+  mean_se = f"{best['mean']:.4g}" + (
+    f" +- {best['se']:.2g} s.e." if math.isfinite(best["se"]) else ""
+  )
   sets = " ".join(f"--set {o!r}" if " " in o else f"--set {o}" for o in overrides)
   lines = [
-      f'"""Best point of sweep {sweep.name}: {sweep.metric} ({sweep.direction}) = {mean_se}',
-      f"({ci}, over {sweep.seeds} seed(s)); point {best['point']}.",
-      "",
-      f"Variant 'default' is the swept one ({variant!r} of the base config); any other name",
-      "is that variant of the base config with the same values. Run it (seed 0; add",
-      "--set seed=N for others):",
-      f"  sao-jax train --config {here} --workdir runs/{sweep.name}_best",
-      "The same values on the base config directly (any variant):",
-      f"  sao-jax train --config {base}:{variant} {sets} --workdir runs/{sweep.name}_best",
-      '"""',
-      "import pathlib",
-      "",
-      "from sao_jax import config as config_lib",
-      "",
-      f"BASE = pathlib.Path(__file__).parent / {rel!r}",
-      f"BASE_VARIANT = {variant!r}",
-      "OVERRIDES = [",
-      *(f"    {o!r}," for o in overrides),
-      "]",
-      "",
-      "",
-      'def get_config(variant: str = "default") -> config_lib.Config:',
-      '  base_variant = BASE_VARIANT if variant == "default" else variant',
-      "  return config_lib.load_config(str(BASE), base_variant, overrides=OVERRIDES)",
-      "",
+    f'"""Best point of sweep {sweep.name}: {sweep.metric} ({sweep.direction}) = {mean_se}',
+    f"({ci}, over {sweep.seeds} seed(s)); point {best['point']}.",
+    "",
+    f"Variant 'default' is the swept one ({variant!r} of the base config); any other name",
+    "is that variant of the base config with the same values. Run it (seed 0; add",
+    "--set seed=N for others):",
+    f"  sao-jax train --config {here} --workdir runs/{sweep.name}_best",
+    "The same values on the base config directly (any variant):",
+    f"  sao-jax train --config {base}:{variant} {sets} --workdir runs/{sweep.name}_best",
+    '"""',
+    "import pathlib",
+    "",
+    "from sao_jax import config as config_lib",
+    "",
+    f"BASE = pathlib.Path(__file__).parent / {rel!r}",
+    f"BASE_VARIANT = {variant!r}",
+    "OVERRIDES = [",
+    *(f"    {o!r}," for o in overrides),
+    "]",
+    "",
+    "",
+    'def get_config(variant: str = "default") -> config_lib.Config:',
+    '  base_variant = BASE_VARIANT if variant == "default" else variant',
+    "  return config_lib.load_config(str(BASE), base_variant, overrides=OVERRIDES)",
+    "",
   ]
   return "\n".join(lines)
 
@@ -225,8 +285,14 @@ def write_tables(runner) -> tuple[list[dict], list[dict], dict | None]:
   rows = trial_rows(runner.study, runner.sweep)
   points = point_rows(runner.sweep, rows)
   best = best_point(runner.sweep, points)
-  write_table_files(runner.dir, runner.sweep, rows, points, best,
-                    {"base_config": str(runner.base), "base_variant": runner.variant})
+  write_table_files(
+    runner.dir,
+    runner.sweep,
+    rows,
+    points,
+    best,
+    {"base_config": str(runner.base), "base_variant": runner.variant},
+  )
   return rows, points, best
 
 
@@ -241,15 +307,27 @@ def write_all(runner) -> dict:
     print("sweep.png not written: matplotlib is not installed (pip install matplotlib)")
   if best is not None:
     (out / "best_config.py").write_text(
-        best_config_source(sweep, runner.base, runner.variant, best, out))
+      best_config_source(sweep, runner.base, runner.variant, best, out)
+    )
     files.append("best_config.py")
   counts: dict[str, int] = {}
   for r in rows:
     counts[r["status"]] = counts.get(r["status"], 0) + 1
-  summary = {"sweep": sweep.name, "dir": str(out), "trials": len(rows), "status": counts,
-             "points": len(points), "files": files}
+  summary = {
+    "sweep": sweep.name,
+    "dir": str(out),
+    "trials": len(rows),
+    "status": counts,
+    "points": len(points),
+    "files": files,
+  }
   if best is not None:
-    summary["best"] = {"point": best["point"], **{a.key: best[a.key] for a in sweep.axes},
-                       "mean": best["mean"], "se": best["se"], "ci_low": best["ci_low"],
-                       "ci_high": best["ci_high"]}
+    summary["best"] = {
+      "point": best["point"],
+      **{a.key: best[a.key] for a in sweep.axes},
+      "mean": best["mean"],
+      "se": best["se"],
+      "ci_low": best["ci_low"],
+      "ci_high": best["ci_high"],
+    }
   return _clean(summary)

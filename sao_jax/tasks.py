@@ -16,6 +16,7 @@ and a config with `task=TaskConfig(family="path/to/reverse.py:Reverse")`. A fami
 parameters go in `task.options` (`--set task.options.length=8`), validated against its
 `Options` dataclass.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,9 +36,11 @@ FAMILIES = Registry("task family")
 
 def register_family(name: str):
   """Class decorator: makes a TaskFamily subclass selectable as task.family=name."""
+
   def deco(cls):
     cls.name = name
     return FAMILIES.register(name)(cls)
+
   return deco
 
 
@@ -96,8 +99,9 @@ class TaskFamily:
 
   def sft_examples(self, task: Task, tok: Tokenizer, prompt_len: int) -> list[SFTExample]:
     """Rows of the supervised warm start (one per step for multi-step families)."""
-    return [SFTExample(tok.encode(task.prompt, add_bos=True),
-                       tok.encode(task.solution, add_eos=True))]
+    return [
+      SFTExample(tok.encode(task.prompt, add_bos=True), tok.encode(task.solution, add_eos=True))
+    ]
 
   def budget(self, tasks: list[Task], tok: Tokenizer) -> tuple[int, int]:
     """(prompt length, target length) in tokens that every task's rows fit: the shapes the
@@ -115,8 +119,10 @@ def parse_options(options_cls: type, pairs: tuple, family: str):
   kwargs = {}
   for key, value in pairs:
     if key not in fields:
-      raise ConfigError(f"task.options.{key}: unknown option of task family {family!r}; known: "
-                        f"{', '.join(sorted(fields)) or 'none'}")
+      raise ConfigError(
+        f"task.options.{key}: unknown option of task family {family!r}; known: "
+        f"{', '.join(sorted(fields)) or 'none'}"
+      )
     kwargs[key] = coerce(value, hints[key], f"task.options.{key}")
   try:
     return options_cls(**kwargs)
@@ -132,8 +138,10 @@ def get_family(cfg: TaskConfig) -> TaskFamily:
 def family_class(name: str) -> type[TaskFamily]:
   if ":" not in name:
     if name not in FAMILIES.names():
-      raise ConfigError(f"task.family {name!r} unknown; known: {', '.join(FAMILIES.names())}, "
-                        "or package.module:Class / path/to/file.py:Class")
+      raise ConfigError(
+        f"task.family {name!r} unknown; known: {', '.join(FAMILIES.names())}, "
+        "or package.module:Class / path/to/file.py:Class"
+      )
     return FAMILIES.get(name)
   where, _, attr = name.rpartition(":")
   if where.endswith(".py"):

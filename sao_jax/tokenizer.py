@@ -12,6 +12,7 @@ it. One it lacks can be given after a `?`, as a token or an id, e.g.
 one is an error naming the fix. Prompts are encoded as plain text: no chat template and no
 special tokens are added except the BOS/EOS the caller asks for.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,7 @@ class Tokenizer(Protocol):
   bos_id: int
   eos_id: int
 
-  def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
-    ...
+  def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]: ...
 
   def decode(self, ids: Sequence[int] | np.ndarray) -> str:
     """Text of `ids` up to the first EOS; PAD and BOS are skipped."""
@@ -83,14 +83,17 @@ def _parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     key, eq, value = item.partition("=")
     allowed = _SPECIALS + tuple(f"{k}_id" for k in _SPECIALS)
     if not eq or key not in allowed:
-      raise ValueError(f"tokenizer option {item!r} in {spec!r}: expected one of "
-                       f"{', '.join(k + '=...' for k in allowed)}")
+      raise ValueError(
+        f"tokenizer option {item!r} in {spec!r}: expected one of "
+        f"{', '.join(k + '=...' for k in allowed)}"
+      )
     opts[key] = value
   return path, opts
 
 
-def _special_ids(spec: str, found: dict[str, int | None], opts: dict[str, str], token_to_id,
-                 vocab_size: int) -> dict[str, int]:
+def _special_ids(
+  spec: str, found: dict[str, int | None], opts: dict[str, str], token_to_id, vocab_size: int
+) -> dict[str, int]:
   """PAD/BOS/EOS ids: an option ('eos=<tok>' or 'eos_id=N') wins over what the tokenizer
   names; each must exist and lie inside the vocabulary."""
   ids = {}
@@ -107,16 +110,19 @@ def _special_ids(spec: str, found: dict[str, int | None], opts: dict[str, str], 
     else:
       value = found.get(name)
     if value is None:
-      raise ValueError(f"tokenizer {spec!r} has no {name.upper()} token; name one with "
-                       f"'?{name}=<token>' or '?{name}_id=<id>'")
+      raise ValueError(
+        f"tokenizer {spec!r} has no {name.upper()} token; name one with "
+        f"'?{name}=<token>' or '?{name}_id=<id>'"
+      )
     if not 0 <= value < vocab_size:
       raise ValueError(f"{spec!r}: {name} id {value} outside the vocabulary (0..{vocab_size - 1})")
     ids[name] = value
   return ids
 
 
-def _kept_ids(ids: Sequence[int] | np.ndarray, eos_id: int, skip: tuple[int, ...],
-              vocab_size: int) -> list[int]:
+def _kept_ids(
+  ids: Sequence[int] | np.ndarray, eos_id: int, skip: tuple[int, ...], vocab_size: int
+) -> list[int]:
   """Ids before the first EOS, without `skip` ids and ids past the tokenizer's vocabulary
   (a model's output layer may be padded beyond it)."""
   out = []
@@ -133,6 +139,7 @@ class HFTokenizer:
 
   def __init__(self, spec: str):
     from tokenizers import Tokenizer as _Backend
+
     path, opts = _parse_spec(spec)
     file = pathlib.Path(path)
     if not file.is_file():
@@ -165,6 +172,7 @@ class SentencePieceTokenizer:
 
   def __init__(self, spec: str):
     import sentencepiece
+
     path, opts = _parse_spec(spec)
     if not pathlib.Path(path).is_file():
       raise ValueError(f"SentencePiece model {path!r} not found")
@@ -176,6 +184,7 @@ class SentencePieceTokenizer:
     def token_to_id(token: str) -> int | None:
       i = self._sp.piece_to_id(token)
       return i if self._sp.id_to_piece(i) == token else None
+
     ids = _special_ids(spec, found, opts, token_to_id, self.vocab_size)
     self.pad_id, self.bos_id, self.eos_id = ids["pad"], ids["bos"], ids["eos"]
 
@@ -184,8 +193,7 @@ class SentencePieceTokenizer:
     return [self.bos_id] * add_bos + ids + [self.eos_id] * add_eos
 
   def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-    return self._sp.decode(_kept_ids(ids, self.eos_id, (self.pad_id, self.bos_id),
-                                     self.vocab_size))
+    return self._sp.decode(_kept_ids(ids, self.eos_id, (self.pad_id, self.bos_id), self.vocab_size))
 
 
 def get_tokenizer(name: str) -> Tokenizer:

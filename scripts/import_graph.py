@@ -9,6 +9,7 @@ level import is still a dependency), so nothing is executed. Layers, top to bott
 may import modules of its own layer (as long as there is no cycle) and of layers below it,
 never above.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,20 +22,44 @@ PACKAGE = "sao_jax"
 
 # Most specific prefix wins. Layer 4 is the command line, 0 what everything may use.
 LAYERS: dict[str, int] = {
-    "sao_jax.cli": 4,
-    "sao_jax.runners": 3, "sao_jax.sweep": 3, "sao_jax.sweep_report": 3,
-    "sao_jax.sim": 2,
-    "sao_jax.learner": 2, "sao_jax.rollout": 2, "sao_jax.evaluation": 2, "sao_jax.setup": 2,
-    "sao_jax.tasks": 2, "sao_jax.families": 2, "sao_jax.checkpoint": 2, "sao_jax.recovery": 2,
-    "sao_jax.buffer": 2, "sao_jax.admission": 2,
-    "sao_jax.compression.policy": 2, "sao_jax.compression.rollout": 2,
-    "sao_jax.models": 1, "sao_jax.rl": 1, "sao_jax.envs": 1, "sao_jax.data": 1,
-    "sao_jax.transport": 1, "sao_jax.compression": 1, "sao_jax.sampling": 1, "sao_jax.sandbox": 1,
-    "sao_jax.packing": 1, "sao_jax.state": 1, "sao_jax.batches": 1, "sao_jax.slots": 1,
-    "sao_jax": 0,
+  "sao_jax.cli": 4,
+  "sao_jax.runners": 3,
+  "sao_jax.sweep": 3,
+  "sao_jax.sweep_report": 3,
+  "sao_jax.sim": 2,
+  "sao_jax.learner": 2,
+  "sao_jax.rollout": 2,
+  "sao_jax.evaluation": 2,
+  "sao_jax.setup": 2,
+  "sao_jax.tasks": 2,
+  "sao_jax.families": 2,
+  "sao_jax.checkpoint": 2,
+  "sao_jax.recovery": 2,
+  "sao_jax.buffer": 2,
+  "sao_jax.admission": 2,
+  "sao_jax.compression.policy": 2,
+  "sao_jax.compression.rollout": 2,
+  "sao_jax.models": 1,
+  "sao_jax.rl": 1,
+  "sao_jax.envs": 1,
+  "sao_jax.data": 1,
+  "sao_jax.transport": 1,
+  "sao_jax.compression": 1,
+  "sao_jax.sampling": 1,
+  "sao_jax.sandbox": 1,
+  "sao_jax.packing": 1,
+  "sao_jax.state": 1,
+  "sao_jax.batches": 1,
+  "sao_jax.slots": 1,
+  "sao_jax": 0,
 }
-LAYER_NAMES = {4: "cli", 3: "runners", 2: "learner/rollout/evaluation/setup",
-               1: "models/rl/envs/data/transport/compression", 0: "config/tokenizer/procs"}
+LAYER_NAMES = {
+  4: "cli",
+  3: "runners",
+  2: "learner/rollout/evaluation/setup",
+  1: "models/rl/envs/data/transport/compression",
+  0: "config/tokenizer/procs",
+}
 
 
 def layer(module: str) -> int:
@@ -125,8 +150,9 @@ def longest_functions(n: int) -> list[tuple[int, str]]:
   for path in sorted((ROOT / PACKAGE).rglob("*.py")):
     for node in ast.walk(ast.parse(path.read_text())):
       if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        rows.append((node.end_lineno - node.lineno + 1,
-                     f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"))
+        rows.append(
+          (node.end_lineno - node.lineno + 1, f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+        )
   return sorted(rows, reverse=True)[:n]
 
 
@@ -151,8 +177,10 @@ def main(argv=None) -> int:
     print(f"cycle: {' <-> '.join(c)}")
   for m, d in up:
     print(f"upward import: {m} (layer {layer(m)}) imports {d} (layer {layer(d)})")
-  print(f"{len(g)} modules, {sum(map(len, g.values()))} imports, {len(cyc)} cycles, "
-        f"{len(up)} upward imports")
+  print(
+    f"{len(g)} modules, {sum(map(len, g.values()))} imports, {len(cyc)} cycles, "
+    f"{len(up)} upward imports"
+  )
   return 1 if (cyc or up) else 0
 
 

@@ -26,6 +26,7 @@ top-1/top-2 logit gap met while generating, so a test can tell that exact agreem
 meaningful) and reference_logits.npz (float32 logits of the prompts, one array per prompt),
 all computed in float32 with eager attention.
 """
+
 from __future__ import annotations
 
 import io
@@ -45,22 +46,22 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "hf"
 MAX_NEW_TOKENS = 12
 
 CORPUS = [
-    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "
-    "in May. How many clips did Natalia sell altogether in April and May?",
-    "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of "
-    "babysitting. How much did she earn?",
-    "Betty is saving money for a new wallet which costs $100. Betty has only half of the money "
-    "she needs. Her parents decided to give her $15 for that purpose.",
-    "James writes a 3-page letter to 2 different friends twice a week. How many pages does "
-    "he write a year?",
-    "Ann had 7 eggs, got 5, sold 3. How many eggs does she have now? The answer is 9.",
-    "Natalia sold 48/2 = 24 clips in May. Natalia sold 48+24 = 72 clips altogether.",
-    "Question: Tom has 12 keys and loses 3. How many keys are left?\nAnswer: 12 - 3 = 9",
+  "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "
+  "in May. How many clips did Natalia sell altogether in April and May?",
+  "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of "
+  "babysitting. How much did she earn?",
+  "Betty is saving money for a new wallet which costs $100. Betty has only half of the money "
+  "she needs. Her parents decided to give her $15 for that purpose.",
+  "James writes a 3-page letter to 2 different friends twice a week. How many pages does "
+  "he write a year?",
+  "Ann had 7 eggs, got 5, sold 3. How many eggs does she have now? The answer is 9.",
+  "Natalia sold 48/2 = 24 clips in May. Natalia sold 48+24 = 72 clips altogether.",
+  "Question: Tom has 12 keys and loses 3. How many keys are left?\nAnswer: 12 - 3 = 9",
 ]
 PROMPTS = [
-    "Question: Natalia sold 48 clips. How many clips?\nAnswer:",
-    "Weng earns $12 an hour",
-    "Ann had 7 eggs",
+  "Question: Natalia sold 48 clips. How many clips?\nAnswer:",
+  "Weng earns $12 an hour",
+  "Ann had 7 eggs",
 ]
 
 
@@ -86,8 +87,11 @@ def _bpe_tokenizer() -> tokenizers.Tokenizer:
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = decoders.ByteLevel()
   trainer = trainers.BpeTrainer(
-      vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    vocab_size=300,
+    special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    show_progress=False,
+  )
   tok.train_from_iterator(CORPUS, trainer)
   return tok
 
@@ -97,38 +101,72 @@ def _spm_model(path: pathlib.Path):
   normalisation (which also keeps the file small: no normaliser table)."""
   buf = io.BytesIO()
   spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(CORPUS * 4), model_writer=buf, model_type="bpe", vocab_size=352,
-      byte_fallback=True, character_coverage=1.0, num_threads=1, unk_id=0, bos_id=1, eos_id=2,
-      pad_id=-1, split_digits=True, normalization_rule_name="identity",
-      remove_extra_whitespaces=False, minloglevel=2)
+    sentence_iterator=iter(CORPUS * 4),
+    model_writer=buf,
+    model_type="bpe",
+    vocab_size=352,
+    byte_fallback=True,
+    character_coverage=1.0,
+    num_threads=1,
+    unk_id=0,
+    bos_id=1,
+    eos_id=2,
+    pad_id=-1,
+    split_digits=True,
+    normalization_rule_name="identity",
+    remove_extra_whitespaces=False,
+    minloglevel=2,
+  )
   path.write_bytes(buf.getvalue())
 
 
-def _references(model, prompts: list[str], ids: list[list[int]], eos_id: int, pad_id: int,
-                out_dir: pathlib.Path, extra: dict):
+def _references(
+  model,
+  prompts: list[str],
+  ids: list[list[int]],
+  eos_id: int,
+  pad_id: int,
+  out_dir: pathlib.Path,
+  extra: dict,
+):
   model.eval()
   logits, generations, margins = {}, [], []
   with torch.no_grad():
     for i, row in enumerate(ids):
       x = torch.tensor([row])
       logits[f"prompt_{i}"] = model(x).logits[0].float().numpy()
-      out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=MAX_NEW_TOKENS,
-                           do_sample=False, eos_token_id=eos_id, pad_token_id=pad_id,
-                           output_scores=True, return_dict_in_generate=True)
-      generations.append(out.sequences[0, len(row):].tolist())
+      out = model.generate(
+        x,
+        attention_mask=torch.ones_like(x),
+        max_new_tokens=MAX_NEW_TOKENS,
+        do_sample=False,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        output_scores=True,
+        return_dict_in_generate=True,
+      )
+      generations.append(out.sequences[0, len(row) :].tolist())
       for scores in out.scores:
         top2 = torch.topk(scores[0].float(), 2).values
         margins.append(float(top2[0] - top2[1]))
   np.savez(out_dir / "reference_logits.npz", **logits)
   ref = {
-      "prompts": prompts, "input_ids": ids, "greedy": generations,
-      "max_new_tokens": MAX_NEW_TOKENS, "eos_id": eos_id, "pad_id": pad_id,
-      "min_greedy_margin": min(margins),
-      "made_with": {"torch": torch.__version__, "transformers": transformers.__version__,
-                    "tokenizers": tokenizers.__version__, "sentencepiece": spm.__version__,
-                    "python": sys.version.split()[0],
-                    "command": "python scripts/make_hf_fixtures.py"},
-      **extra,
+    "prompts": prompts,
+    "input_ids": ids,
+    "greedy": generations,
+    "max_new_tokens": MAX_NEW_TOKENS,
+    "eos_id": eos_id,
+    "pad_id": pad_id,
+    "min_greedy_margin": min(margins),
+    "made_with": {
+      "torch": torch.__version__,
+      "transformers": transformers.__version__,
+      "tokenizers": tokenizers.__version__,
+      "sentencepiece": spm.__version__,
+      "python": sys.version.split()[0],
+      "command": "python scripts/make_hf_fixtures.py",
+    },
+    **extra,
   }
   (out_dir / "reference.json").write_text(json.dumps(ref, indent=1) + "\n")
 
@@ -136,48 +174,86 @@ def _references(model, prompts: list[str], ids: list[list[int]], eos_id: int, pa
 def make_qwen2(out_dir: pathlib.Path):
   bpe = _bpe_tokenizer()
   fast = transformers.PreTrainedTokenizerFast(
-      tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>"
+  )
   fast.save_pretrained(out_dir)
   tok_vocab = bpe.get_vocab_size()
   cfg = transformers.Qwen2Config(
-      vocab_size=-(-(tok_vocab + 1) // 64) * 64, hidden_size=64, intermediate_size=144,
-      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-      max_position_embeddings=256, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-      rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
-      bos_token_id=None, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id,
-      attn_implementation="eager")
+    vocab_size=-(-(tok_vocab + 1) // 64) * 64,
+    hidden_size=64,
+    intermediate_size=144,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    use_sliding_window=False,
+    bos_token_id=None,
+    eos_token_id=fast.eos_token_id,
+    pad_token_id=fast.pad_token_id,
+    attn_implementation="eager",
+  )
   torch.manual_seed(0)
   model = transformers.Qwen2ForCausalLM(cfg)
   _perturb(model, seed=1)
   model.to(torch.bfloat16).save_pretrained(out_dir)
-  model = transformers.Qwen2ForCausalLM.from_pretrained(out_dir, dtype=torch.float32,
-                                                        attn_implementation="eager")
+  model = transformers.Qwen2ForCausalLM.from_pretrained(
+    out_dir, dtype=torch.float32, attn_implementation="eager"
+  )
   reloaded = transformers.AutoTokenizer.from_pretrained(out_dir)
   ids = [reloaded(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
-  _references(model, PROMPTS, ids, fast.eos_token_id, fast.pad_token_id, out_dir,
-              {"tokenizer_vocab_size": tok_vocab,
-               "decoded": [reloaded.decode(r) for r in ids]})
+  _references(
+    model,
+    PROMPTS,
+    ids,
+    fast.eos_token_id,
+    fast.pad_token_id,
+    out_dir,
+    {"tokenizer_vocab_size": tok_vocab, "decoded": [reloaded.decode(r) for r in ids]},
+  )
 
 
 def make_llama(out_dir: pathlib.Path):
   _spm_model(out_dir / "tokenizer.model")
   sp = spm.SentencePieceProcessor(model_file=str(out_dir / "tokenizer.model"))
   cfg = transformers.LlamaConfig(
-      vocab_size=sp.get_piece_size(), hidden_size=48, intermediate_size=112,
-      num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2, head_dim=8,
-      max_position_embeddings=512, rope_parameters={"rope_type": "default", "rope_theta": 5e5},
-      rms_norm_eps=1e-5, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
-      bos_token_id=sp.bos_id(), eos_token_id=sp.eos_id(), pad_token_id=None,
-      attn_implementation="eager")
+    vocab_size=sp.get_piece_size(),
+    hidden_size=48,
+    intermediate_size=112,
+    num_hidden_layers=2,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    head_dim=8,
+    max_position_embeddings=512,
+    rope_parameters={"rope_type": "default", "rope_theta": 5e5},
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    attention_bias=False,
+    mlp_bias=False,
+    bos_token_id=sp.bos_id(),
+    eos_token_id=sp.eos_id(),
+    pad_token_id=None,
+    attn_implementation="eager",
+  )
   torch.manual_seed(0)
   model = transformers.LlamaForCausalLM(cfg)
   _perturb(model, seed=2)
   model.save_pretrained(out_dir, max_shard_size="100KB")
-  model = transformers.LlamaForCausalLM.from_pretrained(out_dir, dtype=torch.float32,
-                                                        attn_implementation="eager")
+  model = transformers.LlamaForCausalLM.from_pretrained(
+    out_dir, dtype=torch.float32, attn_implementation="eager"
+  )
   ids = [[sp.bos_id()] + sp.encode(p) for p in PROMPTS]
-  _references(model, PROMPTS, ids, sp.eos_id(), sp.eos_id(), out_dir,
-              {"decoded": [sp.decode(r[1:]) for r in ids]})
+  _references(
+    model,
+    PROMPTS,
+    ids,
+    sp.eos_id(),
+    sp.eos_id(),
+    out_dir,
+    {"decoded": [sp.decode(r[1:]) for r in ids]},
+  )
 
 
 def main():

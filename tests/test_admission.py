@@ -2,6 +2,7 @@
 rejected by reason, dead-lettered, never buffered, its task handed out again; a sampler that
 keeps sending them is quarantined. The ingest path is the SAO learner's own
 (`SAOLearner.ingest`), over the embedded and the Kafka transport."""
+
 import collections
 import multiprocessing as mp
 import socket
@@ -24,10 +25,15 @@ EXPECT = ((P, T), N_TASKS + 2, 16)  # two more tasks than are sampled: a validat
 
 
 def _clean(task=3, version=2):
-  arrays = {"prompt": np.full((S, P), 4, np.int32), "prompt_valid": np.ones((S, P), bool),
-            "tokens": np.full((S, T), 5, np.int32),
-            "valid": np.arange(T)[None] < 4, "logp": np.full((S, T), -0.5, np.float32),
-            "rewards": np.ones(S, np.float32), "step_seconds": np.zeros(S, np.float32)}
+  arrays = {
+    "prompt": np.full((S, P), 4, np.int32),
+    "prompt_valid": np.ones((S, P), bool),
+    "tokens": np.full((S, T), 5, np.int32),
+    "valid": np.arange(T)[None] < 4,
+    "logp": np.full((S, T), -0.5, np.float32),
+    "rewards": np.ones(S, np.float32),
+    "step_seconds": np.zeros(S, np.float32),
+  }
   arrays["logp"][:, 4:] = 0.0
   arrays["version"] = np.where(arrays["valid"], version, -1).astype(np.int32)
   return arrays, {"task_index": task, "reward": 1.0, "t_end": time.time(), "sampler": 0}, version
@@ -41,21 +47,29 @@ class _Source:
 
   def encode(self, arrays, meta, version):
     self.n += 1
-    return records.encode(records.RecordKind.TRAJECTORY, self.prefix | self.n, version, arrays,
-                          meta)
+    return records.encode(
+      records.RecordKind.TRAJECTORY, self.prefix | self.n, version, arrays, meta
+    )
 
 
 def _poisoned(kind, task=3):
-  return admission.poison(kind, *_clean(task), vocab_size=V, reward_high=1.0,
-                          unknown_task=N_TASKS + 1)
+  return admission.poison(
+    kind, *_clean(task), vocab_size=V, reward_high=1.0, unknown_task=N_TASKS + 1
+  )
 
 
 def _learner(end, tmp_path, window=0, rate=0.5):
   """Just what SAOLearner.ingest touches, with a real guard, buffer and counters."""
   loop = LoopState()
-  guard = admission.RecordGuard(vocab_size=V, num_tasks=N_TASKS, counts=loop.counts,
-                                reward_range=lambda i: (0.0, 1.0), window=window, rate=rate,
-                                state_path=tmp_path / "published.json")
+  guard = admission.RecordGuard(
+    vocab_size=V,
+    num_tasks=N_TASKS,
+    counts=loop.counts,
+    reward_range=lambda i: (0.0, 1.0),
+    window=window,
+    rate=rate,
+    state_path=tmp_path / "published.json",
+  )
   guard.published(2)
 
   class Journal:
@@ -65,8 +79,14 @@ def _learner(end, tmp_path, window=0, rate=0.5):
       first, self.next_seq = self.next_seq, self.next_seq + len(datas)
       return first
 
-  return types.SimpleNamespace(loop=loop, guard=guard, pool=types.SimpleNamespace(learner=end),
-                               expect=EXPECT, journal=Journal(), buffer=TrajectoryBuffer(16, 4))
+  return types.SimpleNamespace(
+    loop=loop,
+    guard=guard,
+    pool=types.SimpleNamespace(learner=end),
+    expect=EXPECT,
+    journal=Journal(),
+    buffer=TrajectoryBuffer(16, 4),
+  )
 
 
 def test_value_problem_names_each_poison_and_passes_a_clean_record():
@@ -78,12 +98,12 @@ def test_value_problem_names_each_poison_and_passes_a_clean_record():
     assert admission.value_problem(bad, **kw)[0] == kind
   a, m, v = _clean()
   a["logp"][0, 1] = 0.7  # a log-probability above zero
-  assert admission.value_problem(records.decode(_Source(1).encode(a, m, v)), **kw)[0] == \
-      "positive_logp"
+  assert (
+    admission.value_problem(records.decode(_Source(1).encode(a, m, v)), **kw)[0] == "positive_logp"
+  )
   a, m, v = _clean()
   a["prompt"][0, 0] = -1  # padding positions are checked too: the model embeds them
-  assert admission.value_problem(records.decode(_Source(1).encode(a, m, v)), **kw)[0] == \
-      "token_oov"
+  assert admission.value_problem(records.decode(_Source(1).encode(a, m, v)), **kw)[0] == "token_oov"
   m["reward"] = 1.0 + admission.REWARD_TOL / 2  # float32 rounding of a sum is not poison
   a["prompt"][0, 0] = 0
   assert admission.value_problem(records.decode(_Source(1).encode(a, m, v)), **kw) is None
@@ -102,17 +122,23 @@ def transport(request):
     def dead_letter(data, reason):
       dead.append(reason)
       real(data, reason)
+
     learner.dead_letter = dead_letter
     yield learner, sampler, lambda n: dead
     spec.close()
     return
   from kafka import KafkaConsumer, TopicPartition
+
   broker = request.getfixturevalue("kafka_broker")
   spec = KafkaSpec(bootstrap=broker.bootstrap, run_id=uuid.uuid4().hex[:8], partitions=1)
   spec.create_topics()
   learner, sampler = spec.learner_end(), spec.sampler_end()
-  dlq = KafkaConsumer(bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest",
-                      fetch_max_wait_ms=25, enable_auto_commit=False)
+  dlq = KafkaConsumer(
+    bootstrap_servers=broker.bootstrap,
+    auto_offset_reset="earliest",
+    fetch_max_wait_ms=25,
+    enable_auto_commit=False,
+  )
   dlq.assign([TopicPartition(spec.topic("dead-letter"), 0)])
   got = []
 
@@ -120,11 +146,16 @@ def transport(request):
     learner.producer.flush()
     deadline = time.time() + 10
     while len(got) < n and time.time() < deadline:
-      got.extend(dict(r.headers)["reason"].decode()
-                 for recs in dlq.poll(200).values() for r in recs)
-    got.extend(dict(r.headers)["reason"].decode()  # and any more than expected
-               for recs in dlq.poll(300).values() for r in recs)
+      got.extend(
+        dict(r.headers)["reason"].decode() for recs in dlq.poll(200).values() for r in recs
+      )
+    got.extend(
+      dict(r.headers)["reason"].decode()  # and any more than expected
+      for recs in dlq.poll(300).values()
+      for r in recs
+    )
     return got
+
   try:
     yield learner, sampler, dead
   finally:
@@ -144,8 +175,7 @@ def _deliver(learner, sampler, datas):
   return got
 
 
-def test_each_poison_kind_is_rejected_by_reason_and_its_task_handed_out_again(transport,
-                                                                              tmp_path):
+def test_each_poison_kind_is_rejected_by_reason_and_its_task_handed_out_again(transport, tmp_path):
   end, sampler, dead = transport
   self = _learner(end, tmp_path)
   SAOLearner.hand_out(self, list(range(N_TASKS)))
@@ -196,8 +226,9 @@ def test_a_sampler_that_keeps_failing_is_quarantined_and_stopped(transport, tmp_
   assert c["quarantined_samplers"] == 1 and c["rejected_quarantined"] == 1
   assert c["rejected_nonfinite"] == 2 and c["rejected_token_oov"] == 1
   assert [m.get("pid") for m in stopped] == [4321]  # told once, with the record's meta
-  buffered = [(admission.source_of(it.rec.record_id), it.rec.meta["task_index"])
-              for it in self.buffer]
+  buffered = [
+    (admission.source_of(it.rec.record_id), it.rec.meta["task_index"]) for it in self.buffer
+  ]
   assert buffered == [(11, 0), (11, 2), (12, 6), (12, 8), (12, 8)]
   s = self.guard.summary()["samplers_with_rejects"]
   assert s[f"{11:06x}"]["quarantined"] and s[f"{12:06x}"]["quarantined"] is None
@@ -206,8 +237,12 @@ def test_a_sampler_that_keeps_failing_is_quarantined_and_stopped(transport, tmp_
 
 def test_a_resumed_learner_keeps_the_published_high_water_and_earlier_tasks(tmp_path):
   counts = collections.Counter()
-  kw = dict(vocab_size=V, num_tasks=N_TASKS, reward_range=lambda i: (0.0, 1.0),
-            state_path=tmp_path / "published.json")
+  kw = dict(
+    vocab_size=V,
+    num_tasks=N_TASKS,
+    reward_range=lambda i: (0.0, 1.0),
+    state_path=tmp_path / "published.json",
+  )
   first = admission.RecordGuard(counts=counts, **kw)
   for v in (0, 5, 9):
     first.published(v)
@@ -239,6 +274,7 @@ def test_a_resumed_learner_keeps_the_published_high_water_and_earlier_tasks(tmp_
 
 def test_stop_local_kills_only_our_own_quarantined_sampler():
   from sao_jax.runners.samplers import SamplerPool
+
   ctx = mp.get_context("spawn")
   p = ctx.Process(target=time.sleep, args=(60,), daemon=True)
   p.start()
@@ -257,10 +293,10 @@ def test_stop_local_kills_only_our_own_quarantined_sampler():
 
 
 def test_poisoner_sends_each_kind_as_configured():
-  faults = config.FaultsConfig(poison_kinds=("nonfinite", "unknown_task"), poison_records=2,
-                               poison_every=2)
-  pz = admission.Poisoner(faults, vocab_size=V, reward_high=lambda i: 1.0,
-                          unknown_task=N_TASKS + 1)
+  faults = config.FaultsConfig(
+    poison_kinds=("nonfinite", "unknown_task"), poison_records=2, poison_every=2
+  )
+  pz = admission.Poisoner(faults, vocab_size=V, reward_high=lambda i: 1.0, unknown_task=N_TASKS + 1)
   out = [pz(*_clean(task=i)) for i in range(12)]
   assert [len(o) for o in out] == [1, 1, 1, 2, 1, 1, 1, 2, 1, 1, 1, 1]
   assert pz.sent == {"nonfinite": 2, "unknown_task": 2}
@@ -287,14 +323,36 @@ def test_a_live_run_rejects_every_injected_poison_and_trains(repo_root, tmp_path
   from conftest import subprocess_env
 
   from sao_jax.metrics import read_jsonl
+
   kinds = config.POISON_KINDS
-  cmd = [sys.executable, "-m", "sao_jax.cli", "train", "--config",
-         "experiments/configs/sao_arith.py:tiny", "--workdir", str(tmp_path / "w"),
-         "--no-progress", "--set", "rl.steps=6", "--set", f"faults.poison_kinds={kinds!r}",
-         "--set", "faults.poison_records=1", "--set", "log_every=1", "--set", "sft.steps=2",
-         "--set", "eval.num_problems=16", "--set", "sao.num_samplers=1"]
-  proc = subprocess.run(cmd, cwd=repo_root, env=subprocess_env(), capture_output=True,
-                        text=True, timeout=600)
+  cmd = [
+    sys.executable,
+    "-m",
+    "sao_jax.cli",
+    "train",
+    "--config",
+    "experiments/configs/sao_arith.py:tiny",
+    "--workdir",
+    str(tmp_path / "w"),
+    "--no-progress",
+    "--set",
+    "rl.steps=6",
+    "--set",
+    f"faults.poison_kinds={kinds!r}",
+    "--set",
+    "faults.poison_records=1",
+    "--set",
+    "log_every=1",
+    "--set",
+    "sft.steps=2",
+    "--set",
+    "eval.num_problems=16",
+    "--set",
+    "sao.num_samplers=1",
+  ]
+  proc = subprocess.run(
+    cmd, cwd=repo_root, env=subprocess_env(), capture_output=True, text=True, timeout=600
+  )
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   rl = json.loads((tmp_path / "w" / "summary.json").read_text())["rl"]
   assert rl["steps"] == 6
@@ -302,16 +360,19 @@ def test_a_live_run_rejects_every_injected_poison_and_trains(repo_root, tmp_path
   assert rl["rejected_total"] == len(kinds) and rl["quarantined_samplers"] == 0
   assert rl["reissued_tasks"] == len(kinds) - 1  # all but the unknown task's
   assert rl["nonfinite_skipped"] == 0 and rl["rollbacks"] == 0 and rl["bad_records"] == 0
-  rows = [r for r in read_jsonl(tmp_path / "w" / "metrics.jsonl") if r["phase"] == "rl"
-          and "loss" in r]
-  assert len(rows) == 6 and all(math.isfinite(r[k]) for r in rows
-                                  for k in ("loss", "grad_norm", "reward"))
+  rows = [
+    r for r in read_jsonl(tmp_path / "w" / "metrics.jsonl") if r["phase"] == "rl" and "loss" in r
+  ]
+  assert len(rows) == 6 and all(
+    math.isfinite(r[k]) for r in rows for k in ("loss", "grad_norm", "reward")
+  )
   assert "rejected a trajectory record (nonfinite" in proc.stdout + proc.stderr
 
   from sao_jax import checkpoint as ckpt
   from sao_jax.learner import make_sao_update
   from sao_jax.runners.common import programs_for
   from sao_jax.setup import make_setup
+
   directory = tmp_path / "w" / "checkpoints" / "rl"
   steps = ckpt.manager(directory).all_steps()
   assert sorted(steps) == [0, 6]
@@ -319,15 +380,18 @@ def test_a_live_run_rejects_every_injected_poison_and_trains(repo_root, tmp_path
   weights = max(files, key=lambda f: f.stat().st_size)
   data = bytearray(weights.read_bytes())
   at = int(len(data) * 0.3)
-  data[at:at + 16] = bytes(b ^ 0xFF for b in data[at:at + 16])
+  data[at : at + 16] = bytes(b ^ 0xFF for b in data[at : at + 16])
   weights.write_bytes(bytes(data))
   _, meta = ckpt.read_meta(directory, 0)
   cfg = config.from_dict(meta["config"])
   s = make_setup(cfg)
-  progs = programs_for(s, cfg.rl.optim, lambda m, tx: make_sao_update(m, tx, cfg.rl, cfg.sao),
-                       num_tasks=len(s.train))
+  progs = programs_for(
+    s, cfg.rl.optim, lambda m, tx: make_sao_update(m, tx, cfg.rl, cfg.sao), num_tasks=len(s.train)
+  )
   import jax
+
   with pytest.warns(RuntimeWarning, match="snapshot step 6 .*DamagedSnapshot"):
-    _, _, step, skipped = ckpt.restore_latest_valid(ckpt.manager(directory),
-                                                    progs.init(jax.random.key(0)))
+    _, _, step, skipped = ckpt.restore_latest_valid(
+      ckpt.manager(directory), progs.init(jax.random.key(0))
+    )
   assert step == 0 and skipped == [6]

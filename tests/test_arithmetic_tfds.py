@@ -1,4 +1,5 @@
 """Tests for the TFDS builder of the arithmetic splits (no TensorFlow involved)."""
+
 from __future__ import annotations
 
 import os
@@ -8,9 +9,9 @@ import sys
 import textwrap
 
 from sao_jax.data.arithmetic_tfds import (
-    ArithmeticTasksConfig,
-    default_data_dir,
-    load_tasks,
+  ArithmeticTasksConfig,
+  default_data_dir,
+  load_tasks,
 )
 from sao_jax.envs.arithmetic import ArithmeticSpec, make_split
 
@@ -35,14 +36,17 @@ def test_each_spec_gets_its_own_config_dir(tmp_path):
   for reverse in (False, True):
     load_tasks(ArithmeticSpec(reverse_digits=reverse), "test", 20, 10, data_dir=str(tmp_path))
   assert sorted(p.name for p in (tmp_path / "arithmetic_tasks").iterdir()) == [
-      "ops2_max9_pm_rev0_n20_t10_s0", "ops2_max9_pm_rev1_n20_t10_s0"]
+    "ops2_max9_pm_rev0_n20_t10_s0",
+    "ops2_max9_pm_rev1_n20_t10_s0",
+  ]
 
 
 def test_config_name_encodes_spec_sizes_and_seed():
   config = ArithmeticTasksConfig.create(ArithmeticSpec(max_operand=20), 20000, 500, seed=0)
   assert config.name == "ops2_max20_pm_rev0_n20000_t500_s0"
   config = ArithmeticTasksConfig.create(
-      ArithmeticSpec(n_ops=4, max_operand=99, ops="*+", reverse_digits=True), 10, 5, seed=3)
+    ArithmeticSpec(n_ops=4, max_operand=99, ops="*+", reverse_digits=True), 10, 5, seed=3
+  )
   assert config.name == "ops4_max99_pt_rev1_n10_t5_s3"
 
 
@@ -62,9 +66,15 @@ def test_build_and_read_import_no_tensorflow_and_stay_quiet(tmp_path):
       tasks = load_tasks(ArithmeticSpec(), "train", 200, 20, data_dir={str(tmp_path)!r})
       print(len(tasks), "tensorflow" in sys.modules)
   """)
-  proc = subprocess.run([sys.executable, "-c", script], cwd=_REPO, capture_output=True,
-                        text=True, timeout=120, check=True,
-                        env={**os.environ, "PYTHONPATH": str(_REPO)})
+  proc = subprocess.run(
+    [sys.executable, "-c", script],
+    cwd=_REPO,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    check=True,
+    env={**os.environ, "PYTHONPATH": str(_REPO)},
+  )
   assert proc.stdout == "200 False\n"
   assert "Generating" not in proc.stderr and "custom data configuration" not in proc.stderr
 
@@ -74,9 +84,12 @@ def test_setup_mixture_interleaves_parts(tmp_path):
   the test split (what evaluation uses) is balanced."""
   from sao_jax.config import Config, EvalConfig, RLConfig, TaskConfig
   from sao_jax.setup import make_setup
-  cfg = Config(task=TaskConfig(n_ops_mix=(2, 3), num_train=40, num_test=20,
-                               data_dir=str(tmp_path)),
-               eval=EvalConfig(num_problems=20), rl=RLConfig(max_new_tokens=32))
+
+  cfg = Config(
+    task=TaskConfig(n_ops_mix=(2, 3), num_train=40, num_test=20, data_dir=str(tmp_path)),
+    eval=EvalConfig(num_problems=20),
+    rl=RLConfig(max_new_tokens=32),
+  )
   s = make_setup(cfg)
   assert len(s.train) == 40 and len(s.test) == 20
   assert [t.solution.count("=") for t in s.test] == [2, 3] * 10

@@ -1,4 +1,5 @@
 """experiments/bench_code.py: its free-reward control family, and a --quick run end to end."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -15,8 +16,9 @@ TOK = CharTokenizer()
 
 @pytest.fixture(scope="module")
 def bench(repo_root):
-  spec = importlib.util.spec_from_file_location("bench_code",
-                                                repo_root / "experiments" / "bench_code.py")
+  spec = importlib.util.spec_from_file_location(
+    "bench_code", repo_root / "experiments" / "bench_code.py"
+  )
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -32,8 +34,12 @@ def test_free_family_is_the_code_tasks_scored_by_exact_match_without_a_sandbox(b
   for env in envs:
     assert env.reset(task).tolist() == TOK.encode(task.prompt)
   body = task.solution.removeprefix("return ")
-  actions = [TOK.encode(task.solution, add_eos=True), TOK.encode(f"return ({body})"),
-             TOK.encode("y = x"), TOK.encode(" " + task.solution)]
+  actions = [
+    TOK.encode(task.solution, add_eos=True),
+    TOK.encode(f"return ({body})"),
+    TOK.encode("y = x"),
+    TOK.encode(" " + task.solution),
+  ]
   results = fam.step_many(envs, actions)
   # equivalent code that is not the reference earns nothing: exact match, not execution
   assert [r.reward for r in results] == [1.0, 0.0, 0.0, 1.0]
@@ -48,9 +54,20 @@ def test_bench_code_quick(bench, tmp_path):
   # The SAO arm is left out to save a sampler start-up (~20 s): the busy pair runs SAO on
   # the code reward the same way, and on the free one.
   out = tmp_path / "bench.json"
-  bench.main(["--quick", "--arms", "grpo,sft_continued", "--out", str(out),
-              "--plot", str(tmp_path / "bench.png"), "--workdir", str(tmp_path / "runs"),
-              "--no-progress"])
+  bench.main(
+    [
+      "--quick",
+      "--arms",
+      "grpo,sft_continued",
+      "--out",
+      str(out),
+      "--plot",
+      str(tmp_path / "bench.png"),
+      "--workdir",
+      str(tmp_path / "runs"),
+      "--no-progress",
+    ]
+  )
   r = json.loads(out.read_text())
   assert (tmp_path / "bench.png").stat().st_size > 0
   assert r["provenance"]["commit"] and len(r["load_average_start"]) == 3
@@ -66,9 +83,11 @@ def test_bench_code_quick(bench, tmp_path):
   assert run["busy_free"]["sandbox_runs"] == 0 and "exact_match_rate" in run["busy_free"]
   assert run["sft_continued"]["seconds"] >= 0.9 * run["grpo"]["seconds"]
   assert run["grpo"]["gain_points"] == pytest.approx(
-      100 * (run["grpo"]["pass_rate"] - run["sft"]["pass_rate"]))
+    100 * (run["grpo"]["pass_rate"] - run["sft"]["pass_rate"])
+  )
   assert run["grpo"]["minus_control_points"] == pytest.approx(
-      100 * (run["grpo"]["pass_rate"] - run["sft_continued"]["pass_rate"]))
+    100 * (run["grpo"]["pass_rate"] - run["sft_continued"]["pass_rate"])
+  )
   sm = r["summary"]
   assert sm["grpo"]["pass_rate"]["n"] == 1 and "sao" not in sm
   assert sm["busy_ratio_code_over_free"]["learner_busy"]["n"] == 1

@@ -1,4 +1,5 @@
 """experiments/bench_compression.py --quick runs end to end and writes a consistent result."""
+
 from __future__ import annotations
 
 import json
@@ -12,10 +13,16 @@ from conftest import subprocess_env
 @pytest.mark.slow
 def test_bench_compression_quick(tmp_path, repo_root):
   out = tmp_path / "bench.json"
-  cmd = [sys.executable, str(repo_root / "experiments" / "bench_compression.py"), "--quick",
-         "--out", str(out)]
-  proc = subprocess.run(cmd, cwd=repo_root, capture_output=True, text=True, timeout=600,
-                        env=subprocess_env())
+  cmd = [
+    sys.executable,
+    str(repo_root / "experiments" / "bench_compression.py"),
+    "--quick",
+    "--out",
+    str(out),
+  ]
+  proc = subprocess.run(
+    cmd, cwd=repo_root, capture_output=True, text=True, timeout=600, env=subprocess_env()
+  )
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   assert "SAO / GRPO" in proc.stdout
   r = json.loads(out.read_text())
@@ -23,8 +30,13 @@ def test_bench_compression_quick(tmp_path, repo_root):
   for t in r["tasks"].values():
     b = t["bytes_per_stage"]["bytes"]
     # Each stage shrinks what the previous one kept.
-    assert (b["full_context_fp32_embeddings"] > b["stage1_semantic_fp32"]
-            >= b["stage2_temporal_fp32"] > b["stage3_int8"] > 0)
+    assert (
+      b["full_context_fp32_embeddings"]
+      > b["stage1_semantic_fp32"]
+      >= b["stage2_temporal_fp32"]
+      > b["stage3_int8"]
+      > 0
+    )
     s = t["bytes_per_stage"]
     assert 0 <= s["facts_kept_frac"] <= 1 and s["evicted"] >= 0
     assert 0 <= s["first_come_rule"]["facts_kept_frac"] <= 1

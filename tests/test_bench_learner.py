@@ -2,6 +2,7 @@
 
 Run as a subprocess, the way the benchmark is meant to be run, so that its own process
 measures the reference matmul it divides by."""
+
 from __future__ import annotations
 
 import json
@@ -14,10 +15,16 @@ from conftest import subprocess_env
 
 def test_bench_learner_tiny(tmp_path, repo_root):
   out = tmp_path / "x.json"
-  cmd = [sys.executable, str(repo_root / "experiments" / "bench_learner.py"), "--tiny",
-         "--out", str(out)]
-  proc = subprocess.run(cmd, cwd=repo_root, capture_output=True, text=True, timeout=300,
-                        env=subprocess_env())
+  cmd = [
+    sys.executable,
+    str(repo_root / "experiments" / "bench_learner.py"),
+    "--tiny",
+    "--out",
+    str(out),
+  ]
+  proc = subprocess.run(
+    cmd, cwd=repo_root, capture_output=True, text=True, timeout=300, env=subprocess_env()
+  )
   assert proc.returncode == 0, proc.stderr
   assert "MFU" in proc.stdout
   r = json.loads(out.read_text())
@@ -43,11 +50,24 @@ def test_bench_learner_tiny(tmp_path, repo_root):
 def test_bench_learner_variants_tiny(tmp_path, repo_root):
   """The Llama-style variant through the repeats/summary path, and the LoRA sync sizes."""
   out = tmp_path / "v.json"
-  cmd = [sys.executable, str(repo_root / "experiments" / "bench_learner.py"), "--tiny",
-         "--variants", "llama-f32", "--repeats", "2", "--reps", "2", "--lora-ranks", "2,4",
-         "--out", str(out)]
-  proc = subprocess.run(cmd, cwd=repo_root, capture_output=True, text=True, timeout=300,
-                        env=subprocess_env())
+  cmd = [
+    sys.executable,
+    str(repo_root / "experiments" / "bench_learner.py"),
+    "--tiny",
+    "--variants",
+    "llama-f32",
+    "--repeats",
+    "2",
+    "--reps",
+    "2",
+    "--lora-ranks",
+    "2,4",
+    "--out",
+    str(out),
+  ]
+  proc = subprocess.run(
+    cmd, cwd=repo_root, capture_output=True, text=True, timeout=300, env=subprocess_env()
+  )
   assert proc.returncode == 0, proc.stderr
   r = json.loads(out.read_text())
   v = r["variants"]["llama-f32"]

@@ -1,4 +1,5 @@
 """experiments/bench_sandbox.py --quick runs and writes a sane result."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -9,8 +10,9 @@ import pytest
 
 @pytest.mark.slow
 def test_bench_sandbox_quick(tmp_path, repo_root):
-  spec = importlib.util.spec_from_file_location("bench_sandbox",
-                                                repo_root / "experiments" / "bench_sandbox.py")
+  spec = importlib.util.spec_from_file_location(
+    "bench_sandbox", repo_root / "experiments" / "bench_sandbox.py"
+  )
   bench = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(bench)
   out = tmp_path / "bench.json"

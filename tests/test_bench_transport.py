@@ -1,5 +1,6 @@
 """experiments/bench_transport.py --quick runs end to end against the real local broker,
 including the two SAO arms (embedded and Kafka) from one SFT warm start."""
+
 import json
 import subprocess
 import sys
@@ -11,9 +12,14 @@ from conftest import subprocess_env
 @pytest.mark.slow
 def test_bench_transport_quick(tmp_path, repo_root):
   out = tmp_path / "t.json"
-  proc = subprocess.run([sys.executable, "experiments/bench_transport.py", "--quick", "--out",
-                         str(out)], cwd=repo_root, env=subprocess_env(), capture_output=True,
-                        text=True, timeout=600)
+  proc = subprocess.run(
+    [sys.executable, "experiments/bench_transport.py", "--quick", "--out", str(out)],
+    cwd=repo_root,
+    env=subprocess_env(),
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert proc.returncode == 0, proc.stderr
   r = json.loads(out.read_text())
   for name in ("embedded", "kafka"):

@@ -1,4 +1,5 @@
 """Orbax snapshots: exact round trip, restore onto another mesh, config travels along."""
+
 import jax
 import numpy as np
 import pytest
@@ -17,14 +18,26 @@ pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs the fake 8
 def _programs(cfg, mesh):
   model = TransformerLM(cfg.model)
   tx = make_optimizer(cfg.sft.optim)
-  return compile_programs(cfg, model, tx, make_sft_update(model, tx), with_ref=False,
-                          prompt_len=8, max_new_tokens=8, temperature=1.0, eos_id=2, pad_id=0,
-                          mesh=mesh)
+  return compile_programs(
+    cfg,
+    model,
+    tx,
+    make_sft_update(model, tx),
+    with_ref=False,
+    prompt_len=8,
+    max_new_tokens=8,
+    temperature=1.0,
+    eos_id=2,
+    pad_id=0,
+    mesh=mesh,
+  )
 
 
 def _cfg(shape):
-  return Config(model=ModelConfig(vocab_size=98, width=32, depth=1, heads=2, max_len=32),
-                mesh=MeshConfig(shape=shape))
+  return Config(
+    model=ModelConfig(vocab_size=98, width=32, depth=1, heads=2, max_len=32),
+    mesh=MeshConfig(shape=shape),
+  )
 
 
 def _equal(a, b):
@@ -35,9 +48,13 @@ def test_roundtrip_and_restore_on_another_mesh(tmp_path):
   cfg8 = _cfg((4, 2, 1))
   progs8 = _programs(cfg8, make_mesh(cfg8.mesh))
   state = progs8.init(jax.random.key(3))
-  batch = SFTBatch(prompt_bp=np.full((8, 8), 5, np.int32), prompt_valid_bp=np.ones((8, 8), bool),
-                   tokens_bt=np.full((8, 8), 7, np.int32), valid_bt=np.ones((8, 8), bool),
-                   weight_b=np.ones(8, np.float32))
+  batch = SFTBatch(
+    prompt_bp=np.full((8, 8), 5, np.int32),
+    prompt_valid_bp=np.ones((8, 8), bool),
+    tokens_bt=np.full((8, 8), 7, np.int32),
+    valid_bt=np.ones((8, 8), bool),
+    weight_b=np.ones(8, np.float32),
+  )
   state, _ = progs8.update(state, progs8.shard_batch(batch))
   mngr = ckpt.manager(tmp_path / "ck", every=1)
   assert ckpt.save(mngr, state, cfg8, {"phase": "sft"})
@@ -67,19 +84,34 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
 
 def test_sao_value_trackers_are_checkpointed(tmp_path):
   from sao_jax.learner import make_sao_update
+
   cfg = _cfg((8, 1, 1))
   model = TransformerLM(cfg.model)
   tx = make_optimizer(cfg.rl.optim)
-  progs = compile_programs(cfg, model, tx, make_sao_update(model, tx, cfg.rl, cfg.sao),
-                           with_ref=False, prompt_len=8, max_new_tokens=8, temperature=1.0,
-                           eos_id=2, pad_id=0, num_tasks=10)
+  progs = compile_programs(
+    cfg,
+    model,
+    tx,
+    make_sao_update(model, tx, cfg.rl, cfg.sao),
+    with_ref=False,
+    prompt_len=8,
+    max_new_tokens=8,
+    temperature=1.0,
+    eos_id=2,
+    pad_id=0,
+    num_tasks=10,
+  )
   state = progs.init(jax.random.key(0))
   batch = SAOBatch.single_steps(
-      prompt_bp=np.full((8, 8), 5, np.int32), prompt_valid_bp=np.ones((8, 8), bool),
-      tokens_bt=np.full((8, 8), 7, np.int32), valid_bt=np.ones((8, 8), bool),
-      logp_bt=np.full((8, 8), -1.0, np.float32),
-      rewards_b=np.linspace(0, 1, 8, dtype=np.float32), task_b=np.arange(8, dtype=np.int32),
-      staleness_b=np.zeros(8, np.int32))
+    prompt_bp=np.full((8, 8), 5, np.int32),
+    prompt_valid_bp=np.ones((8, 8), bool),
+    tokens_bt=np.full((8, 8), 7, np.int32),
+    valid_bt=np.ones((8, 8), bool),
+    logp_bt=np.full((8, 8), -1.0, np.float32),
+    rewards_b=np.linspace(0, 1, 8, dtype=np.float32),
+    task_b=np.arange(8, dtype=np.int32),
+    staleness_b=np.zeros(8, np.int32),
+  )
   state, _ = progs.update(state, progs.shard_batch(batch))
   assert not np.allclose(np.asarray(state.tracker.alpha_n), 1.0)  # the update moved them
   mngr = ckpt.manager(tmp_path / "ck", every=1)

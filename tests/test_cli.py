@@ -1,4 +1,5 @@
 """The `sao-jax` command line as a user runs it (subprocesses, real files)."""
+
 import json
 import subprocess
 import sys
@@ -9,8 +10,14 @@ CFG = "experiments/configs/arith_grpo.py"
 
 
 def _cli(*args, cwd):
-  return subprocess.run([sys.executable, "-m", "sao_jax.cli", *args], cwd=cwd,
-                        capture_output=True, text=True, timeout=300, env=subprocess_env())
+  return subprocess.run(
+    [sys.executable, "-m", "sao_jax.cli", *args],
+    cwd=cwd,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=subprocess_env(),
+  )
 
 
 def test_train_wrote_everything(tiny_run_dir):
@@ -21,8 +28,18 @@ def test_train_wrote_everything(tiny_run_dir):
   phases = {r["phase"] for r in rows}
   assert {"sft", "sft_eval", "rl", "rl_eval"} <= phases
   rl = [r for r in rows if r["phase"] == "rl"]
-  for key in ("loss", "reward", "accuracy", "kl_behaviour", "grad_norm", "step_time",
-              "sampling_time", "learner_time", "tokens_per_s", "peak_memory_mb"):
+  for key in (
+    "loss",
+    "reward",
+    "accuracy",
+    "kl_behaviour",
+    "grad_norm",
+    "step_time",
+    "sampling_time",
+    "learner_time",
+    "tokens_per_s",
+    "peak_memory_mb",
+  ):
     assert key in rl[0], key
   assert list((tiny_run_dir / "tb").iterdir())
   assert json.loads((tiny_run_dir / "config.json").read_text())["name"] == "arith_grpo_tiny"
@@ -37,11 +54,27 @@ def test_eval_rebuilds_from_checkpoint(tiny_run_dir, repo_root):
 
 
 def test_errors_are_clear(tiny_run_dir, repo_root, tmp_path):
-  proc = _cli("train", "--config", f"{CFG}:tiny", "--workdir", str(tmp_path / "w"),
-              "--set", "rl.bogus=1", cwd=repo_root)
+  proc = _cli(
+    "train",
+    "--config",
+    f"{CFG}:tiny",
+    "--workdir",
+    str(tmp_path / "w"),
+    "--set",
+    "rl.bogus=1",
+    cwd=repo_root,
+  )
   assert proc.returncode == 2 and "unknown config key 'rl.bogus'" in proc.stderr
-  proc = _cli("train", "--config", f"{CFG}:tiny", "--workdir", str(tiny_run_dir),
-              "--set", "rl.steps=5", cwd=repo_root)
+  proc = _cli(
+    "train",
+    "--config",
+    f"{CFG}:tiny",
+    "--workdir",
+    str(tiny_run_dir),
+    "--set",
+    "rl.steps=5",
+    cwd=repo_root,
+  )
   assert proc.returncode == 2 and "already holds a run with a different config" in proc.stderr
   assert "rl.steps: 4 -> 5" in proc.stderr
   proc = _cli("train", "--config", f"{CFG}:tiny", "--workdir", str(tiny_run_dir), cwd=repo_root)

@@ -1,4 +1,5 @@
 """Tests for the procedural code family: generator, splits, TFDS builder, environment."""
+
 from __future__ import annotations
 
 import collections
@@ -78,9 +79,20 @@ def test_generation_is_deterministic_and_the_knob_sets_the_depth():
   assert all(_shown(t)[0][0].startswith("'") for t in strings)
 
 
-@pytest.mark.parametrize("bad", [dict(min_depth=0), dict(max_depth=5), dict(min_depth=3,
-                         max_depth=2), dict(kinds="x"), dict(kinds=""), dict(kinds="ll"),
-                         dict(num_hidden=0), dict(test_fraction=1.0), dict(test_fraction=0)])
+@pytest.mark.parametrize(
+  "bad",
+  [
+    dict(min_depth=0),
+    dict(max_depth=5),
+    dict(min_depth=3, max_depth=2),
+    dict(kinds="x"),
+    dict(kinds=""),
+    dict(kinds="ll"),
+    dict(num_hidden=0),
+    dict(test_fraction=1.0),
+    dict(test_fraction=0),
+  ],
+)
 def test_spec_validation(bad):
   with pytest.raises(ValueError):
     CodeSpec(**bad)
@@ -114,8 +126,13 @@ def test_tfds_builder_round_trips_the_splits(tmp_path):
 
 
 def _task(answer: list[list[str]]) -> Task:
-  return Task(task_id=0, prompt='def f(x): "reverse" # f([1,2])==[2,1]; f([])==[]',
-              solution="return x[::-1]", answer=json.dumps(answer), difficulty=1)
+  return Task(
+    task_id=0,
+    prompt='def f(x): "reverse" # f([1,2])==[2,1]; f([])==[]',
+    solution="return x[::-1]",
+    answer=json.dumps(answer),
+    difficulty=1,
+  )
 
 
 HAND = _task([["[1,2,3]", "[3,2,1]"], ["[4]", "[4]"], ["[5,6]", "[6,5]"], ["[7,7]", "[7,7]"]])
@@ -181,8 +198,7 @@ def test_batch_scoring_skips_malformed_and_runs_duplicates_once(pool):
   spy = _CountingPool(pool)
   env = CodeEnv(TOK, spy)
   tasks = [HAND] * 8 + [_task([["[1]", "[1]"]])]
-  texts = (["return x[::-1]"] * 4 + ["return x"] * 2 + ["return x[", "x = 1"]
-           + ["return x[::-1]"])
+  texts = ["return x[::-1]"] * 4 + ["return x"] * 2 + ["return x[", "x = 1"] + ["return x[::-1]"]
   results = env.score_texts(tasks, texts)
   assert [r.reward for r in results] == [1.0] * 4 + [0.5] * 2 + [0.0, 0.0, 1.0]
   assert len(spy.jobs) == 3  # two distinct programs on HAND, one on the other task
@@ -213,18 +229,26 @@ def test_malformed_completions_cost_no_sandbox_run():
 
 def test_precheck_of_suspicious_code_prints_no_syntax_warning():
   # In a fresh process: pytest resets warning filters set while it imports test modules.
-  code = ("from sao_jax.envs.code import precheck\n"
-          "assert precheck('return 1(x)') == ''\n"  # compiles (and fails its tests when run)
-          "compile('1(2)', '<elsewhere>', 'eval')\n")  # others' SyntaxWarnings still show
-  proc = subprocess.run([sys.executable, "-W", "default", "-c", code], capture_output=True,
-                        text=True, timeout=60, check=True)
+  code = (
+    "from sao_jax.envs.code import precheck\n"
+    "assert precheck('return 1(x)') == ''\n"  # compiles (and fails its tests when run)
+    "compile('1(2)', '<elsewhere>', 'eval')\n"
+  )  # others' SyntaxWarnings still show
+  proc = subprocess.run(
+    [sys.executable, "-W", "default", "-c", code],
+    capture_output=True,
+    text=True,
+    timeout=60,
+    check=True,
+  )
   assert proc.stderr.count("SyntaxWarning") == 1 and "<elsewhere>" in proc.stderr
 
 
 def test_hidden_tests_and_task_job():
   tests = hidden_tests(HAND)
   assert len(tests) == 4
-  assert tests[0] == ("r = f([1,2,3])\nassert type(r) is list and all(type(v) is int for v in r)"
-                      " and r == [3,2,1]")
+  assert tests[0] == (
+    "r = f([1,2,3])\nassert type(r) is list and all(type(v) is int for v in r) and r == [3,2,1]"
+  )
   job = task_job(HAND, "return x[::-1]")
   assert job.program == "def f(x): return x[::-1]" and job.tests == tuple(tests)

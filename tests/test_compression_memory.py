@@ -1,4 +1,5 @@
 """The composed compressor and the memory policy: sampler and learner see the same memory."""
+
 import dataclasses
 
 import jax
@@ -25,11 +26,25 @@ from sao_jax.runners.compiled import compile_memory_programs
 from sao_jax.tokenizer import CharTokenizer
 
 TOK = CharTokenizer()
-COMP = CompressionConfig(enabled=True, step_len=16, vectors_per_step=2, dim=8, enc_width=16,
-                         enc_depth=1, enc_heads=2, lstm_hidden=16, keep_threshold=0.2,
-                         turning_surprise=1.0, budget=3, capacity=12, visible=3, window=16)
-MODEL = ModelConfig(vocab_size=TOK.vocab_size, width=16, depth=1, heads=2, max_len=64,
-                    memory_slots=6, memory_dim=8)
+COMP = CompressionConfig(
+  enabled=True,
+  step_len=16,
+  vectors_per_step=2,
+  dim=8,
+  enc_width=16,
+  enc_depth=1,
+  enc_heads=2,
+  lstm_hidden=16,
+  keep_threshold=0.2,
+  turning_surprise=1.0,
+  budget=3,
+  capacity=12,
+  visible=3,
+  window=16,
+)
+MODEL = ModelConfig(
+  vocab_size=TOK.vocab_size, width=16, depth=1, heads=2, max_len=64, memory_slots=6, memory_dim=8
+)
 
 
 def test_config_checks_memory_shape_and_size_reduction():
@@ -60,8 +75,9 @@ def test_stream_steps_equal_the_scan_and_visible_memory_is_the_last_entries():
   vec, ok, idx = comp.visible_memory(final.bank, 5)  # entries of steps 2, 3, 4
   np.testing.assert_array_equal(np.asarray(idx), [2, 3, 4])
   assert bool(ok.all())
-  np.testing.assert_allclose(np.asarray(vec).reshape(3, 2, 8), np.asarray(v[2:5]),
-                             atol=float(jnp.max(jnp.abs(v))) / 127)
+  np.testing.assert_allclose(
+    np.asarray(vec).reshape(3, 2, 8), np.asarray(v[2:5]), atol=float(jnp.max(jnp.abs(v))) / 127
+  )
   _, ok, _ = comp.visible_memory(final.bank, 1)  # only step 0 before step 1
   np.testing.assert_array_equal(np.asarray(ok), [False] * 4 + [True] * 2)
   # INT8 + scale + step index per entry, against float32 vectors
@@ -73,18 +89,34 @@ def sampled():
   cfg = Config(model=MODEL, compression=COMP)
   policy = MemoryPolicy(TransformerLM(MODEL), Compressor(COMP, TOK.vocab_size))
   tx = make_optimizer(OptimConfig(lr=1e-3, warmup_steps=1))
-  progs = compile_memory_programs(cfg, policy, tx, make_memory_update(policy, tx, mode="rl"),
-                                  max_new_tokens=3, temperature=1.0, eos_id=TOK.eos_id,
-                                  pad_id=TOK.pad_id,
-                                  mesh=sharding.make_mesh(MeshConfig(shape=(1, 1, 1)),
-                                                          jax.devices()[:1]))
+  progs = compile_memory_programs(
+    cfg,
+    policy,
+    tx,
+    make_memory_update(policy, tx, mode="rl"),
+    max_new_tokens=3,
+    temperature=1.0,
+    eos_id=TOK.eos_id,
+    pad_id=TOK.pad_id,
+    mesh=sharding.make_mesh(MeshConfig(shape=(1, 1, 1)), jax.devices()[:1]),
+  )
   state = progs.init(jax.random.key(0))
   spec = LongHorizonSpec("navigation", n_steps=12, n_facts=2, min_gap=4, period=5)
   tasks = make_split(spec, "test", 3, 0)
   envs = [LongHorizonEnv(TOK) for _ in tasks]
-  trajs = sample_long_horizon(progs.sample, progs.compress, policy.empty_streams(4),
-                              state.params, envs, tasks, TOK, slots=4, window=COMP.window,
-                              step_len=COMP.step_len, rng=jax.random.key(1))
+  trajs = sample_long_horizon(
+    progs.sample,
+    progs.compress,
+    policy.empty_streams(4),
+    state.params,
+    envs,
+    tasks,
+    TOK,
+    slots=4,
+    window=COMP.window,
+    step_len=COMP.step_len,
+    rng=jax.random.key(1),
+  )
   return policy, progs, state, trajs
 
 
@@ -107,8 +139,10 @@ def test_learner_recomputes_the_sampler_log_probs_from_the_shipped_bank(sampled)
   np.testing.assert_allclose(np.asarray(logp)[exact], batch.logp_brt[exact], atol=2e-5)
   mask = batch.valid_brt
   # Memory matters: without it the same rows get different log-probs.
-  batch0 = batch.replace(bank_count_b=np.zeros_like(batch.bank_count_b),
-                         bank_step_bc=np.full_like(batch.bank_step_bc, -1))
+  batch0 = batch.replace(
+    bank_count_b=np.zeros_like(batch.bank_count_b),
+    bank_step_bc=np.full_like(batch.bank_step_bc, -1),
+  )
   logp0, _, _ = policy.row_logprobs(state.params, batch0, stored=True)
   assert np.max(np.abs(np.asarray(logp0)[mask] - batch.logp_brt[mask])) > 1e-3
 
@@ -125,8 +159,11 @@ def test_rl_update_on_sampled_trajectories_is_finite_and_changes_the_encoder(sam
   new, metrics = progs.update(state, batch)
   assert all(np.isfinite(float(v)) for v in metrics.values())
   for part in ("policy", "encoder", "temporal", "decoder"):
-    diff = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.max(np.abs(a - np.asarray(b)))),
-                                        before[part], new.params[part]))
+    diff = jax.tree.leaves(
+      jax.tree.map(
+        lambda a, b: float(np.max(np.abs(a - np.asarray(b)))), before[part], new.params[part]
+      )
+    )
     assert max(diff) > 0, part
 
 
@@ -137,13 +174,15 @@ def test_memory_update_skips_non_finite_gradients(sampled):
   _, progs, _, trajs = sampled
   state = progs.init(jax.random.key(0))  # the fixture's state may have been donated
   batch = trajectories_to_batch(trajs, 12)
-  batch = batch.replace(logp_brt=np.full_like(batch.logp_brt, np.nan),
-                        rewards_bs=np.where(np.arange(12) % 2, 1.0, 0.0)[None].repeat(3, 0)
-                        .astype(np.float32))
+  batch = batch.replace(
+    logp_brt=np.full_like(batch.logp_brt, np.nan),
+    rewards_bs=np.where(np.arange(12) % 2, 1.0, 0.0)[None].repeat(3, 0).astype(np.float32),
+  )
   before = jax.tree.map(np.asarray, (state.params, state.opt_state))
   new, metrics = progs.update(state, batch)
   assert int(metrics["nonfinite_skipped"]) == 1 and int(new.nonfinite) == 1
   assert int(new.step) == 1
-  for a, b in zip(jax.tree.leaves(before), jax.tree.leaves((new.params, new.opt_state)),
-                  strict=True):
+  for a, b in zip(
+    jax.tree.leaves(before), jax.tree.leaves((new.params, new.opt_state)), strict=True
+  ):
     np.testing.assert_array_equal(a, np.asarray(b))

@@ -1,4 +1,5 @@
 """Stage 3: INT8 with a per-vector absmax scale; error bound |x - deq(q(x))| <= scale / 2."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,14 +42,17 @@ def test_error_bound_random_shapes_and_magnitudes(shape):
 
 def test_zero_tiny_huge_and_mixed_vectors():
   f32 = np.finfo(np.float32)
-  x = np.array([
+  x = np.array(
+    [
       [0.0, 0.0, 0.0, 0.0],
       [f32.tiny / 8, -f32.tiny / 4, 0.0, f32.tiny / 2],  # subnormals: below TINY
       [f32.max, -f32.max, 1.0, 0.0],
       [1e-20, -3e-20, 2e-20, 0.0],
       [127.0, -127.0, 63.5, -0.5],
       [1.0, 1e-9, -1e-9, 0.0],  # small entries next to a large one round to 0, within s/2
-  ], np.float32)
+    ],
+    np.float32,
+  )
   q, s = _check_bound(x)
   assert s[0] == 0 and s[1] == 0
   np.testing.assert_array_equal(q[4], [127, -127, 64, -0])  # 63.5 rounds half to even
@@ -56,8 +60,7 @@ def test_zero_tiny_huge_and_mixed_vectors():
 
 
 def test_non_finite_elements_become_zero_and_do_not_set_the_scale():
-  x = np.array([[np.nan, 1.0, -2.0], [np.inf, -np.inf, 0.5], [np.nan, np.nan, np.nan]],
-               np.float32)
+  x = np.array([[np.nan, 1.0, -2.0], [np.inf, -np.inf, 0.5], [np.nan, np.nan, np.nan]], np.float32)
   q, s = _check_bound(x)
   np.testing.assert_allclose(s, [2 / 127, 0.5 / 127, 0.0], rtol=1e-6)
   assert q[0, 0] == 0 and q[1, 0] == 0 and q[1, 1] == 0 and np.all(q[2] == 0)

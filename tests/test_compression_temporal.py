@@ -1,4 +1,5 @@
 """Stage 2: the LSTM redundancy filter keeps every turning point, whatever it predicts."""
+
 import dataclasses
 
 import jax
@@ -9,16 +10,32 @@ from sao_jax.compression import temporal
 from sao_jax.compression.memory import Compressor
 from sao_jax.config import CompressionConfig
 
-CFG = CompressionConfig(step_len=8, vectors_per_step=2, dim=4, enc_width=16, enc_depth=1,
-                        enc_heads=2, lstm_hidden=8, keep_threshold=0.1, turning_surprise=1.0,
-                        budget=0, capacity=16, visible=4, evict=True)
+CFG = CompressionConfig(
+  step_len=8,
+  vectors_per_step=2,
+  dim=4,
+  enc_width=16,
+  enc_depth=1,
+  enc_heads=2,
+  lstm_hidden=8,
+  keep_threshold=0.1,
+  turning_surprise=1.0,
+  budget=0,
+  capacity=16,
+  visible=4,
+  evict=True,
+)
 
 
 def _perfect_predictor(comp, params, c_d):
   """Temporal params whose prediction is always `c_d`: zero kernel, bias c."""
   pred = params["temporal"]["predict"]
-  params = dict(params, temporal=dict(params["temporal"], predict={
-      "kernel": jnp.zeros_like(pred["kernel"]), "bias": c_d}))
+  params = dict(
+    params,
+    temporal=dict(
+      params["temporal"], predict={"kernel": jnp.zeros_like(pred["kernel"]), "bias": c_d}
+    ),
+  )
   return params
 
 
@@ -42,17 +59,18 @@ def test_turning_points_kept_under_perfect_prediction_and_zero_budget():
   c_d = jnp.linspace(-1.0, 1.0, CFG.vectors_per_step * CFG.dim)
   params = _perfect_predictor(comp, params, c_d)
   s = 12
-  v_sed = jnp.broadcast_to(c_d.reshape(CFG.vectors_per_step, CFG.dim), (s, CFG.vectors_per_step,
-                                                                          CFG.dim))
+  v_sed = jnp.broadcast_to(
+    c_d.reshape(CFG.vectors_per_step, CFG.dim), (s, CFG.vectors_per_step, CFG.dim)
+  )
   rewards = jnp.asarray([0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0], jnp.float32)  # change at 3, 4
   boundary = jnp.zeros(s, bool).at[7].set(True)
   valid = jnp.ones(s, bool).at[10:].set(False)  # episode ends at step 9
   final, info = jax.jit(comp.scan_trajectory)(params, v_sed, rewards, boundary, valid)
   surprise = np.asarray(info["surprise"])
   assert np.all(surprise[1:10] < 1e-6)  # the LSTM predicted every step after the first
-  kept_steps = np.asarray(final.bank.step_c[:int(final.bank.count)])
+  kept_steps = np.asarray(final.bank.step_c[: int(final.bank.count)])
   np.testing.assert_array_equal(kept_steps, [0, 3, 4, 7, 9])  # first, reward changes,
-  assert bool(np.all(final.bank.turning_c[:int(final.bank.count)]))  # boundary, last
+  assert bool(np.all(final.bank.turning_c[: int(final.bank.count)]))  # boundary, last
 
 
 def test_budget_caps_surprise_kept_steps_but_not_turning_points():
@@ -79,9 +97,16 @@ def test_budget_caps_surprise_kept_steps_but_not_turning_points():
 
 
 def test_full_bank_drops_and_counts():
-  cfg = CompressionConfig(**{**CFG.__dict__, "capacity": 4, "visible": 2,
-                             "turning_surprise": 0.0, "keep_threshold": 0.0,
-                             "evict": False})  # all turning; first-come (eviction: below)
+  cfg = CompressionConfig(
+    **{
+      **CFG.__dict__,
+      "capacity": 4,
+      "visible": 2,
+      "turning_surprise": 0.0,
+      "keep_threshold": 0.0,
+      "evict": False,
+    }
+  )  # all turning; first-come (eviction: below)
   comp = Compressor(cfg, vocab_size=20)
   params = comp.init(jax.random.key(0))
   s = 7
@@ -106,11 +131,15 @@ def test_prediction_loss_trains_the_lstm_on_a_repeating_pattern():
     return temporal.prediction_loss(info["pred_d"], v.reshape(s, d), w)
 
   import optax
+
   tx = optax.adam(3e-2)
   tp = params["temporal"]
   opt = tx.init(tp)
-  step = jax.jit(lambda tp, opt: (lambda l_g: (l_g[0],) + tx.update(l_g[1], opt, tp))(
-      jax.value_and_grad(loss)(tp)))
+  step = jax.jit(
+    lambda tp, opt: (lambda l_g: (l_g[0],) + tx.update(l_g[1], opt, tp))(
+      jax.value_and_grad(loss)(tp)
+    )
+  )
   first = None
   for _ in range(150):
     val, upd, opt = step(tp, opt)
@@ -132,19 +161,23 @@ def _scan_with_surprises(cfg, surprises, structural_steps=()):
   a = 1.0 / (1.0 + np.sqrt(np.asarray(surprises, np.float32)))
   v = jnp.asarray(a)[:, None] * c_d[None]
   s = len(surprises)
-  boundary = jnp.zeros(s, bool).at[jnp.asarray(structural_steps, jnp.int32)].set(True) \
-      if structural_steps else jnp.zeros(s, bool)
+  boundary = (
+    jnp.zeros(s, bool).at[jnp.asarray(structural_steps, jnp.int32)].set(True)
+    if structural_steps
+    else jnp.zeros(s, bool)
+  )
   final, info = jax.jit(comp.scan_trajectory)(
-      params, v.reshape(s, cfg.vectors_per_step, cfg.dim), jnp.zeros(s), boundary,
-      jnp.ones(s, bool))
+    params, v.reshape(s, cfg.vectors_per_step, cfg.dim), jnp.zeros(s), boundary, jnp.ones(s, bool)
+  )
   return final, info
 
 
 def test_budget_keeps_the_most_surprising_steps_with_eviction():
   # Step 0 is structural (first). Budget 2: candidates 0.6, 0.7 fill it; 0.9 replaces 0.6;
   # 0.65 replaces nothing (both left are more surprising); 0.95 replaces 0.7.
-  cfg = CompressionConfig(**{**CFG.__dict__, "budget": 2, "keep_threshold": 0.5,
-                             "turning_surprise": 5.0})
+  cfg = CompressionConfig(
+    **{**CFG.__dict__, "budget": 2, "keep_threshold": 0.5, "turning_surprise": 5.0}
+  )
   sur = [0.0, 0.6, 0.0, 0.7, 0.9, 0.65, 0.0, 0.95, 0.0]
   final, info = _scan_with_surprises(cfg, sur)
   np.testing.assert_allclose(np.asarray(info["surprise"])[1:], sur[1:], rtol=1e-4, atol=1e-5)
@@ -155,15 +188,24 @@ def test_budget_keeps_the_most_surprising_steps_with_eviction():
   np.testing.assert_array_equal(np.asarray(info["evict"]), [0, 0, 0, 0, 1, 0, 0, 1, 0])
   # Without eviction the first two candidates keep the budget.
   final, _ = _scan_with_surprises(dataclasses.replace(cfg, evict=False), sur)
-  np.testing.assert_array_equal(np.asarray(final.bank.step_c[:int(final.bank.count)]),
-                                [0, 1, 3, 8])
+  np.testing.assert_array_equal(
+    np.asarray(final.bank.step_c[: int(final.bank.count)]), [0, 1, 3, 8]
+  )
 
 
 def test_full_bank_evicts_least_surprising_but_never_structural_turning_points():
   # Capacity 4, every step a turning point (turning_surprise 0.0 < all surprises except
   # structural zeros); boundaries at 3 and 6 are structural and must survive.
-  cfg = CompressionConfig(**{**CFG.__dict__, "capacity": 4, "visible": 2, "budget": 0,
-                             "keep_threshold": 0.1, "turning_surprise": 0.1})
+  cfg = CompressionConfig(
+    **{
+      **CFG.__dict__,
+      "capacity": 4,
+      "visible": 2,
+      "budget": 0,
+      "keep_threshold": 0.1,
+      "turning_surprise": 0.1,
+    }
+  )
   sur = [0.0, 0.5, 0.3, 0.0, 0.8, 0.2, 0.0, 0.0]
   final, info = _scan_with_surprises(cfg, sur, structural_steps=(3, 6))
   steps = np.asarray(final.bank.step_c)
@@ -175,9 +217,19 @@ def test_full_bank_evicts_least_surprising_but_never_structural_turning_points()
 
 
 def test_eviction_off_matches_first_come_rule():
-  cfg = CompressionConfig(**{**CFG.__dict__, "capacity": 4, "visible": 2, "budget": 0,
-                             "keep_threshold": 0.1, "turning_surprise": 0.1, "evict": False})
-  final, _ = _scan_with_surprises(cfg, [0.0, 0.5, 0.3, 0.0, 0.8, 0.2, 0.0, 0.0],
-                                  structural_steps=(3, 6))
+  cfg = CompressionConfig(
+    **{
+      **CFG.__dict__,
+      "capacity": 4,
+      "visible": 2,
+      "budget": 0,
+      "keep_threshold": 0.1,
+      "turning_surprise": 0.1,
+      "evict": False,
+    }
+  )
+  final, _ = _scan_with_surprises(
+    cfg, [0.0, 0.5, 0.3, 0.0, 0.8, 0.2, 0.0, 0.0], structural_steps=(3, 6)
+  )
   np.testing.assert_array_equal(np.asarray(final.bank.step_c), [0, 1, 2, 3])
   assert int(final.evicted) == 0 and int(final.dropped_full) == 4

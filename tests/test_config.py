@@ -9,14 +9,18 @@ CFG = "experiments/configs/arith_grpo.py"
 
 
 def test_override_nested_and_types():
-  cfg = C.apply_overrides(C.Config(), ["rl.optim.lr=3e-5", "model.depth=4", "task.ops='+-*'",
-                                       "rl.clip_eps=0.1", "sft.max_seconds=5"])
+  cfg = C.apply_overrides(
+    C.Config(),
+    ["rl.optim.lr=3e-5", "model.depth=4", "task.ops='+-*'", "rl.clip_eps=0.1", "sft.max_seconds=5"],
+  )
   assert cfg.rl.optim.lr == 3e-5 and cfg.model.depth == 4 and cfg.task.ops == "+-*"
   assert cfg.rl.clip_eps == 0.1 and cfg.sft.max_seconds == 5.0
   assert isinstance(cfg.sft.max_seconds, float)
 
 
-@pytest.mark.parametrize("pair, match", [
+@pytest.mark.parametrize(
+  "pair, match",
+  [
     ("rl.bogus=1", "unknown config key 'rl.bogus' in RLConfig"),
     ("nope=1", "unknown config key 'nope' in Config"),
     ("model.depth=two", "cannot parse"),
@@ -38,7 +42,8 @@ def test_override_nested_and_types():
     ("sft.steps=3000000000", "does not fit in int32"),
     ("name=''", "name must not be empty"),
     ("init_from='/nowhere/ckpt'", "no such checkpoint directory"),
-])
+  ],
+)
 def test_bad_overrides_are_clear_errors(pair, match):
   with pytest.raises(C.ConfigError, match=match):
     validate(C.apply_overrides(C.Config(), [pair]))  # registry names: checked at validation
@@ -71,6 +76,7 @@ def test_eval_must_fit_test_split():
 
 def test_every_config_file_documents_its_command():
   import pathlib
+
   for path in pathlib.Path("experiments/configs").glob("*.py"):
     text = path.read_text()
     # Configs for `sao-jax train`, or for an experiment script that loads them (longhorizon).
@@ -81,8 +87,10 @@ def test_every_config_file_documents_its_command():
 def test_overrides_are_validated_once_in_any_order():
   """A combination valid only together is accepted whatever the order; an invalid result
   is refused whatever the order."""
-  for pairs in (["task.num_test=200", "eval.num_problems=200"],
-                ["eval.num_problems=200", "task.num_test=200"]):
+  for pairs in (
+    ["task.num_test=200", "eval.num_problems=200"],
+    ["eval.num_problems=200", "task.num_test=200"],
+  ):
     cfg = C.apply_overrides(C.Config(), pairs)
     assert cfg.task.num_test == 200 and cfg.eval.num_problems == 200
   for pairs in (["task.num_test=200"], ["eval.num_problems=900"]):
@@ -94,22 +102,27 @@ def test_overrides_are_validated_once_in_any_order():
 
 def test_non_finite_floats_are_refused():
   with pytest.raises(C.ConfigError, match="rl.optim.lr must be > 0|lr must be finite"):
-    dataclasses.replace(C.Config(), rl=dataclasses.replace(
-        C.RLConfig(), optim=C.OptimConfig(lr=float("nan"))))
+    dataclasses.replace(
+      C.Config(), rl=dataclasses.replace(C.RLConfig(), optim=C.OptimConfig(lr=float("nan")))
+    )
   with pytest.raises(C.ConfigError, match="sao.is_cap must be finite"):
     dataclasses.replace(C.Config(), sao=C.SAOConfig(is_cap=float("inf")))
 
 
 def test_task_space_too_small_is_a_config_error(tmp_path):
   from sao_jax.setup import make_setup
-  cfg = C.apply_overrides(C.load_config(f"{CFG}:tiny"), [
-      "task.n_ops=1", "task.max_operand=5", f"task.data_dir='{tmp_path}'"])
+
+  cfg = C.apply_overrides(
+    C.load_config(f"{CFG}:tiny"),
+    ["task.n_ops=1", "task.max_operand=5", f"task.data_dir='{tmp_path}'"],
+  )
   with pytest.raises(C.ConfigError, match="task family 'arithmetic': the test split covers"):
     make_setup(cfg)
 
 
 def test_a_refused_config_leaves_the_workdir_untouched(tmp_path):
   from sao_jax.runners.run import run
+
   cfg = C.apply_overrides(C.load_config(f"{CFG}:tiny"), ["model.vocab_size=3"])
   with pytest.raises(C.ConfigError, match="model.vocab_size 3 <"):
     run(cfg, tmp_path / "w", show_progress=False)

@@ -1,5 +1,6 @@
 """Property test: any override of any config field gives either a clean ConfigError or a
 run that starts (its setup builds and its programs' shapes and shardings resolve)."""
+
 from __future__ import annotations
 
 import typing
@@ -43,8 +44,27 @@ def _values(hint):
     edge = st.one_of(st.floats(-3, 0), st.floats(allow_nan=True, allow_infinity=True))
   elif origin is str:
     plausible = st.sampled_from(
-        ["grpo", "sao", "decay", "drop", "token", "sequence", "tracker", "inline", "samplers",
-         "embedded", "off", "steps", "tokens", "char", "float32", "bfloat16", "+-*", "+"])
+      [
+        "grpo",
+        "sao",
+        "decay",
+        "drop",
+        "token",
+        "sequence",
+        "tracker",
+        "inline",
+        "samplers",
+        "embedded",
+        "off",
+        "steps",
+        "tokens",
+        "char",
+        "float32",
+        "bfloat16",
+        "+-*",
+        "+",
+      ]
+    )
     edge = st.text(max_size=8)
   else:  # tuples
     plausible = st.lists(st.integers(1, 4), max_size=3).map(tuple)
@@ -64,8 +84,12 @@ def base(tmp_path_factory):
   return C.override(cfg, "task.data_dir", str(tmp_path_factory.mktemp("tfds")))
 
 
-@settings(max_examples=400, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+  max_examples=400,
+  deadline=None,
+  derandomize=True,
+  suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(pairs=overrides())
 def test_any_override_is_valid_or_a_one_line_config_error(base, pairs):
   """The config layer alone (fast, many cases): no other exception escapes it."""
@@ -75,8 +99,12 @@ def test_any_override_is_valid_or_a_one_line_config_error(base, pairs):
     assert str(err) and "\n" not in str(err), pairs
 
 
-@settings(max_examples=150, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+  max_examples=150,
+  deadline=None,
+  derandomize=True,
+  suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(pairs=overrides())
 def test_any_override_is_a_config_error_or_a_run_that_starts(base, pairs):
   try:

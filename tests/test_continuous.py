@@ -2,6 +2,7 @@
 fresh batch would, no slot idles while tasks are queued, every token records the version
 that produced it and its behaviour log-prob stays exact, and the learner's staleness is per
 token."""
+
 import collections
 import functools
 
@@ -31,17 +32,30 @@ def _model(seed=0):
   cfg = ModelConfig(vocab_size=TOK.vocab_size, width=32, depth=2, heads=2, max_len=32)
   model = TransformerLM(cfg)
   toks = jnp.zeros((1, 4), jnp.int32)
-  params = nn.meta.unbox(model.init(jax.random.key(seed), toks, toks,
-                                    jnp.tril(jnp.ones((4, 4), bool))[None])["params"])
+  params = nn.meta.unbox(
+    model.init(jax.random.key(seed), toks, toks, jnp.tril(jnp.ones((4, 4), bool))[None])["params"]
+  )
   return model, params
 
 
 def _programs(model, slots, greedy=False, temperature=1.0, max_steps=0):
   fill = jax.jit(functools.partial(slots_lib.fill, model, pad_id=TOK.pad_id))
   refresh = jax.jit(functools.partial(slots_lib.refresh, model))
-  decode = jax.jit(lambda p, s, v, k, n: slots_lib.decode(
-      model, p, s, v, k, eos_id=TOK.eos_id, pad_id=TOK.pad_id, greedy=greedy,
-      temperature=temperature, min_done=n, max_steps=max_steps))
+  decode = jax.jit(
+    lambda p, s, v, k, n: slots_lib.decode(
+      model,
+      p,
+      s,
+      v,
+      k,
+      eos_id=TOK.eos_id,
+      pad_id=TOK.pad_id,
+      greedy=greedy,
+      temperature=temperature,
+      min_done=n,
+      max_steps=max_steps,
+    )
+  )
   return fill, decode, refresh, slots_lib.empty(model, slots, P, T, TOK.pad_id)
 
 
@@ -61,16 +75,27 @@ def test_a_refilled_slot_decodes_like_a_fresh_batch():
     done = np.asarray(state.done_b)
     for slot in [s for s in holder if done[s]]:
       n = int(state.gen_b[slot])
-      out[holder.pop(slot)] = (np.asarray(state.tokens_bt[slot, :n]),
-                               np.asarray(state.logp_bt[slot, :n]),
-                               np.asarray(state.version_bt[slot, :n]))
+      out[holder.pop(slot)] = (
+        np.asarray(state.tokens_bt[slot, :n]),
+        np.asarray(state.logp_bt[slot, :n]),
+        np.asarray(state.version_bt[slot, :n]),
+      )
       if queue:
         i = queue.pop(0)
         state = fill(params, state, prompts[i][0], prompts[i][1], np.array([slot], np.int32))
         holder[slot] = i
   for i, (prompt, pvalid) in enumerate(prompts):
-    ref = sample(model, params, prompt, pvalid, jax.random.key(1), max_new_tokens=T,
-                 eos_id=TOK.eos_id, pad_id=TOK.pad_id, greedy=True)
+    ref = sample(
+      model,
+      params,
+      prompt,
+      pvalid,
+      jax.random.key(1),
+      max_new_tokens=T,
+      eos_id=TOK.eos_id,
+      pad_id=TOK.pad_id,
+      greedy=True,
+    )
     n = int(ref.lengths_b[0])
     np.testing.assert_array_equal(out[i][0], np.asarray(ref.tokens_bt[0, :n]))
     np.testing.assert_allclose(out[i][1], np.asarray(ref.logp_bt[0, :n]), atol=LOGP_ATOL)
@@ -85,8 +110,9 @@ def test_sampled_logprobs_equal_recomputed():
   state = decode(params, state, np.int32(0), jax.random.key(4), 3)
   gen = np.asarray(state.gen_b)
   valid = np.arange(T)[None] < gen[:, None]
-  lp = completion_logprobs(model, params, prompt, pvalid, np.asarray(state.tokens_bt), valid,
-                           temperature=0.8).logp_bt
+  lp = completion_logprobs(
+    model, params, prompt, pvalid, np.asarray(state.tokens_bt), valid, temperature=0.8
+  ).logp_bt
   np.testing.assert_allclose(np.asarray(state.logp_bt), np.asarray(lp), atol=LOGP_ATOL)
 
 
@@ -107,8 +133,19 @@ class CountingEnv:
 
 def _sampler(model, params, *, slots=4, refill_rows=2, inflight="tokens", max_steps=0):
   fill, decode, refresh, state = _programs(model, slots, max_steps=max_steps)
-  s = ContinuousSampler(fill, decode, refresh, state, TOK, slots=slots, refill_rows=refill_rows,
-                        prompt_len=P, max_steps=3, make_env=CountingEnv, inflight=inflight)
+  s = ContinuousSampler(
+    fill,
+    decode,
+    refresh,
+    state,
+    TOK,
+    slots=slots,
+    refill_rows=refill_rows,
+    prompt_len=P,
+    max_steps=3,
+    make_env=CountingEnv,
+    inflight=inflight,
+  )
   s.offer_params(0, params)
   return s
 
@@ -160,8 +197,14 @@ def test_inflight_updates_record_versions_and_keep_logprobs_exact(inflight):
     # Each token's recorded log-prob is exactly that of the version which produced it.
     for k in range(len(t.tokens)):
       for v, p in by_version.items():
-        lp = completion_logprobs(model, p, t.prompt[k:k + 1], t.prompt_valid[k:k + 1],
-                                 t.tokens[k:k + 1], t.valid[k:k + 1]).logp_bt[0]
+        lp = completion_logprobs(
+          model,
+          p,
+          t.prompt[k : k + 1],
+          t.prompt_valid[k : k + 1],
+          t.tokens[k : k + 1],
+          t.valid[k : k + 1],
+        ).logp_bt[0]
         sel = t.version[k] == v
         np.testing.assert_allclose(t.logp[k][sel], np.asarray(lp)[sel], atol=LOGP_ATOL)
   used = set().union(*(set(t.version[t.valid].tolist()) for t in got))
@@ -178,13 +221,20 @@ def test_learner_staleness_is_per_token():
   t, s = 4, 2
   version = np.array([[3, 3, 5, 5], [5, 5, 5, -1]], np.int32)
   valid = version >= 0
-  arrays = {"prompt": np.ones((s, 3), np.int32), "prompt_valid": np.ones((s, 3), bool),
-            "tokens": np.ones((s, t), np.int32), "valid": valid,
-            "logp": np.zeros((s, t), np.float32), "version": version}
-  data = records.encode(records.RecordKind.TRAJECTORY, 1, 3, arrays,
-                        {"task_index": 0, "reward": 1.0, "t_end": 0.0})
-  batch, orphans = batch_rows([Item(records.decode(data), 0, None)], step=6, rows=4,
-                              max_staleness=4)
+  arrays = {
+    "prompt": np.ones((s, 3), np.int32),
+    "prompt_valid": np.ones((s, 3), bool),
+    "tokens": np.ones((s, t), np.int32),
+    "valid": valid,
+    "logp": np.zeros((s, t), np.float32),
+    "version": version,
+  }
+  data = records.encode(
+    records.RecordKind.TRAJECTORY, 1, 3, arrays, {"task_index": 0, "reward": 1.0, "t_end": 0.0}
+  )
+  batch, orphans = batch_rows(
+    [Item(records.decode(data), 0, None)], step=6, rows=4, max_staleness=4
+  )
   assert orphans == 0
   np.testing.assert_array_equal(batch.staleness_bt[:2], [[3, 3, 1, 1], [1, 1, 1, 3]])
 
@@ -193,9 +243,11 @@ def test_kafka_sampler_acknowledges_tasks_in_taken_order():
   """ack_tasks(n) commits past the first n tasks taken (and the non-task records among
   them), never past a task still being worked on."""
   from sao_jax.transport.kafka import KafkaSamplerEnd
+
   end = object.__new__(KafkaSamplerEnd)
-  end._taken = collections.deque([("p0", 10, True), ("p1", 4, True), ("p0", 11, False),
-                                  ("p0", 12, True), ("p1", 5, True)])
+  end._taken = collections.deque(
+    [("p0", 10, True), ("p1", 4, True), ("p0", 11, False), ("p0", 12, True), ("p1", 5, True)]
+  )
   assert end._pop_taken(2) == {"p0": 12, "p1": 5}  # tasks 10 and 4, and the non-task 11
   assert [e[1] for e in end._taken] == [12, 5]
   assert end._pop_taken(None) == {"p0": 13, "p1": 6}

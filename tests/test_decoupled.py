@@ -1,4 +1,5 @@
 """Golden numbers for the staleness corrections: decoupled PPO loss and freshness weights."""
+
 import functools
 
 import chex
@@ -13,7 +14,6 @@ MASK = jnp.array([True, True, True, False])
 
 
 class DecoupledLossTest(chex.TestCase):
-
   @chex.all_variants
   def test_equals_ppo_clip_when_prox_is_behav(self):
     fn = self.variant(losses.decoupled_ppo_loss, static_argnums=(5, 6, 7))
@@ -62,8 +62,9 @@ class DecoupledLossTest(chex.TestCase):
     fn = self.variant(losses.decoupled_ppo_loss, static_argnums=(5, 6, 7))
     t = 64
     prox = jnp.full(t, 2.0)  # sum of log-ratios 128: exp overflows float32, the cap must hold
-    loss, aux = fn(prox, prox, jnp.zeros(t), jnp.float32(1.0), jnp.ones(t, bool), 0.2, 2.0,
-                   "sequence")
+    loss, aux = fn(
+      prox, prox, jnp.zeros(t), jnp.float32(1.0), jnp.ones(t, bool), 0.2, 2.0, "sequence"
+    )
     np.testing.assert_allclose(aux["w_t"], np.full(t, 2.0))
     np.testing.assert_allclose(loss, np.full(t, -2.0))
 
@@ -75,8 +76,9 @@ class DecoupledLossTest(chex.TestCase):
     logp = prox + jnp.log(u)
 
     def total(logp_t, prox_t):
-      loss, _ = losses.decoupled_ppo_loss(logp_t, prox_t, behav, jnp.float32(2.0), MASK, 0.2,
-                                          10.0, "token")
+      loss, _ = losses.decoupled_ppo_loss(
+        logp_t, prox_t, behav, jnp.float32(2.0), MASK, 0.2, 10.0, "token"
+      )
       return jnp.sum(loss)
 
     grad = self.variant(jax.grad(total, argnums=(0, 1)))
@@ -91,30 +93,45 @@ class DecoupledLossTest(chex.TestCase):
     behav = jnp.log(jnp.array([0.5, 0.25, 1.0, 1.0]))
 
     def total(logp_t):
-      loss, _ = losses.decoupled_ppo_loss(logp_t, logp_t, behav, jnp.float32(-1.0), MASK, 0.2,
-                                          10.0, "token")
+      loss, _ = losses.decoupled_ppo_loss(
+        logp_t, logp_t, behav, jnp.float32(-1.0), MASK, 0.2, 10.0, "token"
+      )
       return jnp.sum(loss)
 
     logp = jnp.log(jnp.array([0.5, 0.5, 0.5, 0.5]))  # w = [1, 2, .5, masked], u = 1
     # loss_t = -w_t * u_t * A, d/dlogp = -w * A * u = [1, 2, .5, 0]
-    np.testing.assert_allclose(self.variant(jax.grad(total))(logp), [1.0, 2.0, 0.5, 0.0],
-                               rtol=1e-6)
+    np.testing.assert_allclose(self.variant(jax.grad(total))(logp), [1.0, 2.0, 0.5, 0.0], rtol=1e-6)
 
   def test_unknown_level(self):
     with pytest.raises(KeyError, match="unknown importance-weight level"):
-      losses.decoupled_ppo_loss(jnp.zeros(2), jnp.zeros(2), jnp.zeros(2), jnp.float32(1.0),
-                                jnp.ones(2, bool), 0.2, 2.0, "batch")
+      losses.decoupled_ppo_loss(
+        jnp.zeros(2),
+        jnp.zeros(2),
+        jnp.zeros(2),
+        jnp.float32(1.0),
+        jnp.ones(2, bool),
+        0.2,
+        2.0,
+        "batch",
+      )
 
   def test_vmaps_over_batch(self):
     fn = jax.vmap(losses.decoupled_ppo_loss, in_axes=(0, 0, 0, 0, 0, None, None, None))
-    loss, aux = fn(jnp.zeros((3, 4)), jnp.zeros((3, 4)), jnp.zeros((3, 4)), jnp.ones(3),
-                   jnp.ones((3, 4), bool), 0.2, 2.0, "token")
+    loss, aux = fn(
+      jnp.zeros((3, 4)),
+      jnp.zeros((3, 4)),
+      jnp.zeros((3, 4)),
+      jnp.ones(3),
+      jnp.ones((3, 4), bool),
+      0.2,
+      2.0,
+      "token",
+    )
     assert loss.shape == (3, 4) and aux["w_t"].shape == (3, 4)
     np.testing.assert_allclose(loss, -np.ones((3, 4)))
 
 
 class FreshnessTest(chex.TestCase):
-
   @chex.all_variants
   def test_freshness_factor(self):
     fn = self.variant(functools.partial(losses.freshness_factor, half_life=2.0, max_staleness=6))
@@ -125,10 +142,12 @@ class FreshnessTest(chex.TestCase):
   @chex.all_variants
   def test_freshness_weights(self):
     s = jnp.array([0, 2, 6, 7])
-    drop = self.variant(functools.partial(losses.freshness_weights, half_life=2.0,
-                                          max_staleness=6, mode="drop"))
-    decay = self.variant(functools.partial(losses.freshness_weights, half_life=2.0,
-                                           max_staleness=6, mode="decay"))
+    drop = self.variant(
+      functools.partial(losses.freshness_weights, half_life=2.0, max_staleness=6, mode="drop")
+    )
+    decay = self.variant(
+      functools.partial(losses.freshness_weights, half_life=2.0, max_staleness=6, mode="decay")
+    )
     np.testing.assert_array_equal(drop(s), [1.0, 1.0, 1.0, 0.0])
     np.testing.assert_allclose(decay(s), [1.0, 0.5, 0.125, 0.0], rtol=1e-6)
 

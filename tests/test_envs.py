@@ -1,4 +1,5 @@
 """Tests for the environment API and the generated arithmetic tasks."""
+
 from __future__ import annotations
 
 import re
@@ -7,26 +8,26 @@ import numpy as np
 import pytest
 
 from sao_jax.envs.arithmetic import (
-    TRAIN_ID_OFFSET,
-    ArithmeticEnv,
-    ArithmeticSpec,
-    extract_answer,
-    generate_task,
-    make_split,
-    spec_for_difficulty,
+  TRAIN_ID_OFFSET,
+  ArithmeticEnv,
+  ArithmeticSpec,
+  extract_answer,
+  generate_task,
+  make_split,
+  spec_for_difficulty,
 )
 from sao_jax.envs.base import StepResult, Task
 from sao_jax.tokenizer import CharTokenizer
 
 _STEP = re.compile(r"^(\d+)([-+*])(\d+)=(\d+)$")
 _SPECS = [
-    ArithmeticSpec(),
-    ArithmeticSpec(n_ops=1, max_operand=5),
-    ArithmeticSpec(n_ops=3, max_operand=20, ops="+-*"),
-    ArithmeticSpec(n_ops=4, max_operand=99, ops="+-*", reverse_digits=True),
-    ArithmeticSpec(n_ops=2, max_operand=20, ops="*", reverse_digits=True),
-    ArithmeticSpec(n_ops=4, max_operand=9, ops="-"),
-    ArithmeticSpec(n_ops=4, max_operand=4, ops="-"),
+  ArithmeticSpec(),
+  ArithmeticSpec(n_ops=1, max_operand=5),
+  ArithmeticSpec(n_ops=3, max_operand=20, ops="+-*"),
+  ArithmeticSpec(n_ops=4, max_operand=99, ops="+-*", reverse_digits=True),
+  ArithmeticSpec(n_ops=2, max_operand=20, ops="*", reverse_digits=True),
+  ArithmeticSpec(n_ops=4, max_operand=9, ops="-"),
+  ArithmeticSpec(n_ops=4, max_operand=4, ops="-"),
 ]
 
 
@@ -66,7 +67,8 @@ def test_solution_arithmetic_matches_prompt_and_is_non_negative(spec):
     assert answer == task.answer == (str(final)[::-1] if spec.reverse_digits else str(final))
     # The prompt states the start value and the operands, in order, and nothing else.
     assert [int(x) for x in re.findall(r"\d+", task.prompt)] == [steps[0][0]] + [
-        b for _, _, b, _ in steps]
+      b for _, _, b, _ in steps
+    ]
     assert task.difficulty == spec.difficulty
 
 
@@ -88,8 +90,13 @@ def test_reverse_digits_reverses_every_solution_number_but_not_the_prompt():
 
 def test_known_task_format():
   task = _tasks(ArithmeticSpec(max_operand=20), 1)[0]
-  assert task == Task(task_id=0, prompt="Ann had 18 eggs, lost 10, got 7. Eggs?",
-                      solution="18-10=8;8+7=15;#15", answer="15", difficulty=22)
+  assert task == Task(
+    task_id=0,
+    prompt="Ann had 18 eggs, lost 10, got 7. Eggs?",
+    solution="18-10=8;8+7=15;#15",
+    answer="15",
+    difficulty=22,
+  )
 
 
 @pytest.mark.parametrize("ops", ["+-", "+-*", "*", "+", "-"])
@@ -98,11 +105,20 @@ def test_two_op_prompts_are_short(ops):
   assert max(len(t.prompt) for t in _tasks(spec, 3000)) <= 45
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(n_ops=0), dict(n_ops=5), dict(n_ops=2.0), dict(max_operand=0), dict(ops=""),
-    dict(ops="+/"), dict(ops="++"), dict(ops="-", n_ops=4, max_operand=3),
+@pytest.mark.parametrize(
+  "kwargs",
+  [
+    dict(n_ops=0),
+    dict(n_ops=5),
+    dict(n_ops=2.0),
+    dict(max_operand=0),
+    dict(ops=""),
+    dict(ops="+/"),
+    dict(ops="++"),
+    dict(ops="-", n_ops=4, max_operand=3),
     dict(reverse_digits=1),
-])
+  ],
+)
 def test_spec_validation(kwargs):
   with pytest.raises(ValueError):
     ArithmeticSpec(**kwargs)
@@ -125,10 +141,17 @@ def test_spec_for_difficulty_is_monotone():
     spec_for_difficulty(0)
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("7+5=12;#12", "12"), ("#1 #2", "2"), ("# 42 ", "42"), ("#", ""), ("no answer", None),
+@pytest.mark.parametrize(
+  "text, expected",
+  [
+    ("7+5=12;#12", "12"),
+    ("#1 #2", "2"),
+    ("# 42 ", "42"),
+    ("#", ""),
+    ("no answer", None),
     ("", None),
-])
+  ],
+)
 def test_extract_answer(text, expected):
   assert extract_answer(text) == expected
 
@@ -186,8 +209,7 @@ def test_env_rewards_exact_answers_only():
   assert obs.dtype == np.int32
   np.testing.assert_array_equal(obs, tok.encode(task.prompt))
   # Tokens after EOS are ignored, as a fixed-length decode buffer would have them.
-  result = env.step(np.array(tok.encode(task.solution, add_eos=True) + tok.encode("#99"),
-                             np.int32))
+  result = env.step(np.array(tok.encode(task.solution, add_eos=True) + tok.encode("#99"), np.int32))
   assert isinstance(result, StepResult)
   assert (result.reward, result.done) == (1.0, True)
   assert result.observation.shape == (0,) and result.observation.dtype == np.int32

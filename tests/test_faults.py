@@ -2,6 +2,7 @@
 the latest snapshot, kill a sampler, inject NaN gradients. Each must end in a finished run
 with finite metrics, and the journal/ledger audit must find no trajectory lost and none
 applied twice."""
+
 import json
 import math
 import os
@@ -24,14 +25,36 @@ from sao_jax.procs import alive, descendants
 pytestmark = pytest.mark.slow
 CFG = "experiments/configs/sao_arith.py:tiny"
 STEPS = 36
-BASE = ("--set", f"rl.steps={STEPS}", "--set", "checkpoint_every=8", "--set", "log_every=1",
-        "--set", "recovery.shadow_every=10", "--set", "recovery.val_problems=32",
-        "--set", "recovery.keep_journal=True")
+BASE = (
+  "--set",
+  f"rl.steps={STEPS}",
+  "--set",
+  "checkpoint_every=8",
+  "--set",
+  "log_every=1",
+  "--set",
+  "recovery.shadow_every=10",
+  "--set",
+  "recovery.val_problems=32",
+  "--set",
+  "recovery.keep_journal=True",
+)
 
 
 def _cmd(workdir, *extra):
-  return [sys.executable, "-m", "sao_jax.cli", "train", "--config", CFG, "--workdir",
-          str(workdir), "--no-progress", *BASE, *extra]
+  return [
+    sys.executable,
+    "-m",
+    "sao_jax.cli",
+    "train",
+    "--config",
+    CFG,
+    "--workdir",
+    str(workdir),
+    "--no-progress",
+    *BASE,
+    *extra,
+  ]
 
 
 def _ledger_steps(workdir) -> int:
@@ -39,12 +62,16 @@ def _ledger_steps(workdir) -> int:
   return path.read_text().count("\n") if path.exists() else 0
 
 
-
-
 def _kill_learner_at(repo_root, workdir, at_step: int, *extra):
   """Starts the run and kill -9s the learner once `at_step` updates are in the ledger."""
-  proc = subprocess.Popen(_cmd(workdir, *extra), cwd=repo_root, env=subprocess_env(),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  proc = subprocess.Popen(
+    _cmd(workdir, *extra),
+    cwd=repo_root,
+    env=subprocess_env(),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
   try:
     deadline = time.time() + 240
     while _ledger_steps(workdir) < at_step:
@@ -66,8 +93,14 @@ def _kill_learner_at(repo_root, workdir, at_step: int, *extra):
 
 
 def _finish(repo_root, workdir, *extra) -> tuple[dict, str]:
-  proc = subprocess.run(_cmd(workdir, *extra), cwd=repo_root, env=subprocess_env(),
-                        capture_output=True, text=True, timeout=600)
+  proc = subprocess.run(
+    _cmd(workdir, *extra),
+    cwd=repo_root,
+    env=subprocess_env(),
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   return json.loads((workdir / "summary.json").read_text()), proc.stdout + proc.stderr
 
@@ -141,14 +174,23 @@ def test_kill_9_the_learner_and_rerun(repo_root, tmp_path, seed):
 
 def test_a_killed_sampler_is_restarted(repo_root, tmp_path):
   workdir = tmp_path / "w"
-  proc = subprocess.Popen(_cmd(workdir), cwd=repo_root, env=subprocess_env(),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  proc = subprocess.Popen(
+    _cmd(workdir),
+    cwd=repo_root,
+    env=subprocess_env(),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
   try:
     while _ledger_steps(workdir) < 8:
       assert proc.poll() is None, proc.communicate()[0][-3000:]
       time.sleep(0.1)
-    samplers = [p for p in descendants(proc.pid)
-                if b"spawn_main" in pathlib.Path(f"/proc/{p}/cmdline").read_bytes()]
+    samplers = [
+      p
+      for p in descendants(proc.pid)
+      if b"spawn_main" in pathlib.Path(f"/proc/{p}/cmdline").read_bytes()
+    ]
     os.kill(samplers[0], signal.SIGKILL)
     out, _ = proc.communicate(timeout=300)
   finally:
@@ -158,8 +200,9 @@ def test_a_killed_sampler_is_restarted(repo_root, tmp_path):
   assert proc.returncode == 0, out[-3000:]
   assert "died with exit code -9; restarting it" in out
   # The surviving sampler finished and sent its in-flight trajectories before its restart.
-  assert re.search(r"sampler \d: sent (\d+) of \1 in-flight trajectories before the restart",
-                   out), out[-3000:]
+  assert re.search(
+    r"sampler \d: sent (\d+) of \1 in-flight trajectories before the restart", out
+  ), out[-3000:]
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["rl"]["sampler_restarts"] == 1
   _check_finished(workdir, summary)
@@ -192,17 +235,35 @@ def test_synchronous_grpo_resumed_equals_uninterrupted(repo_root, tmp_path):
   extra = ["--set", "rl.steps=16", "--set", "checkpoint_every=4", "--set", "log_every=1"]
 
   def cmd(w):
-    return [sys.executable, "-m", "sao_jax.cli", "train", "--config", cfg, "--workdir", str(w),
-            "--no-progress", *extra]
+    return [
+      sys.executable,
+      "-m",
+      "sao_jax.cli",
+      "train",
+      "--config",
+      cfg,
+      "--workdir",
+      str(w),
+      "--no-progress",
+      *extra,
+    ]
 
   a, b = tmp_path / "a", tmp_path / "b"
-  subprocess.run(cmd(a), cwd=repo_root, env=subprocess_env(), check=True, capture_output=True,
-                 timeout=300)
-  proc = subprocess.Popen(cmd(b), cwd=repo_root, env=subprocess_env(),
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  subprocess.run(
+    cmd(a), cwd=repo_root, env=subprocess_env(), check=True, capture_output=True, timeout=300
+  )
+  proc = subprocess.Popen(
+    cmd(b),
+    cwd=repo_root,
+    env=subprocess_env(),
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
   try:
-    while not (b / "metrics.jsonl").exists() or sum(
-        r["phase"] == "rl" and r["step"] >= 9 for r in read_jsonl(b / "metrics.jsonl")) == 0:
+    while (
+      not (b / "metrics.jsonl").exists()
+      or sum(r["phase"] == "rl" and r["step"] >= 9 for r in read_jsonl(b / "metrics.jsonl")) == 0
+    ):
       assert proc.poll() is None
       time.sleep(0.05)
     proc.kill()
@@ -211,8 +272,9 @@ def test_synchronous_grpo_resumed_equals_uninterrupted(repo_root, tmp_path):
     if proc.poll() is None:
       proc.kill()
       proc.wait()
-  out = subprocess.run(cmd(b), cwd=repo_root, env=subprocess_env(), capture_output=True,
-                       text=True, timeout=300)
+  out = subprocess.run(
+    cmd(b), cwd=repo_root, env=subprocess_env(), capture_output=True, text=True, timeout=300
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   assert "grpo: resuming from snapshot step" in out.stdout
 

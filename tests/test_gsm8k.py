@@ -1,4 +1,5 @@
 """GSM8K from a local copy: TFDS builder over JSONL written here, tasks, extraction reward."""
+
 from __future__ import annotations
 
 import json
@@ -11,25 +12,34 @@ from sao_jax.envs.gsm8k import GSM8KEnv, extract_answer, normalise_number
 from sao_jax.tokenizer import get_tokenizer
 
 TRAIN = [
-    {"question": "Natalia sold clips to 48 of her friends in April, and then she sold half as "
-                 "many clips in May. How many clips did Natalia sell altogether in April and May?",
-     "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = "
-               "<<48+24=72>>72 clips altogether in April and May.\n#### 72"},
-    {"question": "A company pays $1,000 a week. How much is that for 3 weeks?",
-     "answer": "3 weeks cost 3*1,000 = $<<3*1000=3000>>3,000.\n#### 3,000"},
-    {"question": "Betty has $2.50 and spends $3.75. How much is she short?",
-     "answer": "She is short 3.75-2.50 = <<3.75-2.50=1.25>>1.25 dollars.\n#### 1.25"},
+  {
+    "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as "
+    "many clips in May. How many clips did Natalia sell altogether in April and May?",
+    "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = "
+    "<<48+24=72>>72 clips altogether in April and May.\n#### 72",
+  },
+  {
+    "question": "A company pays $1,000 a week. How much is that for 3 weeks?",
+    "answer": "3 weeks cost 3*1,000 = $<<3*1000=3000>>3,000.\n#### 3,000",
+  },
+  {
+    "question": "Betty has $2.50 and spends $3.75. How much is she short?",
+    "answer": "She is short 3.75-2.50 = <<3.75-2.50=1.25>>1.25 dollars.\n#### 1.25",
+  },
 ]
 TEST = [
-    {"question": "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of "
-                 "babysitting. How much did she earn?",
-     "answer": "Weng earns 12/60 = $<<12/60=0.2>>0.2 per minute.\nWorking 50 minutes, she "
-               "earned 0.2 x 50 = $<<0.2*50=10>>10.\n#### 10"},
-    {"question": "It is 5 degrees and drops by 8. What is the temperature?",
-     "answer": "5-8 = <<5-8=-3>>-3\n#### -3"},
+  {
+    "question": "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of "
+    "babysitting. How much did she earn?",
+    "answer": "Weng earns 12/60 = $<<12/60=0.2>>0.2 per minute.\nWorking 50 minutes, she "
+    "earned 0.2 x 50 = $<<0.2*50=10>>10.\n#### 10",
+  },
+  {
+    "question": "It is 5 degrees and drops by 8. What is the temperature?",
+    "answer": "5-8 = <<5-8=-3>>-3\n#### -3",
+  },
 ]
-QWEN_TOKENIZER = (pathlib.Path(__file__).parent / "fixtures" / "hf" / "qwen2_tiny" /
-                  "tokenizer.json")
+QWEN_TOKENIZER = pathlib.Path(__file__).parent / "fixtures" / "hf" / "qwen2_tiny" / "tokenizer.json"
 
 
 def _write(directory: pathlib.Path, train=TRAIN, test=TEST) -> pathlib.Path:
@@ -49,8 +59,10 @@ def test_tasks_from_a_local_copy(tmp_path):
   assert [t.task_id for t in test] == [0, 1] and train[0].task_id == 10**9
   t = train[0]
   assert t.prompt == f"Question: {TRAIN[0]['question']}\nAnswer:"
-  assert t.solution == ("Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 = 72 clips "
-                        "altogether in April and May.\n#### 72")
+  assert t.solution == (
+    "Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 = 72 clips "
+    "altogether in April and May.\n#### 72"
+  )
   assert t.difficulty == 2 and test[1].difficulty == 1
   # Built once: a second load reads the stored files.
   built = next((tmp_path / "tfds").glob("gsm8k/*/1.0.0/*-train.array_record*"))
@@ -73,13 +85,19 @@ def test_bad_copies_fail_clearly(tmp_path):
     load_tasks(manual, "validation")
 
 
-@pytest.mark.parametrize("text,expected", [
+@pytest.mark.parametrize(
+  "text,expected",
+  [
     ("48/2 = 24, 48+24 = 72.\n#### 72", "72"),
-    ("#### 72 clips #### 73", "73"),           # the last marker counts
-    ("So the answer is $3,000.", "3000"),      # no marker: last number
-    ("#### 1.250", "1.25"), ("#### -3.0", "-3"), ("####", None), ("no number", None),
+    ("#### 72 clips #### 73", "73"),  # the last marker counts
+    ("So the answer is $3,000.", "3000"),  # no marker: last number
+    ("#### 1.250", "1.25"),
+    ("#### -3.0", "-3"),
+    ("####", None),
+    ("no number", None),
     ("It is 10. Then 12 more", "12"),
-])
+  ],
+)
 def test_extract_answer(text, expected):
   assert extract_answer(text) == expected
 
@@ -98,9 +116,12 @@ def test_env_rewards_with_a_real_tokenizer(tmp_path):
   with pytest.raises(RuntimeError, match="reset"):
     env.step([])
   assert tok.decode(env.reset(task)) == task.prompt
-  for completion, reward, fmt in ((" 48+24 = 72\n#### 72", 1.0, True),
-                                  (" so 72 clips", 1.0, False),
-                                  ("#### 71", 0.0, True), ("I don't know", 0.0, False)):
+  for completion, reward, fmt in (
+    (" 48+24 = 72\n#### 72", 1.0, True),
+    (" so 72 clips", 1.0, False),
+    ("#### 71", 0.0, True),
+    ("I don't know", 0.0, False),
+  ):
     env.reset(task)
     result = env.step(tok.encode(completion, add_eos=True) + tok.encode(" 5"))
     assert result.done and result.reward == reward and result.info["format_ok"] is fmt

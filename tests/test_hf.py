@@ -3,6 +3,7 @@ import -> export -> import is bit-identical, sharded loads read only each device
 
 The fixtures (tests/fixtures/hf/) were made by scripts/make_hf_fixtures.py with torch and
 transformers: a bf16 single-file Qwen2-style and an f32 sharded Llama-style checkpoint."""
+
 from __future__ import annotations
 
 import functools
@@ -44,9 +45,9 @@ def _logits_batch(cfg, params, rows):
   tokens = np.zeros((len(rows), length), np.int32)
   valid = np.zeros((len(rows), length), bool)
   for i, r in enumerate(rows):
-    tokens[i, :len(r)], valid[i, :len(r)] = r, True
+    tokens[i, : len(r)], valid[i, : len(r)] = r, True
   out = np.asarray(_logits_fn(cfg)(params, tokens, valid))
-  return [out[i, :len(r)] for i, r in enumerate(rows)]
+  return [out[i, : len(r)] for i, r in enumerate(rows)]
 
 
 def _logits(cfg, params, ids):
@@ -74,8 +75,10 @@ def test_bf16_compute_logits_near_reference():
   cfg, params = hf.load(FIXTURES / "qwen2_tiny", dtype="bfloat16")
   assert all(p.dtype == np.float32 for p in jax.tree.leaves(params))
   ref, logits = _reference("qwen2_tiny")
-  errs = [np.abs(ours - logits[f"prompt_{i}"])
-          for i, ours in enumerate(_logits_batch(cfg, params, ref["input_ids"]))]
+  errs = [
+    np.abs(ours - logits[f"prompt_{i}"])
+    for i, ours in enumerate(_logits_batch(cfg, params, ref["input_ids"]))
+  ]
   assert max(e.max() for e in errs) < 0.2
   assert np.mean(np.concatenate([e.ravel() for e in errs])) < 0.025
   assert max(e.max() for e in errs) > 10 * LOGIT_ATOL  # it really computed in bf16
@@ -89,12 +92,20 @@ def test_greedy_generation_matches_reference(name):
   assert ref["min_greedy_margin"] > 20 * LOGIT_ATOL
   # All prompts in one left-padded batch (the reference generated them one by one).
   prompt, valid = left_pad(ref["input_ids"], 40, ref["pad_id"])
-  fn = jax.jit(functools.partial(sample, make_model(cfg), max_new_tokens=ref["max_new_tokens"],
-                                 eos_id=ref["eos_id"], pad_id=ref["pad_id"], greedy=True))
+  fn = jax.jit(
+    functools.partial(
+      sample,
+      make_model(cfg),
+      max_new_tokens=ref["max_new_tokens"],
+      eos_id=ref["eos_id"],
+      pad_id=ref["pad_id"],
+      greedy=True,
+    )
+  )
   out = jax.device_get(fn(params, prompt, valid, jax.random.key(0)))
   for row, expected in zip(out.tokens_bt.tolist(), ref["greedy"], strict=True):
-    assert row[:len(expected)] == expected
-    assert all(t == ref["pad_id"] for t in row[len(expected):])
+    assert row[: len(expected)] == expected
+    assert all(t == ref["pad_id"] for t in row[len(expected) :])
 
 
 def _same_trees(a, b):
@@ -127,7 +138,8 @@ def test_round_trip_is_bit_identical(name, tmp_path):
     assert ours[k].dtype == theirs[k].dtype and ours[k].tobytes() == theirs[k].tobytes(), k
   exported = hf.read_config(tmp_path / "same")
   assert {k: v for k, v in base.items() if k in exported} == {
-      k: exported[k] for k in base if k in exported}
+    k: exported[k] for k in base if k in exported
+  }
   assert not set(base) - set(exported) - {"rope_scaling", "torch_dtype"}
 
 
@@ -144,6 +156,7 @@ def test_sharded_load_reads_only_each_devices_block(name, monkeypatch):
     block = real(layout, src, index)
     reads.append((layout.name, block.size, int(np.prod(src.get_shape()))))
     return block
+
   monkeypatch.setattr(hf, "_read_block", spy)
   sharded = hf.load_params(FIXTURES / name, cfg, mesh=mesh, rules=mesh_cfg.rules)
   flat, ref = hf._flat(sharded), hf._flat(params)
@@ -181,8 +194,13 @@ def test_export_merges_lora(tmp_path):
   cfg, params = hf.load(FIXTURES / "qwen2_tiny", lora_rank=3, rng=jax.random.key(2))
   rng = np.random.default_rng(3)
   params = jax.tree_util.tree_map_with_path(
-      lambda p, x: np.asarray(x) + 0.1 * rng.standard_normal(x.shape, np.float32)
-      if "lora_b" in jax.tree_util.keystr(p) else x, params)
+    lambda p, x: (
+      np.asarray(x) + 0.1 * rng.standard_normal(x.shape, np.float32)
+      if "lora_b" in jax.tree_util.keystr(p)
+      else x
+    ),
+    params,
+  )
   ids = _reference("qwen2_tiny")[0]["input_ids"][1]
   with_adapters = _logits(cfg, params, ids)
   hf.save(tmp_path, params, cfg)
@@ -202,10 +220,12 @@ def _copy_fixture(name, tmp_path) -> pathlib.Path:
 def test_bad_checkpoints_fail_clearly(tmp_path):
   d = _copy_fixture("qwen2_tiny", tmp_path)
   config = json.loads((d / "config.json").read_text())
-  cases = [({"model_type": "gemma"}, "model_type 'gemma' not supported"),
-           ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling 'yarn'"),
-           ({"head_dim": 32}, "head_dim"),
-           ({"hidden_act": "gelu"}, "hidden_act")]
+  cases = [
+    ({"model_type": "gemma"}, "model_type 'gemma' not supported"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling 'yarn'"),
+    ({"head_dim": 32}, "head_dim"),
+    ({"hidden_act": "gelu"}, "hidden_act"),
+  ]
   for change, msg in cases:
     (d / "config.json").write_text(json.dumps(dict(config, **change)))
     with pytest.raises(hf.CheckpointError, match=msg):

@@ -1,4 +1,5 @@
 """Tests for the HumanEval harness: TFDS builder, pass@k, sandboxed execution, CLI."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,6 +42,7 @@ def _fixed(problems, completion_of):
   def generate(prompts, n):
     assert prompts == [p.prompt for p in problems]
     return [[completion_of(p, j) for j in range(n)] for p in problems]
+
   return generate
 
 
@@ -49,8 +51,7 @@ def test_builder_reads_the_164_problems_of_the_wheel(problems):
   assert len(problems) == humaneval_tfds.NUM_PROBLEMS == 164
   assert [p.index for p in problems] == list(range(164))
   assert [p.task_id for p in problems] == [f"HumanEval/{i}" for i in range(164)]
-  assert [dataclasses.asdict(p) for p in problems] == [dict(r, index=i) for i, r in
-                                                       enumerate(rows)]
+  assert [dataclasses.asdict(p) for p in problems] == [dict(r, index=i) for i, r in enumerate(rows)]
   assert problems[0].entry_point == "has_close_elements"
 
 
@@ -81,8 +82,9 @@ SUBSET = slice(0, 164, 12)  # 14 problems, fixed
 
 def test_canonical_solutions_pass_and_wrong_ones_fail_on_a_subset(problems, pool):
   subset = problems[SUBSET]
-  right = evaluate(_fixed(subset, lambda p, j: p.canonical_solution), subset, n=1, ks=(1,),
-                   pool=pool)
+  right = evaluate(
+    _fixed(subset, lambda p, j: p.canonical_solution), subset, n=1, ks=(1,), pool=pool
+  )
   assert right["pass@1"] == 1.0 and right["statuses"] == {"passed": 14}
   wrong = evaluate(_fixed(subset, lambda p, j: WRONG), subset, n=1, ks=(1,), pool=pool)
   assert wrong["pass@1"] == 0.0 and wrong["statuses"] == {"failed": 14}
@@ -91,8 +93,12 @@ def test_canonical_solutions_pass_and_wrong_ones_fail_on_a_subset(problems, pool
 def test_pass_at_1_and_10_from_mixed_samples(problems, pool):
   subset = problems[:4]
   correct = {0: 10, 1: 3, 2: 1, 3: 0}  # samples j < correct[i] are the canonical solution
-  res = evaluate(_fixed(subset, lambda p, j: p.canonical_solution if j < correct[p.index]
-                        else WRONG), subset, n=10, pool=pool)
+  res = evaluate(
+    _fixed(subset, lambda p, j: p.canonical_solution if j < correct[p.index] else WRONG),
+    subset,
+    n=10,
+    pool=pool,
+  )
   assert [r["correct"] for r in res["per_problem"]] == [10, 3, 1, 0]
   assert res["pass@1"] == pytest.approx((1 + 0.3 + 0.1 + 0) / 4)
   assert res["pass@10"] == pytest.approx((1 + 1 + 1 + 0) / 4)
@@ -109,8 +115,9 @@ def test_a_hostile_completion_is_contained(problems):
 
 @pytest.mark.slow
 def test_all_164_canonical_pass_and_all_164_wrong_fail(problems, pool):
-  right = evaluate(_fixed(problems, lambda p, j: p.canonical_solution), problems, n=1,
-                   ks=(1,), pool=pool)
+  right = evaluate(
+    _fixed(problems, lambda p, j: p.canonical_solution), problems, n=1, ks=(1,), pool=pool
+  )
   assert right["pass@1"] == 1.0, [r["task_id"] for r in right["per_problem"] if not r["correct"]]
   wrong = evaluate(_fixed(problems, lambda p, j: WRONG), problems, n=1, ks=(1,), pool=pool)
   assert wrong["pass@1"] == 0.0 and wrong["statuses"] == {"failed": 164}
@@ -122,9 +129,18 @@ def test_make_generate_samples_n_completions_per_prompt():
   cfg = Config(model=ModelConfig(width=16, depth=1, heads=2, max_len=32))
   model = TransformerLM(dataclasses.replace(cfg.model, vocab_size=tok.vocab_size))
   tx = make_optimizer(cfg.sft.optim)
-  progs = compile_programs(cfg, model, tx, make_sft_update(model, tx), with_ref=False,
-                           prompt_len=16, max_new_tokens=8, temperature=1.0,
-                           eos_id=tok.eos_id, pad_id=tok.pad_id)
+  progs = compile_programs(
+    cfg,
+    model,
+    tx,
+    make_sft_update(model, tx),
+    with_ref=False,
+    prompt_len=16,
+    max_new_tokens=8,
+    temperature=1.0,
+    eos_id=tok.eos_id,
+    pad_id=tok.pad_id,
+  )
   params = progs.init(jax.random.key(0)).params
   generate = make_generate(tok, progs, params, prompt_len=16, batch_size=4)
   out = generate(["def f(x):", "abc", "xyz"], 3)
@@ -137,9 +153,22 @@ def test_make_generate_samples_n_completions_per_prompt():
 
 @pytest.mark.slow
 def test_cli_humaneval_explains_a_tokenizer_that_cannot_encode_prompts(tiny_run_dir, repo_root):
-  proc = subprocess.run([sys.executable, "-m", "sao_jax.cli", "eval", "--suite", "humaneval",
-                         "--workdir", str(tiny_run_dir)], cwd=repo_root, capture_output=True,
-                        text=True, timeout=300)
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "sao_jax.cli",
+      "eval",
+      "--suite",
+      "humaneval",
+      "--workdir",
+      str(tiny_run_dir),
+    ],
+    cwd=repo_root,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 2, proc.stderr
   assert "'char' tokenizer, which cannot encode HumanEval prompts" in proc.stderr
   assert "Traceback" not in proc.stderr

@@ -2,6 +2,7 @@
 without an error from Orbax, so snapshots, shadow snapshots and published parameter files
 carry content checksums, checked on every restore; a damaged one is set aside and the
 previous one used."""
+
 import pathlib
 import warnings
 
@@ -19,7 +20,7 @@ from sao_jax.transport.params import ParamPublisher, ParamSubscriber, unflatten
 def _flip(path: pathlib.Path, at: float = 0.3, n: int = 16) -> None:
   data = bytearray(path.read_bytes())
   start = int(len(data) * at)
-  data[start:start + n] = bytes(b ^ 0xFF for b in data[start:start + n])
+  data[start : start + n] = bytes(b ^ 0xFF for b in data[start : start + n])
   path.write_bytes(bytes(data))
 
 
@@ -36,8 +37,10 @@ def test_flipped_bytes_in_the_newest_snapshot_fall_back_to_the_older(tmp_path, m
   cfg = Config(model=ModelConfig(vocab_size=16, width=16, depth=1, heads=2, max_len=16))
   saved = {}
   for step in (1, 2):
-    state = state.replace(step=jnp.asarray(step, state.step.dtype),
-                          params=jax.tree.map(lambda x: x + 0.01, state.params))
+    state = state.replace(
+      step=jnp.asarray(step, state.step.dtype),
+      params=jax.tree.map(lambda x: x + 0.01, state.params),
+    )
     saved[step] = jax.device_get(state.params)
     ckpt.save(mngr, state, cfg, {"stream": {"n": int(state.step)}})
   mngr.wait_until_finished()
@@ -47,8 +50,12 @@ def test_flipped_bytes_in_the_newest_snapshot_fall_back_to_the_older(tmp_path, m
   with monkeypatch.context() as m:
     m.setattr(ckpt, "verify", lambda *a: None)
     damaged, _ = ckpt.restore_state(ckpt.manager(tmp_path / "ck", every=1), like, 2)
-  assert not all(np.array_equal(a, b) for a, b in zip(
-      jax.tree.leaves(jax.device_get(damaged.params)), jax.tree.leaves(saved[2]), strict=True))
+  assert not all(
+    np.array_equal(a, b)
+    for a, b in zip(
+      jax.tree.leaves(jax.device_get(damaged.params)), jax.tree.leaves(saved[2]), strict=True
+    )
+  )
   mngr2 = ckpt.manager(tmp_path / "ck", every=1, keep=3)
   with pytest.warns(RuntimeWarning, match="snapshot step 2 .*DamagedSnapshot.*differ"):
     restored, meta, step, skipped = ckpt.restore_latest_valid(mngr2, like)
@@ -70,8 +77,9 @@ def test_a_damaged_best_shadow_falls_back_to_the_next_best(tmp_path):
     step, acc, back = bank.restore_best(params)
   assert (step, acc) == (20, 0.5) and bank.best() == (20, 0.5)
   assert sorted(bank.mngr.all_steps()) == [0, 20]
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b) + 20),
-               back, params)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b) + 20), back, params
+  )
   bank.close()
 
 

@@ -1,4 +1,5 @@
 """Kafka transport against a real broker (tansu on loopback): no mocks."""
+
 import collections
 import json
 import subprocess
@@ -19,8 +20,7 @@ from sao_jax.transport.kafka import KafkaSpec
 
 
 def _spec(broker, partitions=2):
-  spec = KafkaSpec(bootstrap=broker.bootstrap, run_id=uuid.uuid4().hex[:8],
-                   partitions=partitions)
+  spec = KafkaSpec(bootstrap=broker.bootstrap, run_id=uuid.uuid4().hex[:8], partitions=partitions)
   spec.create_topics()
   return spec
 
@@ -39,6 +39,7 @@ def test_broker_starts_answers_and_stops():
   broker.stop()
   with pytest.raises(ProcessLookupError):
     import os
+
     os.kill(pid, 0)
 
 
@@ -58,8 +59,9 @@ def test_tasks_and_trajectories_round_trip(kafka_broker):
     assert sorted(tasks) == list(range(10))
     arrays = {"tokens": np.arange(6, dtype=np.int32).reshape(2, 3)}
     for i in range(5):
-      sampler.put_trajectory(records.encode(records.RecordKind.TRAJECTORY, i, 3, arrays,
-                                            {"task_index": i}))
+      sampler.put_trajectory(
+        records.encode(records.RecordKind.TRAJECTORY, i, 3, arrays, {"task_index": i})
+      )
     sampler.ack_tasks()
     got = _poll_until(lambda: learner.get_trajectories(5, timeout=0.5), 5)
     recs = [records.decode(d) for d in got]
@@ -73,6 +75,7 @@ def test_tasks_and_trajectories_round_trip(kafka_broker):
 
 def _committed_sum(spec, group, topic):
   from kafka import KafkaConsumer, TopicPartition
+
   c = KafkaConsumer(bootstrap_servers=spec.bootstrap, group_id=group, enable_auto_commit=False)
   try:
     return sum(c.committed(TopicPartition(topic, p)) or 0 for p in range(spec.partitions))
@@ -92,8 +95,9 @@ def test_sampler_ack_does_not_wait_and_commits_only_delivered_work(kafka_broker)
     tasks = _poll_until(lambda: sampler.get_tasks(12, timeout=0.5), 12)
     assert sorted(tasks) == list(range(12))
     for i in tasks:
-      sampler.put_trajectory(records.encode(records.RecordKind.TRAJECTORY, i, 0, {},
-                                            {"task_index": i}))
+      sampler.put_trajectory(
+        records.encode(records.RecordKind.TRAJECTORY, i, 0, {}, {"task_index": i})
+      )
     sampler.ack_tasks()
     assert len(sampler._acks) == 1  # not waited for: confirmed in the background
     got = _poll_until(lambda: learner.get_trajectories(12, timeout=0.5), 12)
@@ -115,6 +119,7 @@ def test_garbage_records_are_counted_and_dead_lettered(kafka_broker):
   """Thousands of garbage records interleaved with real ones: every real one arrives, every
   bad one is counted and copied to the dead-letter topic."""
   from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
   spec = _spec(kafka_broker)
   learner = spec.learner_end()
   producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, linger_ms=5)
@@ -124,13 +129,17 @@ def test_garbage_records_are_counted_and_dead_lettered(kafka_broker):
   kinds = []
   for i in range(n_good + n_bad):
     if i % 11 == 0 and len([k for k in kinds if k]) < n_good:
-      value, ok = records.encode(records.RecordKind.TRAJECTORY, i, 0,
-                                 {"x": np.ones(3, np.float32)}), True
+      value, ok = (
+        records.encode(records.RecordKind.TRAJECTORY, i, 0, {"x": np.ones(3, np.float32)}),
+        True,
+      )
     else:
       mutated = bytearray(good)
       mutated[rng.integers(0, len(mutated))] ^= 0xFF
-      value, ok = (bytes(rng.integers(0, 256, rng.integers(1, 64), np.uint8))
-                   if i % 2 else bytes(mutated)), False
+      value, ok = (
+        (bytes(rng.integers(0, 256, rng.integers(1, 64), np.uint8)) if i % 2 else bytes(mutated)),
+        False,
+      )
     kinds.append(ok)
     producer.send(spec.topic("trajectories"), value=value, partition=i % spec.partitions)
   producer.flush()
@@ -145,15 +154,19 @@ def test_garbage_records_are_counted_and_dead_lettered(kafka_broker):
   learner.close()
   assert len(decoded) == expected_good
   assert counts["bad_records"] == len(kinds) - expected_good
-  dlq = KafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, auto_offset_reset="earliest",
-                      fetch_max_wait_ms=25, enable_auto_commit=False)
+  dlq = KafkaConsumer(
+    bootstrap_servers=kafka_broker.bootstrap,
+    auto_offset_reset="earliest",
+    fetch_max_wait_ms=25,
+    enable_auto_commit=False,
+  )
   dlq.assign([TopicPartition(spec.topic("dead-letter"), 0)])
-  dead = _poll_until(lambda: [r for recs in dlq.poll(500).values() for r in recs],
-                     counts["bad_records"])
+  dead = _poll_until(
+    lambda: [r for recs in dlq.poll(500).values() for r in recs], counts["bad_records"]
+  )
   dlq.close()
   assert len(dead) == counts["bad_records"]
   assert all(dict(r.headers)["reason"] for r in dead)
-
 
 
 def test_trajectories_that_do_not_fit_the_batch_are_bad_records():
@@ -166,26 +179,41 @@ def test_trajectories_that_do_not_fit_the_batch_are_bad_records():
       dead.append(reason)
 
   s, p, t = 3, 16, 24
-  arrays = {"prompt": np.zeros((s, p), np.int32), "prompt_valid": np.ones((s, p), bool),
-            "tokens": np.zeros((s, t), np.int32), "valid": np.ones((s, t), bool),
-            "logp": np.zeros((s, t), np.float32)}
+  arrays = {
+    "prompt": np.zeros((s, p), np.int32),
+    "prompt_valid": np.ones((s, p), bool),
+    "tokens": np.zeros((s, t), np.int32),
+    "valid": np.ones((s, t), bool),
+    "logp": np.zeros((s, t), np.float32),
+  }
   meta = {"task_index": 9, "reward": 1.0, "t_end": 5.0}
   expect = ((p, t), 10, 8)  # at most 8 rows (steps) per batch
   counts = collections.Counter()
 
   def traj(arrays=arrays, **meta_changes):
-    return records.encode(records.RecordKind.TRAJECTORY, 1, 0, arrays,
-                          {k: v for k, v in dict(meta, **meta_changes).items() if v is not None})
+    return records.encode(
+      records.RecordKind.TRAJECTORY,
+      1,
+      0,
+      arrays,
+      {k: v for k, v in dict(meta, **meta_changes).items() if v is not None},
+    )
 
   assert decode_trajectory(traj(), Learner(), counts, expect) is not None
-  bad = [traj(dict(arrays, tokens=np.zeros((s, t + 1), np.int32))),
-         traj({k: v for k, v in arrays.items() if k != "logp"}),
-         traj(dict(arrays, valid=np.ones((s + 1, t), bool))),
-         traj(dict(arrays, prompt=np.zeros(p, np.int32))),
-         traj(task_index=10), traj(task_index=-1), traj(reward="1"), traj(t_end=None),
-         traj({k: np.concatenate([v] * 3) for k, v in arrays.items()})]  # 9 steps > 8 rows
+  bad = [
+    traj(dict(arrays, tokens=np.zeros((s, t + 1), np.int32))),
+    traj({k: v for k, v in arrays.items() if k != "logp"}),
+    traj(dict(arrays, valid=np.ones((s + 1, t), bool))),
+    traj(dict(arrays, prompt=np.zeros(p, np.int32))),
+    traj(task_index=10),
+    traj(task_index=-1),
+    traj(reward="1"),
+    traj(t_end=None),
+    traj({k: np.concatenate([v] * 3) for k, v in arrays.items()}),
+  ]  # 9 steps > 8 rows
   assert [decode_trajectory(b, Learner(), counts, expect) for b in bad] == [None] * len(bad)
   assert counts["bad_records"] == len(bad) and len(dead) == len(bad) and all(dead)
+
 
 def test_two_samplers_share_the_tasks(kafka_broker):
   """One consumer group: each task goes to exactly one sampler, and both get work."""
@@ -207,13 +235,17 @@ def test_two_samplers_share_the_tasks(kafka_broker):
       end.close()
 
 
-
 def test_lost_broker_is_retried_with_backoff_then_a_clear_error():
   """Learner and sampler ends on a broker that dies: calls return or raise BrokerError naming
   the broker within the retry budget; none blocks without bound."""
   broker = LocalBroker().start()
-  spec = KafkaSpec(bootstrap=broker.bootstrap, run_id=uuid.uuid4().hex[:8], partitions=1,
-                   broker_timeout_s=1.0, idle_probe_s=0.5)
+  spec = KafkaSpec(
+    bootstrap=broker.bootstrap,
+    run_id=uuid.uuid4().hex[:8],
+    partitions=1,
+    broker_timeout_s=1.0,
+    idle_probe_s=0.5,
+  )
   spec.create_topics()
   learner, sampler = spec.learner_end(), spec.sampler_end()
   try:
@@ -244,8 +276,13 @@ def test_lost_broker_is_retried_with_backoff_then_a_clear_error():
 
 def test_broker_back_within_the_budget_costs_a_pause_not_the_run():
   broker = LocalBroker().start()
-  spec = KafkaSpec(bootstrap=broker.bootstrap, run_id=uuid.uuid4().hex[:8], partitions=1,
-                   broker_timeout_s=20.0, idle_probe_s=0.1)
+  spec = KafkaSpec(
+    bootstrap=broker.bootstrap,
+    run_id=uuid.uuid4().hex[:8],
+    partitions=1,
+    broker_timeout_s=20.0,
+    idle_probe_s=0.1,
+  )
   learner = spec.learner_end()
   again = LocalBroker(port=broker.port)
   outcome = []
@@ -275,14 +312,27 @@ def _outcome(fn):
     return err
   return None
 
+
 # RL at temperature 1 from a short SFT warm start that earns about 0.6 of its training reward
 # when sampling: RL must push it up. (Runs here, 80 updates of 64 rows: 0.59 -> 0.80 mean reward
 # over the first -> last 10 updates. With 120 SFT steps the start is saturated at 0.94 and
 # stays there, 0.97 at the end; before the advantage stopped centring over the batch, this
 # test had to sample at temperature 2 because saturated batches collapsed.)
-LEARN = ("task.n_ops=1", "task.ops=+", "model.width=64", "model.depth=2", "model.heads=4",
-         "sft.steps=80", "sft.batch_size=32", "sft.optim.lr=3e-3", "rl.steps=80",
-         "rl.optim.lr=1e-3", "rl.temperature=1.0", "sao.batch_size=64", "log_every=1")
+LEARN = (
+  "task.n_ops=1",
+  "task.ops=+",
+  "model.width=64",
+  "model.depth=2",
+  "model.heads=4",
+  "sft.steps=80",
+  "sft.batch_size=32",
+  "sft.optim.lr=3e-3",
+  "rl.steps=80",
+  "rl.optim.lr=1e-3",
+  "rl.temperature=1.0",
+  "sao.batch_size=64",
+  "log_every=1",
+)
 
 
 @pytest.mark.slow
@@ -291,11 +341,26 @@ def test_sao_run_over_kafka_with_local_broker_learns(repo_root, tmp_path):
   run, trains with 2 sampler processes over it, the training reward rises, and everything
   stops (broker included)."""
   proc = subprocess.run(
-      [sys.executable, "-m", "sao_jax.cli", "train", "--config",
-       "experiments/configs/sao_arith.py:tiny", "--workdir", str(tmp_path / "w"),
-       "--no-progress", "--set", "transport.kind=kafka",
-       *[a for kv in LEARN for a in ("--set", kv)]],
-      cwd=repo_root, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    [
+      sys.executable,
+      "-m",
+      "sao_jax.cli",
+      "train",
+      "--config",
+      "experiments/configs/sao_arith.py:tiny",
+      "--workdir",
+      str(tmp_path / "w"),
+      "--no-progress",
+      "--set",
+      "transport.kind=kafka",
+      *[a for kv in LEARN for a in ("--set", kv)],
+    ],
+    cwd=repo_root,
+    env=subprocess_env(),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 0, proc.stderr
   assert "kafka transport at 127.0.0.1:" in proc.stdout
   rl = json.loads((tmp_path / "w" / "summary.json").read_text())["rl"]
@@ -313,10 +378,14 @@ def test_sao_run_over_kafka_with_local_broker_learns(repo_root, tmp_path):
 def test_broker_dies_with_its_owner_after_kill_9():
   import os
   import signal
-  code = ("from sao_jax.transport.broker import LocalBroker; import time; "
-          "b = LocalBroker().start(); print(b.proc.pid, flush=True); time.sleep(120)")
-  owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                           env=subprocess_env())
+
+  code = (
+    "from sao_jax.transport.broker import LocalBroker; import time; "
+    "b = LocalBroker().start(); print(b.proc.pid, flush=True); time.sleep(120)"
+  )
+  owner = subprocess.Popen(
+    [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=subprocess_env()
+  )
   pid = int(owner.stdout.readline())
   os.kill(owner.pid, signal.SIGKILL)
   owner.wait()
@@ -337,12 +406,16 @@ def test_broker_dies_with_its_owner_after_kill_9():
 def test_broker_started_from_a_thread_outlives_the_thread_and_dies_with_the_process():
   import os
   import signal
-  code = ("import threading, time; from sao_jax.transport.broker import LocalBroker, probe; "
-          "box = []; t = threading.Thread(target=lambda: box.append(LocalBroker().start())); "
-          "t.start(); t.join(); time.sleep(1.0); b = box[0]; "
-          "print(b.proc.pid, probe(b.bootstrap), flush=True); time.sleep(120)")
-  owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                           env=subprocess_env())
+
+  code = (
+    "import threading, time; from sao_jax.transport.broker import LocalBroker, probe; "
+    "box = []; t = threading.Thread(target=lambda: box.append(LocalBroker().start())); "
+    "t.start(); t.join(); time.sleep(1.0); b = box[0]; "
+    "print(b.proc.pid, probe(b.bootstrap), flush=True); time.sleep(120)"
+  )
+  owner = subprocess.Popen(
+    [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=subprocess_env()
+  )
   try:
     pid, answered = owner.stdout.readline().split(maxsplit=1)
     assert answered.strip() == "None"  # the thread is gone, the broker still answers
@@ -373,10 +446,26 @@ def _start_run(repo_root, workdir, *sets):
   env = dict(subprocess_env(), SAO_JAX_TEST_TAG=tag)
   args = [a for kv in sets for a in ("--set", kv)]
   proc = subprocess.Popen(
-      [sys.executable, "-m", "sao_jax.cli", "train", "--config",
-       "experiments/configs/sao_arith.py:tiny", "--workdir", str(workdir), "--no-progress",
-       "--set", "transport.kind=kafka", *args],
-      cwd=repo_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    [
+      sys.executable,
+      "-m",
+      "sao_jax.cli",
+      "train",
+      "--config",
+      "experiments/configs/sao_arith.py:tiny",
+      "--workdir",
+      str(workdir),
+      "--no-progress",
+      "--set",
+      "transport.kind=kafka",
+      *args,
+    ],
+    cwd=repo_root,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   return proc, tag
 
 
@@ -396,9 +485,14 @@ def test_broker_lost_mid_run_stops_the_run_with_a_clear_error(repo_root, tmp_pat
   """The broker dies during RL: the run retries with backoff for `broker_timeout_s`, then
   exits non-zero naming the broker, within a bounded time, and leaves no process behind."""
   broker = LocalBroker().start()
-  proc, tag = _start_run(repo_root, tmp_path / "w", "rl.steps=0", "rl.max_seconds=300",
-                         f"transport.bootstrap_servers={broker.bootstrap}",
-                         "transport.broker_timeout_s=8")
+  proc, tag = _start_run(
+    repo_root,
+    tmp_path / "w",
+    "rl.steps=0",
+    "rl.max_seconds=300",
+    f"transport.bootstrap_servers={broker.bootstrap}",
+    "transport.broker_timeout_s=8",
+  )
   try:
     _wait_for_rl_rows(tmp_path / "w", proc)
     broker.stop()
@@ -421,6 +515,7 @@ def _foreign_version(data: bytes, version: int) -> bytes:
   import struct
 
   import crc32c
+
   prefix = data[:4] + struct.pack("<H", version) + data[6:28]
   crc = crc32c.crc32c(data[32:], crc32c.crc32c(prefix))
   return prefix + struct.pack("<I", crc) + data[32:]
@@ -429,9 +524,13 @@ def _foreign_version(data: bytes, version: int) -> bytes:
 def _garbage(n: int, rng) -> list[bytes]:
   """`n` records the learner must reject, of every kind a topic can hold by mistake."""
   s, p, t = 3, 16, 24
-  arrays = {"prompt": np.zeros((s, p), np.int32), "prompt_valid": np.ones((s, p), bool),
-            "tokens": np.zeros((s, t), np.int32), "valid": np.ones((s, t), bool),
-            "logp": np.zeros((s, t), np.float32)}
+  arrays = {
+    "prompt": np.zeros((s, p), np.int32),
+    "prompt_valid": np.ones((s, p), bool),
+    "tokens": np.zeros((s, t), np.int32),
+    "valid": np.ones((s, t), bool),
+    "logp": np.zeros((s, t), np.float32),
+  }
   meta = {"task_index": 1, "reward": 1.0, "t_end": time.time()}
   real = records.encode(records.RecordKind.TRAJECTORY, 7, 0, arrays, meta)
   out = []
@@ -445,7 +544,7 @@ def _garbage(n: int, rng) -> list[bytes]:
       flipped[bit // 8] ^= 1 << (bit % 8)
       out.append(bytes(flipped))
     elif kind == 2:  # truncated
-      out.append(real[:int(rng.integers(0, len(real)))])
+      out.append(real[: int(rng.integers(0, len(real)))])
     elif kind == 3:  # a newer writer's schema version, checksum intact
       out.append(_foreign_version(real, 2))
     elif kind == 4:  # another system's message
@@ -459,20 +558,25 @@ def _garbage(n: int, rng) -> list[bytes]:
 
 
 @pytest.mark.slow
-def test_bad_records_injected_during_training_are_counted_and_dead_lettered(repo_root,
-                                                                           tmp_path):
+def test_bad_records_injected_during_training_are_counted_and_dead_lettered(repo_root, tmp_path):
   """A side producer writes thousands of garbage records into a live run's trajectories
   topic: the run finishes normally, counts exactly those as bad, and copies each to the
   dead-letter topic with its reason."""
   from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
   n_bad = 3000
   run_id = f"bad-{uuid.uuid4().hex[:8]}"
   with LocalBroker() as broker:
     # Garbage written at the first RL rows is behind at most ~50 real records per partition:
     # read within ~10 steps (measured). The other 110 are margin for a slow injection.
-    proc, tag = _start_run(repo_root, tmp_path / "w", "rl.steps=120", "rl.max_seconds=0",
-                           f"transport.bootstrap_servers={broker.bootstrap}",
-                           f"transport.run_id={run_id}")
+    proc, tag = _start_run(
+      repo_root,
+      tmp_path / "w",
+      "rl.steps=120",
+      "rl.max_seconds=0",
+      f"transport.bootstrap_servers={broker.bootstrap}",
+      f"transport.run_id={run_id}",
+    )
     try:
       _wait_for_rl_rows(tmp_path / "w", proc)
       spec = KafkaSpec(bootstrap=broker.bootstrap, run_id=run_id)
@@ -486,11 +590,16 @@ def test_bad_records_injected_during_training_are_counted_and_dead_lettered(repo
       assert proc.returncode == 0, err[-3000:]
       rl = json.loads((tmp_path / "w" / "summary.json").read_text())["rl"]
       assert rl["steps"] == 120 and rl["bad_records"] == n_bad, rl
-      dlq = KafkaConsumer(bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest",
-                          fetch_max_wait_ms=25, enable_auto_commit=False)
+      dlq = KafkaConsumer(
+        bootstrap_servers=broker.bootstrap,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=25,
+        enable_auto_commit=False,
+      )
       dlq.assign([TopicPartition(spec.topic("dead-letter"), 0)])
-      dead = _poll_until(lambda: [r for recs in dlq.poll(500).values() for r in recs],
-                         n_bad + 1, timeout=5)  # one more than expected: waits for extras
+      dead = _poll_until(
+        lambda: [r for recs in dlq.poll(500).values() for r in recs], n_bad + 1, timeout=5
+      )  # one more than expected: waits for extras
       dlq.close()
       assert len(dead) == n_bad
       assert all(dict(r.headers)["reason"] for r in dead)

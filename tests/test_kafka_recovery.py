@@ -1,5 +1,6 @@
 """Over a real broker that outlives the learner: the learner and sampler roles started
 separately, and at-least-once delivery from committed offsets after a learner kill -9."""
+
 import json
 import shutil
 import signal
@@ -19,9 +20,14 @@ CFG = "experiments/configs/sao_arith.py:tiny"
 
 
 def _popen(args, repo_root):
-  return subprocess.Popen([sys.executable, "-m", "sao_jax.cli", *args], cwd=repo_root,
-                          env=subprocess_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+  return subprocess.Popen(
+    [sys.executable, "-m", "sao_jax.cli", *args],
+    cwd=repo_root,
+    env=subprocess_env(),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
 
 
 def _stop(*procs):
@@ -33,12 +39,37 @@ def _stop(*procs):
 
 def test_learner_and_sampler_roles_started_separately(kafka_broker, repo_root, tmp_path):
   run_id = f"roles-{uuid.uuid4().hex[:8]}"
-  learner = _popen(["learner", "--config", CFG, "--workdir", str(tmp_path / "w"),
-                    "--no-progress", "--set",
-                    f"transport.bootstrap_servers={kafka_broker.bootstrap}",
-                    "--set", f"transport.run_id={run_id}", "--set", "rl.steps=8"], repo_root)
-  sampler = _popen(["sampler", "--bootstrap", kafka_broker.bootstrap, "--run-id", run_id,
-                    "--num", "2", "--wait", "120"], repo_root)
+  learner = _popen(
+    [
+      "learner",
+      "--config",
+      CFG,
+      "--workdir",
+      str(tmp_path / "w"),
+      "--no-progress",
+      "--set",
+      f"transport.bootstrap_servers={kafka_broker.bootstrap}",
+      "--set",
+      f"transport.run_id={run_id}",
+      "--set",
+      "rl.steps=8",
+    ],
+    repo_root,
+  )
+  sampler = _popen(
+    [
+      "sampler",
+      "--bootstrap",
+      kafka_broker.bootstrap,
+      "--run-id",
+      run_id,
+      "--num",
+      "2",
+      "--wait",
+      "120",
+    ],
+    repo_root,
+  )
   try:
     out_l, _ = learner.communicate(timeout=300)
     assert learner.returncode == 0, out_l[-3000:]
@@ -52,33 +83,74 @@ def test_learner_and_sampler_roles_started_separately(kafka_broker, repo_root, t
 
 
 def test_sampler_role_names_a_missing_run(kafka_broker, repo_root):
-  proc = subprocess.run([sys.executable, "-m", "sao_jax.cli", "sampler", "--bootstrap",
-                         kafka_broker.bootstrap, "--run-id", "nope", "--wait", "2"],
-                        cwd=repo_root, env=subprocess_env(), capture_output=True, text=True,
-                        timeout=60)
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "sao_jax.cli",
+      "sampler",
+      "--bootstrap",
+      kafka_broker.bootstrap,
+      "--run-id",
+      "nope",
+      "--wait",
+      "2",
+    ],
+    cwd=repo_root,
+    env=subprocess_env(),
+    capture_output=True,
+    text=True,
+    timeout=60,
+  )
   assert proc.returncode == 2 and "no SAO run 'nope'" in proc.stderr
 
 
 @pytest.mark.parametrize("samplers", ["local", "remote"])
-def test_learner_kill_9_replays_from_committed_offsets(kafka_broker, repo_root, tmp_path,
-                                                       samplers):
+def test_learner_kill_9_replays_from_committed_offsets(kafka_broker, repo_root, tmp_path, samplers):
   """The journal is deleted after the crash (a learner restarted on another machine), so
   only the broker can replay: records after the committed offsets are read again, none is
   lost and none applied twice. `remote`: the samplers are a separate `sao-jax sampler` role
   that outlives the learner and follows the restarted one to its new incarnation."""
   run_id = f"replay-{samplers}-{uuid.uuid4().hex[:8]}"
   workdir = tmp_path / "w"
-  args = ["train" if samplers == "local" else "learner", "--config", CFG, "--workdir",
-          str(workdir), "--no-progress",
-          "--set", "transport.kind=kafka",
-          "--set", f"transport.bootstrap_servers={kafka_broker.bootstrap}",
-          "--set", f"transport.run_id={run_id}", "--set", "rl.steps=30",
-          "--set", "checkpoint_every=8", "--set", "recovery.shadow_every=10",
-          "--set", "recovery.val_problems=32"]
+  args = [
+    "train" if samplers == "local" else "learner",
+    "--config",
+    CFG,
+    "--workdir",
+    str(workdir),
+    "--no-progress",
+    "--set",
+    "transport.kind=kafka",
+    "--set",
+    f"transport.bootstrap_servers={kafka_broker.bootstrap}",
+    "--set",
+    f"transport.run_id={run_id}",
+    "--set",
+    "rl.steps=30",
+    "--set",
+    "checkpoint_every=8",
+    "--set",
+    "recovery.shadow_every=10",
+    "--set",
+    "recovery.val_problems=32",
+  ]
   role = None
   if samplers == "remote":
-    role = _popen(["sampler", "--bootstrap", kafka_broker.bootstrap, "--run-id", run_id,
-                   "--num", "2", "--wait", "240"], repo_root)
+    role = _popen(
+      [
+        "sampler",
+        "--bootstrap",
+        kafka_broker.bootstrap,
+        "--run-id",
+        run_id,
+        "--num",
+        "2",
+        "--wait",
+        "240",
+      ],
+      repo_root,
+    )
   proc = _popen(args, repo_root)
   try:
     deadline = time.time() + 300
@@ -113,6 +185,7 @@ def test_learner_kill_9_replays_from_committed_offsets(kafka_broker, repo_root, 
   assert set(used) <= {rid for _, _, rid in on_topic}
   # The finished run deleted both incarnations' task topics, and kept the record of the rest.
   from kafka import KafkaAdminClient
+
   admin = KafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap)
   try:
     left = {t for t in admin.list_topics() if t.startswith(f"sao.{run_id}.")}

@@ -1,5 +1,6 @@
 """The package's layering: no import cycle, no import from a higher layer, and every module
 imports on its own in dependency order."""
+
 import importlib.util
 import subprocess
 import sys
@@ -8,8 +9,9 @@ from conftest import REPO_ROOT, subprocess_env
 
 
 def _graph_module():
-  spec = importlib.util.spec_from_file_location("import_graph",
-                                                REPO_ROOT / "scripts" / "import_graph.py")
+  spec = importlib.util.spec_from_file_location(
+    "import_graph", REPO_ROOT / "scripts" / "import_graph.py"
+  )
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -40,6 +42,12 @@ def test_every_module_imports_in_dependency_order():
   for m in sorted(g):
     visit(m)
   code = "import importlib, sys\nfor m in sys.argv[1:]:\n  importlib.import_module(m)\n"
-  proc = subprocess.run([sys.executable, "-c", code, *order], cwd=REPO_ROOT,
-                        env=subprocess_env(), capture_output=True, text=True, timeout=300)
+  proc = subprocess.run(
+    [sys.executable, "-c", code, *order],
+    cwd=REPO_ROOT,
+    env=subprocess_env(),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]

@@ -1,4 +1,5 @@
 """End-to-end: the real sampler + jitted GRPO update learn; SFT learns the arithmetic format."""
+
 import dataclasses
 
 import jax
@@ -20,16 +21,28 @@ DIGITS = {TOK.encode(str(d))[0] for d in range(10)}
 
 def test_grpo_learns_a_bandit():
   """Reward 1 when the first sampled character is a digit (10 of 98 tokens at the start)."""
-  cfg = Config(model=ModelConfig(vocab_size=TOK.vocab_size, width=32, depth=1, heads=2,
-                                 max_len=16),
-               mesh=MeshConfig(shape=(1, 1, 1)),
-               rl=RLConfig(prompts_per_step=8, group_size=8, max_new_tokens=2,
-                           optim=OptimConfig(lr=3e-3, warmup_steps=1)))
+  cfg = Config(
+    model=ModelConfig(vocab_size=TOK.vocab_size, width=32, depth=1, heads=2, max_len=16),
+    mesh=MeshConfig(shape=(1, 1, 1)),
+    rl=RLConfig(
+      prompts_per_step=8, group_size=8, max_new_tokens=2, optim=OptimConfig(lr=3e-3, warmup_steps=1)
+    ),
+  )
   model = TransformerLM(cfg.model)
   tx = make_optimizer(cfg.rl.optim)
-  progs = compile_programs(cfg, model, tx, make_rl_update(model, tx, cfg.rl), with_ref=False,
-                           prompt_len=4, max_new_tokens=2, temperature=1.0, eos_id=TOK.eos_id,
-                           pad_id=TOK.pad_id, mesh=make_mesh(cfg.mesh, jax.devices()[:1]))
+  progs = compile_programs(
+    cfg,
+    model,
+    tx,
+    make_rl_update(model, tx, cfg.rl),
+    with_ref=False,
+    prompt_len=4,
+    max_new_tokens=2,
+    temperature=1.0,
+    eos_id=TOK.eos_id,
+    pad_id=TOK.pad_id,
+    mesh=make_mesh(cfg.mesh, jax.devices()[:1]),
+  )
   state = progs.init(jax.random.key(0))
   prompt, pvalid = encode_prompts(TOK, ["Q?"] * 64, 4)
   key = jax.random.key(1)
@@ -39,8 +52,14 @@ def test_grpo_learns_a_bandit():
     out = jax.device_get(progs.sample(state.params, prompt, pvalid, sub))
     rewards = np.isin(out.tokens_bt[:, 0], list(DIGITS)).astype(np.float32)
     rates.append(rewards.mean())
-    batch = RLBatch(prompt_bp=prompt, prompt_valid_bp=pvalid, tokens_bt=out.tokens_bt,
-                    valid_bt=out.valid_bt, logp_bt=out.logp_bt, rewards_b=rewards)
+    batch = RLBatch(
+      prompt_bp=prompt,
+      prompt_valid_bp=pvalid,
+      tokens_bt=out.tokens_bt,
+      valid_bt=out.valid_bt,
+      logp_bt=out.logp_bt,
+      rewards_b=rewards,
+    )
     state, metrics = progs.update(state, progs.shard_batch(batch))
     assert np.isfinite(metrics["loss"])
   assert np.mean(rates[:3]) < 0.3
@@ -53,12 +72,17 @@ def test_sft_then_grpo_runner_learns_arithmetic(tmp_path):
   above chance (answers span 2..18), and the GRPO phase runs on it and keeps the skill."""
   from sao_jax.config import EvalConfig, SFTConfig, TaskConfig
   from sao_jax.runners.run import run
-  cfg = Config(model=ModelConfig(width=64, depth=2, heads=4, max_len=64),
-               task=TaskConfig(n_ops=1, max_operand=9, ops="+", num_train=2000, num_test=24,
-                               data_dir=str(tmp_path / "data")),
-               sft=SFTConfig(steps=250, batch_size=32, optim=OptimConfig(lr=3e-3)),
-               rl=RLConfig(steps=10, prompts_per_step=4, max_new_tokens=16),
-               eval=EvalConfig(num_problems=24, batch_size=24), log_every=5)
+
+  cfg = Config(
+    model=ModelConfig(width=64, depth=2, heads=4, max_len=64),
+    task=TaskConfig(
+      n_ops=1, max_operand=9, ops="+", num_train=2000, num_test=24, data_dir=str(tmp_path / "data")
+    ),
+    sft=SFTConfig(steps=250, batch_size=32, optim=OptimConfig(lr=3e-3)),
+    rl=RLConfig(steps=10, prompts_per_step=4, max_new_tokens=16),
+    eval=EvalConfig(num_problems=24, batch_size=24),
+    log_every=5,
+  )
   cfg = dataclasses.replace(cfg, name="learn")
   summary = run(cfg, tmp_path / "run", show_progress=False)
   # Held-out facts are never seen in training (disjoint splits): chance is about 1/17.
@@ -74,17 +98,36 @@ def test_sao_update_learns_a_bandit_and_tracks_values(baseline):
   learned-value baseline, behaviour log-probs from one version back (staleness 1)."""
   from sao_jax.config import SAOConfig
   from sao_jax.learner import make_sao_update
-  cfg = Config(model=ModelConfig(vocab_size=TOK.vocab_size, width=32, depth=1, heads=2,
-                                 max_len=16, value_head=baseline == "value_head"),
-               mesh=MeshConfig(shape=(1, 1, 1)),
-               rl=RLConfig(max_new_tokens=2, optim=OptimConfig(lr=3e-3, warmup_steps=1)),
-               sao=SAOConfig(batch_size=64, baseline=baseline))
+
+  cfg = Config(
+    model=ModelConfig(
+      vocab_size=TOK.vocab_size,
+      width=32,
+      depth=1,
+      heads=2,
+      max_len=16,
+      value_head=baseline == "value_head",
+    ),
+    mesh=MeshConfig(shape=(1, 1, 1)),
+    rl=RLConfig(max_new_tokens=2, optim=OptimConfig(lr=3e-3, warmup_steps=1)),
+    sao=SAOConfig(batch_size=64, baseline=baseline),
+  )
   model = TransformerLM(cfg.model)
   tx = make_optimizer(cfg.rl.optim)
-  progs = compile_programs(cfg, model, tx, make_sao_update(model, tx, cfg.rl, cfg.sao),
-                           with_ref=False, prompt_len=4, max_new_tokens=2, temperature=1.0,
-                           eos_id=TOK.eos_id, pad_id=TOK.pad_id,
-                           mesh=make_mesh(cfg.mesh, jax.devices()[:1]), num_tasks=64)
+  progs = compile_programs(
+    cfg,
+    model,
+    tx,
+    make_sao_update(model, tx, cfg.rl, cfg.sao),
+    with_ref=False,
+    prompt_len=4,
+    max_new_tokens=2,
+    temperature=1.0,
+    eos_id=TOK.eos_id,
+    pad_id=TOK.pad_id,
+    mesh=make_mesh(cfg.mesh, jax.devices()[:1]),
+    num_tasks=64,
+  )
   state = progs.init(jax.random.key(0))
   prompt, pvalid = encode_prompts(TOK, ["Q?"] * 64, 4)
   key = jax.random.key(1)
@@ -97,9 +140,15 @@ def test_sao_update_learns_a_bandit_and_tracks_values(baseline):
     rewards = np.isin(out.tokens_bt[:, 0], list(DIGITS)).astype(np.float32)
     rates.append(rewards.mean())
     batch = SAOBatch.single_steps(
-        prompt_bp=prompt, prompt_valid_bp=pvalid, tokens_bt=out.tokens_bt,
-        valid_bt=out.valid_bt, logp_bt=out.logp_bt, rewards_b=rewards,
-        task_b=np.arange(64, dtype=np.int32), staleness_b=np.ones(64, np.int32))
+      prompt_bp=prompt,
+      prompt_valid_bp=pvalid,
+      tokens_bt=out.tokens_bt,
+      valid_bt=out.valid_bt,
+      logp_bt=out.logp_bt,
+      rewards_b=rewards,
+      task_b=np.arange(64, dtype=np.int32),
+      staleness_b=np.ones(64, np.int32),
+    )
     state, metrics = progs.update(state, progs.shard_batch(batch))
     devs.append(float(metrics["is_dev"]))
     value_means.append(float(metrics["value_mean"]))

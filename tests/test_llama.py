@@ -1,5 +1,6 @@
 """Llama-family model behind the common interface: config selection, sampler/learner log-prob
 agreement (f32 and bf16), memory prefix, GQA cache, sharded forward, LoRA adapters."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,9 +31,20 @@ from sao_jax.transport.params import flatten
 
 TOK = CharTokenizer()
 # One layer keeps compile times small; the two-layer fixtures in test_hf.py cover stacking.
-CFG = ModelConfig(vocab_size=TOK.vocab_size, width=32, depth=1, heads=4, kv_heads=2,
-                  mlp_dim=48, max_len=64, arch="llama", qkv_bias=True, tie_embeddings=False,
-                  rope_theta=500.0, norm_eps=1e-5)
+CFG = ModelConfig(
+  vocab_size=TOK.vocab_size,
+  width=32,
+  depth=1,
+  heads=4,
+  kv_heads=2,
+  mlp_dim=48,
+  max_len=64,
+  arch="llama",
+  qkv_bias=True,
+  tie_embeddings=False,
+  rope_theta=500.0,
+  norm_eps=1e-5,
+)
 
 
 def _init_args(cfg):
@@ -57,12 +69,14 @@ def test_config_selects_the_family_and_validates():
   assert isinstance(make_model(ModelConfig()), TransformerLM)  # default: unchanged GPT model
   assert isinstance(make_model(CFG), LlamaLM)
   assert CFG.n_kv_heads == 2 and CFG.head_dim == 8 and CFG.ffn_dim == 48
-  for bad, msg in [(dict(kv_heads=2), "only apply to arch='llama'"),
-                   (dict(lora_rank=4), "only apply to arch='llama'"),
-                   (dict(arch="mamba"), "model.arch 'mamba' unknown"),
-                   (dict(arch="llama", kv_heads=3), "not divisible by kv_heads 3"),
-                   (dict(arch="llama", heads=8, width=24), "even head dim"),
-                   (dict(arch="llama", lora_rank=2, lora_targets=("qkv",)), "lora_targets")]:
+  for bad, msg in [
+    (dict(kv_heads=2), "only apply to arch='llama'"),
+    (dict(lora_rank=4), "only apply to arch='llama'"),
+    (dict(arch="mamba"), "model.arch 'mamba' unknown"),
+    (dict(arch="llama", kv_heads=3), "not divisible by kv_heads 3"),
+    (dict(arch="llama", heads=8, width=24), "even head dim"),
+    (dict(arch="llama", lora_rank=2, lora_targets=("qkv",)), "lora_targets"),
+  ]:
     with pytest.raises(ConfigError, match=msg):
       ModelConfig(**bad)
   cache = init_cache(CFG, 3, 10, jnp.bfloat16)
@@ -77,15 +91,19 @@ def test_recorded_logprobs_equal_recomputed():
   model, params = _init(cfg)
   assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
   prompt, pvalid = _prompts()
-  kw = dict(memory_bmd=jax.random.normal(jax.random.key(1), (4, 4, 8)),
-            memory_valid_bm=np.array([[True] * 4, [True, True, False, False], [False] * 4,
-                                      [True] * 4]))
-  out = jax.jit(functools.partial(sample, model, max_new_tokens=16, eos_id=TOK.eos_id,
-                                  pad_id=TOK.pad_id, temperature=0.8))(
-                                      params, prompt, pvalid, jax.random.key(2), **kw)
+  kw = dict(
+    memory_bmd=jax.random.normal(jax.random.key(1), (4, 4, 8)),
+    memory_valid_bm=np.array([[True] * 4, [True, True, False, False], [False] * 4, [True] * 4]),
+  )
+  out = jax.jit(
+    functools.partial(
+      sample, model, max_new_tokens=16, eos_id=TOK.eos_id, pad_id=TOK.pad_id, temperature=0.8
+    )
+  )(params, prompt, pvalid, jax.random.key(2), **kw)
   out = jax.device_get(out)
-  logprobs = jax.jit(functools.partial(completion_logprobs, model, temperature=0.8,
-                                       with_value=True))
+  logprobs = jax.jit(
+    functools.partial(completion_logprobs, model, temperature=0.8, with_value=True)
+  )
   result = logprobs(params, prompt, pvalid, out.tokens_bt, out.valid_bt, **kw)
   np.testing.assert_allclose(out.logp_bt, result.logp_bt, atol=LOGP_ATOL)
   assert result.values_b.shape == (4,)
@@ -99,17 +117,32 @@ def test_recorded_logprobs_equal_recomputed():
 def _sft_batch():
   texts = [f"Ann had {i} eggs, got {i + 2}. Eggs?" for i in range(8)]
   prompt, pvalid = encode_prompts(TOK, texts, 40)
-  tokens, valid = encode_targets(TOK, [f"{i}+{i + 2}={2 * i + 2};#{2 * i + 2}"
-                                       for i in range(8)], 14)
-  return SFTBatch(prompt_bp=prompt, prompt_valid_bp=pvalid, tokens_bt=tokens, valid_bt=valid,
-                  weight_b=np.ones(8, np.float32))
+  tokens, valid = encode_targets(
+    TOK, [f"{i}+{i + 2}={2 * i + 2};#{2 * i + 2}" for i in range(8)], 14
+  )
+  return SFTBatch(
+    prompt_bp=prompt,
+    prompt_valid_bp=pvalid,
+    tokens_bt=tokens,
+    valid_bt=valid,
+    weight_b=np.ones(8, np.float32),
+  )
 
 
 def _sft_steps(cfg: Config, tx, steps):
   model = make_model(cfg.model)
-  progs = compile_programs(cfg, model, tx, make_sft_update(model, tx), with_ref=False,
-                           prompt_len=40, max_new_tokens=14, temperature=1.0,
-                           eos_id=TOK.eos_id, pad_id=TOK.pad_id)
+  progs = compile_programs(
+    cfg,
+    model,
+    tx,
+    make_sft_update(model, tx),
+    with_ref=False,
+    prompt_len=40,
+    max_new_tokens=14,
+    temperature=1.0,
+    eos_id=TOK.eos_id,
+    pad_id=TOK.pad_id,
+  )
   state = progs.init(jax.random.key(0))
   init_params = jax.device_get(state.params)
   batch = progs.shard_batch(_sft_batch())
@@ -137,25 +170,32 @@ def test_sharded_forward_equals_single_device():
   def fn(params, prompt, pvalid, tokens, valid):
     with nn.logical_axis_rules(list(mesh_cfg.rules)):
       return completion_logprobs(model, params, prompt, pvalid, tokens, valid).logp_bt
+
   rows = NamedSharding(mesh, P(("data", "fsdp")))
-  out = jax.jit(fn, in_shardings=(shardings,) + (rows,) * 4)(sharded, prompt, pvalid, tokens,
-                                                              valid)
-  np.testing.assert_allclose(np.asarray(out), np.asarray(jax.jit(fn)(params, prompt, pvalid,
-                                                                     tokens, valid)), atol=1e-5)
+  out = jax.jit(fn, in_shardings=(shardings,) + (rows,) * 4)(sharded, prompt, pvalid, tokens, valid)
+  np.testing.assert_allclose(
+    np.asarray(out), np.asarray(jax.jit(fn)(params, prompt, pvalid, tokens, valid)), atol=1e-5
+  )
 
 
 def test_lora_trains_only_adapters_and_merges_exactly():
-  cfg = Config(model=dataclasses.replace(CFG, lora_rank=4, lora_alpha=8.0,
-                                         lora_targets=("query", "value", "down")))
+  cfg = Config(
+    model=dataclasses.replace(
+      CFG, lora_rank=4, lora_alpha=8.0, lora_targets=("query", "value", "down")
+    )
+  )
   tx = lora.freeze_base(make_optimizer(cfg.sft.optim))
   init_params, state, losses = _sft_steps(cfg, tx, 3)
   assert losses[-1] < losses[0]
   params = jax.device_get(state.params)
   labels = lora.adapter_labels(params)
   n_adapters = 0
-  for (path, new), old, label in zip(jax.tree_util.tree_leaves_with_path(params),
-                                     jax.tree.leaves(init_params), jax.tree.leaves(labels),
-                                     strict=True):
+  for (path, new), old, label in zip(
+    jax.tree_util.tree_leaves_with_path(params),
+    jax.tree.leaves(init_params),
+    jax.tree.leaves(labels),
+    strict=True,
+  ):
     if label == "frozen":
       np.testing.assert_array_equal(new, old, err_msg=jax.tree_util.keystr(path))
     else:
@@ -171,6 +211,7 @@ def test_lora_trains_only_adapters_and_merges_exactly():
     buf = io.BytesIO()
     np.savez(buf, **flatten(tree))
     return buf.getbuffer().nbytes
+
   sub = lora.adapters(params)
   assert npz_bytes(sub) < 0.2 * npz_bytes(params)
   rebuilt = lora.with_adapters(init_params, sub)
@@ -183,4 +224,5 @@ def test_lora_trains_only_adapters_and_merges_exactly():
   merged = lora.merge(params, cfg.model)
   assert not lora.has_adapters(merged)
   assert jax.tree.structure(merged) == jax.tree.structure(
-      jax.eval_shape(lambda: _init(dataclasses.replace(cfg.model, lora_rank=0))[1]))
+    jax.eval_shape(lambda: _init(dataclasses.replace(cfg.model, lora_rank=0))[1])
+  )

@@ -1,23 +1,26 @@
 """Long-horizon tasks: deterministic scripts, gaps, rewards, splits, and the TFDS round trip."""
+
 import numpy as np
 import pytest
 
 from sao_jax.data.longhorizon_tfds import load_tasks
 from sao_jax.envs.longhorizon import (
-    SEP,
-    TRAIN_ID_OFFSET,
-    LongHorizonEnv,
-    LongHorizonSpec,
-    generate_task,
-    graded_steps,
-    make_split,
+  SEP,
+  TRAIN_ID_OFFSET,
+  LongHorizonEnv,
+  LongHorizonSpec,
+  generate_task,
+  graded_steps,
+  make_split,
 )
 from sao_jax.tokenizer import CharTokenizer
 
 TOK = CharTokenizer()
-SPECS = [LongHorizonSpec("retention", n_steps=44, n_facts=4, min_gap=32),
-         LongHorizonSpec("navigation", n_steps=60, n_facts=3, min_gap=32, period=12),
-         LongHorizonSpec("retention", n_steps=1000, n_facts=8, min_gap=32, period=100)]
+SPECS = [
+  LongHorizonSpec("retention", n_steps=44, n_facts=4, min_gap=32),
+  LongHorizonSpec("navigation", n_steps=60, n_facts=3, min_gap=32, period=12),
+  LongHorizonSpec("retention", n_steps=1000, n_facts=8, min_gap=32, period=100),
+]
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)

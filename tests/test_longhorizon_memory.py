@@ -1,5 +1,6 @@
 """`sao-jax train` of the long-horizon config with compressed memory: supervised warm start,
 then GRPO, evaluated with the compression benchmark's metrics."""
+
 from __future__ import annotations
 
 import json
@@ -11,19 +12,37 @@ import pytest
 from conftest import subprocess_env
 
 # One layer each (compilation dominates the run), a few steps, two held-out episodes.
-OVERRIDES = ["sft.steps=4", "rl.steps=2", "rl.prompts_per_step=1", "rl.group_size=2",
-             "task.num_train=8", "task.num_test=2", "eval.num_problems=2", "log_every=1",
-             "model.depth=1", "compression.enc_depth=1"]
+OVERRIDES = [
+  "sft.steps=4",
+  "rl.steps=2",
+  "rl.prompts_per_step=1",
+  "rl.group_size=2",
+  "task.num_train=8",
+  "task.num_test=2",
+  "eval.num_problems=2",
+  "log_every=1",
+  "model.depth=1",
+  "compression.enc_depth=1",
+]
 
 
 @pytest.mark.slow
 def test_train_longhorizon_with_compression(tmp_path, repo_root):
   workdir = tmp_path / "run"
-  cmd = [sys.executable, "-m", "sao_jax.cli", "train", "--config",
-         str(repo_root / "experiments/configs/longhorizon.py:tiny"), "--workdir", str(workdir),
-         "--no-progress"] + [a for kv in OVERRIDES for a in ("--set", kv)]
-  proc = subprocess.run(cmd, cwd=repo_root, capture_output=True, text=True, timeout=600,
-                        env=subprocess_env())
+  cmd = [
+    sys.executable,
+    "-m",
+    "sao_jax.cli",
+    "train",
+    "--config",
+    str(repo_root / "experiments/configs/longhorizon.py:tiny"),
+    "--workdir",
+    str(workdir),
+    "--no-progress",
+  ] + [a for kv in OVERRIDES for a in ("--set", kv)]
+  proc = subprocess.run(
+    cmd, cwd=repo_root, capture_output=True, text=True, timeout=600, env=subprocess_env()
+  )
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["sft"]["steps"] == 4 and summary["rl"]["steps"] == 2
@@ -35,8 +54,9 @@ def test_train_longhorizon_with_compression(tmp_path, repo_root):
     # Compression was used: the bank holds fewer bytes than every earlier stage, and the
     # filter kept some of the 12 steps (at least the first, last and boundary steps).
     assert 3 <= ev["kept_steps_mean"] <= 12
-    assert (ev["bytes_full_context"] > ev["bytes_stage1"] >= ev["bytes_stage2"]
-            > ev["bytes_stage3"] > 0)
+    assert (
+      ev["bytes_full_context"] > ev["bytes_stage1"] >= ev["bytes_stage2"] > ev["bytes_stage3"] > 0
+    )
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   train = [r for r in rows if r["phase"] in ("sft", "rl") and "loss" in r]
   assert [r["phase"] for r in train] == ["sft"] * 4 + ["rl"] * 2

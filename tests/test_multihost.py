@@ -1,5 +1,6 @@
 """A learner over 2 processes x 4 CPU devices (jax.distributed, gloo) == the same update on
 one process's 8 devices; the distributed config and its environment variables."""
+
 import json
 import socket
 import subprocess
@@ -12,14 +13,14 @@ import optax
 import pytest
 from conftest import REPO_ROOT, subprocess_env
 from test_sharding import (
-    LOSS_RTOL,
-    PARAM_ATOL,
-    TOK,
-    _cfg,
-    _one_update,
-    _rl_batch,
-    _sao_batch,
-    _sft_batch,
+  LOSS_RTOL,
+  PARAM_ATOL,
+  TOK,
+  _cfg,
+  _one_update,
+  _rl_batch,
+  _sao_batch,
+  _sft_batch,
 )
 
 from sao_jax import distributed
@@ -34,10 +35,14 @@ WORKER = REPO_ROOT / "tests" / "multihost_worker.py"
 
 def test_distributed_config_from_fields_and_environment():
   assert distributed.resolve(DistributedConfig(), {}) == DistributedConfig()  # one process
-  env = {"SAO_JAX_COORDINATOR": "10.0.0.1:1234", "SAO_JAX_NUM_PROCESSES": "4",
-         "SAO_JAX_PROCESS_ID": "3"}
+  env = {
+    "SAO_JAX_COORDINATOR": "10.0.0.1:1234",
+    "SAO_JAX_NUM_PROCESSES": "4",
+    "SAO_JAX_PROCESS_ID": "3",
+  }
   assert distributed.resolve(DistributedConfig(), env) == DistributedConfig(
-      coordinator="10.0.0.1:1234", num_processes=4, process_id=3)
+    coordinator="10.0.0.1:1234", num_processes=4, process_id=3
+  )
   # A field set in the config wins over the environment.
   got = distributed.resolve(DistributedConfig(process_id=0), env)
   assert (got.coordinator, got.num_processes, got.process_id) == ("10.0.0.1:1234", 4, 0)
@@ -81,12 +86,27 @@ def _run_workers(out, n=2, timeout=600):
   procs = []
   try:
     for i in range(n):
-      env = dict(subprocess_env(), XLA_FLAGS="--xla_force_host_platform_device_count=4",
-                 JAX_PLATFORMS="cpu", SAO_JAX_COORDINATOR=f"127.0.0.1:{port}",
-                 SAO_JAX_NUM_PROCESSES=str(n), SAO_JAX_PROCESS_ID=str(i))
+      env = dict(
+        subprocess_env(),
+        XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        JAX_PLATFORMS="cpu",
+        SAO_JAX_COORDINATOR=f"127.0.0.1:{port}",
+        SAO_JAX_NUM_PROCESSES=str(n),
+        SAO_JAX_PROCESS_ID=str(i),
+      )
       log = open(out / f"log_{i}.txt", "w")  # noqa: SIM115 (closed below)
-      procs.append((subprocess.Popen([sys.executable, str(WORKER), str(out)], cwd=REPO_ROOT,
-                                     env=env, stdout=log, stderr=subprocess.STDOUT), log))
+      procs.append(
+        (
+          subprocess.Popen(
+            [sys.executable, str(WORKER), str(out)],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+          ),
+          log,
+        )
+      )
     deadline = time.time() + timeout
     for p, _ in procs:
       p.wait(timeout=max(deadline - time.time(), 1))
@@ -129,8 +149,10 @@ def test_two_processes_equal_one_process(tmp_path):
   tx = optax.sgd(0.1)
   rl = _rl_batch()
   sft, sao = _sft_batch(rl), _sao_batch(rl)
-  cases = {"sft": (make_sft_update, sft, 0),
-           "sao": (lambda m, t: make_sao_update(m, t, cfg.rl, cfg.sao), sao, 5)}
+  cases = {
+    "sft": (make_sft_update, sft, 0),
+    "sao": (lambda m, t: make_sao_update(m, t, cfg.rl, cfg.sao), sao, 5),
+  }
   for kind, (make, batch, num_tasks) in cases.items():
     _, params, metrics = _one_update(cfg, mesh, tx, batch, make, num_tasks)
     got = np.load(tmp_path / f"{kind}.npz")
@@ -141,10 +163,17 @@ def test_two_processes_equal_one_process(tmp_path):
     for path, value in flat:
       np.testing.assert_allclose(got[jax.tree_util.keystr(path)], value, atol=PARAM_ATOL)
   # Greedy sampling from the SAO params (evaluation's path) gives the same completions.
-  smp = compile_sampler(cfg, TransformerLM(cfg.model), prompt_len=40, max_new_tokens=4,
-                        temperature=1.0, eos_id=TOK.eos_id, pad_id=TOK.pad_id, mesh=mesh)
-  out = jax.device_get(smp.greedy(params, rl.prompt_bp, rl.prompt_valid_bp,
-                                  jax.random.key(0)))
+  smp = compile_sampler(
+    cfg,
+    TransformerLM(cfg.model),
+    prompt_len=40,
+    max_new_tokens=4,
+    temperature=1.0,
+    eos_id=TOK.eos_id,
+    pad_id=TOK.pad_id,
+    mesh=mesh,
+  )
+  out = jax.device_get(smp.greedy(params, rl.prompt_bp, rl.prompt_valid_bp, jax.random.key(0)))
   greedy = np.load(tmp_path / "greedy.npz")
   np.testing.assert_array_equal(greedy["tokens_bt"], out.tokens_bt)
   np.testing.assert_allclose(greedy["logp_bt"], out.logp_bt, atol=1e-5)

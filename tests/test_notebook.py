@@ -3,6 +3,7 @@
 The notebook is what users reproduce results with, so it is tested the way they run it: a
 fresh kernel, the workdir given by SAO_JAX_WORKDIR, no outputs committed.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,12 +32,14 @@ def test_curves_notebook(tiny_run_dir, repo_root, monkeypatch):
   assert _kernel_python() == sys.executable
   path = repo_root / "notebooks" / "curves.ipynb"
   nb = nbformat.read(path, as_version=4)
-  assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), \
-      "commit curves.ipynb with its outputs cleared"
+  assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), (
+    "commit curves.ipynb with its outputs cleared"
+  )
 
   monkeypatch.setenv("SAO_JAX_WORKDIR", str(tiny_run_dir))  # inherited by the kernel
-  client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=120,
-                                   resources={"metadata": {"path": str(repo_root)}})
+  client = nbclient.NotebookClient(
+    nb, kernel_name="python3", timeout=120, resources={"metadata": {"path": str(repo_root)}}
+  )
   client.execute()  # raises CellExecutionError on the first failing cell
 
   outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]

@@ -1,5 +1,6 @@
 """The record format is the trust boundary between processes (and later machines): these tests
 pin its bytes, and check that no input can make `decode` fail in any way but a `RecordError`."""
+
 from __future__ import annotations
 
 import random
@@ -14,12 +15,36 @@ from sao_jax.transport.records import RecordKind
 
 # encode(TRAJECTORY, 0x0102030405060708, -2, {"a": int8 [1, -1]}, {"t": 1}), computed once.
 GOLDEN_HEX = (
-    "53414f52" "0100" "01" "00" "0807060504030201" "feffffffffffffff" "1a000000" "3030eb4b"
-    "07000000" "7b2274223a317d" "01000000" "0100" "61" "02" "01" "02000000" "01ff")
+  "53414f52"
+  "0100"
+  "01"
+  "00"
+  "0807060504030201"
+  "feffffffffffffff"
+  "1a000000"
+  "3030eb4b"
+  "07000000"
+  "7b2274223a317d"
+  "01000000"
+  "0100"
+  "61"
+  "02"
+  "01"
+  "02000000"
+  "01ff"
+)
 
 
-def _seal(payload: bytes, *, version: int = R.SCHEMA_VERSION, kind: int = 1, flags: int = 0,
-          record_id: int = 0, policy_version: int = 0, length: int | None = None) -> bytes:
+def _seal(
+  payload: bytes,
+  *,
+  version: int = R.SCHEMA_VERSION,
+  kind: int = 1,
+  flags: int = 0,
+  record_id: int = 0,
+  policy_version: int = 0,
+  length: int | None = None,
+) -> bytes:
   """A record with a correct checksum around an arbitrary payload, to reach the payload parser
   with inputs no writer would produce."""
   length = len(payload) if length is None else length
@@ -36,7 +61,7 @@ def _reseal(data: bytes, *, fix_length: bool) -> bytes:
   if fix_length:
     fields[-1] = len(data) - R.HEADER_SIZE
   prefix = R._PREFIX.pack(*fields)
-  payload = data[R.HEADER_SIZE:]
+  payload = data[R.HEADER_SIZE :]
   checksum = crc32c.crc32c(payload, crc32c.crc32c(prefix))
   return prefix + struct.pack("<I", checksum) + payload
 
@@ -47,16 +72,27 @@ def _payload(meta: bytes = b"{}", *arrays: bytes, count: int | None = None) -> b
 
 
 def _array(name: bytes, code: int, shape: tuple[int, ...], data: bytes = b"") -> bytes:
-  return (struct.pack("<H", len(name)) + name + struct.pack("<BB", code, len(shape))
-          + struct.pack(f"<{len(shape)}I", *shape) + data)
+  return (
+    struct.pack("<H", len(name))
+    + name
+    + struct.pack("<BB", code, len(shape))
+    + struct.pack(f"<{len(shape)}I", *shape)
+    + data
+  )
 
 
 def _sample_record() -> bytes:
-  return R.encode(RecordKind.TRAJECTORY, 42, 7,
-                  {"tokens": np.arange(12, dtype=np.int32).reshape(3, 4),
-                   "logp": np.linspace(-1, 0, 5, dtype=np.float32),
-                   "done": np.array([False, True])},
-                  {"task_id": "gsm8k/17", "reward": 1.0})
+  return R.encode(
+    RecordKind.TRAJECTORY,
+    42,
+    7,
+    {
+      "tokens": np.arange(12, dtype=np.int32).reshape(3, 4),
+      "logp": np.linspace(-1, 0, 5, dtype=np.float32),
+      "done": np.array([False, True]),
+    },
+    {"task_id": "gsm8k/17", "reward": 1.0},
+  )
 
 
 @pytest.mark.parametrize("dtype", list(R.DTYPE_CODES))
@@ -71,9 +107,13 @@ def test_round_trip_every_whitelisted_dtype(dtype):
 
 
 def test_zero_d_empty_and_many_arrays():
-  arrays = {"scalar": np.float64(3.5), "int_scalar": np.array(7, dtype=np.int64),
-            "empty": np.zeros((0,), np.float32), "empty_3d": np.zeros((3, 0, 2), np.int16),
-            "nd": np.arange(2 * 3 * 1 * 2, dtype=np.uint8).reshape(2, 3, 1, 2)}
+  arrays = {
+    "scalar": np.float64(3.5),
+    "int_scalar": np.array(7, dtype=np.int64),
+    "empty": np.zeros((0,), np.float32),
+    "empty_3d": np.zeros((3, 0, 2), np.int16),
+    "nd": np.arange(2 * 3 * 1 * 2, dtype=np.uint8).reshape(2, 3, 1, 2),
+  }
   arrays.update({f"step_{i}": np.full((i % 5,), i, np.int32) for i in range(300)})
   record = R.decode(R.encode(RecordKind.TASK, 0, 0, arrays))
   assert list(record.arrays) == list(arrays)
@@ -84,16 +124,23 @@ def test_zero_d_empty_and_many_arrays():
 
 
 def test_header_fields_meta_and_extreme_ids_round_trip():
-  meta = {"task_id": 17, "reward": np.float32(0.25), "timings": {"sample_s": 0.5},
-          "turns": [1, 2, 3], "note": "héllo ✓", "ok": np.bool_(True), "none": None}
+  meta = {
+    "task_id": 17,
+    "reward": np.float32(0.25),
+    "timings": {"sample_s": 0.5},
+    "turns": [1, 2, 3],
+    "note": "héllo ✓",
+    "ok": np.bool_(True),
+    "none": None,
+  }
   for kind in RecordKind:
-    data = R.encode(kind, 2**64 - 1, -2**63, {}, meta)
+    data = R.encode(kind, 2**64 - 1, -(2**63), {}, meta)
     record = R.decode(data)
-    assert (record.kind, record.record_id, record.policy_version) == (kind, 2**64 - 1, -2**63)
+    assert (record.kind, record.record_id, record.policy_version) == (kind, 2**64 - 1, -(2**63))
     assert record.meta == {**meta, "reward": 0.25, "ok": True}
     assert record.arrays == {} and record.nbytes == len(data)
     header = R.peek_header(data)
-    assert (header.kind, header.record_id, header.policy_version) == (kind, 2**64 - 1, -2**63)
+    assert (header.kind, header.record_id, header.policy_version) == (kind, 2**64 - 1, -(2**63))
     assert header.nbytes == len(data)
 
 
@@ -117,43 +164,75 @@ def test_decoded_arrays_do_not_alias_the_message_buffer():
 
 
 def test_golden_bytes():
-  data = R.encode(RecordKind.TRAJECTORY, 0x0102030405060708, -2,
-                  {"a": np.array([1, -1], np.int8)}, {"t": 1})
+  data = R.encode(
+    RecordKind.TRAJECTORY, 0x0102030405060708, -2, {"a": np.array([1, -1], np.int8)}, {"t": 1}
+  )
   assert data.hex() == GOLDEN_HEX
   assert len(data) == R.HEADER_SIZE + 26 and R.HEADER_SIZE == 32
 
 
 def test_int8_arrays_and_their_scales_travel_exactly():
   from sao_jax.compression import quant
+
   x = np.random.default_rng(1).standard_normal((6, 2, 16)).astype(np.float32)
   q, scale = (np.asarray(a) for a in quant.quantize(x))
   record = R.decode(R.encode(1, 0, 0, {"vec": q, "scale": scale}))
   assert record.arrays["vec"].dtype == np.int8 and record.arrays["scale"].shape == (6, 2)
-  np.testing.assert_array_equal(quant.dequantize(record.arrays["vec"], record.arrays["scale"]),
-                                quant.dequantize(q, scale))
+  np.testing.assert_array_equal(
+    quant.dequantize(record.arrays["vec"], record.arrays["scale"]), quant.dequantize(q, scale)
+  )
 
 
-@pytest.mark.parametrize("value", [
-    np.array(["a", "b"]), np.array([b"a"]), np.array([1 + 2j]), np.array([object()]),
-    np.array([1], dtype=np.uint16), np.zeros(2, dtype=[("a", np.int32)]),
-    np.array(["2020-01-01"], dtype="datetime64[D]"), [[1, 2], [3]]])
+@pytest.mark.parametrize(
+  "value",
+  [
+    np.array(["a", "b"]),
+    np.array([b"a"]),
+    np.array([1 + 2j]),
+    np.array([object()]),
+    np.array([1], dtype=np.uint16),
+    np.zeros(2, dtype=[("a", np.int32)]),
+    np.array(["2020-01-01"], dtype="datetime64[D]"),
+    [[1, 2], [3]],
+  ],
+)
 def test_encode_rejects_arrays_it_cannot_carry(value):
   with pytest.raises(R.RecordError, match="'x'"):
     R.encode(1, 0, 0, {"x": value})
 
 
-@pytest.mark.parametrize("meta", [
-    {"r": float("nan")}, {"r": float("inf")}, {"f": print}, {"s": {1, 2}},
-    {"c": np.complex64(1j)}, {(1, 2): 3}, ["not", "a", "mapping"]])
+@pytest.mark.parametrize(
+  "meta",
+  [
+    {"r": float("nan")},
+    {"r": float("inf")},
+    {"f": print},
+    {"s": {1, 2}},
+    {"c": np.complex64(1j)},
+    {(1, 2): 3},
+    ["not", "a", "mapping"],
+  ],
+)
 def test_encode_rejects_non_json_meta(meta):
   with pytest.raises(R.RecordError, match="meta"):
     R.encode(1, 0, 0, {}, meta)
 
 
-@pytest.mark.parametrize("kind, record_id, policy_version, arrays", [
-    (0, 0, 0, {}), (9, 0, 0, {}), (1, -1, 0, {}), (1, 2**64, 0, {}), (1, 0, 2**63, {}),
-    (1, 1.5, 0, {}), (1, 0, 0, {"": np.zeros(1)}), (1, 0, 0, {3: np.zeros(1)}),
-    (1, 0, 0, {"\ud800": np.zeros(1)}), (1, 0, 0, {"x" * 70000: np.zeros(1)})])
+@pytest.mark.parametrize(
+  "kind, record_id, policy_version, arrays",
+  [
+    (0, 0, 0, {}),
+    (9, 0, 0, {}),
+    (1, -1, 0, {}),
+    (1, 2**64, 0, {}),
+    (1, 0, 2**63, {}),
+    (1, 1.5, 0, {}),
+    (1, 0, 0, {"": np.zeros(1)}),
+    (1, 0, 0, {3: np.zeros(1)}),
+    (1, 0, 0, {"\ud800": np.zeros(1)}),
+    (1, 0, 0, {"x" * 70000: np.zeros(1)}),
+  ],
+)
 def test_encode_rejects_bad_header_fields_and_names(kind, record_id, policy_version, arrays):
   with pytest.raises(R.RecordError):
     R.encode(kind, record_id, policy_version, arrays)
@@ -213,27 +292,31 @@ def test_truncation_and_overlong_length_field():
 
 def test_hand_made_payloads_with_valid_checksums():
   cases = {
-      # Arrays that claim far more data than the payload has must not be allocated.
-      R.Truncated: [
-          _payload(b"{}", _array(b"x", 9, (2**32 - 1,) * 3)),
-          _payload(b"{}", _array(b"x", 8, (2**20, 2**20), b"\x00" * 64)),
-          _payload(b"{}", _array(b"x", 1, (5,), b"\x01" * 4)),
-          _payload(b"{}", count=2**32 - 1),
-          struct.pack("<I", 2**32 - 1) + b"{}",
-          _payload(b"{}", _array(b"x", 1, (5,))[:-2]),
-      ],
-      R.Malformed: [
-          _payload(b"{}", _array(b"x", 9, (0,) + (2**32 - 1,) * 3)),
-          _payload(b"{}", _array(b"x", 0, (1,), b"\x00")),
-          _payload(b"{}", _array(b"x", 10, (1,), b"\x00")),
-          _payload(b"{}", _array(b"x", 3, (1,) * 33, b"\x00")),
-          _payload(b"{}", _array(b"", 3, (1,), b"\x00")),
-          _payload(b"{}", _array(b"\xff\xfe", 3, (1,), b"\x00")),
-          _payload(b"{}", _array(b"x", 3, (1,), b"\x00"), _array(b"x", 3, (1,), b"\x00")),
-          _payload(b"{}", _array(b"x", 3, (1,), b"\x00")) + b"\x00",
-          _payload(b"[1, 2]"), _payload(b'{"r": NaN}'), _payload(b"{"),
-          _payload(b'{"a": "\xff"}'), _payload(b"[" * 100_000), _payload(b"1" * 5000),
-      ],
+    # Arrays that claim far more data than the payload has must not be allocated.
+    R.Truncated: [
+      _payload(b"{}", _array(b"x", 9, (2**32 - 1,) * 3)),
+      _payload(b"{}", _array(b"x", 8, (2**20, 2**20), b"\x00" * 64)),
+      _payload(b"{}", _array(b"x", 1, (5,), b"\x01" * 4)),
+      _payload(b"{}", count=2**32 - 1),
+      struct.pack("<I", 2**32 - 1) + b"{}",
+      _payload(b"{}", _array(b"x", 1, (5,))[:-2]),
+    ],
+    R.Malformed: [
+      _payload(b"{}", _array(b"x", 9, (0,) + (2**32 - 1,) * 3)),
+      _payload(b"{}", _array(b"x", 0, (1,), b"\x00")),
+      _payload(b"{}", _array(b"x", 10, (1,), b"\x00")),
+      _payload(b"{}", _array(b"x", 3, (1,) * 33, b"\x00")),
+      _payload(b"{}", _array(b"", 3, (1,), b"\x00")),
+      _payload(b"{}", _array(b"\xff\xfe", 3, (1,), b"\x00")),
+      _payload(b"{}", _array(b"x", 3, (1,), b"\x00"), _array(b"x", 3, (1,), b"\x00")),
+      _payload(b"{}", _array(b"x", 3, (1,), b"\x00")) + b"\x00",
+      _payload(b"[1, 2]"),
+      _payload(b'{"r": NaN}'),
+      _payload(b"{"),
+      _payload(b'{"a": "\xff"}'),
+      _payload(b"[" * 100_000),
+      _payload(b"1" * 5000),
+    ],
   }
   for error, payloads in cases.items():
     for payload in payloads:
@@ -265,34 +348,44 @@ def _mutate(rng: random.Random, data: bytes, other: bytes) -> bytes:
       out[rng.randrange(len(out))] ^= 1 << rng.randrange(8)
     return bytes(out)
   if choice == 1:  # truncation
-    return data[:rng.randrange(len(data))]
+    return data[: rng.randrange(len(data))]
   if choice == 2:  # splice with another record
-    return data[:rng.randrange(len(data))] + other[rng.randrange(len(other)):]
+    return data[: rng.randrange(len(data))] + other[rng.randrange(len(other)) :]
   if choice == 3:  # random bytes inserted
     at = rng.randrange(len(data))
     return data[:at] + rng.randbytes(rng.randint(1, 8)) + data[at:]
   if choice == 4:  # a range deleted
     at = rng.randrange(len(data))
-    return data[:at] + data[at + rng.randint(1, 16):]
+    return data[:at] + data[at + rng.randint(1, 16) :]
   out = bytearray(data)  # a little-endian integer field overwritten with an extreme value
   at = rng.randrange(R.HEADER_SIZE, len(out) - 4)
-  out[at:at + 4] = rng.choice([b"\xff\xff\xff\xff", b"\x00\x00\x00\x00", b"\xff\xff\xff\x7f"])
+  out[at : at + 4] = rng.choice([b"\xff\xff\xff\xff", b"\x00\x00\x00\x00", b"\xff\xff\xff\x7f"])
   return bytes(out)
 
 
 def test_fuzz_only_record_errors():
   rng = random.Random(1234)
   seeds = [
-      _sample_record(),
-      R.encode(RecordKind.PARAMS, 1, 1, {"w": np.ones((4, 4), np.float16),
-                                         "b": np.zeros((), np.int64), "e": np.zeros((0, 3))}),
-      R.encode(RecordKind.CONTROL, 9, -1, {}, {"op": "stop", "nested": {"a": [1, 2.5, None]}}),
+    _sample_record(),
+    R.encode(
+      RecordKind.PARAMS,
+      1,
+      1,
+      {"w": np.ones((4, 4), np.float16), "b": np.zeros((), np.int64), "e": np.zeros((0, 3))},
+    ),
+    R.encode(RecordKind.CONTROL, 9, -1, {}, {"op": "stop", "nested": {"a": [1, 2.5, None]}}),
   ]
   inputs = []
   for i in range(3000):
     junk = rng.randbytes(rng.randint(0, 120))
-    inputs.append([junk, R.MAGIC + b"\x01\x00" + junk, _seal(junk),
-                   _seal(_payload(b"{}", count=rng.randint(1, 4)) + junk)][i % 4])
+    inputs.append(
+      [
+        junk,
+        R.MAGIC + b"\x01\x00" + junk,
+        _seal(junk),
+        _seal(_payload(b"{}", count=rng.randint(1, 4)) + junk),
+      ][i % 4]
+    )
   for i in range(3000):
     mutated = _mutate(rng, rng.choice(seeds), rng.choice(seeds))
     inputs.append(_reseal(mutated, fix_length=i % 3 != 0) if i % 2 else mutated)
@@ -306,16 +399,28 @@ def test_fuzz_only_record_errors():
         outcome = type(e).__name__
       outcomes[outcome] = outcomes.get(outcome, 0) + 1
   # The fuzz must reach every check, including the payload parser behind a valid checksum.
-  assert set(outcomes) == {"ok", "BadMagic", "SchemaMismatch", "Truncated", "ChecksumMismatch",
-                           "Malformed", "RecordTooLarge"}, outcomes
+  assert set(outcomes) == {
+    "ok",
+    "BadMagic",
+    "SchemaMismatch",
+    "Truncated",
+    "ChecksumMismatch",
+    "Malformed",
+    "RecordTooLarge",
+  }, outcomes
 
 
 def test_trajectory_meta_counts_are_checked_before_the_learner_sums_them():
   from sao_jax.buffer import check_trajectory
 
-  arrays = {"prompt": np.zeros((1, 4), np.int32), "prompt_valid": np.ones((1, 4), bool),
-            "tokens": np.zeros((1, 3), np.int32), "valid": np.ones((1, 3), bool),
-            "logp": np.zeros((1, 3), np.float32), "rewards": np.zeros(1, np.float32)}
+  arrays = {
+    "prompt": np.zeros((1, 4), np.int32),
+    "prompt_valid": np.ones((1, 4), bool),
+    "tokens": np.zeros((1, 3), np.int32),
+    "valid": np.ones((1, 3), bool),
+    "logp": np.zeros((1, 3), np.float32),
+    "rewards": np.zeros(1, np.float32),
+  }
   meta = {"reward": 1.0, "t_end": 0.0, "task_index": 0, "reward_s": 0.01}
   for runs, ok in ((None, True), (3, True), (-1, False), (True, False), ("2", False)):
     m = meta if runs is None else dict(meta, sandbox_runs=runs)

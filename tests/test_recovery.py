@@ -1,5 +1,6 @@
 """Pieces of crash recovery, without processes: the journal and ledger, deterministic batch
 formation, the non-finite guard in the jitted update, snapshot fall-back, shadow models."""
+
 import pathlib
 import warnings
 
@@ -54,8 +55,14 @@ def test_ledger_cut_back_to_the_snapshot(tmp_path):
 
 
 def _item(seq, version, pos=None, steps=1):
-  rec = records.Record(kind=records.RecordKind.TRAJECTORY, record_id=seq, policy_version=version,
-                       arrays={"tokens": np.zeros((steps, 2), np.int32)}, meta={}, nbytes=0)
+  rec = records.Record(
+    kind=records.RecordKind.TRAJECTORY,
+    record_id=seq,
+    policy_version=version,
+    arrays={"tokens": np.zeros((steps, 2), np.int32)},
+    meta={},
+    nbytes=0,
+  )
   return Item(rec, seq, pos)
 
 
@@ -75,27 +82,43 @@ def test_batches_depend_only_on_the_record_sequence():
 
 
 def _sao_programs():
-  cfg = Config(model=ModelConfig(vocab_size=16, width=16, depth=1, heads=2, max_len=16),
-               mesh=MeshConfig(shape=(1, 1, 1)),
-               rl=RLConfig(optim=OptimConfig(lr=1e-2, warmup_steps=1)),
-               sao=SAOConfig(batch_size=4))
+  cfg = Config(
+    model=ModelConfig(vocab_size=16, width=16, depth=1, heads=2, max_len=16),
+    mesh=MeshConfig(shape=(1, 1, 1)),
+    rl=RLConfig(optim=OptimConfig(lr=1e-2, warmup_steps=1)),
+    sao=SAOConfig(batch_size=4),
+  )
   model = TransformerLM(cfg.model)
   tx = make_optimizer(cfg.rl.optim)
-  return compile_programs(cfg, model, tx, make_sao_update(model, tx, cfg.rl, cfg.sao),
-                          with_ref=False, prompt_len=4, max_new_tokens=4, temperature=1.0,
-                          eos_id=2, pad_id=0, mesh=make_mesh(cfg.mesh, jax.devices()[:1]),
-                          num_tasks=8)
+  return compile_programs(
+    cfg,
+    model,
+    tx,
+    make_sao_update(model, tx, cfg.rl, cfg.sao),
+    with_ref=False,
+    prompt_len=4,
+    max_new_tokens=4,
+    temperature=1.0,
+    eos_id=2,
+    pad_id=0,
+    mesh=make_mesh(cfg.mesh, jax.devices()[:1]),
+    num_tasks=8,
+  )
 
 
 def _sao_batch(poison=0.0):
   rng = np.random.default_rng(0)
   return SAOBatch.single_steps(
-      prompt_bp=rng.integers(3, 16, (4, 4)).astype(np.int32),
-      prompt_valid_bp=np.ones((4, 4), bool),
-      tokens_bt=rng.integers(3, 16, (4, 4)).astype(np.int32), valid_bt=np.ones((4, 4), bool),
-      logp_bt=np.full((4, 4), -2.0, np.float32),
-      rewards_b=np.array([1, 0, 1, 0], np.float32), task_b=np.arange(4, dtype=np.int32),
-      staleness_b=np.zeros(4, np.int32), poison_b=np.array([poison, 0, 0, 0], np.float32))
+    prompt_bp=rng.integers(3, 16, (4, 4)).astype(np.int32),
+    prompt_valid_bp=np.ones((4, 4), bool),
+    tokens_bt=rng.integers(3, 16, (4, 4)).astype(np.int32),
+    valid_bt=np.ones((4, 4), bool),
+    logp_bt=np.full((4, 4), -2.0, np.float32),
+    rewards_b=np.array([1, 0, 1, 0], np.float32),
+    task_b=np.arange(4, dtype=np.int32),
+    staleness_b=np.zeros(4, np.int32),
+    poison_b=np.array([poison, 0, 0, 0], np.float32),
+  )
 
 
 def test_nonfinite_gradients_leave_the_state_unchanged():
@@ -171,8 +194,9 @@ def test_shadow_bank_keeps_the_best_and_the_latest(tmp_path):
   assert bank.best() == (10, 0.6)
   assert sorted(bank.mngr.all_steps()) == [10, 20, 30]
   back = bank.restore(10, params)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b) + 10),
-               back, params)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b) + 10), back, params
+  )
   bank.reset_to(20, bank.scores)  # a resume at step 20 forgets the shadow of step 30
   assert sorted(bank.scores) == [10, 20]
   bank.close()
@@ -197,6 +221,11 @@ def test_event_log_adds_up_incarnations_killed_ones_included(tmp_path):
   with open(path, "a") as f:
     f.write('{"phase": "rl", "incarnation": "half-writ')  # a crash mid-line
   life = recovery.EventLog.lifetime(path, "rl")
-  assert life == {"incarnations": 2, "killed": 1, "resumes": 1, "recovery_s": [7.5],
-                  "rollbacks": 1, "counts": {"consumed": 170, "bad_records": 3,
-                                             "rollbacks": 1, "sampler_restarts": 1}}
+  assert life == {
+    "incarnations": 2,
+    "killed": 1,
+    "resumes": 1,
+    "recovery_s": [7.5],
+    "rollbacks": 1,
+    "counts": {"consumed": 170, "bad_records": 3, "rollbacks": 1, "sampler_restarts": 1},
+  }

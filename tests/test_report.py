@@ -1,6 +1,7 @@
 """sao_jax.report, scripts/results_md.py and the claim notebooks, on tiny synthetic results of
 the schemas the experiment scripts write (so they are checked where results/ is empty), and
 report's reading of the repository's committed results (so a schema change is caught)."""
+
 from __future__ import annotations
 
 import json
@@ -26,114 +27,265 @@ def _sync_results() -> dict:
   """bench_sync_vs_async's results.json for 2 seeds; SAO's steps/s is 1.5x GRPO's."""
   runs = []
   for seed, (g, s) in enumerate([(1.0, 1.5), (2.0, 3.0)]):
-    arm = lambda sps: {"learner_steps_per_s": sps, "seconds_per_step": 1 / sps,
-                       "trajectories_per_s": 128 * sps, "learner_busy": 0.5 + 0.1 * sps,
-                       "delay_mean_s": 2 / sps, "peak_rss_all_mb": 1000.0 * sps,
-                       "learner_peak_mb": 500.0, "accuracy": 0.6,
-                       "eval_curve": [[0.0, 0, 0.5], [10.0, 5, 0.6]]}
+    arm = lambda sps: {
+      "learner_steps_per_s": sps,
+      "seconds_per_step": 1 / sps,
+      "trajectories_per_s": 128 * sps,
+      "learner_busy": 0.5 + 0.1 * sps,
+      "delay_mean_s": 2 / sps,
+      "peak_rss_all_mb": 1000.0 * sps,
+      "learner_peak_mb": 500.0,
+      "accuracy": 0.6,
+      "eval_curve": [[0.0, 0, 0.5], [10.0, 5, 0.6]],
+    }
     runs.append({"seed": seed, "sft": {"accuracy": 0.5}, "grpo": arm(g), "sao": arm(s)})
   keys = [k for k, *_ in report.SYNC_ROWS]
   summary = {"sft_accuracy": stats.summarize([0.5, 0.5])}
   for a in ("grpo", "sao"):
     summary[a] = {k: stats.summarize([r[a][k] for r in runs]) for k in keys}
-  summary["ratio"] = {"baseline": "grpo", **{k: stats.summarize(
-      [r["sao"][k] / r["grpo"][k] for r in runs]) for k in keys}}
-  return {"provenance": {"command": "python experiments/bench_sync_vs_async.py",
-                         "commit": "abcdef1234567890", "time": "2026-01-01T00:00:00+0000",
-                         "machine": {"platform": "Linux-test", "cpus": 2, "jax": "0.10.2",
-                                     "devices": ["cpu:0"], "loadavg": [1.0, 2.0, 3.0]}},
-          "config": {"model": {"width": 128, "depth": 3}, "sao": {"batch_size": 128}},
-          "seeds": 2, "seconds_per_arm": 10.0, "runs": runs, "summary": summary}
+  summary["ratio"] = {
+    "baseline": "grpo",
+    **{k: stats.summarize([r["sao"][k] / r["grpo"][k] for r in runs]) for k in keys},
+  }
+  return {
+    "provenance": {
+      "command": "python experiments/bench_sync_vs_async.py",
+      "commit": "abcdef1234567890",
+      "time": "2026-01-01T00:00:00+0000",
+      "machine": {
+        "platform": "Linux-test",
+        "cpus": 2,
+        "jax": "0.10.2",
+        "devices": ["cpu:0"],
+        "loadavg": [1.0, 2.0, 3.0],
+      },
+    },
+    "config": {"model": {"width": 128, "depth": 3}, "sao": {"batch_size": 128}},
+    "seeds": 2,
+    "seconds_per_arm": 10.0,
+    "runs": runs,
+    "summary": summary,
+  }
 
 
 def _sim_point(tps: float, busy: float) -> dict:
-  return {"sampler_nodes": 200, "trajectories_per_s": tps, "learner_steps_per_s": tps / 512,
-          "learner_busy": busy, "step_latency_s": 512 / tps, "delay_mean_s": 900.0,
-          "delay_own_mean_s": 1000.0}
+  return {
+    "sampler_nodes": 200,
+    "trajectories_per_s": tps,
+    "learner_steps_per_s": tps / 512,
+    "learner_busy": busy,
+    "step_latency_s": 512 / tps,
+    "delay_mean_s": 900.0,
+    "delay_own_mean_s": 1000.0,
+  }
 
 
 def _compression_task(acc_full: float, acc_comp: float, n: int) -> dict:
-  arm = lambda a: {"accuracy": a, "questions": n,
-                   "stderr": math.sqrt(a * (1 - a) / n), "wilson95": [a * 0.9, min(1, a * 1.05)]}
-  return {"spec": {"n_steps": 36, "n_facts": 1, "min_gap": 32}, "chance": 0.1,
-          "arms": {"full_context": arm(acc_full), "compressed": arm(acc_comp),
-                   "compressed_float_memory": arm(acc_comp)},
-          "relative_loss": 0.0, "relative_loss_stderr_paired": 0.0,
-          "bytes_per_stage": {"episodes": 2, "steps": 1000, "facts_kept_frac": 0.75,
-                              "facts_visible_at_question_frac": 0.5,
-                              "bytes": {"full_context_fp32_embeddings": 2_000_000.0,
-                                        "stage1_semantic_fp32": 200_000.0,
-                                        "stage2_temporal_fp32": 10_000.0,
-                                        "stage3_int8": 2_500.0}},
-          "peak_memory": {"accuracy_episodes": {"steps": 36, "ratio_sao_over_grpo": 0.15}}}
+  arm = lambda a: {
+    "accuracy": a,
+    "questions": n,
+    "stderr": math.sqrt(a * (1 - a) / n),
+    "wilson95": [a * 0.9, min(1, a * 1.05)],
+  }
+  return {
+    "spec": {"n_steps": 36, "n_facts": 1, "min_gap": 32},
+    "chance": 0.1,
+    "arms": {
+      "full_context": arm(acc_full),
+      "compressed": arm(acc_comp),
+      "compressed_float_memory": arm(acc_comp),
+    },
+    "relative_loss": 0.0,
+    "relative_loss_stderr_paired": 0.0,
+    "bytes_per_stage": {
+      "episodes": 2,
+      "steps": 1000,
+      "facts_kept_frac": 0.75,
+      "facts_visible_at_question_frac": 0.5,
+      "bytes": {
+        "full_context_fp32_embeddings": 2_000_000.0,
+        "stage1_semantic_fp32": 200_000.0,
+        "stage2_temporal_fp32": 10_000.0,
+        "stage3_int8": 2_500.0,
+      },
+    },
+    "peak_memory": {"accuracy_episodes": {"steps": 36, "ratio_sao_over_grpo": 0.15}},
+  }
 
 
 def _deviation_rows() -> list[dict]:
   """Six updates: staleness 0 -> deviation 0, 1 -> 0.4 %, 2 -> 0.8 % (exactly linear)."""
-  return [{"phase": "rl", "step": i + 1, "is_dev": 0.004 * st, "staleness_mean": float(st),
-           "staleness_max": st, "is_truncated_frac": 0.0} for i, st in enumerate([0, 1, 1, 2,
-                                                                                  2, 2])]
+  return [
+    {
+      "phase": "rl",
+      "step": i + 1,
+      "is_dev": 0.004 * st,
+      "staleness_mean": float(st),
+      "staleness_max": st,
+      "is_truncated_frac": 0.0,
+    }
+    for i, st in enumerate([0, 1, 1, 2, 2, 2])
+  ]
 
 
 def write_tiny_results(root: pathlib.Path) -> pathlib.Path:
   """Every result file the claims read, tiny, with the scripts' schemas."""
   _write(root, "bench_sync_vs_async/results.json", _sync_results())
-  _write(root, "sim_scale.json", {
-      "command": "python experiments/sim_seed_scale.py", "commit": "1234567890ab",
+  _write(
+    root,
+    "sim_scale.json",
+    {
+      "command": "python experiments/sim_seed_scale.py",
+      "commit": "1234567890ab",
       "machine": {"platform": "Linux-test", "cpus": 2},
-      "table": {"lognormal_cv1": {"sampler_nodes": 200, "steps": 1000,
-                                  "grpo": _sim_point(0.3, 0.6), "sao": _sim_point(0.6, 0.99),
-                                  "throughput_ratio": 2.0}},
-      "runs": {"lognormal_cv1": {"grpo": [dict(_sim_point(0.3, 0.6), sampler_nodes=n)
-                                          for n in (2, 200)],
-                                 "sao_inflight": [dict(_sim_point(0.6, 0.99), sampler_nodes=n)
-                                                  for n in (2, 200)]}}})
-  _write(root, "sim_validation.json", {"command": "python experiments/validate_sim.py",
-                                       "arms": {"sao": {"relative_error": {
-                                           "trajectories_per_s": -0.1, "learner_busy": 0.02}}}})
-  _write(root, "bench_peers.json", {"arms": {"tunix_grpo": {"trajectories_per_s": 50.0},
-                                             "ours_sao": {"trajectories_per_s": 60.0}}})
+      "table": {
+        "lognormal_cv1": {
+          "sampler_nodes": 200,
+          "steps": 1000,
+          "grpo": _sim_point(0.3, 0.6),
+          "sao": _sim_point(0.6, 0.99),
+          "throughput_ratio": 2.0,
+        }
+      },
+      "runs": {
+        "lognormal_cv1": {
+          "grpo": [dict(_sim_point(0.3, 0.6), sampler_nodes=n) for n in (2, 200)],
+          "sao_inflight": [dict(_sim_point(0.6, 0.99), sampler_nodes=n) for n in (2, 200)],
+        }
+      },
+    },
+  )
+  _write(
+    root,
+    "sim_validation.json",
+    {
+      "command": "python experiments/validate_sim.py",
+      "arms": {"sao": {"relative_error": {"trajectories_per_s": -0.1, "learner_busy": 0.02}}},
+    },
+  )
+  _write(
+    root,
+    "bench_peers.json",
+    {
+      "arms": {"tunix_grpo": {"trajectories_per_s": 50.0}, "ours_sao": {"trajectories_per_s": 60.0}}
+    },
+  )
   metrics = root / "bench_x" / "sao" / "metrics.jsonl"
   metrics.parent.mkdir(parents=True)
-  metrics.write_text("".join(json.dumps(r) + "\n" for r in _deviation_rows())
-                     + '{"phase": "rl", "step": 7, "is_d\n')  # a line cut short by a crash
-  _write(root, "bench_compression.json", {"steps": 10, "num_test": 8, "seconds": 5.0,
-                                          "machine": {"platform": "Linux-test"},
-                                          "tasks": {"retention": _compression_task(1, 1, 8)}})
-  _write(root, "bench_compression_retention4.json",
-         {"tasks": {"retention4": _compression_task(0.25, 0.75, 16)}})
-  _write(root, "sft_grpo_arith/results.json", {
-      "sft": {"accuracy": 0.5}, "grpo": {"accuracy": 0.6}, "sft_continued": {"accuracy": 0.8},
-      "grpo_gain_points": 10.0, "control_gain_points": 30.0})
-  sat_runs = [{"seed": i, "sft_accuracy": 0.8, "not_centred": {"final_accuracy": 0.8 + d},
-               "centred_control": {"final_accuracy": 0.8}} for i, d in enumerate([0.1, 0.2])]
-  _write(root, "saturation.json", {"runs": sat_runs, "summary": {
-      "sft_accuracy": stats.summarize([0.8, 0.8]),
-      "not_centred": {"final_accuracy": stats.summarize([0.9, 1.0])},
-      "centred_control": {"final_accuracy": stats.summarize([0.8, 0.8])}}})
+  metrics.write_text(
+    "".join(json.dumps(r) + "\n" for r in _deviation_rows()) + '{"phase": "rl", "step": 7, "is_d\n'
+  )  # a line cut short by a crash
+  _write(
+    root,
+    "bench_compression.json",
+    {
+      "steps": 10,
+      "num_test": 8,
+      "seconds": 5.0,
+      "machine": {"platform": "Linux-test"},
+      "tasks": {"retention": _compression_task(1, 1, 8)},
+    },
+  )
+  _write(
+    root,
+    "bench_compression_retention4.json",
+    {"tasks": {"retention4": _compression_task(0.25, 0.75, 16)}},
+  )
+  _write(
+    root,
+    "sft_grpo_arith/results.json",
+    {
+      "sft": {"accuracy": 0.5},
+      "grpo": {"accuracy": 0.6},
+      "sft_continued": {"accuracy": 0.8},
+      "grpo_gain_points": 10.0,
+      "control_gain_points": 30.0,
+    },
+  )
+  sat_runs = [
+    {
+      "seed": i,
+      "sft_accuracy": 0.8,
+      "not_centred": {"final_accuracy": 0.8 + d},
+      "centred_control": {"final_accuracy": 0.8},
+    }
+    for i, d in enumerate([0.1, 0.2])
+  ]
+  _write(
+    root,
+    "saturation.json",
+    {
+      "runs": sat_runs,
+      "summary": {
+        "sft_accuracy": stats.summarize([0.8, 0.8]),
+        "not_centred": {"final_accuracy": stats.summarize([0.9, 1.0])},
+        "centred_control": {"final_accuracy": stats.summarize([0.8, 0.8])},
+      },
+    },
+  )
   code_arm = lambda pass_rate, gain: {
-      "pass_rate": stats.summarize([pass_rate, pass_rate + 0.02]),
-      "gain_points": stats.summarize([gain, gain + 2]),
-      "learner_busy": stats.summarize([0.6, 0.62]),
-      "learner_busy_steady": stats.summarize([0.65, 0.67]),
-      "trajectories_per_s": stats.summarize([20.0, 22.0])}
-  _write(root, "bench_code.json", {
-      "seeds": [0, 1], "seconds_per_arm": 10.0, "config": {"model": {"width": 128}},
-      "summary": {"sft": {"pass_rate": stats.summarize([0.5, 0.52])},
-                  "sao": code_arm(0.53, 3.0), "grpo": code_arm(0.54, 4.0),
-                  "sft_continued": code_arm(0.7, 20.0), "busy_code": code_arm(0.5, 0),
-                  "busy_free": code_arm(0.5, 0),
-                  "busy_ratio_code_over_free": {"learner_busy": stats.summarize([0.7, 0.72])}}})
-  _write(root, "bench_sandbox.json", {"executions_per_s": {"code": {
-      "pool_1": {"mean": 10.0, "stderr": 0.5, "runs": [9.5, 10.0, 10.5]},
-      "pool_2": {"mean": 20.0, "stderr": 0.5, "runs": [19.5, 20.0, 20.5]}}}})
-  _write(root, "soak/soak.json", {
-      "machine": "x86_64", "cpus": 2, "minutes": 1.0, "wall_s": 120.0, "updates": 50,
-      "trajectories": 6400, "learner_kills": 2, "resumes": 2, "fallbacks": 1,
-      "sampler_kills": 1, "sampler_restarts": 1, "skipped_nonfinite": 3, "rollbacks": 1,
-      "trajectories_lost": 0, "applied_twice": 0, "recovery_s": [20.0, 30.0, 40.0],
-      "recovery_median_s": 30.0, "start_accuracy": 0.5, "final_accuracy": 0.7,
-      "faults": [{"fault": "kill_learner", "t": 30.0}, {"fault": "kill_sampler", "t": 60.0}]})
+    "pass_rate": stats.summarize([pass_rate, pass_rate + 0.02]),
+    "gain_points": stats.summarize([gain, gain + 2]),
+    "learner_busy": stats.summarize([0.6, 0.62]),
+    "learner_busy_steady": stats.summarize([0.65, 0.67]),
+    "trajectories_per_s": stats.summarize([20.0, 22.0]),
+  }
+  _write(
+    root,
+    "bench_code.json",
+    {
+      "seeds": [0, 1],
+      "seconds_per_arm": 10.0,
+      "config": {"model": {"width": 128}},
+      "summary": {
+        "sft": {"pass_rate": stats.summarize([0.5, 0.52])},
+        "sao": code_arm(0.53, 3.0),
+        "grpo": code_arm(0.54, 4.0),
+        "sft_continued": code_arm(0.7, 20.0),
+        "busy_code": code_arm(0.5, 0),
+        "busy_free": code_arm(0.5, 0),
+        "busy_ratio_code_over_free": {"learner_busy": stats.summarize([0.7, 0.72])},
+      },
+    },
+  )
+  _write(
+    root,
+    "bench_sandbox.json",
+    {
+      "executions_per_s": {
+        "code": {
+          "pool_1": {"mean": 10.0, "stderr": 0.5, "runs": [9.5, 10.0, 10.5]},
+          "pool_2": {"mean": 20.0, "stderr": 0.5, "runs": [19.5, 20.0, 20.5]},
+        }
+      }
+    },
+  )
+  _write(
+    root,
+    "soak/soak.json",
+    {
+      "machine": "x86_64",
+      "cpus": 2,
+      "minutes": 1.0,
+      "wall_s": 120.0,
+      "updates": 50,
+      "trajectories": 6400,
+      "learner_kills": 2,
+      "resumes": 2,
+      "fallbacks": 1,
+      "sampler_kills": 1,
+      "sampler_restarts": 1,
+      "skipped_nonfinite": 3,
+      "rollbacks": 1,
+      "trajectories_lost": 0,
+      "applied_twice": 0,
+      "recovery_s": [20.0, 30.0, 40.0],
+      "recovery_median_s": 30.0,
+      "start_accuracy": 0.5,
+      "final_accuracy": 0.7,
+      "faults": [{"fault": "kill_learner", "t": 30.0}, {"fault": "kill_sampler", "t": 60.0}],
+    },
+  )
   return root
 
 
@@ -163,18 +315,19 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   # (b) the cut-short line is skipped; bins by staleness; slope 0.4 % per version
   b = claims["b"]
   assert [r["updates"] for r in b.data["runs"]] == [6]
-  assert {k: round(v["mean"], 6) for k, v in b.data["bins"].items()} == {0: 0, 1: 0.004,
-                                                                         2: 0.008}
+  assert {k: round(v["mean"], 6) for k, v in b.data["bins"].items()} == {0: 0, 1: 0.004, 2: 0.008}
   assert b.data["slope_per_version"] == pytest.approx(0.004)
   assert _row(b, "largest deviation").ours == "0.80%"
   assert any("below the seed's 5 %" in d for d in b.differences)
   # (c) 2 MB -> 2.5 kB is 800x
-  assert _row(claims["c"], "retention, 1000-step trajectory: + INT8").ours == \
-      "2 MB -> 2.5 kB (800x)"
+  assert (
+    _row(claims["c"], "retention, 1000-step trajectory: + INT8").ours == "2 MB -> 2.5 kB (800x)"
+  )
   # (d) one row per arm and task, plus facts kept
   d = claims["d"]
-  assert _row(d, "retention4 (1 fact(s), 36 steps, question >= 32 turns later): full").ours \
-      .startswith("25.0% ± 10.8%")
+  assert _row(
+    d, "retention4 (1 fact(s), 36 steps, question >= 32 turns later): full"
+  ).ours.startswith("25.0% ± 10.8%")
   # (e) saturation gains 10 and 20 points: 15 ± 5
   e = claims["e"]
   assert "(+15.0 ± 5.0 points)" in _row(e, "saturated sums: SFT -> SAO (not_centred)").ours
@@ -204,8 +357,9 @@ def test_deviation_reads_benchmark_workdirs(tiny_results, tmp_path):
   runs = tmp_path / "runs"
   metrics = runs / "bench_sync_vs_async" / "seed0" / "sao" / "metrics.jsonl"
   metrics.parent.mkdir(parents=True)
-  metrics.write_text("".join(json.dumps(dict(r, is_dev=2 * r["is_dev"])) + "\n"
-                             for r in _deviation_rows()))
+  metrics.write_text(
+    "".join(json.dumps(dict(r, is_dev=2 * r["is_dev"])) + "\n" for r in _deviation_rows())
+  )
   c = report.claim_deviation(tiny_results, runs)
   assert [r["updates"] for r in c.data["runs"]] == [6, 6]
   assert c.data["runs"][1]["max"] == pytest.approx(0.016)
@@ -242,15 +396,18 @@ def test_results_md(tiny_results, tmp_path):
   finally:
     sys.path.remove(str(REPO / "scripts"))
   out = tmp_path / "RESULTS.md"
-  text = results_md.main(["--results", str(tiny_results), "--runs", str(tmp_path / "none"),
-                          "--out", str(out)])
+  text = results_md.main(
+    ["--results", str(tiny_results), "--runs", str(tmp_path / "none"), "--out", str(out)]
+  )
   assert out.read_text() == text
   for key in "abcdefg":
     assert f"## ({key}) " in text
   assert "1.5 ± 0.5 -> 2.25 ± 0.75 (1.50 ± 0.00x)" in text
-  glance = text[text.index("## At a glance"):text.index("## (a)")]
-  assert "| (f) Recovery from failures | restart -> first update | minute-level recovery | " \
-      "median 30.0 s (20-40 s) |" in glance
+  glance = text[text.index("## At a glance") : text.index("## (a)")]
+  assert (
+    "| (f) Recovery from failures | restart -> first update | minute-level recovery | "
+    "median 30.0 s (20-40 s) |" in glance
+  )
   assert "compressed_float_memory" not in glance  # headline rows, not every row
   assert "commit `abcdef123456`" in text
   assert "| `soak/soak.json` | yes | - |" in text  # not the repository's results/: untracked
@@ -270,32 +427,42 @@ def test_committed_results_parse():
     assert _row(claims[5], "trajectories lost").ours.split(" / ")[0].isdigit()
 
 
-def _execute_claim_notebooks(results: pathlib.Path, runs: pathlib.Path,
-                             monkeypatch) -> dict[str, list]:
+def _execute_claim_notebooks(
+  results: pathlib.Path, runs: pathlib.Path, monkeypatch
+) -> dict[str, list]:
   """Every claim notebook, headless, on `results`; its outputs by notebook. One kernel for all
   of them (a kernel start costs seconds here); the namespace is reset between notebooks, so
   each one must stand on its own imports and names."""
   nbformat = pytest.importorskip("nbformat")
   nbclient = pytest.importorskip("nbclient")
   from jupyter_client.kernelspec import KernelSpecManager
+
   if "python3" not in KernelSpecManager().get_all_specs():
     pytest.skip("no python3 Jupyter kernel spec (install ipykernel)")
   assert len(CLAIM_NOTEBOOKS) == 7
   combined = nbformat.v4.new_notebook()
   for path in CLAIM_NOTEBOOKS:
     nb = nbformat.read(path, as_version=4)
-    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), \
-        f"commit {path.name} with its outputs cleared"
-    combined.cells.append(nbformat.v4.new_code_cell(
-        f"get_ipython().run_line_magic('reset', '-f')\nprint('== {path.stem}')"))
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), (
+      f"commit {path.name} with its outputs cleared"
+    )
+    combined.cells.append(
+      nbformat.v4.new_code_cell(
+        f"get_ipython().run_line_magic('reset', '-f')\nprint('== {path.stem}')"
+      )
+    )
     combined.cells += [c for c in nb.cells if c.cell_type == "code"]
   monkeypatch.setenv("SAO_JAX_RESULTS", str(results))  # inherited by the kernel
   monkeypatch.setenv("SAO_JAX_RUNS", str(runs))
   # generous timeouts: on a shared 2-core machine under load a kernel start alone can take
   # a minute (the whole test takes ~8 s on a quiet one)
-  client = nbclient.NotebookClient(combined, kernel_name="python3", timeout=600,
-                                   startup_timeout=300,
-                                   resources={"metadata": {"path": str(REPO / "notebooks")}})
+  client = nbclient.NotebookClient(
+    combined,
+    kernel_name="python3",
+    timeout=600,
+    startup_timeout=300,
+    resources={"metadata": {"path": str(REPO / "notebooks")}},
+  )
   client.execute()  # raises CellExecutionError on the first failing cell
   per_notebook: dict[str, list] = {}
   name = None

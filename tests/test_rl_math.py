@@ -1,4 +1,5 @@
 """Golden numbers for the pure RL functions, under all chex variants (jit, no-jit, ...)."""
+
 import chex
 import jax.numpy as jnp
 import numpy as np
@@ -8,7 +9,6 @@ from sao_jax.rl import advantages, losses
 
 
 class RLMathTest(chex.TestCase):
-
   @chex.all_variants
   def test_group_norm(self):
     fn = self.variant(advantages.group_norm_advantage)
@@ -16,8 +16,9 @@ class RLMathTest(chex.TestCase):
     np.testing.assert_allclose(fn(r), [1.0, -1.0, -1.0, 1.0], atol=1e-5)
     np.testing.assert_allclose(fn(jnp.ones(8)), np.zeros(8), atol=1e-6)
     r = jnp.array([1.0, 0.0, 0.0, 0.0])  # mean .25, std sqrt(3)/4
-    np.testing.assert_allclose(fn(r), [0.75 / 0.4330127, -0.25 / 0.4330127, -0.5773503,
-                                       -0.5773503], rtol=1e-5)
+    np.testing.assert_allclose(
+      fn(r), [0.75 / 0.4330127, -0.25 / 0.4330127, -0.5773503, -0.5773503], rtol=1e-5
+    )
 
   @chex.all_variants
   def test_group_center(self):
@@ -46,8 +47,9 @@ class RLMathTest(chex.TestCase):
   @chex.all_variants
   def test_reinforce(self):
     fn = self.variant(losses.reinforce_loss, static_argnums=(4,))
-    loss, _ = fn(jnp.array([-1.0, -2.0]), jnp.zeros(2), jnp.float32(0.5),
-                 jnp.array([True, True]), 0.2)
+    loss, _ = fn(
+      jnp.array([-1.0, -2.0]), jnp.zeros(2), jnp.float32(0.5), jnp.array([True, True]), 0.2
+    )
     np.testing.assert_allclose(loss, [0.5, 1.0])
 
   @chex.all_variants

@@ -1,4 +1,5 @@
 """sao_sampling: one trajectory per task, multi-step episodes, padded slots, the hook."""
+
 import functools
 
 import flax.linen as nn
@@ -36,10 +37,12 @@ def test_multi_step_trajectories_with_padding_slots():
   cfg = ModelConfig(vocab_size=TOK.vocab_size, width=16, depth=1, heads=2, max_len=48)
   model = TransformerLM(cfg)
   toks = jnp.zeros((1, 4), jnp.int32)
-  params = nn.meta.unbox(model.init(jax.random.key(0), toks, toks,
-                                    jnp.tril(jnp.ones((4, 4), bool))[None])["params"])
-  fn = jax.jit(functools.partial(sample, model, max_new_tokens=6, eos_id=TOK.eos_id,
-                                 pad_id=TOK.pad_id))
+  params = nn.meta.unbox(
+    model.init(jax.random.key(0), toks, toks, jnp.tril(jnp.ones((4, 4), bool))[None])["params"]
+  )
+  fn = jax.jit(
+    functools.partial(sample, model, max_new_tokens=6, eos_id=TOK.eos_id, pad_id=TOK.pad_id)
+  )
   tasks = [Task(i, f"task {i}", "", "", 1) for i in range(3)]
   seen = []
 
@@ -47,9 +50,20 @@ def test_multi_step_trajectories_with_padding_slots():
     seen.append(traj.task_index)
     return traj
 
-  trajs = sao_sampling(fn, params, [CountingEnv(n) for n in (1, 3, 2)], tasks, [10, 11, 12], TOK,
-                       slots=4, prompt_len=24, max_steps=4, rng=jax.random.key(1),
-                       policy_version=7, compress=hook)
+  trajs = sao_sampling(
+    fn,
+    params,
+    [CountingEnv(n) for n in (1, 3, 2)],
+    tasks,
+    [10, 11, 12],
+    TOK,
+    slots=4,
+    prompt_len=24,
+    max_steps=4,
+    rng=jax.random.key(1),
+    policy_version=7,
+    compress=hook,
+  )
   assert seen == [10, 11, 12]
   assert [t.tokens.shape[0] for t in trajs] == [1, 3, 2]
   assert all(t.done and t.policy_version == 7 for t in trajs)

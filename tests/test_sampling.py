@@ -1,4 +1,5 @@
 """KV-cache sampler: recorded log-probs equal recomputed ones; EOS, padding and memory."""
+
 import dataclasses
 import functools
 
@@ -28,8 +29,16 @@ LOGP_MEAN_BF16 = 2e-3
 
 
 def _model(memory_slots=0, dtype="float32"):
-  cfg = ModelConfig(vocab_size=TOK.vocab_size, width=32, depth=2, heads=2, max_len=64,
-                    memory_slots=memory_slots, memory_dim=8 if memory_slots else 0, dtype=dtype)
+  cfg = ModelConfig(
+    vocab_size=TOK.vocab_size,
+    width=32,
+    depth=2,
+    heads=2,
+    max_len=64,
+    memory_slots=memory_slots,
+    memory_dim=8 if memory_slots else 0,
+    dtype=dtype,
+  )
   model = TransformerLM(cfg)
   tokens = jnp.zeros((1, 4), jnp.int32)
   mask = jnp.tril(jnp.ones((4, 4), bool))[None]
@@ -54,8 +63,9 @@ def test_recorded_logprobs_equal_recomputed(temperature):
   model, params = _model()
   prompt, pvalid = _prompts()
   out = _sample(model, params, prompt, pvalid, temperature=temperature)
-  recomputed = completion_logprobs(model, params, prompt, pvalid, out.tokens_bt, out.valid_bt,
-                                   temperature=temperature).logp_bt
+  recomputed = completion_logprobs(
+    model, params, prompt, pvalid, out.tokens_bt, out.valid_bt, temperature=temperature
+  ).logp_bt
   np.testing.assert_allclose(out.logp_bt, recomputed, atol=LOGP_ATOL)
   assert np.all(out.logp_bt[out.valid_bt] < 0) and np.all(out.logp_bt[~out.valid_bt] == 0)
 
@@ -66,15 +76,19 @@ def test_recorded_logprobs_equal_recomputed_bf16():
   prompt, pvalid = _prompts()
   out = _sample(model, params, prompt, pvalid, temperature=0.7)
   logprobs = jax.jit(completion_logprobs, static_argnums=0, static_argnames="temperature")
-  recomputed = np.asarray(logprobs(model, params, prompt, pvalid, out.tokens_bt, out.valid_bt,
-                                   temperature=0.7).logp_bt)
+  recomputed = np.asarray(
+    logprobs(model, params, prompt, pvalid, out.tokens_bt, out.valid_bt, temperature=0.7).logp_bt
+  )
   err = np.abs(out.logp_bt - recomputed)
   assert err.max() < LOGP_ATOL_BF16 and err[out.valid_bt].mean() < LOGP_MEAN_BF16
   assert np.all(out.logp_bt[~out.valid_bt] == 0)
   # Compute really is bf16: the same params in f32 give measurably different log-probs.
   f32_model = TransformerLM(dataclasses.replace(model.cfg, dtype="float32"))
-  f32 = np.asarray(logprobs(f32_model, params, prompt, pvalid, out.tokens_bt, out.valid_bt,
-                            temperature=0.7).logp_bt)
+  f32 = np.asarray(
+    logprobs(
+      f32_model, params, prompt, pvalid, out.tokens_bt, out.valid_bt, temperature=0.7
+    ).logp_bt
+  )
   assert np.abs(f32 - recomputed).max() > 10 * LOGP_ATOL
 
 
@@ -82,8 +96,14 @@ def test_eos_masks_the_rest_of_the_row():
   model, params = _model()
   prompt, pvalid = _prompts()
   # A high temperature makes EOS (one of 98 tokens) appear in some rows within 64 tokens.
-  out = _sample(model, params, np.repeat(prompt, 8, 0), np.repeat(pvalid, 8, 0),
-                max_new_tokens=64, temperature=3.0)
+  out = _sample(
+    model,
+    params,
+    np.repeat(prompt, 8, 0),
+    np.repeat(pvalid, 8, 0),
+    max_new_tokens=64,
+    temperature=3.0,
+  )
   saw_eos = 0
   for toks, valid, n in zip(out.tokens_bt, out.valid_bt, out.lengths_b, strict=True):
     eos = np.flatnonzero(toks == TOK.eos_id)
@@ -122,10 +142,26 @@ def test_memory_prefix_is_used_and_consistent():
   mem = jax.random.normal(jax.random.key(1), (prompt.shape[0], 4, 8))
   mvalid = np.array([[True] * 4, [True, True, False, False], [False] * 4, [True] * 4])
   out = _sample(model, params, prompt, pvalid, memory_bmd=mem, memory_valid_bm=mvalid)
-  recomputed = completion_logprobs(model, params, prompt, pvalid, out.tokens_bt, out.valid_bt,
-                                   memory_bmd=mem, memory_valid_bm=mvalid).logp_bt
+  recomputed = completion_logprobs(
+    model,
+    params,
+    prompt,
+    pvalid,
+    out.tokens_bt,
+    out.valid_bt,
+    memory_bmd=mem,
+    memory_valid_bm=mvalid,
+  ).logp_bt
   np.testing.assert_allclose(out.logp_bt, recomputed, atol=LOGP_ATOL)
-  other = completion_logprobs(model, params, prompt, pvalid, out.tokens_bt, out.valid_bt,
-                              memory_bmd=mem * 3.0, memory_valid_bm=mvalid).logp_bt
+  other = completion_logprobs(
+    model,
+    params,
+    prompt,
+    pvalid,
+    out.tokens_bt,
+    out.valid_bt,
+    memory_bmd=mem * 3.0,
+    memory_valid_bm=mvalid,
+  ).logp_bt
   moved = np.abs(np.asarray(other) - np.asarray(recomputed)).max(axis=1)
   assert moved[0] > 1e-3 and moved[2] < 1e-6  # row 2 has no valid memory: unaffected

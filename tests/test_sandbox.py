@@ -7,6 +7,7 @@ checks the host afterwards (`host` fixture): no file of a sandbox user or carryi
 test's marker in the watched places, no process of a sandbox user, no new child of this
 process.
 """
+
 from __future__ import annotations
 
 import os
@@ -100,7 +101,8 @@ class Host:
       assert not _sandbox_owned(new), f"a sandbox user created files in {d}"
     deadline = time.time() + 3
     while time.time() < deadline and (
-        _cmdlines_with(self.marker) or any(map(_uids_processes, self.uids))):
+      _cmdlines_with(self.marker) or any(map(_uids_processes, self.uids))
+    ):
       time.sleep(0.05)
     assert not _cmdlines_with(self.marker), "a process of the attack outlived the run"
     assert not any(map(_uids_processes, self.uids)), "a sandbox process outlived the run"
@@ -119,6 +121,7 @@ def _run(iso, program, *, guard, limits=FAST, tests=()):
 
 
 # --- resource limits -------------------------------------------------------------------------
+
 
 def test_infinite_loop_is_stopped_by_the_cpu_limit(iso, host):
   res = _run(iso, "while True: pass", guard=True, limits=Limits(wall_s=5, cpu_s=1))
@@ -146,6 +149,7 @@ def _count_while(uid: int, fn):
     while not stop.is_set():
       peak[0] = max(peak[0], len(_uids_processes(uid)))
       time.sleep(0.01)
+
   t = threading.Thread(target=sample)
   t.start()
   try:
@@ -160,8 +164,9 @@ FORK_BOMB = "import os\nwhile True:\n  try:\n    os.fork()\n  except OSError:\n 
 
 def test_fork_bomb_is_capped_by_the_process_limit_and_fully_reaped(iso, host):
   limits = Limits(wall_s=1.0, cpu_s=2, nproc=16)
-  res, peak = _count_while(UID_BASE + os.getpid(),
-                           lambda: _run(iso, FORK_BOMB, guard=False, limits=limits))
+  res, peak = _count_while(
+    UID_BASE + os.getpid(), lambda: _run(iso, FORK_BOMB, guard=False, limits=limits)
+  )
   assert res.status == "timeout"
   # RLIMIT_NPROC holds inside the sandbox's user namespace; outside it only bwrap's own
   # monitor process runs as the sandbox uid.
@@ -170,8 +175,10 @@ def test_fork_bomb_is_capped_by_the_process_limit_and_fully_reaped(iso, host):
 
 
 def test_memory_bomb_is_stopped_by_the_address_space_limit(iso, host):
-  for program in ("x = bytearray(1 << 36)",
-                  "chunks = []\nwhile True:\n  chunks.append(bytearray(1 << 20))"):
+  for program in (
+    "x = bytearray(1 << 36)",
+    "chunks = []\nwhile True:\n  chunks.append(bytearray(1 << 20))",
+  ):
     res = _run(iso, program, guard=False, limits=Limits(memory_mb=128))
     assert res.status == "memory", (program, res)
 
@@ -191,16 +198,26 @@ def test_ctypes_segfault_is_a_crash_of_the_sandbox_only(iso, host):
 
 # --- file system ----------------------------------------------------------------------------
 
+
 def _writer(paths) -> str:
-  lines = ["import os", "for p in %r:" % [str(p) for p in paths],
-           "  try:", "    open(p, 'w').write('x')", "    print('WROTE', p)",
-           "  except OSError as e:", "    print('DENIED', p, e.errno)"]
+  lines = [
+    "import os",
+    "for p in %r:" % [str(p) for p in paths],
+    "  try:",
+    "    open(p, 'w').write('x')",
+    "    print('WROTE', p)",
+    "  except OSError as e:",
+    "    print('DENIED', p, e.errno)",
+  ]
   return "\n".join(lines)
 
 
 def test_writes_outside_scratch_never_reach_the_host(iso, host):
-  targets = [pathlib.Path.home() / host.marker, REPO / host.marker,
-             pathlib.Path("/tmp") / host.marker]
+  targets = [
+    pathlib.Path.home() / host.marker,
+    REPO / host.marker,
+    pathlib.Path("/tmp") / host.marker,
+  ]
   res = _run(iso, _writer(targets), guard=False)
   assert res.status == "passed", res
   out = res.stdout.splitlines()
@@ -220,15 +237,18 @@ def test_host_service_sockets_under_run_are_hidden(iso, host):
 
 
 def test_scratch_is_writable_and_size_capped(iso, host):
-  program = ("open('data', 'wb').write(b'x' * (1 << 20))\n"
-             "assert len(open('/tmp/data', 'rb').read()) == 1 << 20\n"
-             "open('big', 'wb').write(b'x' * (3 << 20))")
+  program = (
+    "open('data', 'wb').write(b'x' * (1 << 20))\n"
+    "assert len(open('/tmp/data', 'rb').read()) == 1 << 20\n"
+    "open('big', 'wb').write(b'x' * (3 << 20))"
+  )
   res = _run(iso, program, guard=True, limits=Limits(scratch_mb=2))
   assert res.status == "failed" and "EFBIG" not in res.detail
   assert "File too large" in res.detail or "No space left" in res.detail
 
 
 # --- environment, descriptors, processes ------------------------------------------------------
+
 
 def test_parent_environment_and_descriptors_are_not_visible(iso, host, monkeypatch, tmp_path):
   secret = f"{host.marker}secret"
@@ -238,7 +258,8 @@ def test_parent_environment_and_descriptors_are_not_visible(iso, host, monkeypat
   fd = os.open(secret_file, os.O_RDONLY)
   os.set_inheritable(fd, True)
   try:
-    program = "\n".join([
+    program = "\n".join(
+      [
         "import os",
         "print(dict(os.environ))",
         f"for path in ('/proc/self/environ', '/proc/1/environ', '/proc/{os.getpid()}/environ',",
@@ -253,7 +274,8 @@ def test_parent_environment_and_descriptors_are_not_visible(iso, host, monkeypat
         "    print(fd, os.pread(fd, 100, 0))",
         "  except OSError:",
         "    pass",
-    ])
+      ]
+    )
     for guard in (False, True):
       res = _run(iso, program, guard=guard)
       assert res.status == "passed", res
@@ -266,7 +288,8 @@ def test_parent_environment_and_descriptors_are_not_visible(iso, host, monkeypat
 def test_kill_of_the_parent_or_a_sibling_cannot_reach_them(iso, host):
   sibling = subprocess.Popen(["sleep", "30"])
   try:
-    program = "\n".join([
+    program = "\n".join(
+      [
         "import os, signal",
         f"for pid in ({os.getpid()}, {sibling.pid}, -1):",
         "  try:",
@@ -274,12 +297,16 @@ def test_kill_of_the_parent_or_a_sibling_cannot_reach_them(iso, host):
         "    print('sent', pid)",
         "  except OSError as e:",
         "    print('denied', pid, e.errno)",
-    ])
+      ]
+    )
     res = _run(iso, program, guard=False)
     # ESRCH for all three: the host's pids do not exist in the sandbox's pid namespace, and
     # kill(-1) (everything the caller may signal) finds nothing but the caller itself.
-    assert res.stdout.split("\n")[:3] == [f"denied {os.getpid()} 3", f"denied {sibling.pid} 3",
-                                          "denied -1 3"], res
+    assert res.stdout.split("\n")[:3] == [
+      f"denied {os.getpid()} 3",
+      f"denied {sibling.pid} 3",
+      "denied -1 3",
+    ], res
     time.sleep(0.1)
     assert sibling.poll() is None
     assert _run(iso, program, guard=True).status == "blocked"
@@ -290,7 +317,8 @@ def test_kill_of_the_parent_or_a_sibling_cannot_reach_them(iso, host):
 
 
 def _daemon(marker_seconds: str) -> str:
-  return "\n".join([
+  return "\n".join(
+    [
       "import os, time",
       "if os.fork() == 0:",
       "  os.setsid()",
@@ -298,7 +326,8 @@ def _daemon(marker_seconds: str) -> str:
       f"    os.execv('/bin/sleep', ['sleep', '{marker_seconds}'])",
       "  os._exit(0)",
       "time.sleep(0.3)",
-  ])
+    ]
+  )
 
 
 def test_daemonised_double_fork_does_not_outlive_the_run(iso, host):
@@ -311,20 +340,23 @@ def test_daemonised_double_fork_does_not_outlive_the_run(iso, host):
 
 # --- network --------------------------------------------------------------------------------
 
+
 def test_no_connection_to_the_hosts_loopback(iso, host):
   with socket.socket() as listener:
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
     listener.settimeout(0.5)
     port = listener.getsockname()[1]
-    program = "\n".join([
+    program = "\n".join(
+      [
         "import socket",
         "try:",
         f"  socket.create_connection(('127.0.0.1', {port}), timeout=2)",
         "  print('CONNECTED')",
         "except OSError as e:",
         "  print('REFUSED', e.errno)",
-    ])
+      ]
+    )
     res = _run(iso, program, guard=False)
     assert res.stdout.strip() == "REFUSED 111"  # a fresh network namespace: nobody listens
     assert _run(iso, program, guard=True).status == "blocked"
@@ -333,7 +365,8 @@ def test_no_connection_to_the_hosts_loopback(iso, host):
 
 
 def test_no_route_to_external_addresses(iso, host):
-  program = "\n".join([
+  program = "\n".join(
+    [
       "import socket",
       "for addr in (('8.8.8.8', 53), ('1.1.1.1', 443)):",
       "  try:",
@@ -341,13 +374,15 @@ def test_no_route_to_external_addresses(iso, host):
       "    print('CONNECTED')",
       "  except OSError as e:",
       "    print('UNREACHABLE', e.errno)",
-  ])
+    ]
+  )
   res = _run(iso, program, guard=False)
   assert res.stdout.split() == ["UNREACHABLE", "101"] * 2  # ENETUNREACH: no interface
   assert _run(iso, program, guard=True).status == "blocked"
 
 
 # --- statuses and results -------------------------------------------------------------------
+
 
 def test_statuses_and_test_counts(iso):
   program = "def f(x):\n  return x * 2"
@@ -366,7 +401,8 @@ def test_statuses_and_test_counts(iso):
 
 
 def test_a_forged_verdict_on_stdout_or_the_result_channel_is_ignored(iso):
-  program = "\n".join([
+  program = "\n".join(
+    [
       "import os",
       "print('D x'); print('T x 0 1')",
       "for fd in range(3, 20):",
@@ -375,12 +411,14 @@ def test_a_forged_verdict_on_stdout_or_the_result_channel_is_ignored(iso):
       "  except OSError:",
       "    pass",
       "os._exit(0)",
-  ])
+    ]
+  )
   res = run_job(Job(program, ("assert False",)), iso)
   assert (res.status, res.tests_passed) == ("crashed", 0)
 
 
 # --- the fallback: rlimits and a fresh process ---------------------------------------------
+
 
 def test_fallback_warns_once_when_bwrap_does_not_work(tmp_path):
   broken = tmp_path / "bwrap"
@@ -411,8 +449,9 @@ def test_fallback_contains_loops_memory_and_environment(fallback, host, monkeypa
 @pytest.mark.skipif(os.geteuid() != 0, reason="the fallback reaps leftovers by uid as root")
 def test_fallback_contains_a_fork_bomb_and_a_daemon(fallback, host):
   limits = Limits(wall_s=1.0, cpu_s=2, nproc=16)
-  res, peak = _count_while(UID_BASE + os.getpid(),
-                           lambda: _run(fallback, FORK_BOMB, guard=False, limits=limits))
+  res, peak = _count_while(
+    UID_BASE + os.getpid(), lambda: _run(fallback, FORK_BOMB, guard=False, limits=limits)
+  )
   assert res.status == "timeout"
   assert 3 <= peak <= limits.nproc, peak
   seconds = f"{int(host.marker[-8:], 16) % 90000 + 1000}.{os.getpid()}"
@@ -421,6 +460,7 @@ def test_fallback_contains_a_fork_bomb_and_a_daemon(fallback, host):
 
 
 # --- the pool -------------------------------------------------------------------------------
+
 
 def test_pool_scores_a_batch_concurrently_in_order_and_cleans_up(host):
   programs = [f"def f(x): return x + {i}" for i in range(6)] + ["while True: pass"]

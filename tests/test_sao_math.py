@@ -1,6 +1,7 @@
 """What SAO's update promises, checked through `make_sao_update` itself: the advantage keeps
 the sign of r - v on saturated batches, freshness scales the step, the tracker forgets when
 the policy drifts, multi-step trajectories count once, and epochs/KL/clipping act."""
+
 import functools
 
 import chex
@@ -28,7 +29,6 @@ B, P, T = 8, 8, 4
 
 
 class AdvantageTest(chex.TestCase):
-
   @chex.all_variants
   def test_saturated_batches_keep_the_sign_of_r_minus_v(self):
     fn = self.variant(trackers.spo_advantage)
@@ -45,41 +45,58 @@ class AdvantageTest(chex.TestCase):
     r, v = jnp.array([1.0, 1.0, 0.0, 1.0]), jnp.array([0.9, 0.95, 0.9, 0.0])
     w = jnp.array([1.0, 1.0, 1.0, 0.0])  # the last row is padding
     # A = [.1, .05, -.9]: mean -.25, std sqrt((.35^2 + .3^2 + .65^2) / 3) = .4600725
-    np.testing.assert_allclose(fn(r, v, w, 0.1, False), [0.2173571, 0.1086785, -1.9562136, 0],
-                               rtol=1e-5)
-    np.testing.assert_allclose(fn(r, v, w, 0.1, True), [0.7607497, 0.6520712, -1.4128209, 0],
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+      fn(r, v, w, 0.1, False), [0.2173571, 0.1086785, -1.9562136, 0], rtol=1e-5
+    )
+    np.testing.assert_allclose(
+      fn(r, v, w, 0.1, True), [0.7607497, 0.6520712, -1.4128209, 0], rtol=1e-5
+    )
     # identical A: std 0, the floor divides (no blow-up of A = .05 to unit size)
-    np.testing.assert_allclose(fn(jnp.ones(3), jnp.full(3, 0.95), jnp.ones(3), 0.1, False),
-                               [0.5, 0.5, 0.5], rtol=1e-5)
+    np.testing.assert_allclose(
+      fn(jnp.ones(3), jnp.full(3, 0.95), jnp.ones(3), 0.1, False), [0.5, 0.5, 0.5], rtol=1e-5
+    )
 
 
 def _programs(**sao_kw):
   rl_kw = {k: sao_kw.pop(k) for k in ("ppo_epochs", "kl_coef", "lr") if k in sao_kw}
   lr = rl_kw.pop("lr", 1e-2)
-  cfg = Config(model=ModelConfig(vocab_size=TOK.vocab_size, width=16, depth=1, heads=2,
-                                 max_len=16),
-               mesh=MeshConfig(shape=(1, 1, 1)),
-               rl=RLConfig(max_new_tokens=T, optim=OptimConfig(lr=lr, warmup_steps=1), **rl_kw),
-               sao=SAOConfig(batch_size=B, **sao_kw))
+  cfg = Config(
+    model=ModelConfig(vocab_size=TOK.vocab_size, width=16, depth=1, heads=2, max_len=16),
+    mesh=MeshConfig(shape=(1, 1, 1)),
+    rl=RLConfig(max_new_tokens=T, optim=OptimConfig(lr=lr, warmup_steps=1), **rl_kw),
+    sao=SAOConfig(batch_size=B, **sao_kw),
+  )
   model = TransformerLM(cfg.model)
   tx = make_optimizer(cfg.rl.optim)
-  progs = compile_programs(cfg, model, tx, make_sao_update(model, tx, cfg.rl, cfg.sao),
-                           with_ref=cfg.rl.kl_coef > 0, prompt_len=P, max_new_tokens=T,
-                           temperature=1.0, eos_id=TOK.eos_id, pad_id=TOK.pad_id,
-                           mesh=make_mesh(cfg.mesh, jax.devices()[:1]), num_tasks=B)
+  progs = compile_programs(
+    cfg,
+    model,
+    tx,
+    make_sao_update(model, tx, cfg.rl, cfg.sao),
+    with_ref=cfg.rl.kl_coef > 0,
+    prompt_len=P,
+    max_new_tokens=T,
+    temperature=1.0,
+    eos_id=TOK.eos_id,
+    pad_id=TOK.pad_id,
+    mesh=make_mesh(cfg.mesh, jax.devices()[:1]),
+    num_tasks=B,
+  )
   return progs, model
 
 
 def _batch(staleness=0, logp=None, seed=0):
   rng = np.random.default_rng(seed)
   return SAOBatch.single_steps(
-      prompt_bp=rng.integers(3, 40, (B, P)).astype(np.int32),
-      prompt_valid_bp=np.ones((B, P), bool),
-      tokens_bt=rng.integers(3, 40, (B, T)).astype(np.int32), valid_bt=np.ones((B, T), bool),
-      logp_bt=np.full((B, T), -3.0, np.float32) if logp is None else logp,
-      rewards_b=(np.arange(B) % 2).astype(np.float32), task_b=np.arange(B, dtype=np.int32),
-      staleness_b=np.full(B, staleness, np.int32))
+    prompt_bp=rng.integers(3, 40, (B, P)).astype(np.int32),
+    prompt_valid_bp=np.ones((B, P), bool),
+    tokens_bt=rng.integers(3, 40, (B, T)).astype(np.int32),
+    valid_bt=np.ones((B, T), bool),
+    logp_bt=np.full((B, T), -3.0, np.float32) if logp is None else logp,
+    rewards_b=(np.arange(B) % 2).astype(np.float32),
+    task_b=np.arange(B, dtype=np.int32),
+    staleness_b=np.full(B, staleness, np.int32),
+  )
 
 
 def _copy(state):
@@ -91,8 +108,14 @@ def _step_norm(progs, state, batch) -> float:
   before = jax.device_get(state.params)
   state, _ = progs.update(state, progs.shard_batch(batch))
   after = jax.device_get(state.params)
-  return float(np.sqrt(sum(np.sum((np.asarray(a) - b) ** 2) for a, b in zip(
-      jax.tree.leaves(after), jax.tree.leaves(before), strict=True))))
+  return float(
+    np.sqrt(
+      sum(
+        np.sum((np.asarray(a) - b) ** 2)
+        for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(before), strict=True)
+      )
+    )
+  )
 
 
 @pytest.mark.parametrize("warm_updates", [0, 20])
@@ -129,9 +152,16 @@ def test_forgetting_factor_moves_with_a_realistic_drift():
   progs, model = _programs(tracker_d_half=0.06, tracker_rho_min=0.5, tracker_rho_max=0.96)
   state = progs.init(jax.random.key(0))
   batch = _batch()
-  current = np.asarray(completion_logprobs(model, jax.device_get(state.params), batch.prompt_bp,
-                                           batch.prompt_valid_bp, batch.tokens_bt,
-                                           batch.valid_bt).logp_bt)
+  current = np.asarray(
+    completion_logprobs(
+      model,
+      jax.device_get(state.params),
+      batch.prompt_bp,
+      batch.prompt_valid_bp,
+      batch.tokens_bt,
+      batch.valid_bt,
+    ).logp_bt
+  )
   sign = np.where(np.random.default_rng(1).uniform(size=current.shape) < 0.5, -1.0, 1.0)
   batch = batch.replace(logp_bt=(current + 0.02 * sign).astype(np.float32))
   state, metrics = progs.update(state, progs.shard_batch(batch))
@@ -158,16 +188,32 @@ class ThreeStepEnv:
 
 
 def _three_step_items(params, model, n=3, version=0):
-  fn = jax.jit(functools.partial(sample, model, max_new_tokens=T, eos_id=TOK.eos_id,
-                                 pad_id=TOK.pad_id))
+  fn = jax.jit(
+    functools.partial(sample, model, max_new_tokens=T, eos_id=TOK.eos_id, pad_id=TOK.pad_id)
+  )
   tasks = [Task(i, f"t{i}", "", "", 1) for i in range(n)]
-  trajs = sao_sampling(fn, params, [ThreeStepEnv() for _ in tasks], tasks, list(range(n)), TOK,
-                       slots=n, prompt_len=P, max_steps=3, rng=jax.random.key(3),
-                       policy_version=version)
+  trajs = sao_sampling(
+    fn,
+    params,
+    [ThreeStepEnv() for _ in tasks],
+    tasks,
+    list(range(n)),
+    TOK,
+    slots=n,
+    prompt_len=P,
+    max_steps=3,
+    rng=jax.random.key(3),
+    policy_version=version,
+  )
   items = []
   for i, tr in enumerate(trajs):
-    data = records.encode(records.RecordKind.TRAJECTORY, i, tr.policy_version, tr.arrays(),
-                          {"task_index": tr.task_index, "reward": tr.total_reward, "t_end": 0.0})
+    data = records.encode(
+      records.RecordKind.TRAJECTORY,
+      i,
+      tr.policy_version,
+      tr.arrays(),
+      {"task_index": tr.task_index, "reward": tr.total_reward, "t_end": 0.0},
+    )
     items.append(Item(records.decode(data), i, None))
   return items
 
@@ -189,8 +235,10 @@ def test_multi_step_trajectories_fill_batches_by_rows_and_count_once():
   np.testing.assert_array_equal(batch.head_b, [1, 0, 0, 1, 0, 0, 0, 0])
   np.testing.assert_array_equal(batch.rewards_b[:6], 3.0)  # the trajectory's total, per row
   for k, f in (("tokens", "tokens_bt"), ("logp", "logp_bt"), ("prompt", "prompt_bp")):
-    np.testing.assert_array_equal(getattr(batch, f)[:6],  # every step's row, in order
-                                  np.concatenate([it.rec.arrays[k] for it in first]))
+    np.testing.assert_array_equal(
+      getattr(batch, f)[:6],  # every step's row, in order
+      np.concatenate([it.rec.arrays[k] for it in first]),
+    )
   state, metrics = progs.update(state, progs.shard_batch(batch))
   alpha, beta = np.asarray(state.tracker.alpha_n), np.asarray(state.tracker.beta_n)
   # Tasks 0 and 1: one trajectory each, its summed reward 3 clipped to one success:
@@ -234,14 +282,16 @@ def test_kl_penalty_pulls_towards_the_reference():
   s = far.init(jax.random.key(0))
   for _ in range(3):
     s, _ = far.update(s, far.shard_batch(batch))
-  dist = lambda p: sum(float(np.sum((np.asarray(a) - b) ** 2)) for a, b in zip(
-      jax.tree.leaves(jax.device_get(p)), jax.tree.leaves(ref), strict=True))
+  dist = lambda p: sum(
+    float(np.sum((np.asarray(a) - b) ** 2))
+    for a, b in zip(jax.tree.leaves(jax.device_get(p)), jax.tree.leaves(ref), strict=True)
+  )
   assert dist(state.params) < dist(s.params)  # the penalty holds the policy closer
 
 
 @pytest.mark.parametrize("bad", ["rl.ppo_epochs=0", "rl.ppo_epochs=17", "sao.adv_std_floor=0"])
 def test_bad_epoch_and_floor_settings_are_config_errors(bad):
   from sao_jax.config import ConfigError, apply_overrides
+
   with pytest.raises(ConfigError):
     apply_overrides(Config(), [bad])
-

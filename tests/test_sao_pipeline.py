@@ -1,5 +1,6 @@
 """The asynchronous pipeline with real sampler processes: it trains, and every process it
 starts is gone afterwards: on success, on Ctrl-C, and when samplers keep dying."""
+
 import json
 import os
 import pathlib
@@ -33,10 +34,25 @@ def _tagged_pids(tag: str) -> list[int]:
 def _start(repo_root, workdir, *extra):
   tag = f"SAO_JAX_TEST_TAG={uuid.uuid4().hex}"
   env = dict(subprocess_env(), SAO_JAX_TEST_TAG=tag.split("=")[1])
-  proc = subprocess.Popen([sys.executable, "-m", "sao_jax.cli", "train", "--config", CFG,
-                           "--workdir", str(workdir), "--no-progress", *extra],
-                          cwd=repo_root, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+  proc = subprocess.Popen(
+    [
+      sys.executable,
+      "-m",
+      "sao_jax.cli",
+      "train",
+      "--config",
+      CFG,
+      "--workdir",
+      str(workdir),
+      "--no-progress",
+      *extra,
+    ],
+    cwd=repo_root,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   return proc, tag.split("=")[1]
 
 
@@ -75,9 +91,20 @@ def test_sao_run_trains_and_cleans_up(repo_root, tmp_path):
   assert 0 < rl["learner_busy_steady"] <= 1  # updates 11-14: after the start-up
   rows = [json.loads(x) for x in (tmp_path / "w" / "metrics.jsonl").read_text().splitlines()]
   rl_rows = [r for r in rows if r["phase"] == "rl"]
-  for key in ("staleness_mean", "staleness_max", "staleness_hist", "is_dev", "kl_behaviour",
-              "is_truncated_frac", "dropped_stale", "learner_busy", "queue_depth",
-              "delay_mean", "trajectories_per_s", "peak_rss_all_mb"):
+  for key in (
+    "staleness_mean",
+    "staleness_max",
+    "staleness_hist",
+    "is_dev",
+    "kl_behaviour",
+    "is_truncated_frac",
+    "dropped_stale",
+    "learner_busy",
+    "queue_depth",
+    "delay_mean",
+    "trajectories_per_s",
+    "peak_rss_all_mb",
+  ):
     assert key in rl_rows[-1], key
   assert sum(rl_rows[-1]["staleness_hist"]) > 0
   assert _tagged_pids(tag) == []
@@ -100,8 +127,11 @@ def test_a_sampler_dying_beyond_the_restart_budget_stops_the_run(repo_root, tmp_
   """(Within the budget a dead sampler is restarted: tests/test_faults.py.)"""
   proc, tag = _start(repo_root, tmp_path / "w", *LONG, "--set", "sao.max_sampler_restarts=0")
   _wait_for_rl_rows(tmp_path / "w", proc)
-  samplers = [p for p in _children(proc.pid)
-              if b"spawn_main" in pathlib.Path(f"/proc/{p}/cmdline").read_bytes()]
+  samplers = [
+    p
+    for p in _children(proc.pid)
+    if b"spawn_main" in pathlib.Path(f"/proc/{p}/cmdline").read_bytes()
+  ]
   assert samplers
   os.kill(samplers[0], signal.SIGKILL)
   _, err = proc.communicate(timeout=60)

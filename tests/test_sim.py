@@ -1,4 +1,5 @@
 """The cluster simulator on cases whose answers can be worked out by hand."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,9 +15,12 @@ from sao_jax.sim import Costs, Profile, Scenario, Simulation, interp, preset, si
 def _costs(lengths=(10,), decode=0.01, prefill=0.05, update=0.001, **kw) -> Costs:
   prof = Profile(decode_s=((8, decode),), prefill_s=((8, prefill),))
   flat = Profile(decode_s=((1, decode), (1024, decode)), prefill_s=((1, prefill), (1024, prefill)))
-  return Costs(profiles={"sampler": prof, "inline": flat, "flat": flat},
-               update_s={k: ((1, update), (1024, update)) for k in ("sao", "grpo")},
-               lengths=lengths, **kw)
+  return Costs(
+    profiles={"sampler": prof, "inline": flat, "flat": flat},
+    update_s={k: ((1, update), (1024, update)) for k in ("sao", "grpo")},
+    lengths=lengths,
+    **kw,
+  )
 
 
 def test_interp_is_piecewise_linear_and_extrapolates():
@@ -48,8 +52,9 @@ def test_sync_grpo_utilisation_is_update_over_sample_plus_update():
 
 def test_delay_from_own_last_token_counts_the_wait_for_the_longest_row():
   # rows of 5 or 15 tokens at 0.01 s per step: a 5-token row ends 0.1 s before its call
-  m = simulate(_costs(lengths=(5, 15), update=0.3),
-               preset("grpo_inline", Scenario(batch_size=8, steps=200)))
+  m = simulate(
+    _costs(lengths=(5, 15), update=0.3), preset("grpo_inline", Scenario(batch_size=8, steps=200))
+  )
   assert m["delay_own_mean_s"] - m["delay_mean_s"] == pytest.approx(0.05, rel=0.1)
 
 
@@ -57,8 +62,10 @@ def test_grpo_with_samplers_pays_the_barrier_and_the_weight_load():
   # two samplers each take one 8-row call: 0.15 s; + load 0.02 before it; update 0.3;
   # publish 0.01 after it. Step = 0.02 + 0.15 + 0.3 + 0.01 = 0.48 s.
   c = _costs(update=0.3, load_s=0.02, publish_s=0.01)
-  m = simulate(c, preset("grpo", Scenario(num_samplers=2, slots=8, batch_size=16, steps=40,
-                                          update_kind="grpo")))
+  m = simulate(
+    c,
+    preset("grpo", Scenario(num_samplers=2, slots=8, batch_size=16, steps=40, update_kind="grpo")),
+  )
   assert m["learner_steps_per_s_steady"] == pytest.approx(1 / 0.48, rel=1e-6)
   assert m["learner_busy_steady"] == pytest.approx(0.3 / 0.48, rel=1e-6)
 
@@ -67,8 +74,12 @@ def test_learner_bound_sao_keeps_the_learner_busy():
   # Samplers far faster than the learner: it waits only when its backlog runs dry (tasks
   # are topped up only while a batch is short, as in the runner): busy -> 1, steps/s -> 2.
   c = _costs(update=0.5)
-  m = simulate(c, preset("sao_inflight", Scenario(num_samplers=8, slots=8, batch_size=8,
-                                                  max_staleness=1000, steps=100)))
+  m = simulate(
+    c,
+    preset(
+      "sao_inflight", Scenario(num_samplers=8, slots=8, batch_size=8, max_staleness=1000, steps=100)
+    ),
+  )
   assert m["learner_busy_steady"] > 0.97
   assert m["learner_steps_per_s_steady"] == pytest.approx(2.0, rel=0.03)
 
@@ -104,9 +115,15 @@ def _slot_costs(**kw) -> Costs:
   """_costs with the continuous-batching programs measured: fill(8 rows) 0.05 s, a decode
   call 0.01 s + 0.002 s per step (8 slots), refresh 0.1 s."""
   c = _costs(**kw)
-  prof = Profile(decode_s=((8, 0.01),), prefill_s=((8, 0.05),), fill_s=((8, 0.05),),
-                 slot_decode_s=((1, 0.002), (8, 0.002)), slot_rows=8, decode_call_s=0.01,
-                 refresh_s=((8, 0.1),))
+  prof = Profile(
+    decode_s=((8, 0.01),),
+    prefill_s=((8, 0.05),),
+    fill_s=((8, 0.05),),
+    slot_decode_s=((1, 0.002), (8, 0.002)),
+    slot_rows=8,
+    decode_call_s=0.01,
+    refresh_s=((8, 0.1),),
+  )
   return c.replace(profiles={**c.profiles, "sampler": prof})
 
 
@@ -114,9 +131,13 @@ def test_grpo_through_continuous_samplers_is_closed_form():
   # 16 rows of 10 tokens through one sampler of 8 slots, 8 prompts per fill: twice (fill
   # 0.05 + decode call 0.01 + 10 * 0.002) = 0.16 s; + load 0.02, update 0.3, publish 0.01.
   c = _slot_costs(update=0.3, load_s=0.02, publish_s=0.01)
-  m = simulate(c, preset("grpo_continuous", Scenario(num_samplers=1, slots=8, refill_rows=8,
-                                                     batch_size=16, steps=40,
-                                                     update_kind="grpo")))
+  m = simulate(
+    c,
+    preset(
+      "grpo_continuous",
+      Scenario(num_samplers=1, slots=8, refill_rows=8, batch_size=16, steps=40, update_kind="grpo"),
+    ),
+  )
   assert m["learner_steps_per_s_steady"] == pytest.approx(1 / 0.49, rel=1e-6)
 
 
@@ -133,11 +154,11 @@ def test_decode_calls_wait_for_refill_rows_completions():
 def test_inflight_updates_pay_the_cache_refresh_and_draining_does_not():
   # Rows of 5 or 30 tokens, a version every 8 trajectories: in-flight swaps find rows in
   # flight and pay the refresh; a draining sampler swaps with none in flight.
-  base = Scenario(num_samplers=1, slots=8, refill_rows=1, batch_size=8, steps=60,
-                  max_staleness=8)
+  base = Scenario(num_samplers=1, slots=8, refill_rows=1, batch_size=8, steps=60, max_staleness=8)
   cheap, dear = _slot_costs(lengths=(5, 30)), _slot_costs(lengths=(5, 30))
-  cheap = cheap.replace(profiles={"sampler": dataclasses.replace(cheap.profiles["sampler"],
-                                                                 refresh_s=((8, 0.0),))})
+  cheap = cheap.replace(
+    profiles={"sampler": dataclasses.replace(cheap.profiles["sampler"], refresh_s=((8, 0.0),))}
+  )
   inflight = [simulate(c, preset("sao_inflight", base)) for c in (cheap, dear)]
   drain = [simulate(c, preset("sao_continuous", base)) for c in (cheap, dear)]
   assert inflight[1]["trajectories_per_s"] < 0.9 * inflight[0]["trajectories_per_s"]
@@ -147,14 +168,19 @@ def test_inflight_updates_pay_the_cache_refresh_and_draining_does_not():
 def test_staleness_bound_drops_old_records():
   # 16 samplers far ahead of a slow learner that takes only fresh (same-version) records
   c = _costs(update=0.2)
-  m = simulate(c, preset("sao_batch", Scenario(num_samplers=16, slots=8, batch_size=8,
-                                               max_staleness=0, steps=30)))
+  m = simulate(
+    c,
+    preset(
+      "sao_batch", Scenario(num_samplers=16, slots=8, batch_size=8, max_staleness=0, steps=30)
+    ),
+  )
   assert m["dropped_stale"] > 0
   assert m["staleness_hist"][0] == m["trajectories"]
 
 
 def test_colocated_work_shares_the_cores():
   import heapq
+
   c = _costs().replace(update_with_sampling=2.0, sampling_with_update=2.0)
   sim = Simulation(c, Scenario(colocated=True, steps=1))
   ends = {}
@@ -198,9 +224,23 @@ def test_cli_simulate_prints_the_table_and_writes_json(tmp_path, capfd):
   costs = tmp_path / "costs.json"
   costs.write_text(json.dumps({"costs": _costs().to_dict()}))
   out = tmp_path / "sim.json"
-  rc = cli.main(["simulate", "--costs", str(costs), "--policy", "grpo_inline,sao_batch",
-                 "--set", "slots=8", "--set", "batch_size=8", "--set", "seconds=5.0",
-                 "--out", str(out)])
+  rc = cli.main(
+    [
+      "simulate",
+      "--costs",
+      str(costs),
+      "--policy",
+      "grpo_inline,sao_batch",
+      "--set",
+      "slots=8",
+      "--set",
+      "batch_size=8",
+      "--set",
+      "seconds=5.0",
+      "--out",
+      str(out),
+    ]
+  )
   assert rc == 0
   assert "trajectories/s" in capfd.readouterr().out
   res = json.loads(out.read_text())["results"]

@@ -1,4 +1,5 @@
 """Start-up marks and the persistent compilation cache's directory."""
+
 import pathlib
 
 import pytest

@@ -5,6 +5,7 @@ the driver with a stand-in trainer (tests/sweep_fake_train.py, no JAX): statuses
 process groups, and resume after `kill -9`. The slow end-to-end test with real `sao-jax
 train` trials is in test_sweep_e2e.py.
 """
+
 from __future__ import annotations
 
 import csv
@@ -46,8 +47,13 @@ FAKE = str(pathlib.Path(__file__).with_name("sweep_fake_train.py"))
 
 
 def _sweep(**kw) -> Sweep:
-  kw = {"name": "t", "config": BASE, "axes": (Choice("rl.optim.lr", (0.1, 0.2)),),
-        "strategy": "grid", **kw}
+  kw = {
+    "name": "t",
+    "config": BASE,
+    "axes": (Choice("rl.optim.lr", (0.1, 0.2)),),
+    "strategy": "grid",
+    **kw,
+  }
   return Sweep(**kw)
 
 
@@ -74,7 +80,9 @@ def test_seed_stats_values():
 # -- the sweep file ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("make, message", [
+@pytest.mark.parametrize(
+  "make, message",
+  [
     (lambda: {"name": "a b"}, "letters, digits"),
     (lambda: {"axes": (Choice("x", (1,)), Choice("x", (2,)))}, "repeat a key"),
     (lambda: {"axes": (Choice("seed", (1, 2)),)}, "seed is not an axis"),
@@ -97,7 +105,8 @@ def test_seed_stats_values():
     (lambda: {"axes": (IntRange("x", 0, 4, log=True),)}, "low >= 1"),
     (lambda: {"pruning": Pruning(kind="hyper")}, "pruning.kind"),
     (lambda: {"report": ("status",)}, "clash with the table's own columns"),
-])
+  ],
+)
 def test_sweep_validation(make, message):
   """Each bad sweep (or axis: built inside `make`) fails on construction, naming the problem."""
   with pytest.raises(ConfigError, match=message):
@@ -105,9 +114,13 @@ def test_sweep_validation(make, message):
 
 
 def test_axes_map_to_optuna_distributions():
-  axes = (Choice("sao.is_cap", (1.5, 2.0)), Uniform("rl.temperature", 0.5, 1.5),
-          LogUniform("rl.optim.lr", 1e-5, 1e-3), IntRange("sao.max_staleness", 0, 8, step=2),
-          IntRange("sft.steps", 1, 100, log=True))
+  axes = (
+    Choice("sao.is_cap", (1.5, 2.0)),
+    Uniform("rl.temperature", 0.5, 1.5),
+    LogUniform("rl.optim.lr", 1e-5, 1e-3),
+    IntRange("sao.max_staleness", 0, 8, step=2),
+    IntRange("sft.steps", 1, 100, log=True),
+  )
   s = Sweep(name="m", config=BASE, axes=axes, strategy="tpe", points=3)
   d = s.distributions()
   assert d["sao.is_cap"] == CategoricalDistribution((1.5, 2.0))
@@ -117,22 +130,42 @@ def test_axes_map_to_optuna_distributions():
   assert d["sft.steps"] == IntDistribution(1, 100, log=True)
   assert axes[3].grid() == (0, 2, 4, 6, 8)
   assert [type(a).__name__ for a in s.axes] == [x["kind"] for x in s.to_dict()["axes"]]
-  g = Sweep(name="g", config=BASE, strategy="grid", seeds=3,
-            axes=(Choice("sao.is_cap", (1.5, 2.0)), IntRange("sao.max_staleness", 1, 3)))
+  g = Sweep(
+    name="g",
+    config=BASE,
+    strategy="grid",
+    seeds=3,
+    axes=(Choice("sao.is_cap", (1.5, 2.0)), IntRange("sao.max_staleness", 1, 3)),
+  )
   assert g.grid_size() == 6 and g.num_trials == 18
-  assert g.grid()[:2] == [{"sao.is_cap": 1.5, "sao.max_staleness": 1},
-                          {"sao.is_cap": 1.5, "sao.max_staleness": 2}]
+  assert g.grid()[:2] == [
+    {"sao.is_cap": 1.5, "sao.max_staleness": 1},
+    {"sao.is_cap": 1.5, "sao.max_staleness": 2},
+  ]
 
 
 def test_overrides_round_trip_through_the_config(repo_root, monkeypatch):
   monkeypatch.chdir(repo_root)
-  s = Sweep(name="o", config=BASE, fixed=("rl.steps=3",), strategy="grid",
-            axes=(Choice("tokenizer", ("char",)), Choice("rl.optim.lr", (3e-4,)),
-                  Choice("task.reverse_digits", (True,))))
+  s = Sweep(
+    name="o",
+    config=BASE,
+    fixed=("rl.steps=3",),
+    strategy="grid",
+    axes=(
+      Choice("tokenizer", ("char",)),
+      Choice("rl.optim.lr", (3e-4,)),
+      Choice("task.reverse_digits", (True,)),
+    ),
+  )
   params = {"tokenizer": "char", "rl.optim.lr": 3e-4, "task.reverse_digits": True}
   o = trial_overrides(s, params, seed=2)
-  assert o == ["rl.steps=3", "tokenizer='char'", "rl.optim.lr=0.0003",
-               "task.reverse_digits=True", "seed=2"]
+  assert o == [
+    "rl.steps=3",
+    "tokenizer='char'",
+    "rl.optim.lr=0.0003",
+    "task.reverse_digits=True",
+    "seed=2",
+  ]
   cfg = config_lib.load_config(BASE, overrides=o)
   assert (cfg.rl.steps, cfg.rl.optim.lr, cfg.task.reverse_digits, cfg.seed) == (3, 3e-4, True, 2)
   assert lookup({"rl": {"accuracy": 0.5}}, "rl.accuracy") == 0.5
@@ -146,14 +179,20 @@ def test_check_against_base_names_the_problem(repo_root, monkeypatch):
   with pytest.raises(ConfigError, match="axis rl.bogus value 1: unknown config key 'rl.bogus'"):
     check_against_base(_sweep(axes=(Choice("rl.bogus", (1,)),)), base, "tiny")
   with pytest.raises(ConfigError, match="axis sft.steps value 1.0: steps expects int"):
-    check_against_base(Sweep(name="t", config=BASE, strategy="random", points=2,
-                             axes=(Uniform("sft.steps", 1.0, 5.0),)), base, "tiny")
+    check_against_base(
+      Sweep(
+        name="t", config=BASE, strategy="random", points=2, axes=(Uniform("sft.steps", 1.0, 5.0),)
+      ),
+      base,
+      "tiny",
+    )
   with pytest.raises(ConfigError, match="fixed overrides: .*nope"):
     check_against_base(_sweep(fixed=("nope=1",)), base, "tiny")
   with pytest.raises(ConfigError, match="eval.every_seconds > 0"):
     check_against_base(_sweep(pruning=Pruning()), base, "tiny")
-  cfg = check_against_base(_sweep(fixed=("eval.every_seconds=2.0",), pruning=Pruning()), base,
-                           "tiny")
+  cfg = check_against_base(
+    _sweep(fixed=("eval.every_seconds=2.0",), pruning=Pruning()), base, "tiny"
+  )
   assert cfg.eval.every_seconds == 2.0
 
 
@@ -174,8 +213,12 @@ def test_example_sweep_file_is_valid(repo_root, monkeypatch):
   for variant, trials in (("default", 72), ("tiny", 18)):
     s, file = load_sweep(f"experiments/sweeps/sao_sensitivity.py:{variant}")
     assert s.seeds == 3 and s.num_trials == trials
-    assert {a.key for a in s.axes} == {"sao.max_staleness", "sao.freshness_half_life",
-                                       "sao.is_cap", "rl.optim.lr"}
+    assert {a.key for a in s.axes} == {
+      "sao.max_staleness",
+      "sao.freshness_half_life",
+      "sao.is_cap",
+      "rl.optim.lr",
+    }
     cfg = check_against_base(s, repo_root / "experiments/configs/sao_arith.py", variant)
     assert cfg.rl.algorithm == "sao"
 
@@ -184,18 +227,34 @@ def test_example_sweep_file_is_valid(repo_root, monkeypatch):
 
 
 def _rows():
-  s = Sweep(name="r", config=BASE, strategy="grid", seeds=3,
-            axes=(Choice("rl.optim.lr", (1e-4, 1e-3, 1e-2)), Choice("tokenizer", ("char",))))
+  s = Sweep(
+    name="r",
+    config=BASE,
+    strategy="grid",
+    seeds=3,
+    axes=(Choice("rl.optim.lr", (1e-4, 1e-3, 1e-2)), Choice("tokenizer", ("char",))),
+  )
   vals = {0: [0.5, 0.6, 0.7], 1: [0.8, 0.9, 1.0], 2: [0.95, None, None]}
   status = {2: ["complete", "diverged", "failed"]}
   rows = []
   for p, lr in enumerate((1e-4, 1e-3, 1e-2)):
     for seed in range(3):
       st = status.get(p, ["complete"] * 3)[seed]
-      rows.append({"trial": 3 * p + seed, "point": p, "seed": seed, "status": st,
-                   "rl.optim.lr": lr, "tokenizer": "char", "rl.accuracy": vals[p][seed],
-                   "attempts": 1, "trial_wall_s": 1.0, "reason": "",
-                   "workdir": f"trials/{3 * p + seed}"})
+      rows.append(
+        {
+          "trial": 3 * p + seed,
+          "point": p,
+          "seed": seed,
+          "status": st,
+          "rl.optim.lr": lr,
+          "tokenizer": "char",
+          "rl.accuracy": vals[p][seed],
+          "attempts": 1,
+          "trial_wall_s": 1.0,
+          "reason": "",
+          "workdir": f"trials/{3 * p + seed}",
+        }
+      )
   return s, rows
 
 
@@ -245,8 +304,15 @@ def test_writers(tmp_path, repo_root, monkeypatch):
 
 
 def _runner(s: Sweep, d: pathlib.Path, parallel: int = 2) -> SweepRunner:
-  return SweepRunner(s, REPO_ROOT / "experiments" / "sweeps" / "x.py", d, parallel=parallel,
-                     show_progress=False, poll_s=0.05, train_cmd=(sys.executable, FAKE))
+  return SweepRunner(
+    s,
+    REPO_ROOT / "experiments" / "sweeps" / "x.py",
+    d,
+    parallel=parallel,
+    show_progress=False,
+    poll_s=0.05,
+    train_cmd=(sys.executable, FAKE),
+  )
 
 
 def _alive(pid: int) -> bool:
@@ -260,8 +326,9 @@ def test_statuses_table_and_best(tmp_path, repo_root, monkeypatch):
   """A failing, a diverging and a metric-less point do not stop the sweep; each is recorded
   with its status; every trial's process group is gone at the end."""
   monkeypatch.chdir(repo_root)
-  s = _sweep(axes=(Choice("rl.optim.lr", (0.1, 0.5, 0.6, 0.7, 0.3)),), seeds=2,
-             report=("rl.steps", "wall_s"))
+  s = _sweep(
+    axes=(Choice("rl.optim.lr", (0.1, 0.5, 0.6, 0.7, 0.3)),), seeds=2, report=("rl.steps", "wall_s")
+  )
   summary = _runner(s, tmp_path / "d").run()
   assert summary["status"] == {"complete": 4, "failed": 4, "diverged": 2}
   rows = json.loads((tmp_path / "d" / "trials.json").read_text())["trials"]
@@ -284,15 +351,18 @@ def test_statuses_table_and_best(tmp_path, repo_root, monkeypatch):
     _runner(_sweep(seeds=3), tmp_path / "d").run()
   again = _runner(s, tmp_path / "d").run()
   assert again["trials"] == 10
-  assert all(len((tmp_path / "d" / r["workdir"] / "starts.txt").read_text().split()) == 1
-             for r in rows)
+  assert all(
+    len((tmp_path / "d" / r["workdir"] / "starts.txt").read_text().split()) == 1 for r in rows
+  )
 
 
 def test_pruning_stops_the_trial_group(tmp_path, repo_root, monkeypatch):
   monkeypatch.chdir(repo_root)
-  s = _sweep(axes=(Choice("rl.optim.lr", (0.3, 0.2, 0.1, 0.01)),),
-             fixed=("eval.every_seconds=1.0", "rl.max_seconds=1.0"),
-             pruning=Pruning(kind="median", startup_trials=2, warmup_evals=1))
+  s = _sweep(
+    axes=(Choice("rl.optim.lr", (0.3, 0.2, 0.1, 0.01)),),
+    fixed=("eval.every_seconds=1.0", "rl.max_seconds=1.0"),
+    pruning=Pruning(kind="median", startup_trials=2, warmup_evals=1),
+  )
   summary = _runner(s, tmp_path / "d", parallel=1).run()
   rows = json.loads((tmp_path / "d" / "trials.json").read_text())["trials"]
   assert [r["status"] for r in rows] == ["complete", "complete", "pruned", "pruned"]
@@ -342,8 +412,9 @@ def test_kill_9_and_resume_with_stand_in_trials(tmp_path, repo_root):
   driver = tmp_path / "driver.py"
   driver.write_text(_DRIVER.replace("SECS", "1.0"))
   cmd = [sys.executable, str(driver), str(d), FAKE]
-  proc = subprocess.Popen(cmd, cwd=repo_root, env=subprocess_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT)
+  proc = subprocess.Popen(
+    cmd, cwd=repo_root, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+  )
   try:
     _wait_running(d, 2, 2, proc)
     time.sleep(0.3)
@@ -358,11 +429,13 @@ def test_kill_9_and_resume_with_stand_in_trials(tmp_path, repo_root):
     while any(_alive(p) for p in leaders) and time.time() - t0 < 5:
       time.sleep(0.05)
     assert not any(_alive(p) for p in leaders), "a trial outlived the killed sweep"
-    children = [int(p.read_text()) for n in live
-                if (p := d / "trials" / str(n) / "child.pid").exists()]
+    children = [
+      int(p.read_text()) for n in live if (p := d / "trials" / str(n) / "child.pid").exists()
+    ]
     assert set(children) <= set(trial_processes(d.resolve()))  # orphans, found by env
-    out = subprocess.run(cmd, cwd=repo_root, env=subprocess_env(), capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+      cmd, cwd=repo_root, env=subprocess_env(), capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert not any(_alive(p) for p in children)
   finally:
@@ -371,8 +444,9 @@ def test_kill_9_and_resume_with_stand_in_trials(tmp_path, repo_root):
       proc.wait()
     kill_leftovers(d.resolve())
   rows = json.loads((d / "trials.json").read_text())["trials"]
-  assert sorted((r["point"], r["seed"]) for r in rows) == [(p, s) for p in range(3)
-                                                           for s in range(2)]
+  assert sorted((r["point"], r["seed"]) for r in rows) == [
+    (p, s) for p in range(3) for s in range(2)
+  ]
   assert all(r["status"] == "complete" for r in rows)
   ev = _events(d)
   for r in rows:
@@ -388,8 +462,15 @@ def test_kill_9_and_resume_with_stand_in_trials(tmp_path, repo_root):
 @pytest.mark.parametrize("strategy", ["random", "tpe"])
 def test_sampled_points_share_params_across_seeds(tmp_path, repo_root, monkeypatch, strategy):
   monkeypatch.chdir(repo_root)
-  s = Sweep(name="r", config=BASE, strategy=strategy, points=3, seeds=2, startup_points=2,
-            axes=(LogUniform("rl.optim.lr", 0.01, 0.4), IntRange("rl.steps", 1, 5)))
+  s = Sweep(
+    name="r",
+    config=BASE,
+    strategy=strategy,
+    points=3,
+    seeds=2,
+    startup_points=2,
+    axes=(LogUniform("rl.optim.lr", 0.01, 0.4), IntRange("rl.steps", 1, 5)),
+  )
   summary = _runner(s, tmp_path / "d", parallel=2).run()
   assert summary["status"] == {"complete": 6}
   rows = json.loads((tmp_path / "d" / "trials.json").read_text())["trials"]
@@ -399,8 +480,7 @@ def test_sampled_points_share_params_across_seeds(tmp_path, repo_root, monkeypat
     assert r["rl.accuracy"] == pytest.approx(r["rl.optim.lr"] + r["seed"] / 100)
     points.setdefault(r["point"], set()).add((r["rl.optim.lr"], r["rl.steps"], r["seed"]))
   assert sorted(points) == [0, 1, 2]
-  assert all(len({p[:2] for p in v}) == 1 and {p[2] for p in v} == {0, 1}
-             for v in points.values())
+  assert all(len({p[:2] for p in v}) == 1 and {p[2] for p in v} == {0, 1} for v in points.values())
   assert len({next(iter(v))[:2] for v in points.values()}) == 3
 
 
@@ -410,8 +490,13 @@ def test_ctrl_c_stops_every_trial_process(tmp_path, repo_root):
   d = tmp_path / "d"
   driver = tmp_path / "driver.py"
   driver.write_text(_DRIVER.replace("SECS", "30.0"))
-  proc = subprocess.Popen([sys.executable, str(driver), str(d), FAKE], cwd=repo_root,
-                          env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  proc = subprocess.Popen(
+    [sys.executable, str(driver), str(d), FAKE],
+    cwd=repo_root,
+    env=subprocess_env(),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+  )
   try:
     live = _wait_running(d, 0, 2, proc)
     deadline = time.time() + 10
@@ -435,6 +520,7 @@ def test_ctrl_c_stops_every_trial_process(tmp_path, repo_root):
 
 def test_one_sweep_per_dir(tmp_path, repo_root, monkeypatch):
   import fcntl
+
   monkeypatch.chdir(repo_root)
   d = tmp_path / "d"
   d.mkdir()
@@ -450,8 +536,14 @@ def test_resume_repairs_a_point_cut_short(tmp_path, repo_root, monkeypatch):
   """A sweep killed between sampling a point and queueing its other seeds: the rerun runs
   that trial (RUNNING in the journal) and the missing seed, then the rest of the budget."""
   monkeypatch.chdir(repo_root)
-  s = Sweep(name="c", config=BASE, strategy="random", points=2, seeds=2,
-            axes=(LogUniform("rl.optim.lr", 0.01, 0.4),))
+  s = Sweep(
+    name="c",
+    config=BASE,
+    strategy="random",
+    points=2,
+    seeds=2,
+    axes=(LogUniform("rl.optim.lr", 0.01, 0.4),),
+  )
   first = _runner(s, tmp_path / "d")
   first._acquire()
   first._check_same_sweep()

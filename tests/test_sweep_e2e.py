@@ -6,6 +6,7 @@ The trials run the SFT phase only (rl.steps=0; the metric is sft.accuracy): the 
 not care which phases a trial runs, and compiling the RL programs would double the test's
 time. A snapshot every step gives the interrupted trials something to resume from.
 """
+
 from __future__ import annotations
 
 import csv
@@ -48,10 +49,21 @@ def _snapshots(d: pathlib.Path, trial: int) -> list[pathlib.Path]:
 def test_sweep_kill_9_and_resume(repo_root, tmp_path):
   (tmp_path / "s.py").write_text(SWEEP)
   d = (tmp_path / "sweep").resolve()
-  cmd = [sys.executable, "-m", "sao_jax.cli", "sweep", str(tmp_path / "s.py"), "--dir", str(d),
-         "--parallel", "2", "--no-progress"]
-  proc = subprocess.Popen(cmd, cwd=repo_root, env=subprocess_env(), stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
+  cmd = [
+    sys.executable,
+    "-m",
+    "sao_jax.cli",
+    "sweep",
+    str(tmp_path / "s.py"),
+    "--dir",
+    str(d),
+    "--parallel",
+    "2",
+    "--no-progress",
+  ]
+  proc = subprocess.Popen(
+    cmd, cwd=repo_root, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+  )
   try:
     deadline = time.time() + 240
     while time.time() < deadline:  # kill once 2 trials ended and a running one has a snapshot
@@ -74,8 +86,9 @@ def test_sweep_kill_9_and_resume(repo_root, tmp_path):
     while trial_processes(d) and time.time() - t0 < 10:
       time.sleep(0.1)
     assert not trial_processes(d), "trial processes outlived the killed sweep"
-    out = subprocess.run(cmd, cwd=repo_root, env=subprocess_env(), capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+      cmd, cwd=repo_root, env=subprocess_env(), capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert not trial_processes(d)
   finally:
@@ -85,8 +98,7 @@ def test_sweep_kill_9_and_resume(repo_root, tmp_path):
     kill_leftovers(d)
   with open(d / "trials.csv") as f:
     rows = list(csv.DictReader(f))
-  assert sorted((int(r["point"]), int(r["seed"])) for r in rows) == [(0, 0), (0, 1), (1, 0),
-                                                                     (1, 1)]
+  assert sorted((int(r["point"]), int(r["seed"])) for r in rows) == [(0, 0), (0, 1), (1, 0), (1, 1)]
   assert all(r["status"] == "complete" for r in rows), rows
   assert all(0.0 <= float(r["sft.accuracy"]) <= 1.0 for r in rows)
   assert all(float(r["wall_s"]) > 0 and float(r["trial_wall_s"]) > 0 for r in rows)

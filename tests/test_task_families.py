@@ -1,5 +1,6 @@
 """Task families by config: the registry, options, the long-horizon family's supervised rows,
 and a family defined in this file trained by `sao-jax train` with no edit to the package."""
+
 import json
 import pathlib
 import subprocess
@@ -28,8 +29,9 @@ class EchoEnv:
     return np.asarray(TOK.encode(task.prompt), np.int32)
 
   def step(self, action_tokens):
-    return StepResult(np.zeros(0, np.int32), float(TOK.decode(action_tokens) == self.want),
-                      True, {})
+    return StepResult(
+      np.zeros(0, np.int32), float(TOK.decode(action_tokens) == self.want), True, {}
+    )
 
 
 class Echo(TaskFamily):
@@ -56,15 +58,18 @@ def test_builtin_families_and_clear_errors():
 
 
 def test_options_are_typed_overridable_and_checked():
-  cfg = apply_overrides(RunConfig(task=TaskConfig(family="longhorizon")),
-                        ["task.options.n_steps=48", "task.options.kind=navigation",
-                         "task.options.n_steps=40"])
+  cfg = apply_overrides(
+    RunConfig(task=TaskConfig(family="longhorizon")),
+    ["task.options.n_steps=48", "task.options.kind=navigation", "task.options.n_steps=40"],
+  )
   assert dict(cfg.task.options) == {"n_steps": 40, "kind": "navigation"}
   fam = validate(cfg)
   assert fam.options.n_steps == 40 and fam.options.kind == "navigation"
-  bad = [("task.options.n_step=40", "unknown option .* known: graded_weight, kind"),
-         ("task.options.n_steps=4.5", "expects int"),
-         ("task.options.n_steps=5", "n_steps must be in")]
+  bad = [
+    ("task.options.n_step=40", "unknown option .* known: graded_weight, kind"),
+    ("task.options.n_steps=4.5", "expects int"),
+    ("task.options.n_steps=5", "n_steps must be in"),
+  ]
   for override, message in bad:
     with pytest.raises(ConfigError, match=message):
       validate(apply_overrides(cfg, [override]))
@@ -76,14 +81,19 @@ def test_compression_is_refused_where_the_runners_cannot_honour_it():
   """GRPO with compressed memory runs (`runners.memory`); SAO and the other RL options the
   memory update does not implement are refused by name, never run without compression."""
   from sao_jax.config import CompressionConfig, ModelConfig, RLConfig
-  cfg = RunConfig(model=ModelConfig(memory_slots=8, memory_dim=32),
-                  compression=CompressionConfig(enabled=True, visible=4, vectors_per_step=2,
-                                                dim=32), rl=RLConfig(steps=1))
+
+  cfg = RunConfig(
+    model=ModelConfig(memory_slots=8, memory_dim=32),
+    compression=CompressionConfig(enabled=True, visible=4, vectors_per_step=2, dim=32),
+    rl=RLConfig(steps=1),
+  )
   validate(cfg)
-  for override, message in [("rl.algorithm=sao", "rl.algorithm='sao'.*compressed memory"),
-                            ("rl.sampling=samplers", "rl.sampling='samplers'"),
-                            ("rl.kl_coef=0.1", "rl.kl_coef=0.1 is not supported"),
-                            ("rl.ppo_epochs=2", "rl.ppo_epochs=2 is not supported")]:
+  for override, message in [
+    ("rl.algorithm=sao", "rl.algorithm='sao'.*compressed memory"),
+    ("rl.sampling=samplers", "rl.sampling='samplers'"),
+    ("rl.kl_coef=0.1", "rl.kl_coef=0.1 is not supported"),
+    ("rl.ppo_epochs=2", "rl.ppo_epochs=2 is not supported"),
+  ]:
     with pytest.raises(ConfigError, match=message):
       validate(apply_overrides(cfg, [override]))
   validate(apply_overrides(cfg, ["rl.algorithm=sao", "rl.steps=0"]))  # no RL phase
@@ -92,9 +102,18 @@ def test_compression_is_refused_where_the_runners_cannot_honour_it():
 def test_longhorizon_sft_rows_are_what_the_sampler_shows():
   """Each supervised row is the window the sampler's context holds at that step when the
   expert acts: [BOS, obs_0, act_0 + EOS, obs_1, ...][-window:] -> act_t + EOS."""
-  cfg = TaskConfig(family="longhorizon", num_train=4, num_test=2,
-                   options=(("n_steps", 12), ("n_facts", 2), ("min_gap", 4), ("window", 16),
-                            ("graded_weight", 50.0)))
+  cfg = TaskConfig(
+    family="longhorizon",
+    num_train=4,
+    num_test=2,
+    options=(
+      ("n_steps", 12),
+      ("n_facts", 2),
+      ("min_gap", 4),
+      ("window", 16),
+      ("graded_weight", 50.0),
+    ),
+  )
   fam = LongHorizon(cfg)
   task = fam.tasks("train")[0]
   rows = fam.sft_examples(task, TOK, 16)
@@ -114,14 +133,36 @@ def test_longhorizon_sft_rows_are_what_the_sampler_shows():
 @pytest.mark.slow
 def test_a_family_from_this_file_trains_through_the_cli(repo_root, tmp_path):
   from conftest import subprocess_env  # here: the run imports this file without pytest's path
+
   workdir = tmp_path / "w"
   proc = subprocess.run(
-      [sys.executable, "-m", "sao_jax.cli", "train", "--config",
-       "experiments/configs/reverse.py:tiny", "--workdir", str(workdir), "--no-progress",
-       "--set", f"task.family={HERE}:Echo", "--set", "task.num_train=50",
-       "--set", "task.num_test=40", "--set", "eval.num_problems=40",
-       "--set", "recovery.val_problems=10"],
-      cwd=repo_root, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    [
+      sys.executable,
+      "-m",
+      "sao_jax.cli",
+      "train",
+      "--config",
+      "experiments/configs/reverse.py:tiny",
+      "--workdir",
+      str(workdir),
+      "--no-progress",
+      "--set",
+      f"task.family={HERE}:Echo",
+      "--set",
+      "task.num_train=50",
+      "--set",
+      "task.num_test=40",
+      "--set",
+      "eval.num_problems=40",
+      "--set",
+      "recovery.val_problems=10",
+    ],
+    cwd=repo_root,
+    env=subprocess_env(),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["train_problems"] == 50 and summary["test_problems"] == 40

@@ -74,12 +74,13 @@ def test_spm_tokenizer_matches_the_fixture_checkpoints_reference():
 def test_tokenizer_json_trained_here(tmp_path):
   from tokenizers import Tokenizer as Backend
   from tokenizers import models, pre_tokenizers, trainers
+
   backend = Backend(models.BPE(unk_token="[UNK]"))
   backend.pre_tokenizer = pre_tokenizers.Whitespace()
-  trainer = trainers.BpeTrainer(vocab_size=80, special_tokens=["[UNK]", "[PAD]", "[BOS]",
-                                                               "[EOS]"], show_progress=False)
-  backend.train_from_iterator(["Ann had 7 eggs, got 5.", "Tom had 12 keys, lost 3."] * 5,
-                              trainer)
+  trainer = trainers.BpeTrainer(
+    vocab_size=80, special_tokens=["[UNK]", "[PAD]", "[BOS]", "[EOS]"], show_progress=False
+  )
+  backend.train_from_iterator(["Ann had 7 eggs, got 5.", "Tom had 12 keys, lost 3."] * 5, trainer)
   file = tmp_path / "tokenizer.json"
   backend.save(str(file))
   # No tokenizer_config.json: every special must be named.
@@ -91,8 +92,9 @@ def test_tokenizer_json_trained_here(tmp_path):
     get_tokenizer(f"hf:{file}?pad=[PAD]&bos=[BOS]&eos_id=999")
   with pytest.raises(ValueError, match="tokenizer option 'sep=x'"):
     get_tokenizer(f"hf:{file}?sep=x")
-  (tmp_path / "tokenizer_config.json").write_text(json.dumps(
-      {"pad_token": "[PAD]", "bos_token": {"content": "[BOS]"}, "eos_token": "[EOS]"}))
+  (tmp_path / "tokenizer_config.json").write_text(
+    json.dumps({"pad_token": "[PAD]", "bos_token": {"content": "[BOS]"}, "eos_token": "[EOS]"})
+  )
   tok = get_tokenizer(f"hf:{file}")
   assert (tok.pad_id, tok.bos_id, tok.eos_id) == (1, 2, 3)
   ids = tok.encode("Tom had 7 keys", add_bos=True, add_eos=True)

@@ -1,4 +1,5 @@
 """Golden numbers for SPO's Beta value tracker, advantage and task priorities (all variants)."""
+
 import functools
 
 import chex
@@ -12,7 +13,6 @@ from sao_jax.rl.registry import ADVANTAGES
 
 
 class TrackerTest(chex.TestCase):
-
   def test_init_prior(self):
     t = trackers.init_beta_tracker(3)
     np.testing.assert_array_equal(t.alpha_n, [1.0, 1.0, 1.0])
@@ -25,8 +25,9 @@ class TrackerTest(chex.TestCase):
   @chex.all_variants
   def test_value(self):
     fn = self.variant(trackers.tracker_value)
-    t = trackers.BetaTracker(alpha_n=jnp.array([1.0, 3.0, 1.0, 2.0]),
-                             beta_n=jnp.array([1.0, 1.0, 3.0, 2.0]))
+    t = trackers.BetaTracker(
+      alpha_n=jnp.array([1.0, 3.0, 1.0, 2.0]), beta_n=jnp.array([1.0, 1.0, 3.0, 2.0])
+    )
     # alpha / (alpha + beta) of tasks 1, 2, 0, 1 -> 3/4, 1/4, 1/2, 3/4
     np.testing.assert_allclose(fn(t, jnp.array([1, 2, 0, 1])), [0.75, 0.25, 0.5, 0.75])
 
@@ -64,8 +65,10 @@ class TrackerTest(chex.TestCase):
     rewards = jnp.asarray(rng.uniform(size=b), jnp.float32)
     rho = jnp.asarray(rng.uniform(0.5, 1.0, b), jnp.float32)
     valid = jnp.asarray(rng.uniform(size=b) < 0.8)
-    t0 = trackers.BetaTracker(alpha_n=jnp.asarray(rng.uniform(0.5, 3, n), jnp.float32),
-                              beta_n=jnp.asarray(rng.uniform(0.5, 3, n), jnp.float32))
+    t0 = trackers.BetaTracker(
+      alpha_n=jnp.asarray(rng.uniform(0.5, 3, n), jnp.float32),
+      beta_n=jnp.asarray(rng.uniform(0.5, 3, n), jnp.float32),
+    )
     alpha, beta = np.array(t0.alpha_n), np.array(t0.beta_n)
     for i in range(b):
       if valid[i]:
@@ -78,8 +81,9 @@ class TrackerTest(chex.TestCase):
 
   def test_update_default_all_valid(self):
     t = trackers.init_beta_tracker(2)
-    new = trackers.update_beta_tracker(t, jnp.array([1, 1]), jnp.array([1.0, 1.0]),
-                                       jnp.array([0.5, 0.5]))
+    new = trackers.update_beta_tracker(
+      t, jnp.array([1, 1]), jnp.array([1.0, 1.0]), jnp.array([0.5, 0.5])
+    )
     # task 1: alpha 1 -> 1.5 -> 1.75, beta 1 -> .5 -> .25
     np.testing.assert_allclose(new.alpha_n, [1.0, 1.75])
     np.testing.assert_allclose(new.beta_n, [1.0, 0.25])
@@ -87,12 +91,14 @@ class TrackerTest(chex.TestCase):
   @chex.all_variants
   def test_forgetting_factor(self):
     kl = jnp.array([0.0, 0.03, 0.06, 100.0])
-    fn = self.variant(functools.partial(trackers.forgetting_factor, d_half=0.06, rho_max=0.96,
-                                        rho_min=0.25))
+    fn = self.variant(
+      functools.partial(trackers.forgetting_factor, d_half=0.06, rho_max=0.96, rho_min=0.25)
+    )
     # 2^(-kl/.06) = 1, 2^-.5, 1/2, ~0  -> clipped to [.25, .96]
     np.testing.assert_allclose(fn(kl), [0.96, 0.70710678, 0.5, 0.25], rtol=1e-6)
-    fn = self.variant(functools.partial(trackers.forgetting_factor, d_half=0.06, rho_max=0.96,
-                                        rho_min=0.875))
+    fn = self.variant(
+      functools.partial(trackers.forgetting_factor, d_half=0.06, rho_max=0.96, rho_min=0.875)
+    )
     np.testing.assert_allclose(fn(kl), [0.96, 0.875, 0.875, 0.875], rtol=1e-6)
 
   @chex.all_variants
@@ -104,8 +110,7 @@ class TrackerTest(chex.TestCase):
     valid = jnp.array([True, True, True, True, False])
     adv = fn(rewards, values, valid)
     # A = [.5, -.5, -.5, -.5], mean -.25 -> [.75, -.25, -.25, -.25], std sqrt(.75/4) = .4330127
-    np.testing.assert_allclose(adv, [1.7320508, -0.5773503, -0.5773503, -0.5773503, 0.0],
-                               rtol=1e-5)
+    np.testing.assert_allclose(adv, [1.7320508, -0.5773503, -0.5773503, -0.5773503, 0.0], rtol=1e-5)
     np.testing.assert_allclose(jnp.mean(adv[:4]), 0.0, atol=1e-6)
     np.testing.assert_allclose(jnp.std(adv[:4]), 1.0, rtol=1e-5)
     # rewards [1, 0, 1, 0] against values [.5, .5, .25, .75]: A = [.5, -.5, .75, -.75], mean 0,
@@ -113,8 +118,9 @@ class TrackerTest(chex.TestCase):
     adv = fn(jnp.array([1.0, 0.0, 1.0, 0.0]), jnp.array([0.5, 0.5, 0.25, 0.75]), jnp.ones(4, bool))
     np.testing.assert_allclose(adv, [0.7844645, -0.7844645, 1.1766968, -1.1766968], rtol=1e-5)
     # identical advantages (e.g. a single valid row) carry no signal
-    np.testing.assert_allclose(fn(jnp.ones(3), jnp.zeros(3), jnp.ones(3, bool)), np.zeros(3),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+      fn(jnp.ones(3), jnp.zeros(3), jnp.ones(3, bool)), np.zeros(3), atol=1e-6
+    )
 
   def test_spo_advantage_registered(self):
     assert ADVANTAGES.get("spo_tracker") is trackers.spo_advantage
@@ -123,8 +129,9 @@ class TrackerTest(chex.TestCase):
   def test_priority_weights(self):
     fn = self.variant(trackers.priority_weights)
     # p = [1/2, 1/4, 9/10, 3/4]
-    t = trackers.BetaTracker(alpha_n=jnp.array([1.0, 1.0, 9.0, 3.0]),
-                             beta_n=jnp.array([1.0, 3.0, 1.0, 1.0]))
+    t = trackers.BetaTracker(
+      alpha_n=jnp.array([1.0, 1.0, 9.0, 3.0]), beta_n=jnp.array([1.0, 3.0, 1.0, 1.0])
+    )
     probs = fn(t)
     # sqrt(p(1-p)) + .05 = [.55, .4830127, .35, .4830127], sum 1 + sqrt(3)/2 = 1.8660254
     np.testing.assert_allclose(probs, [0.2947441, 0.2588457, 0.1875644, 0.2588457], rtol=1e-5)

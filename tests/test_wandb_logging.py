@@ -1,4 +1,5 @@
 """Optional Weights & Biases logging in MetricsWriter (config section `logging`)."""
+
 from __future__ import annotations
 
 import sys
@@ -15,8 +16,9 @@ def test_logging_config_validates():
     LoggingConfig(wandb_mode="cloud")
   with pytest.raises(ConfigError, match="wandb_project"):
     LoggingConfig(wandb_project="")
-  cfg = config_lib.apply_overrides(config_lib.Config(), ["logging.wandb=True",
-                                                         "logging.wandb_group='g'"])
+  cfg = config_lib.apply_overrides(
+    config_lib.Config(), ["logging.wandb=True", "logging.wandb_group='g'"]
+  )
   assert cfg.logging.wandb and cfg.logging.wandb_group == "g"
   # A config saved before the section existed still loads (defaults fill it in).
   d = config_lib.to_dict(config_lib.Config())
@@ -39,10 +41,12 @@ def test_wandb_offline_run(tmp_path, monkeypatch):
   monkeypatch.setenv("WANDB_SILENT", "true")
   for var in ("WANDB_API_KEY", "WANDB_BASE_URL", "WANDB_MODE"):
     monkeypatch.delenv(var, raising=False)
-  cfg = LoggingConfig(wandb=True, wandb_mode="offline", wandb_group="sweepname",
-                      wandb_name="trial-3")
-  w = MetricsWriter(tmp_path / "w", show_progress=False, logging=cfg,
-                    run_config={"rl": {"steps": 2}})
+  cfg = LoggingConfig(
+    wandb=True, wandb_mode="offline", wandb_group="sweepname", wandb_name="trial-3"
+  )
+  w = MetricsWriter(
+    tmp_path / "w", show_progress=False, logging=cfg, run_config={"rl": {"steps": 2}}
+  )
   run = w._wandb
   assert run.group == "sweepname" and run.name == "trial-3"
   for step in (1, 2):

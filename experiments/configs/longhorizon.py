@@ -22,65 +22,93 @@ memory) trains on `TRAIN_TASKS` (questions from 4 turns after their fact) and ev
 Run the tiny variant (one to two minutes on a 2-core CPU):
   python experiments/bench_compression.py --config experiments/configs/longhorizon.py:tiny --quick
 """
+
 import dataclasses
 
 from sao_jax.config import (
-    CompressionConfig,
-    Config,
-    EvalConfig,
-    ModelConfig,
-    OptimConfig,
-    RLConfig,
-    SFTConfig,
-    TaskConfig,
+  CompressionConfig,
+  Config,
+  EvalConfig,
+  ModelConfig,
+  OptimConfig,
+  RLConfig,
+  SFTConfig,
+  TaskConfig,
 )
 from sao_jax.envs.longhorizon import LongHorizonSpec
 
 TASKS = {
-    "default": {
-        "retention": LongHorizonSpec("retention", n_steps=36, n_facts=1, min_gap=32, p_noise=0.1),
-        "navigation": LongHorizonSpec("navigation", n_steps=36, n_facts=1, min_gap=32,
-                                      p_noise=0.1, period=12),
-    },
-    "tiny": {
-        "retention": LongHorizonSpec("retention", n_steps=12, n_facts=2, min_gap=4, period=5),
-        "navigation": LongHorizonSpec("navigation", n_steps=12, n_facts=2, min_gap=4, period=5),
-    },
+  "default": {
+    "retention": LongHorizonSpec("retention", n_steps=36, n_facts=1, min_gap=32, p_noise=0.1),
+    "navigation": LongHorizonSpec(
+      "navigation", n_steps=36, n_facts=1, min_gap=32, p_noise=0.1, period=12
+    ),
+  },
+  "tiny": {
+    "retention": LongHorizonSpec("retention", n_steps=12, n_facts=2, min_gap=4, period=5),
+    "navigation": LongHorizonSpec("navigation", n_steps=12, n_facts=2, min_gap=4, period=5),
+  },
 }
 # Not in the default run (select with --tasks retention4; accuracy only, no 1,000-step
 # bytes): four facts per dialogue, so recall must bind a name to its pin, not copy the one
 # digit seen. A prototype (64 episodes, 400 steps) gave full context 0.27, compressed 0.94.
 EXTRA_TASKS = {
-    "default": {"retention4": LongHorizonSpec("retention", n_steps=44, n_facts=4, min_gap=32,
-                                              p_noise=0.1)},
-    "tiny": {},
+  "default": {
+    "retention4": LongHorizonSpec("retention", n_steps=44, n_facts=4, min_gap=32, p_noise=0.1)
+  },
+  "tiny": {},
 }
 # Training episodes: the same families and lengths, but questions may come >= 4 steps after
 # their fact (so gaps from 4 to ~34 occur); held-out episodes keep >= 32, so their accuracy
 # is recall 32+ turns back on gaps mostly longer than those trained on. (Chosen when both arms
 # failed to learn at lr 1e-2; not re-tested with only 32+ gaps since.)
-TRAIN_TASKS = {v: {k: dataclasses.replace(s, min_gap=min(4, s.min_gap))
-                   for k, s in {**t, **EXTRA_TASKS[v]}.items()} for v, t in TASKS.items()}
+TRAIN_TASKS = {
+  v: {
+    k: dataclasses.replace(s, min_gap=min(4, s.min_gap)) for k, s in {**t, **EXTRA_TASKS[v]}.items()
+  }
+  for v, t in TASKS.items()
+}
 LONG_TASKS = {
-    "retention": LongHorizonSpec("retention", n_steps=1000, n_facts=8, min_gap=32, p_noise=0.1,
-                                 period=100),
-    "navigation": LongHorizonSpec("navigation", n_steps=1000, n_facts=8, min_gap=32,
-                                  p_noise=0.1, period=100),
+  "retention": LongHorizonSpec(
+    "retention", n_steps=1000, n_facts=8, min_gap=32, p_noise=0.1, period=100
+  ),
+  "navigation": LongHorizonSpec(
+    "navigation", n_steps=1000, n_facts=8, min_gap=32, p_noise=0.1, period=100
+  ),
 }
 
 
 def get_config(variant: str = "default") -> Config:
   if variant not in TASKS:
     raise ValueError(f"unknown variant {variant!r}; known: {', '.join(TASKS)}")
-  comp = CompressionConfig(enabled=True, step_len=20, vectors_per_step=2, dim=32, enc_width=64,
-                           enc_depth=2, enc_heads=4, lstm_hidden=64, keep_threshold=0.5,
-                           turning_surprise=1.0, budget=8, capacity=64, visible=16, window=24,
-                           # eviction: at 1,000 steps it keeps more facts (87.5 % against
-                           # 78 % first-come); rows before a trajectory's last eviction are
-                           # then not rebuilt exactly (none in the 36-step accuracy episodes)
-                           evict=True)
-  model = ModelConfig(width=64, depth=2, heads=4, max_len=512,
-                      memory_slots=comp.visible * comp.vectors_per_step, memory_dim=comp.dim)
+  comp = CompressionConfig(
+    enabled=True,
+    step_len=20,
+    vectors_per_step=2,
+    dim=32,
+    enc_width=64,
+    enc_depth=2,
+    enc_heads=4,
+    lstm_hidden=64,
+    keep_threshold=0.5,
+    turning_surprise=1.0,
+    budget=8,
+    capacity=64,
+    visible=16,
+    window=24,
+    # eviction: at 1,000 steps it keeps more facts (87.5 % against
+    # 78 % first-come); rows before a trajectory's last eviction are
+    # then not rebuilt exactly (none in the 36-step accuracy episodes)
+    evict=True,
+  )
+  model = ModelConfig(
+    width=64,
+    depth=2,
+    heads=4,
+    max_len=512,
+    memory_slots=comp.visible * comp.vectors_per_step,
+    memory_dim=comp.dim,
+  )
   # lr 1e-3: at 1e-2 neither arm learned recall (full context 0.109 after 300 steps with the
   # graded weight of 100; chance 0.1); at 1e-3 both did (notes in the README). 400 steps:
   # the full-context control's recall appears between steps 250 and 300 and was 0.94-0.98 at
@@ -89,8 +117,14 @@ def get_config(variant: str = "default") -> Config:
   sft = SFTConfig(steps=steps, batch_size=16, optim=OptimConfig(lr=1e-3, warmup_steps=30))
   # GRPO after the warm start: each step plays `prompts_per_step` tasks `group_size` times
   # (answers are a digit or "ok"/"f" and EOS: 4 tokens).
-  rl = RLConfig(algorithm="grpo", steps=100, prompts_per_step=4, group_size=8,
-                max_new_tokens=4, optim=OptimConfig(lr=1e-4, warmup_steps=10))
+  rl = RLConfig(
+    algorithm="grpo",
+    steps=100,
+    prompts_per_step=4,
+    group_size=8,
+    max_new_tokens=4,
+    optim=OptimConfig(lr=1e-4, warmup_steps=10),
+  )
   num_train, num_test = 4000, 256
   if variant == "tiny":
     comp = dataclasses.replace(comp, capacity=16, budget=4, visible=4)
@@ -99,9 +133,27 @@ def get_config(variant: str = "default") -> Config:
     rl = dataclasses.replace(rl, steps=3, prompts_per_step=2, group_size=4)
     num_train, num_test = 64, 8
   spec = TASKS[variant]["retention"]
-  task = TaskConfig(family="longhorizon", num_train=num_train, num_test=num_test, options=(
-      ("kind", spec.family), ("n_steps", spec.n_steps), ("n_facts", spec.n_facts),
-      ("min_gap", spec.min_gap), ("p_noise", spec.p_noise), ("period", spec.period),
-      ("window", comp.window), ("graded_weight", 100.0)))
-  return Config(name=f"longhorizon_{variant}", model=model, compression=comp, sft=sft, rl=rl,
-                task=task, eval=EvalConfig(num_problems=num_test, batch_size=32))
+  task = TaskConfig(
+    family="longhorizon",
+    num_train=num_train,
+    num_test=num_test,
+    options=(
+      ("kind", spec.family),
+      ("n_steps", spec.n_steps),
+      ("n_facts", spec.n_facts),
+      ("min_gap", spec.min_gap),
+      ("p_noise", spec.p_noise),
+      ("period", spec.period),
+      ("window", comp.window),
+      ("graded_weight", 100.0),
+    ),
+  )
+  return Config(
+    name=f"longhorizon_{variant}",
+    model=model,
+    compression=comp,
+    sft=sft,
+    rl=rl,
+    task=task,
+    eval=EvalConfig(num_problems=num_test, batch_size=32),
+  )

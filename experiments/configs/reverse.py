@@ -12,6 +12,7 @@ Longer words:
   sao-jax train --config experiments/configs/reverse.py --workdir runs/rev8 \\
       --set task.options.length=8
 """
+
 import dataclasses
 import pathlib
 
@@ -72,10 +73,12 @@ class Reverse(TaskFamily):
     need = t.num_train + t.num_test
     words: dict[str, None] = {}
     while len(words) < need:  # distinct words, in a fixed order
-      words[''.join(rng.choice(list(o.letters), o.length))] = None
-    chosen = list(words)[:t.num_train] if split == "train" else list(words)[t.num_train:]
-    return [Task(task_id=i, prompt=f"rev {w}:", solution=w[::-1], answer=w[::-1],
-                 difficulty=o.length) for i, w in enumerate(chosen)]
+      words["".join(rng.choice(list(o.letters), o.length))] = None
+    chosen = list(words)[: t.num_train] if split == "train" else list(words)[t.num_train :]
+    return [
+      Task(task_id=i, prompt=f"rev {w}:", solution=w[::-1], answer=w[::-1], difficulty=o.length)
+      for i, w in enumerate(chosen)
+    ]
 
   def make_env(self, tok) -> ReverseEnv:
     return ReverseEnv(tok)
@@ -83,24 +86,30 @@ class Reverse(TaskFamily):
 
 def get_config(variant: str = "default") -> Config:
   cfg = Config(
-      name="reverse",
-      model=ModelConfig(width=64, depth=2, heads=4, max_len=48),
-      task=TaskConfig(family=f"{pathlib.Path(__file__).resolve()}:Reverse",
-                      num_train=3000, num_test=200),
-      sft=SFTConfig(steps=300, batch_size=64, optim=OptimConfig(lr=3e-3, warmup_steps=20)),
-      rl=RLConfig(algorithm="sao", max_seconds=90, max_new_tokens=8,
-                  optim=OptimConfig(lr=3e-4, warmup_steps=10)),
-      sao=SAOConfig(num_samplers=1, sampler_slots=64, batch_size=64, sampler_threads=1),
-      eval=EvalConfig(num_problems=200, batch_size=200),
+    name="reverse",
+    model=ModelConfig(width=64, depth=2, heads=4, max_len=48),
+    task=TaskConfig(
+      family=f"{pathlib.Path(__file__).resolve()}:Reverse", num_train=3000, num_test=200
+    ),
+    sft=SFTConfig(steps=300, batch_size=64, optim=OptimConfig(lr=3e-3, warmup_steps=20)),
+    rl=RLConfig(
+      algorithm="sao", max_seconds=90, max_new_tokens=8, optim=OptimConfig(lr=3e-4, warmup_steps=10)
+    ),
+    sao=SAOConfig(num_samplers=1, sampler_slots=64, batch_size=64, sampler_threads=1),
+    eval=EvalConfig(num_problems=200, batch_size=200),
   )
   if variant == "default":
     return cfg
   if variant == "tiny":
     return dataclasses.replace(
-        cfg, name="reverse_tiny", model=ModelConfig(width=32, depth=1, heads=2, max_len=48),
-        task=dataclasses.replace(cfg.task, num_train=400, num_test=32),
-        sft=dataclasses.replace(cfg.sft, steps=20, batch_size=16),
-        rl=dataclasses.replace(cfg.rl, steps=4, max_seconds=0),
-        sao=dataclasses.replace(cfg.sao, num_samplers=1, sampler_slots=8, batch_size=16),
-        eval=EvalConfig(num_problems=32, batch_size=32), log_every=2)
+      cfg,
+      name="reverse_tiny",
+      model=ModelConfig(width=32, depth=1, heads=2, max_len=48),
+      task=dataclasses.replace(cfg.task, num_train=400, num_test=32),
+      sft=dataclasses.replace(cfg.sft, steps=20, batch_size=16),
+      rl=dataclasses.replace(cfg.rl, steps=4, max_seconds=0),
+      sao=dataclasses.replace(cfg.sao, num_samplers=1, sampler_slots=8, batch_size=16),
+      eval=EvalConfig(num_problems=32, batch_size=32),
+      log_every=2,
+    )
   raise ValueError(f"unknown variant {variant!r}; known: default, tiny")

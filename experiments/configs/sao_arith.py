@@ -9,6 +9,7 @@ Run (default: 300 SFT steps, then 240 s of SAO; ~6 min on a 2-core CPU):
 Run the tiny variant (seconds):
   sao-jax train --config experiments/configs/sao_arith.py:tiny --workdir runs/sao_tiny
 """
+
 import dataclasses
 import importlib.util
 import pathlib
@@ -16,7 +17,8 @@ import pathlib
 from sao_jax.config import Config, SAOConfig
 
 _spec = importlib.util.spec_from_file_location(
-    "arith_grpo", pathlib.Path(__file__).with_name("arith_grpo.py"))
+  "arith_grpo", pathlib.Path(__file__).with_name("arith_grpo.py")
+)
 _grpo = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_grpo)
 
@@ -30,5 +32,8 @@ def get_config(variant: str = "default") -> Config:
   else:
     raise ValueError(f"unknown variant {variant!r}; known: default, tiny")
   return dataclasses.replace(
-      base, name=base.name.replace("arith_grpo", "sao_arith"), sao=sao,
-      rl=dataclasses.replace(base.rl, algorithm="sao"))
+    base,
+    name=base.name.replace("arith_grpo", "sao_arith"),
+    sao=sao,
+    rl=dataclasses.replace(base.rl, algorithm="sao"),
+  )

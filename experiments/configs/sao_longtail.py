@@ -11,6 +11,7 @@ Side by side with synchronous GRPO(N=8), roles pinned to separate cores, three s
 Run the tiny variant (seconds):
   sao-jax train --config experiments/configs/sao_longtail.py:tiny --workdir runs/longtail_tiny
 """
+
 import dataclasses
 import importlib.util
 import pathlib
@@ -18,7 +19,8 @@ import pathlib
 from sao_jax.config import Config
 
 _spec = importlib.util.spec_from_file_location(
-    "sao_arith", pathlib.Path(__file__).with_name("sao_arith.py"))
+  "sao_arith", pathlib.Path(__file__).with_name("sao_arith.py")
+)
 _sao = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_sao)
 
@@ -26,8 +28,11 @@ _spec.loader.exec_module(_sao)
 def get_config(variant: str = "default") -> Config:
   base = _sao.get_config(variant)
   return dataclasses.replace(
-      base, name=base.name.replace("sao_arith", "sao_longtail"),
-      model=dataclasses.replace(base.model, max_len=112),
-      task=dataclasses.replace(base.task, n_ops_mix=(1, 2, 3, 4),
-                               num_test=max(base.task.num_test, 64)),
-      rl=dataclasses.replace(base.rl, max_new_tokens=40))
+    base,
+    name=base.name.replace("sao_arith", "sao_longtail"),
+    model=dataclasses.replace(base.model, max_len=112),
+    task=dataclasses.replace(
+      base.task, n_ops_mix=(1, 2, 3, 4), num_test=max(base.task.num_test, 64)
+    ),
+    rl=dataclasses.replace(base.rl, max_new_tokens=40),
+  )

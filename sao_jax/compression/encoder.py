@@ -16,6 +16,7 @@ The auxiliary loss (`reconstruction_loss`) decodes the step's tokens back from i
 (one linear map per token position): it forces the vectors to keep the step's content before
 the RL signal, which is sparse (a reward 32+ steps later), has learned anything.
 """
+
 from __future__ import annotations
 
 import flax.linen as nn
@@ -32,8 +33,9 @@ class _BertLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x_bld, mask_b11l):
-    h = nn.MultiHeadDotProductAttention(num_heads=self.heads, qkv_features=self.width,
-                                        name="attention")(x_bld, x_bld, mask=mask_b11l)
+    h = nn.MultiHeadDotProductAttention(
+      num_heads=self.heads, qkv_features=self.width, name="attention"
+    )(x_bld, x_bld, mask=mask_b11l)
     x_bld = nn.LayerNorm(name="attention_norm")(x_bld + h)
     h = nn.Dense(self.width * self.mlp_ratio, name="intermediate")(x_bld)
     h = nn.Dense(self.width, name="output")(nn.gelu(h, approximate=False))
@@ -51,17 +53,18 @@ class StepEncoder(nn.Module):
     cfg = self.cfg
     length = tokens_bl.shape[-1]
     x = nn.Embed(self.vocab_size, cfg.enc_width, name="word_embeddings")(tokens_bl)
-    pos = self.param("position_embeddings", nn.initializers.normal(0.02),
-                     (cfg.step_len, cfg.enc_width))
+    pos = self.param(
+      "position_embeddings", nn.initializers.normal(0.02), (cfg.step_len, cfg.enc_width)
+    )
     x = nn.LayerNorm(name="embeddings_norm")(x + pos[None, :length])
     mask = valid_bl[:, None, None, :]
     for i in range(cfg.enc_depth):
       x = _BertLayer(cfg.enc_width, cfg.enc_heads, cfg.enc_mlp_ratio, name=f"layer_{i}")(x, mask)
-    queries = self.param("pool_queries", nn.initializers.normal(0.02),
-                         (cfg.vectors_per_step, cfg.enc_width))
+    queries = self.param(
+      "pool_queries", nn.initializers.normal(0.02), (cfg.vectors_per_step, cfg.enc_width)
+    )
     q = jnp.broadcast_to(queries[None], (x.shape[0],) + queries.shape)
-    pooled = nn.MultiHeadDotProductAttention(num_heads=cfg.enc_heads, name="pool")(
-        q, x, mask=mask)
+    pooled = nn.MultiHeadDotProductAttention(num_heads=cfg.enc_heads, name="pool")(q, x, mask=mask)
     return nn.LayerNorm(name="out_norm")(nn.Dense(cfg.dim, name="out")(pooled))
 
 
@@ -79,8 +82,9 @@ class StepDecoder(nn.Module):
     return logits.reshape(flat.shape[0], self.cfg.step_len, self.vocab_size)
 
 
-def reconstruction_loss(logits_blv: jax.Array, tokens_bl: jax.Array, valid_bl: jax.Array,
-                        weight_b: jax.Array) -> jax.Array:
+def reconstruction_loss(
+  logits_blv: jax.Array, tokens_bl: jax.Array, valid_bl: jax.Array, weight_b: jax.Array
+) -> jax.Array:
   """Mean token cross-entropy of decoding each step from its vectors (valid tokens, rows
   weighted by `weight_b`, e.g. 0 for padding steps)."""
   logp = jax.nn.log_softmax(logits_blv, axis=-1)

@@ -22,6 +22,7 @@ evictions in its accuracy episodes); the 1,000-step episodes do.
 `scan_trajectory` is the same per-step logic as a `lax.scan` over a whole trajectory (used for
 supervised training on scripted episodes, and to measure bytes per stage).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -79,10 +80,11 @@ class Compressor:
     seg = jnp.zeros((1, self.cfg.step_len), jnp.int32)
     vec = jnp.zeros((1, self.cfg.vectors_per_step, self.cfg.dim))
     return {
-        "encoder": self.encoder.init(r1, seg, seg > -1)["params"],
-        "decoder": self.decoder.init(r2, vec)["params"],
-        "temporal": self.temporal.init(r3, self.temporal.initial_carry(1),
-                                       vec.reshape(1, -1))["params"],
+      "encoder": self.encoder.init(r1, seg, seg > -1)["params"],
+      "decoder": self.decoder.init(r2, vec)["params"],
+      "temporal": self.temporal.init(r3, self.temporal.initial_carry(1), vec.reshape(1, -1))[
+        "params"
+      ],
     }
 
   # Stage 1 ------------------------------------------------------------------------------
@@ -94,15 +96,26 @@ class Compressor:
   def empty_stream(self) -> Stream:
     c, m, d = self.cfg.capacity, self.cfg.vectors_per_step, self.cfg.dim
     dtype = jnp.int8 if self.cfg.quantize else jnp.float32
-    bank = Bank(vec_ced=jnp.zeros((c, m, d), dtype), scale_ce=jnp.zeros((c, m), jnp.float32),
-                step_c=jnp.full((c,), -1, jnp.int32), turning_c=jnp.zeros((c,), bool),
-                count=jnp.zeros((), jnp.int32))
+    bank = Bank(
+      vec_ced=jnp.zeros((c, m, d), dtype),
+      scale_ce=jnp.zeros((c, m), jnp.float32),
+      step_c=jnp.full((c,), -1, jnp.int32),
+      turning_c=jnp.zeros((c,), bool),
+      count=jnp.zeros((), jnp.int32),
+    )
     carry = jax.tree.map(lambda x: x[0], self.temporal.initial_carry(1))
-    return Stream(bank=bank, carry=carry, pred_d=jnp.zeros((self.flat,)),
-                  prev_reward=jnp.zeros(()), budget_used=jnp.zeros((), jnp.int32),
-                  step=jnp.zeros((), jnp.int32), dropped_full=jnp.zeros((), jnp.int32),
-                  prio_c=jnp.full((c,), jnp.inf, jnp.float32), evicted=jnp.zeros((), jnp.int32),
-                  last_evict=jnp.full((), -1, jnp.int32))
+    return Stream(
+      bank=bank,
+      carry=carry,
+      pred_d=jnp.zeros((self.flat,)),
+      prev_reward=jnp.zeros(()),
+      budget_used=jnp.zeros((), jnp.int32),
+      step=jnp.zeros((), jnp.int32),
+      dropped_full=jnp.zeros((), jnp.int32),
+      prio_c=jnp.full((c,), jnp.inf, jnp.float32),
+      evicted=jnp.zeros((), jnp.int32),
+      last_evict=jnp.full((), -1, jnp.int32),
+    )
 
   def filter_and_store(self, params, s: Stream, v_ed, reward, boundary, last):
     """Stage 2 (keep or drop) and stage 3 (INT8 into the bank) for one encoded step.
@@ -122,8 +135,13 @@ class Compressor:
     surprise = temporal.relative_surprise(s.pred_d, v_d)
     structural = (s.step == 0) | last | boundary | (reward != s.prev_reward)
     keep, is_turning, by_surprise = temporal.keep_step(
-        surprise, structural, s.budget_used, keep_threshold=cfg.keep_threshold,
-        turning_surprise=cfg.turning_surprise, budget=cfg.budget)
+      surprise,
+      structural,
+      s.budget_used,
+      keep_threshold=cfg.keep_threshold,
+      turning_surprise=cfg.turning_surprise,
+      budget=cfg.budget,
+    )
     b = s.bank
     live_c = jnp.arange(cfg.capacity) < b.count
     room = b.count < cfg.capacity
@@ -151,24 +169,41 @@ class Compressor:
       arr = arr[src_c]
       return arr.at[idx].set(jnp.where(write, val, arr[idx]))
 
-    bank = Bank(vec_ced=put(b.vec_ced, q_ed), scale_ce=put(b.scale_ce, scale_e),
-                step_c=put(b.step_c, s.step), turning_c=put(b.turning_c, is_turning),
-                count=count + write.astype(jnp.int32))
+    bank = Bank(
+      vec_ced=put(b.vec_ced, q_ed),
+      scale_ce=put(b.scale_ce, scale_e),
+      step_c=put(b.step_c, s.step),
+      turning_c=put(b.turning_c, is_turning),
+      count=count + write.astype(jnp.int32),
+    )
     prio_c = put(s.prio_c, new_prio)
     # Entries past the count are empty (step -1) after a shift.
     empty_c = jnp.arange(cfg.capacity) >= bank.count
     bank = bank.replace(step_c=jnp.where(empty_c, -1, bank.step_c))
     prio_c = jnp.where(empty_c, jnp.inf, prio_c)
     budget_used = jnp.sum(~empty_c & ~bank.turning_c).astype(jnp.int32)
-    carry, pred = self.temporal.apply({"params": params["temporal"]},
-                                      jax.tree.map(lambda x: x[None], s.carry), v_d[None])
-    new = Stream(bank=bank, carry=jax.tree.map(lambda x: x[0], carry), pred_d=pred[0],
-                 prev_reward=jnp.asarray(reward, jnp.float32), budget_used=budget_used,
-                 step=s.step + 1, dropped_full=s.dropped_full + (keep & ~write).astype(jnp.int32),
-                 prio_c=prio_c, evicted=s.evicted + evict.astype(jnp.int32),
-                 last_evict=jnp.where(evict, s.step, s.last_evict))
-    info = {"surprise": surprise, "keep": write, "turning": is_turning, "pred_d": s.pred_d,
-            "evict": evict}
+    carry, pred = self.temporal.apply(
+      {"params": params["temporal"]}, jax.tree.map(lambda x: x[None], s.carry), v_d[None]
+    )
+    new = Stream(
+      bank=bank,
+      carry=jax.tree.map(lambda x: x[0], carry),
+      pred_d=pred[0],
+      prev_reward=jnp.asarray(reward, jnp.float32),
+      budget_used=budget_used,
+      step=s.step + 1,
+      dropped_full=s.dropped_full + (keep & ~write).astype(jnp.int32),
+      prio_c=prio_c,
+      evicted=s.evicted + evict.astype(jnp.int32),
+      last_evict=jnp.where(evict, s.step, s.last_evict),
+    )
+    info = {
+      "surprise": surprise,
+      "keep": write,
+      "turning": is_turning,
+      "pred_d": s.pred_d,
+      "evict": evict,
+    }
     return new, info
 
   def stream_step(self, params, s: Stream, seg_l, segv_l, reward, boundary, last) -> Stream:
@@ -189,8 +224,9 @@ class Compressor:
       new = jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, s)
       return new, info
 
-    return jax.lax.scan(body, self.empty_stream(),
-                        (v_sed, rewards_s, boundary_s, last_s, step_valid_s))
+    return jax.lax.scan(
+      body, self.empty_stream(), (v_sed, rewards_s, boundary_s, last_s, step_valid_s)
+    )
 
   # What the policy sees ------------------------------------------------------------------
   def visible_memory(self, bank: Bank, t):

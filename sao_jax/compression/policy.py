@@ -22,6 +22,7 @@ reconstruction loss + `predict_coef` * the LSTM's next-step prediction loss.
 on whole episodes as one causal sequence (identical to conditioning each step on its full
 context).
 """
+
 from __future__ import annotations
 
 import jax
@@ -41,8 +42,10 @@ from sao_jax.state import TrainState
 class MemoryPolicy:
   def __init__(self, model: TransformerLM, comp: Compressor):
     cfg = comp.cfg
-    if model.cfg.memory_slots != cfg.visible * cfg.vectors_per_step or \
-        model.cfg.memory_dim != cfg.dim:
+    if (
+      model.cfg.memory_slots != cfg.visible * cfg.vectors_per_step
+      or model.cfg.memory_dim != cfg.dim
+    ):
       raise ValueError("model.memory_slots/memory_dim do not match the compression config")
     self.model, self.comp = model, comp
 
@@ -57,12 +60,19 @@ class MemoryPolicy:
 
   def init_state_fn(self, tx):
     """rng -> TrainState of these params (the policy's logically annotated) and `tx`."""
+
     def init(rng):
       init_rng, state_rng = jax.random.split(rng)
       params = self.init(init_rng)
-      return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                        rng=state_rng, lr_scale=jnp.ones((), jnp.float32),
-                        nonfinite=jnp.zeros((), jnp.int32))
+      return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=tx.init(params),
+        rng=state_rng,
+        lr_scale=jnp.ones((), jnp.float32),
+        nonfinite=jnp.zeros((), jnp.int32),
+      )
+
     return init
 
   def empty_streams(self, n: int) -> Stream:
@@ -71,16 +81,29 @@ class MemoryPolicy:
   # Sampler -------------------------------------------------------------------------------
   def sample(self, params, streams: Stream, prompt_bp, prompt_valid_bp, rng, **kw):
     mem, mvalid, _ = jax.vmap(self.comp.visible_memory)(streams.bank, streams.step)
-    return sampling.sample(self.model, params["policy"], prompt_bp, prompt_valid_bp, rng,
-                           memory_bmd=mem, memory_valid_bm=mvalid, **kw)
+    return sampling.sample(
+      self.model,
+      params["policy"],
+      prompt_bp,
+      prompt_valid_bp,
+      rng,
+      memory_bmd=mem,
+      memory_valid_bm=mvalid,
+      **kw,
+    )
 
-  def compress(self, params, streams: Stream, seg_bl, segv_bl, reward_b, boundary_b, last_b,
-               active_b) -> Stream:
+  def compress(
+    self, params, streams: Stream, seg_bl, segv_bl, reward_b, boundary_b, last_b, active_b
+  ) -> Stream:
     """All three stages on the step each active slot just took (inactive slots unchanged)."""
     new = jax.vmap(self.comp.stream_step, in_axes=(None, 0, 0, 0, 0, 0, 0))(
-        params, streams, seg_bl, segv_bl, reward_b, boundary_b, last_b)
-    return jax.tree.map(lambda a, b: jnp.where(
-        active_b.reshape(active_b.shape + (1,) * (a.ndim - 1)), a, b), new, streams)
+      params, streams, seg_bl, segv_bl, reward_b, boundary_b, last_b
+    )
+    return jax.tree.map(
+      lambda a, b: jnp.where(active_b.reshape(active_b.shape + (1,) * (a.ndim - 1)), a, b),
+      new,
+      streams,
+    )
 
   # Learner -------------------------------------------------------------------------------
   def row_logprobs(self, params, batch: MemoryBatch, *, stored: bool, temperature: float = 1.0):
@@ -97,12 +120,17 @@ class MemoryPolicy:
     v_bsed = comp.encode(params, seg, batch.seg_valid_bsl.reshape(b * s, -1))
     v_bsed = v_bsed.reshape((b, s) + v_bsed.shape[1:])
     final, info = jax.vmap(comp.scan_trajectory, in_axes=(None, 0, 0, 0, 0))(
-        params, v_bsed, batch.rewards_bs, batch.boundary_bs, batch.step_valid_bs)
+      params, v_bsed, batch.rewards_bs, batch.boundary_bs, batch.step_valid_bs
+    )
     bank = final.bank
     if stored:
-      bank = bank.replace(vec_ced=batch.bank_vec_bced, scale_ce=batch.bank_scale_bce,
-                          step_c=batch.bank_step_bc, turning_c=batch.bank_turning_bc,
-                          count=batch.bank_count_b)
+      bank = bank.replace(
+        vec_ced=batch.bank_vec_bced,
+        scale_ce=batch.bank_scale_bce,
+        step_c=batch.bank_step_bc,
+        turning_c=batch.bank_turning_bc,
+        count=batch.bank_count_b,
+      )
 
     def row_memory(bank_one, v_sed, t):
       vec, ok, idx_c = comp.visible_memory(bank_one, t)
@@ -110,24 +138,38 @@ class MemoryPolicy:
       return quant.straight_through(vec, jnp.where(ok[:, None], fresh, 0.0)), ok
 
     mem, mvalid = jax.vmap(lambda bk, v, ts: jax.vmap(lambda t: row_memory(bk, v, t))(ts))(
-        bank, v_bsed, batch.row_step_br)
+      bank, v_bsed, batch.row_step_br
+    )
     flat = lambda x: x.reshape((b * r,) + x.shape[2:])  # noqa: E731
     logp, ent, _ = sampling.completion_logprobs(
-        self.model, params["policy"], flat(batch.prompt_brp), flat(batch.prompt_valid_brp),
-        flat(batch.tokens_brt), flat(batch.valid_brt), temperature=temperature,
-        memory_bmd=flat(mem), memory_valid_bm=flat(mvalid), with_entropy=True)
-    logits = comp.decoder.apply({"params": params["decoder"]}, v_bsed.reshape((b * s,) +
-                                                                             v_bsed.shape[2:]))
+      self.model,
+      params["policy"],
+      flat(batch.prompt_brp),
+      flat(batch.prompt_valid_brp),
+      flat(batch.tokens_brt),
+      flat(batch.valid_brt),
+      temperature=temperature,
+      memory_bmd=flat(mem),
+      memory_valid_bm=flat(mvalid),
+      with_entropy=True,
+    )
+    logits = comp.decoder.apply(
+      {"params": params["decoder"]}, v_bsed.reshape((b * s,) + v_bsed.shape[2:])
+    )
     sv = batch.step_valid_bs
-    recon = reconstruction_loss(logits, seg, batch.seg_valid_bsl.reshape(b * s, -1),
-                                sv.reshape(-1).astype(jnp.float32))
+    recon = reconstruction_loss(
+      logits, seg, batch.seg_valid_bsl.reshape(b * s, -1), sv.reshape(-1).astype(jnp.float32)
+    )
     # The prediction made after step s-1 is scored against step s (step 0 has none).
     pred_w = (sv & (jnp.arange(s)[None] > 0)).astype(jnp.float32)
     predict = temporal.prediction_loss(info["pred_d"], v_bsed.reshape(b, s, -1), pred_w)
     kept = info["keep"] & sv
-    aux = {"recon": recon, "predict": predict,
-           "kept_frac": jnp.sum(kept) / jnp.maximum(jnp.sum(sv), 1),
-           "surprise": jnp.sum(info["surprise"] * pred_w) / jnp.maximum(jnp.sum(pred_w), 1)}
+    aux = {
+      "recon": recon,
+      "predict": predict,
+      "kept_frac": jnp.sum(kept) / jnp.maximum(jnp.sum(sv), 1),
+      "surprise": jnp.sum(info["surprise"] * pred_w) / jnp.maximum(jnp.sum(pred_w), 1),
+    }
     shape = (b, r, -1)
     return logp.reshape(shape), ent.reshape(shape), aux
 
@@ -148,8 +190,16 @@ def group_advantages(r_br: jax.Array, g_br: jax.Array, group_size: int) -> jax.A
   return jnp.where(g_gkr > 0, (r_gkr - mean) / (std + 1e-6), 0.0).reshape(r_br.shape)
 
 
-def make_memory_update(policy: MemoryPolicy, tx, *, mode: str, temperature: float = 1.0,
-                       clip_eps: float = 0.2, is_cap: float = 2.0, group_size: int = 0):
+def make_memory_update(
+  policy: MemoryPolicy,
+  tx,
+  *,
+  mode: str,
+  temperature: float = 1.0,
+  clip_eps: float = 0.2,
+  is_cap: float = 2.0,
+  group_size: int = 0,
+):
   """update(state, batch: MemoryBatch) -> (state, metrics) for the memory policy.
 
   mode "sft": loss = mean over rows of the row's token cross-entropy weighted by
@@ -169,8 +219,9 @@ def make_memory_update(policy: MemoryPolicy, tx, *, mode: str, temperature: floa
     mask = batch.valid_brt & sv[..., None]
 
     def loss_fn(params):
-      logp, ent, aux = policy.row_logprobs(params, batch, stored=mode == "rl",
-                                           temperature=temperature)
+      logp, ent, aux = policy.row_logprobs(
+        params, batch, stored=mode == "rl", temperature=temperature
+      )
       n_tok = jnp.maximum(jnp.sum(mask, -1), 1)
       extra = {}
       if mode == "sft":
@@ -182,18 +233,23 @@ def make_memory_update(policy: MemoryPolicy, tx, *, mode: str, temperature: floa
         r = jnp.take_along_axis(batch.rewards_bs, batch.row_step_br, axis=1)  # per row
         adv = group_advantages(r, g, group_size)
         rows = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
-        tok_loss, _ = jax.vmap(lambda lp, bh, a, m: loss_lib.decoupled_ppo_loss(
-            lp, jax.lax.stop_gradient(lp), bh, a, m, clip_eps, is_cap))(
-                rows(logp), rows(batch.logp_brt), rows(adv), rows(mask & g[..., None]))
+        tok_loss, _ = jax.vmap(
+          lambda lp, bh, a, m: loss_lib.decoupled_ppo_loss(
+            lp, jax.lax.stop_gradient(lp), bh, a, m, clip_eps, is_cap
+          )
+        )(rows(logp), rows(batch.logp_brt), rows(adv), rows(mask & g[..., None]))
         pol = jnp.sum(tok_loss) / jnp.maximum(jnp.sum(mask & g[..., None]), 1)
-        extra = {"reward": jnp.sum(r * g) / jnp.maximum(jnp.sum(g), 1),
-                 "adv_abs": jnp.sum(jnp.abs(adv)) / jnp.maximum(jnp.sum(g), 1)}
+        extra = {
+          "reward": jnp.sum(r * g) / jnp.maximum(jnp.sum(g), 1),
+          "adv_abs": jnp.sum(jnp.abs(adv)) / jnp.maximum(jnp.sum(g), 1),
+        }
       loss = pol + ccfg.recon_coef * aux["recon"] + ccfg.predict_coef * aux["predict"]
       ent_mean = jnp.sum(jnp.where(mask, ent, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
       return loss, dict(aux, loss=loss, policy_loss=pol, entropy=ent_mean, **extra)
 
     grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params)
     return apply_gradients(state, tx, grads, metrics)
+
   return update
 
 
@@ -212,4 +268,5 @@ def make_full_context_sft_update(model: TransformerLM, tx):
 
     grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params)
     return apply_gradients(state, tx, grads, metrics)
+
   return update

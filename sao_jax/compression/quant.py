@@ -14,6 +14,7 @@ Edge cases, by design:
 
 Pure jnp; jitted by the caller (the sampler's compression step).
 """
+
 from __future__ import annotations
 
 import jax

@@ -9,6 +9,7 @@ no memory) on the same environments.
 A step's *segment* is what the step added to the context: its observation and the action
 tokens (EOS included), truncated to `step_len`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,10 +54,20 @@ def segment(obs: Sequence[int], action: Sequence[int], step_len: int) -> list[in
   return (list(obs) + list(action))[:step_len]
 
 
-def sample_long_horizon(sample_fn: Callable, compress_fn: Callable | None, empty_streams, params,
-                        envs: Sequence[Env], tasks: Sequence[Task], tok: Tokenizer, *,
-                        slots: int, window: int, step_len: int, rng: jax.Array
-                        ) -> list[LongTrajectory]:
+def sample_long_horizon(
+  sample_fn: Callable,
+  compress_fn: Callable | None,
+  empty_streams,
+  params,
+  envs: Sequence[Env],
+  tasks: Sequence[Task],
+  tok: Tokenizer,
+  *,
+  slots: int,
+  window: int,
+  step_len: int,
+  rng: jax.Array,
+) -> list[LongTrajectory]:
   """One trajectory per task (at most `slots`), all episodes stepped side by side.
 
   sample_fn: memory policy `(params, streams, prompt, prompt_valid, rng)` or control
@@ -75,24 +86,44 @@ def sample_long_horizon(sample_fn: Callable, compress_fn: Callable | None, empty
   for _ in range(max_steps):
     if not active.any():
       break
-    prompt, pvalid = left_pad([c[-window:] for c in contexts] + [[tok.bos_id]] * (slots - n),
-                              window, tok.pad_id)
+    prompt, pvalid = left_pad(
+      [c[-window:] for c in contexts] + [[tok.bos_id]] * (slots - n), window, tok.pad_id
+    )
     rng, key = jax.random.split(rng)
     if compress_fn is None:
       out = jax.device_get(sample_fn(params, prompt, pvalid, key))
     else:
       out = jax.device_get(sample_fn(params, streams, prompt, pvalid, key))
-    segs, rew, bnd, last = [[]] * slots, np.zeros(slots, np.float32), np.zeros(slots, bool), \
-        np.zeros(slots, bool)
+    segs, rew, bnd, last = (
+      [[]] * slots,
+      np.zeros(slots, np.float32),
+      np.zeros(slots, bool),
+      np.zeros(slots, bool),
+    )
     stepped = np.zeros(slots, bool)
     for i in np.flatnonzero(active):
       action = out.tokens_bt[i][out.valid_bt[i]].tolist()
       res = envs[i].step(out.tokens_bt[i])
-      rows[i].append((prompt[i], pvalid[i], out.tokens_bt[i], out.valid_bt[i], out.logp_bt[i],
-                      res.reward, bool(res.info.get("graded", False)), boundary[i],
-                      segment(obs[i], action, step_len)))
-      segs[i], rew[i], bnd[i], last[i], stepped[i] = rows[i][-1][-1], res.reward, boundary[i], \
-          res.done, True
+      rows[i].append(
+        (
+          prompt[i],
+          pvalid[i],
+          out.tokens_bt[i],
+          out.valid_bt[i],
+          out.logp_bt[i],
+          res.reward,
+          bool(res.info.get("graded", False)),
+          boundary[i],
+          segment(obs[i], action, step_len),
+        )
+      )
+      segs[i], rew[i], bnd[i], last[i], stepped[i] = (
+        rows[i][-1][-1],
+        res.reward,
+        boundary[i],
+        res.done,
+        True,
+      )
       boundary[i] = bool(res.info.get("next_boundary", False))
       if res.done:
         active[i] = False
@@ -116,17 +147,29 @@ def sample_long_horizon(sample_fn: Callable, compress_fn: Callable | None, empty
       bank["entries"] = k
       # Evictions: rows up to the last eviction's step saw entries the final bank lacks.
       bank["evicted"], bank["last_evict"] = int(evicted[i]), int(last_evict[i])
-    trajs.append(LongTrajectory(
-        task_id=tasks[i].task_id, prompt=np.stack(c[0]), prompt_valid=np.stack(c[1]),
-        tokens=np.stack(c[2]), valid=np.stack(c[3]), logp=np.stack(c[4]).astype(np.float32),
-        rewards=np.asarray(c[5], np.float32), graded=np.asarray(c[6]),
-        boundary=np.asarray(c[7]), seg=seg, seg_valid=segv, bank=bank,
-        tokens_total=len(contexts[i]) + int(c[3][-1].sum())))  # + the last action
+    trajs.append(
+      LongTrajectory(
+        task_id=tasks[i].task_id,
+        prompt=np.stack(c[0]),
+        prompt_valid=np.stack(c[1]),
+        tokens=np.stack(c[2]),
+        valid=np.stack(c[3]),
+        logp=np.stack(c[4]).astype(np.float32),
+        rewards=np.asarray(c[5], np.float32),
+        graded=np.asarray(c[6]),
+        boundary=np.asarray(c[7]),
+        seg=seg,
+        seg_valid=segv,
+        bank=bank,
+        tokens_total=len(contexts[i]) + int(c[3][-1].sum()),
+      )
+    )  # + the last action
   return trajs
 
 
-def trajectories_to_batch(trajs: Sequence[LongTrajectory], steps: int, rows: int = 0,
-                          seed: int = 0, completion_len: int = 0) -> MemoryBatch:
+def trajectories_to_batch(
+  trajs: Sequence[LongTrajectory], steps: int, rows: int = 0, seed: int = 0, completion_len: int = 0
+) -> MemoryBatch:
   """Stacks trajectories into the learner's `MemoryBatch`: per step [B, S=steps, ...] and per
   row [B, R, ...]. rows=0: every step is a row (R = steps); rows>0: the graded steps first,
   then other steps drawn at random (seeded), R = rows. Completions are padded (or cut) to
@@ -136,7 +179,7 @@ def trajectories_to_batch(trajs: Sequence[LongTrajectory], steps: int, rows: int
 
   def pad(x, n, fill=0):
     out = np.full((n,) + x.shape[1:], fill, x.dtype)
-    out[:len(x)] = x[:n]
+    out[: len(x)] = x[:n]
     return out
 
   def width(x, n):
@@ -147,8 +190,10 @@ def trajectories_to_batch(trajs: Sequence[LongTrajectory], steps: int, rows: int
     out[..., :k] = x[..., :k]
     return out
 
-  per_step = {k: np.stack([pad(getattr(t, k), steps) for t in trajs])
-              for k in ("rewards", "boundary", "seg", "seg_valid")}
+  per_step = {
+    k: np.stack([pad(getattr(t, k), steps) for t in trajs])
+    for k in ("rewards", "boundary", "seg", "seg_valid")
+  }
   step_valid = np.stack([pad(np.ones(len(t.rewards), bool), steps) for t in trajs])
   n_rows = rows or steps
   picks = []
@@ -159,30 +204,51 @@ def trajectories_to_batch(trajs: Sequence[LongTrajectory], steps: int, rows: int
       picks.append(np.concatenate([g, other])[:rows])
     else:
       picks.append(np.arange(len(t.rewards)))
-  per_row = {k: np.stack([pad(getattr(t, k)[p], n_rows) for t, p in zip(trajs, picks,
-                                                                         strict=True)])
-             for k in ("prompt", "prompt_valid", "tokens", "valid", "logp", "graded")}
+  per_row = {
+    k: np.stack([pad(getattr(t, k)[p], n_rows) for t, p in zip(trajs, picks, strict=True)])
+    for k in ("prompt", "prompt_valid", "tokens", "valid", "logp", "graded")
+  }
   row_valid = np.stack([pad(np.ones(len(p), bool), n_rows) for p in picks])
   per_row["prompt_valid"][..., -1] |= ~row_valid  # padding rows: 1 token
   bank = {}
   if trajs[0].bank is not None:
-    bank = {name: np.stack([t.bank[key] for t in trajs]) for key, name in zip(
-        BANK_KEYS, ("bank_vec_bced", "bank_scale_bce", "bank_step_bc", "bank_turning_bc",
-                    "bank_count_b"), strict=True)}
+    bank = {
+      name: np.stack([t.bank[key] for t in trajs])
+      for key, name in zip(
+        BANK_KEYS,
+        ("bank_vec_bced", "bank_scale_bce", "bank_step_bc", "bank_turning_bc", "bank_count_b"),
+        strict=True,
+      )
+    }
     bank["logp_brt"] = width(per_row["logp"], completion_len)
   return MemoryBatch(
-      seg_bsl=per_step["seg"], seg_valid_bsl=per_step["seg_valid"],
-      rewards_bs=per_step["rewards"], boundary_bs=per_step["boundary"], step_valid_bs=step_valid,
-      row_step_br=np.stack([pad(p.astype(np.int32), n_rows) for p in picks]),
-      row_valid_br=row_valid, row_weight_br=row_valid.astype(np.float32),
-      graded_br=per_row["graded"], prompt_brp=per_row["prompt"],
-      prompt_valid_brp=per_row["prompt_valid"],
-      tokens_brt=width(per_row["tokens"], completion_len),
-      valid_brt=width(per_row["valid"], completion_len), **bank)
+    seg_bsl=per_step["seg"],
+    seg_valid_bsl=per_step["seg_valid"],
+    rewards_bs=per_step["rewards"],
+    boundary_bs=per_step["boundary"],
+    step_valid_bs=step_valid,
+    row_step_br=np.stack([pad(p.astype(np.int32), n_rows) for p in picks]),
+    row_valid_br=row_valid,
+    row_weight_br=row_valid.astype(np.float32),
+    graded_br=per_row["graded"],
+    prompt_brp=per_row["prompt"],
+    prompt_valid_brp=per_row["prompt_valid"],
+    tokens_brt=width(per_row["tokens"], completion_len),
+    valid_brt=width(per_row["valid"], completion_len),
+    **bank,
+  )
 
 
-def expert_trajectory(env: Env, task: Task, actions: Sequence[Sequence[int]], tok: Tokenizer, *,
-                      window: int, step_len: int, completion_len: int) -> LongTrajectory:
+def expert_trajectory(
+  env: Env,
+  task: Task,
+  actions: Sequence[Sequence[int]],
+  tok: Tokenizer,
+  *,
+  window: int,
+  step_len: int,
+  completion_len: int,
+) -> LongTrajectory:
   """The expert's episode played through the environment, in the sampler's layout: row t
   sees the last `window` tokens of [BOS, obs_0, act_0, obs_1, ...] (as `sample_long_horizon`
   builds them) and its completion is actions[t] (EOS included); rewards, graded steps and
@@ -192,28 +258,53 @@ def expert_trajectory(env: Env, task: Task, actions: Sequence[Sequence[int]], to
   items, boundary = [], False
   for t, action in enumerate(actions):
     res = env.step(np.asarray(action, np.int32))
-    items.append((context[-window:], list(action), res.reward,
-                  bool(res.info.get("graded", False)), boundary, segment(obs, action, step_len)))
+    items.append(
+      (
+        context[-window:],
+        list(action),
+        res.reward,
+        bool(res.info.get("graded", False)),
+        boundary,
+        segment(obs, action, step_len),
+      )
+    )
     boundary = bool(res.info.get("next_boundary", False))
     if res.done:
       if t != len(actions) - 1:
-        raise ValueError(f"task {task.task_id}: the episode ended at step {t} of "
-                         f"{len(actions)} expert actions")
+        raise ValueError(
+          f"task {task.task_id}: the episode ended at step {t} of {len(actions)} expert actions"
+        )
       break
     obs = res.observation.tolist()
     context = context + list(action) + obs
   prompt, pvalid = left_pad([r[0] for r in items], window, tok.pad_id)
   toks, valid = right_pad([r[1] for r in items], completion_len, tok.pad_id)
   seg, segv = right_pad([r[5] for r in items], step_len, tok.pad_id)
-  return LongTrajectory(task.task_id, prompt, pvalid, toks, valid,
-                        np.zeros(toks.shape, np.float32),
-                        np.asarray([r[2] for r in items], np.float32),
-                        np.asarray([r[3] for r in items]), np.asarray([r[4] for r in items]),
-                        seg, segv, None, tokens_total=len(context) + len(actions[-1]))
+  return LongTrajectory(
+    task.task_id,
+    prompt,
+    pvalid,
+    toks,
+    valid,
+    np.zeros(toks.shape, np.float32),
+    np.asarray([r[2] for r in items], np.float32),
+    np.asarray([r[3] for r in items]),
+    np.asarray([r[4] for r in items]),
+    seg,
+    segv,
+    None,
+    tokens_total=len(context) + len(actions[-1]),
+  )
 
 
-def expert_memory_batch(trajs: Sequence[LongTrajectory], weights: Sequence[Sequence[float]], *,
-                        steps: int, rows: int = 0, seed: int = 0) -> MemoryBatch:
+def expert_memory_batch(
+  trajs: Sequence[LongTrajectory],
+  weights: Sequence[Sequence[float]],
+  *,
+  steps: int,
+  rows: int = 0,
+  seed: int = 0,
+) -> MemoryBatch:
   """Teacher-forced rows of expert episodes (`expert_trajectory`), each row weighted by its
   step's weight (`weights[i][t]`, e.g. the family's `SFTExample.weight`).
 
@@ -237,8 +328,9 @@ def script(task: Task, tok: Tokenizer) -> tuple[list[list[int]], list[list[int]]
   return obs, acts, graded_steps(task)
 
 
-def scripted_full_batch(tasks: Sequence[Task], tok: Tokenizer, *, length: int,
-                        graded_weight: float) -> dict[str, np.ndarray]:
+def scripted_full_batch(
+  tasks: Sequence[Task], tok: Tokenizer, *, length: int, graded_weight: float
+) -> dict[str, np.ndarray]:
   """Control: whole episodes as one sequence each; action tokens weighted like the memory
   policy's rows (a row's weight spread evenly over its tokens)."""
   toks, weights = [], []
@@ -254,7 +346,7 @@ def scripted_full_batch(tasks: Sequence[Task], tok: Tokenizer, *, length: int,
   ids, valid = right_pad(toks, length, tok.pad_id)
   lw = np.zeros(ids.shape, np.float32)
   for i, w in enumerate(weights):
-    lw[i, :len(w)] = w
+    lw[i, : len(w)] = w
   return {"tokens": ids, "valid": valid, "loss_weight": lw}
 
 

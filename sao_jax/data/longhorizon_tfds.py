@@ -5,6 +5,7 @@ dynamically created `BuilderConfig` per (spec, sizes, seed), named after all of 
 `retention_n40_f4_g32_p10_b0_n2000_t200_s0`. Bump `LongHorizonTasks.VERSION` whenever
 `sao_jax.envs.longhorizon` changes what it generates.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,11 +29,18 @@ class LongHorizonTasksConfig(tfds.core.BuilderConfig):
   seed: int = 0
 
   @classmethod
-  def create(cls, spec: LongHorizonSpec, num_train: int, num_test: int,
-             seed: int = 0) -> LongHorizonTasksConfig:
+  def create(
+    cls, spec: LongHorizonSpec, num_train: int, num_test: int, seed: int = 0
+  ) -> LongHorizonTasksConfig:
     name = f"{spec.name}_n{num_train}_t{num_test}_s{seed}"
-    return cls(name=name, description=f"{spec}, {num_train} train, {num_test} test, seed {seed}",
-               spec=spec, num_train=num_train, num_test=num_test, seed=seed)
+    return cls(
+      name=name,
+      description=f"{spec}, {num_train} train, {num_test} test, seed {seed}",
+      spec=spec,
+      num_train=num_train,
+      num_test=num_test,
+      seed=seed,
+    )
 
 
 class LongHorizonTasks(tfds.core.GeneratorBasedBuilder, skip_registration=True):
@@ -47,24 +55,27 @@ class LongHorizonTasks(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
-        builder=self,
-        description="Generated long-horizon episodes (dialogue retention, corridor navigation).",
-        features=tfds.features.FeaturesDict({
-            "task_id": tfds.features.Scalar(dtype=np.int64),
-            "prompt": tfds.features.Text(),
-            "solution": tfds.features.Text(),
-            "answer": tfds.features.Text(),
-            "difficulty": tfds.features.Scalar(dtype=np.int32),
-        }),
+      builder=self,
+      description="Generated long-horizon episodes (dialogue retention, corridor navigation).",
+      features=tfds.features.FeaturesDict(
+        {
+          "task_id": tfds.features.Scalar(dtype=np.int64),
+          "prompt": tfds.features.Text(),
+          "solution": tfds.features.Text(),
+          "answer": tfds.features.Text(),
+          "difficulty": tfds.features.Scalar(dtype=np.int32),
+        }
+      ),
     )
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     del dl_manager
     cfg = self.builder_config
     return {
-        "train": self._generate_examples(
-            make_split(cfg.spec, "train", cfg.num_train, cfg.seed, num_test=cfg.num_test)),
-        "test": self._generate_examples(make_split(cfg.spec, "test", cfg.num_test, cfg.seed)),
+      "train": self._generate_examples(
+        make_split(cfg.spec, "train", cfg.num_train, cfg.seed, num_test=cfg.num_test)
+      ),
+      "test": self._generate_examples(make_split(cfg.spec, "test", cfg.num_test, cfg.seed)),
     }
 
   def _generate_examples(self, tasks: list[Task]) -> Iterator[tuple[int, dict]]:
@@ -72,8 +83,14 @@ class LongHorizonTasks(tfds.core.GeneratorBasedBuilder, skip_registration=True):
       yield task.task_id, dataclasses.asdict(task)
 
 
-def load_tasks(spec: LongHorizonSpec, split: str, num_train: int, num_test: int, seed: int = 0,
-               data_dir: str | None = None) -> list[Task]:
+def load_tasks(
+  spec: LongHorizonSpec,
+  split: str,
+  num_train: int,
+  num_test: int,
+  seed: int = 0,
+  data_dir: str | None = None,
+) -> list[Task]:
   """The `split` tasks for this spec, sizes and seed, sorted by task_id; equals `make_split`.
 
   Builds into `data_dir` on first use. Call once before starting sampler processes (two
@@ -87,9 +104,13 @@ def load_tasks(spec: LongHorizonSpec, split: str, num_train: int, num_test: int,
     builder.download_and_prepare()
   source = builder.as_data_source(split=split)
   tasks = [
-      Task(task_id=int(ex["task_id"]), prompt=decode_text(ex["prompt"]),
-           solution=decode_text(ex["solution"]), answer=decode_text(ex["answer"]),
-           difficulty=int(ex["difficulty"]))
-      for ex in source.__getitems__(range(len(source)))
+    Task(
+      task_id=int(ex["task_id"]),
+      prompt=decode_text(ex["prompt"]),
+      solution=decode_text(ex["solution"]),
+      answer=decode_text(ex["answer"]),
+      difficulty=int(ex["difficulty"]),
+    )
+    for ex in source.__getitems__(range(len(source)))
   ]
   return sorted(tasks, key=lambda t: t.task_id)

@@ -16,6 +16,7 @@ The solution is the chain of steps `a{op}b=c` joined by `;`, then `;#` and the a
 ("12" -> "21"), which makes carries left-to-right for an autoregressive model; the prompt
 stays human-readable. The reward is exact match on the text after the last `#`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,9 +41,9 @@ TRAIN_ID_OFFSET = 10**9
 _NAMES = ("Ann", "Bob", "Sam", "Kim", "Tom", "Eve", "Max", "Zoe")
 _ITEMS = ("eggs", "pens", "cards", "coins", "books", "cups", "keys")
 _CLAUSES = {
-    "+": ("got {}", "found {}", "won {}", "made {}"),
-    "-": ("lost {}", "sold {}", "gave {}", "used {}"),
-    "*": ("then x{}",),
+  "+": ("got {}", "found {}", "won {}", "made {}"),
+  "-": ("lost {}", "sold {}", "gave {}", "used {}"),
+  "*": ("then x{}",),
 }
 
 
@@ -71,14 +72,14 @@ class ArithmeticSpec:
     if not isinstance(self.ops, str) or not self.ops:
       raise ValueError(f"ops must be a non-empty subset of {_ALL_OPS!r}, got {self.ops!r}")
     if set(self.ops) - set(_ALL_OPS) or len(set(self.ops)) != len(self.ops):
-      raise ValueError(
-          f"ops must be a subset of {_ALL_OPS!r} without repeats, got {self.ops!r}")
+      raise ValueError(f"ops must be a subset of {_ALL_OPS!r} without repeats, got {self.ops!r}")
     if self.ops == "-" and self.max_operand < self.n_ops:
       # Each subtraction removes at least 1 and the total may not go negative, so the start
       # value (at most max_operand) must cover n_ops subtractions.
       raise ValueError(
-          f"ops='-' needs max_operand >= n_ops, got max_operand={self.max_operand}, "
-          f"n_ops={self.n_ops}")
+        f"ops='-' needs max_operand >= n_ops, got max_operand={self.max_operand}, "
+        f"n_ops={self.n_ops}"
+      )
     if not isinstance(self.reverse_digits, bool):
       raise ValueError(f"reverse_digits must be a bool, got {self.reverse_digits!r}")
     object.__setattr__(self, "ops", "".join(op for op in _ALL_OPS if op in self.ops))
@@ -89,8 +90,9 @@ class ArithmeticSpec:
     return self.n_ops * 10 + len(str(self.max_operand))
 
 
-def spec_for_difficulty(level: int, *, ops: str = "+-",
-                        reverse_digits: bool = False) -> ArithmeticSpec:
+def spec_for_difficulty(
+  level: int, *, ops: str = "+-", reverse_digits: bool = False
+) -> ArithmeticSpec:
   """A monotone difficulty knob for curricula.
 
   Levels 1..4 are 1..4 operations on single-digit operands; each level above 4 keeps four
@@ -101,8 +103,12 @@ def spec_for_difficulty(level: int, *, ops: str = "+-",
     raise ValueError(f"level must be an int >= 1, got {level!r}")
   if level <= _MAX_OPS:
     return ArithmeticSpec(n_ops=level, max_operand=9, ops=ops, reverse_digits=reverse_digits)
-  return ArithmeticSpec(n_ops=_MAX_OPS, max_operand=10**(level - _MAX_OPS + 1) - 1, ops=ops,
-                        reverse_digits=reverse_digits)
+  return ArithmeticSpec(
+    n_ops=_MAX_OPS,
+    max_operand=10 ** (level - _MAX_OPS + 1) - 1,
+    ops=ops,
+    reverse_digits=reverse_digits,
+  )
 
 
 def generate_task(rng: np.random.Generator, spec: ArithmeticSpec, task_id: int) -> Task:
@@ -123,8 +129,13 @@ def generate_task(rng: np.random.Generator, spec: ArithmeticSpec, task_id: int) 
     lines.append(f"{num(total)}{op}{num(operand)}={num(new_total)}")
     total = new_total
   answer = num(total)
-  return Task(task_id=int(task_id), prompt=prompt, solution=";".join(lines) + ";#" + answer,
-              answer=answer, difficulty=spec.difficulty)
+  return Task(
+    task_id=int(task_id),
+    prompt=prompt,
+    solution=";".join(lines) + ";#" + answer,
+    answer=answer,
+    difficulty=spec.difficulty,
+  )
 
 
 def extract_answer(text: str) -> str | None:
@@ -133,8 +144,9 @@ def extract_answer(text: str) -> str | None:
   return tail.strip() if sep else None
 
 
-def make_split(spec: ArithmeticSpec, split: str, num: int, seed: int, *,
-               num_test: int | None = None) -> list[Task]:
+def make_split(
+  spec: ArithmeticSpec, split: str, num: int, seed: int, *, num_test: int | None = None
+) -> list[Task]:
   """`num` tasks of `split` ("train" or "test"), disjoint from the other split by construction.
 
   The test split is drawn from a stream seeded by (seed, "test") and kept unique while the
@@ -157,13 +169,20 @@ def make_split(spec: ArithmeticSpec, split: str, num: int, seed: int, *,
   if not _is_int(num) or num < 0:
     raise ValueError(f"num must be an int >= 0, got {num!r}")
   if split == "test":
-    return _draw(spec, _split_rng(seed, "test"), num, id_offset=0, excluded=frozenset(),
-                 unique=True)
+    return _draw(
+      spec, _split_rng(seed, "test"), num, id_offset=0, excluded=frozenset(), unique=True
+    )
   if not _is_int(num_test) or num_test < 0:
     raise ValueError(f"split='train' needs num_test (an int >= 0) to exclude, got {num_test!r}")
   test_keys = frozenset(t.solution for t in make_split(spec, "test", num_test, seed))
-  return _draw(spec, _split_rng(seed, "train"), num, id_offset=TRAIN_ID_OFFSET,
-               excluded=test_keys, unique=False)
+  return _draw(
+    spec,
+    _split_rng(seed, "train"),
+    num,
+    id_offset=TRAIN_ID_OFFSET,
+    excluded=test_keys,
+    unique=False,
+  )
 
 
 class ArithmeticEnv:
@@ -183,16 +202,16 @@ class ArithmeticEnv:
   def step(self, action_tokens: Sequence[int] | np.ndarray) -> StepResult:
     if self._done:
       raise RuntimeError(
-          "ArithmeticEnv.step() called with no episode in progress: episodes are one step "
-          "(max_steps=1); call reset(task) first")
+        "ArithmeticEnv.step() called with no episode in progress: episodes are one step "
+        "(max_steps=1); call reset(task) first"
+      )
     self._done = True
     predicted = extract_answer(self._tokenizer.decode(action_tokens))
     return StepResult(
-        observation=np.zeros((0,), np.int32),
-        reward=float(predicted == self._task.answer),
-        done=True,
-        info={"answer": predicted, "target": self._task.answer,
-              "format_ok": predicted is not None},
+      observation=np.zeros((0,), np.int32),
+      reward=float(predicted == self._task.answer),
+      done=True,
+      info={"answer": predicted, "target": self._task.answer, "format_ok": predicted is not None},
     )
 
 
@@ -212,8 +231,9 @@ def _apply(total: int, op: str, operand: int) -> int:
   return total * operand
 
 
-def _sample_chain(rng: np.random.Generator,
-                  spec: ArithmeticSpec) -> tuple[int, list[tuple[str, int]]]:
+def _sample_chain(
+  rng: np.random.Generator, spec: ArithmeticSpec
+) -> tuple[int, list[tuple[str, int]]]:
   """Start value and (op, operand) steps whose running total never goes negative.
 
   A subtraction is only offered while the total is positive and never takes more than the
@@ -240,8 +260,15 @@ def _split_rng(seed: int, split: str) -> np.random.Generator:
   return np.random.default_rng(np.random.SeedSequence([seed, zlib.crc32(split.encode())]))
 
 
-def _draw(spec: ArithmeticSpec, rng: np.random.Generator, num: int, *, id_offset: int,
-          excluded: frozenset[str], unique: bool) -> list[Task]:
+def _draw(
+  spec: ArithmeticSpec,
+  rng: np.random.Generator,
+  num: int,
+  *,
+  id_offset: int,
+  excluded: frozenset[str],
+  unique: bool,
+) -> list[Task]:
   """Draws `num` tasks, rejecting `excluded` problems and, while feasible, repeats."""
   tasks: list[Task] = []
   seen: set[str] = set()
@@ -252,8 +279,9 @@ def _draw(spec: ArithmeticSpec, rng: np.random.Generator, num: int, *, id_offset
       rejects_in_a_row += 1
       if rejects_in_a_row > _MAX_CONSECUTIVE_REJECTS:
         raise ValueError(
-            f"the test split covers (almost) all problems of {spec}; no train problem found "
-            f"in {_MAX_CONSECUTIVE_REJECTS} draws. Use a smaller num_test or a larger spec.")
+          f"the test split covers (almost) all problems of {spec}; no train problem found "
+          f"in {_MAX_CONSECUTIVE_REJECTS} draws. Use a smaller num_test or a larger spec."
+        )
       continue
     if unique and task.solution in seen:
       rejects_in_a_row += 1

@@ -5,6 +5,7 @@ and the :class:`Env` protocol, so task families (generated arithmetic, code, dia
 swapped by config without touching the RL code. Observations and actions are token ids
 rather than text so the decode loop never round-trips through strings except at the reward.
 """
+
 from __future__ import annotations
 
 import dataclasses

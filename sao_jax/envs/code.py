@@ -25,6 +25,7 @@ but the compositions under test never do.
 
 Hidden tests travel in `Task.answer` as JSON, `[[input, output], ...]` with Python literals.
 """
+
 from __future__ import annotations
 
 import ast
@@ -48,8 +49,7 @@ MAX_PROMPT_CHARS = 72
 MAX_SOLUTION_CHARS = 47
 KINDS = "lsi"  # list of ints, string, int
 # A program runs in well under a millisecond; the limits only stop runaway completions.
-CODE_LIMITS = Limits(wall_s=2.0, cpu_s=1, memory_mb=256, nproc=8, output_bytes=4096,
-                     scratch_mb=1)
+CODE_LIMITS = Limits(wall_s=2.0, cpu_s=1, memory_mb=256, nproc=8, output_bytes=4096, scratch_mb=1)
 # Draws in a row that may miss (a program of the other split, a repeat) before a depth's test
 # programs are taken as exhausted. Depth 1 has ~9 test programs among ~45: at 2_000 draws a
 # missing one is overlooked with probability about (1 - 1/45)**2000 ~ 1e-20.
@@ -60,8 +60,7 @@ _COMPLETION_FILE = "<completion>"
 # callable"): thousands of lines on stderr per run, about code that is scored anyway. Only
 # warnings attributed to that pseudo-file are silenced; a filter (unlike catch_warnings) is
 # safe while scoring runs in a background thread.
-warnings.filterwarnings("ignore", category=SyntaxWarning,
-                        module=re.escape(_COMPLETION_FILE) + "$")
+warnings.filterwarnings("ignore", category=SyntaxWarning, module=re.escape(_COMPLETION_FILE) + "$")
 
 # Precedence of an expression's top-level operator; atoms (names, calls, subscripts,
 # displays) bind tightest.
@@ -93,38 +92,38 @@ class _Stage:
 
 _POSTFIX = dict(needs=_ATOM)
 _STAGES = (
-    # list -> list
-    _Stage("sort", "sorted(X)", "l", "l"),
-    _Stage("reverse", "X[::-1]", "l", "l", **_POSTFIX),
-    _Stage("times {k}", "[v*{k} for v in X]", "l", "l", (2, 3)),
-    _Stage("add {k}", "[v+{k} for v in X]", "l", "l", (1, 2, 3)),
-    _Stage("square", "[v*v for v in X]", "l", "l"),
-    _Stage("evens", "[v for v in X if v%2==0]", "l", "l"),
-    _Stage("odds", "[v for v in X if v%2]", "l", "l"),
-    _Stage("over {k}", "[v for v in X if v>{k}]", "l", "l", (2, 3, 4, 5)),
-    _Stage("first {k}", "X[:{k}]", "l", "l", (1, 2, 3), **_POSTFIX),
-    _Stage("drop {k}", "X[{k}:]", "l", "l", (1, 2), **_POSTFIX),
-    # list -> int
-    _Stage("sum", "sum(X)", "l", "i"),
-    _Stage("count", "len(X)", "l", "i"),
-    # string -> string
-    _Stage("upper", "X.upper()", "s", "s", **_POSTFIX),
-    _Stage("reverse", "X[::-1]", "s", "s", **_POSTFIX),
-    _Stage("sort", "''.join(sorted(X))", "s", "s"),
-    _Stage("first {k}", "X[:{k}]", "s", "s", (1, 2, 3), **_POSTFIX),
-    _Stage("drop {k}", "X[{k}:]", "s", "s", (1, 2), **_POSTFIX),
-    _Stage("twice", "X*2", "s", "s", prec=_MUL, needs=_MUL),
-    _Stage("no {k}", "X.replace('{k}','')", "s", "s", ("a", "b", "c"), **_POSTFIX),
-    # string -> int
-    _Stage("count", "len(X)", "s", "i"),
-    _Stage("count {k}", "X.count('{k}')", "s", "i", ("a", "b", "c"), **_POSTFIX),
-    # int -> int (all left-associative but '**', whose left operand must bind tighter)
-    _Stage("add {k}", "X+{k}", "i", "i", (1, 2, 3, 4, 5), prec=_ADD, needs=_ADD),
-    _Stage("minus {k}", "X-{k}", "i", "i", (1, 2, 3), prec=_ADD, needs=_ADD),
-    _Stage("times {k}", "X*{k}", "i", "i", (2, 3), prec=_MUL, needs=_MUL),
-    _Stage("half", "X//2", "i", "i", prec=_MUL, needs=_MUL),
-    _Stage("mod {k}", "X%{k}", "i", "i", (2, 3, 5), prec=_MUL, needs=_MUL),
-    _Stage("square", "X**2", "i", "i", prec=_POW, needs=_ATOM),
+  # list -> list
+  _Stage("sort", "sorted(X)", "l", "l"),
+  _Stage("reverse", "X[::-1]", "l", "l", **_POSTFIX),
+  _Stage("times {k}", "[v*{k} for v in X]", "l", "l", (2, 3)),
+  _Stage("add {k}", "[v+{k} for v in X]", "l", "l", (1, 2, 3)),
+  _Stage("square", "[v*v for v in X]", "l", "l"),
+  _Stage("evens", "[v for v in X if v%2==0]", "l", "l"),
+  _Stage("odds", "[v for v in X if v%2]", "l", "l"),
+  _Stage("over {k}", "[v for v in X if v>{k}]", "l", "l", (2, 3, 4, 5)),
+  _Stage("first {k}", "X[:{k}]", "l", "l", (1, 2, 3), **_POSTFIX),
+  _Stage("drop {k}", "X[{k}:]", "l", "l", (1, 2), **_POSTFIX),
+  # list -> int
+  _Stage("sum", "sum(X)", "l", "i"),
+  _Stage("count", "len(X)", "l", "i"),
+  # string -> string
+  _Stage("upper", "X.upper()", "s", "s", **_POSTFIX),
+  _Stage("reverse", "X[::-1]", "s", "s", **_POSTFIX),
+  _Stage("sort", "''.join(sorted(X))", "s", "s"),
+  _Stage("first {k}", "X[:{k}]", "s", "s", (1, 2, 3), **_POSTFIX),
+  _Stage("drop {k}", "X[{k}:]", "s", "s", (1, 2), **_POSTFIX),
+  _Stage("twice", "X*2", "s", "s", prec=_MUL, needs=_MUL),
+  _Stage("no {k}", "X.replace('{k}','')", "s", "s", ("a", "b", "c"), **_POSTFIX),
+  # string -> int
+  _Stage("count", "len(X)", "s", "i"),
+  _Stage("count {k}", "X.count('{k}')", "s", "i", ("a", "b", "c"), **_POSTFIX),
+  # int -> int (all left-associative but '**', whose left operand must bind tighter)
+  _Stage("add {k}", "X+{k}", "i", "i", (1, 2, 3, 4, 5), prec=_ADD, needs=_ADD),
+  _Stage("minus {k}", "X-{k}", "i", "i", (1, 2, 3), prec=_ADD, needs=_ADD),
+  _Stage("times {k}", "X*{k}", "i", "i", (2, 3), prec=_MUL, needs=_MUL),
+  _Stage("half", "X//2", "i", "i", prec=_MUL, needs=_MUL),
+  _Stage("mod {k}", "X%{k}", "i", "i", (2, 3, 5), prec=_MUL, needs=_MUL),
+  _Stage("square", "X**2", "i", "i", prec=_POW, needs=_ATOM),
 )
 _BY_KIND = {kind: tuple(s for s in _STAGES if s.kind_in == kind) for kind in KINDS}
 
@@ -155,8 +154,12 @@ class CodeSpec:
         raise ValueError(f"{name} must be an int in 1..{MAX_DEPTH}, got {v!r}")
     if self.min_depth > self.max_depth:
       raise ValueError(f"min_depth {self.min_depth} > max_depth {self.max_depth}")
-    if not isinstance(self.kinds, str) or not self.kinds or set(self.kinds) - set(KINDS) or (
-        len(set(self.kinds)) != len(self.kinds)):
+    if (
+      not isinstance(self.kinds, str)
+      or not self.kinds
+      or set(self.kinds) - set(KINDS)
+      or (len(set(self.kinds)) != len(self.kinds))
+    ):
       raise ValueError(f"kinds must be a non-empty subset of {KINDS!r}, got {self.kinds!r}")
     if not _is_int(self.num_hidden) or not 1 <= self.num_hidden <= 20:
       raise ValueError(f"num_hidden must be an int in 1..20, got {self.num_hidden!r}")
@@ -183,8 +186,7 @@ def _lit(value) -> str:
   return repr(value).replace(", ", ",")
 
 
-def _sample_program(rng: np.random.Generator, spec: CodeSpec,
-                    depth: int) -> tuple[str, str, str]:
+def _sample_program(rng: np.random.Generator, spec: CodeSpec, depth: int) -> tuple[str, str, str]:
   """(input kind, docstring, body expression) of `depth` stages; consecutive stages differ."""
   kind = spec.kinds[rng.integers(len(spec.kinds))]
   words, expr, prec, last = [], "x", _ATOM, None
@@ -199,8 +201,9 @@ def _sample_program(rng: np.random.Generator, spec: CodeSpec,
   return kind, ", ".join(words), expr
 
 
-def generate_task(rng: np.random.Generator, spec: CodeSpec, task_id: int,
-                  depth: int | None = None) -> Task:
+def generate_task(
+  rng: np.random.Generator, spec: CodeSpec, task_id: int, depth: int | None = None
+) -> Task:
   """Draws one task (of `depth` stages, else a depth drawn from the spec's range); the same
   rng state always gives the same task.
 
@@ -220,15 +223,21 @@ def generate_task(rng: np.random.Generator, spec: CodeSpec, task_id: int,
     outputs = [fn(x) for x in inputs]
     if _lit(outputs[0]) == _lit(outputs[1]):
       continue
-    shown = "; ".join(f"f({_lit(i)})=={_lit(o)}" for i, o in zip(inputs[:2], outputs[:2],
-                                                                  strict=True))
+    shown = "; ".join(
+      f"f({_lit(i)})=={_lit(o)}" for i, o in zip(inputs[:2], outputs[:2], strict=True)
+    )
     prompt = f'{_HEAD}"{doc}" # {shown}'
     solution = f"return {expr}"
     if len(prompt) > MAX_PROMPT_CHARS or len(solution) > MAX_SOLUTION_CHARS:
       continue
     hidden = [[_lit(i), _lit(o)] for i, o in zip(inputs[2:], outputs[2:], strict=True)]
-    return Task(task_id=int(task_id), prompt=prompt, solution=solution,
-                answer=json.dumps(hidden, separators=(",", ":")), difficulty=depth)
+    return Task(
+      task_id=int(task_id),
+      prompt=prompt,
+      solution=solution,
+      answer=json.dumps(hidden, separators=(",", ":")),
+      difficulty=depth,
+    )
 
 
 def _distinct_inputs(rng: np.random.Generator, kind: str, n: int) -> list | None:
@@ -272,12 +281,15 @@ def make_split(spec: CodeSpec, split: str, num: int, seed: int) -> list[Task]:
     for _ in range(_MAX_CONSECUTIVE_REJECTS):
       task = generate_task(rng, spec, offset + len(tasks), depth)
       if is_test_program(task.solution, spec, seed) == want_test and not (
-          unique[depth] and task.solution in seen):
+        unique[depth] and task.solution in seen
+      ):
         break
     else:
       if not unique[depth]:
-        raise ValueError(f"no {split} program of depth {depth} found in "
-                         f"{_MAX_CONSECUTIVE_REJECTS} draws for {spec}")
+        raise ValueError(
+          f"no {split} program of depth {depth} found in "
+          f"{_MAX_CONSECUTIVE_REJECTS} draws for {spec}"
+        )
       unique[depth] = False  # this depth's test programs look exhausted: repeat them
       continue
     seen.add(task.solution)
@@ -339,8 +351,14 @@ class CodeEnv:
 
   max_steps = 1
 
-  def __init__(self, tokenizer: Tokenizer, pool: SandboxPool | None = None, *,
-               limits: Limits = CODE_LIMITS, format_weight: float = 0.0):
+  def __init__(
+    self,
+    tokenizer: Tokenizer,
+    pool: SandboxPool | None = None,
+    *,
+    limits: Limits = CODE_LIMITS,
+    format_weight: float = 0.0,
+  ):
     if not 0.0 <= format_weight < 1.0:
       raise ValueError(f"format_weight must be in [0, 1), got {format_weight!r}")
     self._tokenizer = tokenizer
@@ -362,14 +380,17 @@ class CodeEnv:
 
   def step(self, action_tokens: Sequence[int] | np.ndarray) -> StepResult:
     if self._done:
-      raise RuntimeError("CodeEnv.step() called with no episode in progress: episodes are one "
-                         "step (max_steps=1); call reset(task) first")
+      raise RuntimeError(
+        "CodeEnv.step() called with no episode in progress: episodes are one "
+        "step (max_steps=1); call reset(task) first"
+      )
     self._done = True
     return self.score_batch([self._task], [action_tokens])[0]
 
   @staticmethod
-  def step_many(envs: Sequence[CodeEnv], actions: Sequence[Sequence[int] | np.ndarray]
-                ) -> list[StepResult]:
+  def step_many(
+    envs: Sequence[CodeEnv], actions: Sequence[Sequence[int] | np.ndarray]
+  ) -> list[StepResult]:
     """`step` of several episodes at once (each env mid-episode), scored concurrently on the
     first env's pool: what a sampler does with a batch of finished slots."""
     for env in envs:
@@ -378,14 +399,15 @@ class CodeEnv:
       env._done = True
     return envs[0].score_batch([env._task for env in envs], actions)
 
-  def score_batch(self, tasks: Sequence[Task],
-                  actions: Sequence[Sequence[int] | np.ndarray]) -> list[StepResult]:
+  def score_batch(
+    self, tasks: Sequence[Task], actions: Sequence[Sequence[int] | np.ndarray]
+  ) -> list[StepResult]:
     """One StepResult per (task, action tokens) pair; independent of reset/step state."""
     return self.score_texts(tasks, [self._tokenizer.decode(a) for a in actions])
 
-  def score_batch_async(self, tasks: Sequence[Task],
-                        actions: Sequence[Sequence[int] | np.ndarray]
-                        ) -> concurrent.futures.Future[list[StepResult]]:
+  def score_batch_async(
+    self, tasks: Sequence[Task], actions: Sequence[Sequence[int] | np.ndarray]
+  ) -> concurrent.futures.Future[list[StepResult]]:
     """`score_batch` in the background; the future holds its list."""
     if self._bg is None:
       self._bg = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="code-score")
@@ -410,8 +432,9 @@ class CodeEnv:
         results[i] = self._result(tasks[i], key[1], run, "", executed=i == pending[key][0])
     return results
 
-  def _result(self, task: Task, text: str, run: RunResult | None, why: str,
-              executed: bool = False) -> StepResult:
+  def _result(
+    self, task: Task, text: str, run: RunResult | None, why: str, executed: bool = False
+  ) -> StepResult:
     total = len(json.loads(task.answer))
     if run is None:
       passed, status, detail, fmt = 0, "failed", why, False
@@ -420,10 +443,20 @@ class CodeEnv:
     frac = 0.0 if status == "blocked" else passed / total
     reward = (1 - self._format_weight) * frac + self._format_weight * float(fmt)
     return StepResult(
-        observation=np.zeros((0,), np.int32), reward=float(reward), done=True,
-        info={"status": status, "tests_passed": passed, "tests_total": total,
-              "format_ok": fmt, "sandboxed": run is not None, "sandbox_runs": int(executed),
-              "detail": detail, "completion": text})
+      observation=np.zeros((0,), np.int32),
+      reward=float(reward),
+      done=True,
+      info={
+        "status": status,
+        "tests_passed": passed,
+        "tests_total": total,
+        "format_ok": fmt,
+        "sandboxed": run is not None,
+        "sandbox_runs": int(executed),
+        "detail": detail,
+        "completion": text,
+      },
+    )
 
   def close(self) -> None:
     if self._bg is not None:
@@ -442,4 +475,3 @@ class CodeEnv:
 
 def _is_int(x) -> bool:
   return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-

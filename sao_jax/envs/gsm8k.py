@@ -13,6 +13,7 @@ the number after its last `####` if it has one, else the last number anywhere in
 a leading `$` and trailing zeros after a decimal point are dropped ("1,000.50" == "1000.5",
 "72.0" == "72").
 """
+
 from __future__ import annotations
 
 import re
@@ -55,8 +56,7 @@ def extract_answer(completion: str) -> str | None:
   return normalise_number(numbers[-1]) if numbers else None
 
 
-def parse_record(task_id: int, question: str, answer: str,
-                 template: str = PROMPT_TEMPLATE) -> Task:
+def parse_record(task_id: int, question: str, answer: str, template: str = PROMPT_TEMPLATE) -> Task:
   """A Task from one published record; ValueError if its answer has no '#### <number>'."""
   steps, sep, final = answer.rpartition("####")
   target = normalise_number(final) if sep else None
@@ -64,8 +64,13 @@ def parse_record(task_id: int, question: str, answer: str,
     raise ValueError(f"GSM8K answer without a final '#### <number>': {answer[-60:]!r}")
   lines = [ln.strip() for ln in _ANNOTATION.sub("", steps).strip().splitlines() if ln.strip()]
   solution = "\n".join(lines + [f"#### {target}"])
-  return Task(task_id=int(task_id), prompt=template.format(question=question.strip()),
-              solution=solution, answer=target, difficulty=len(lines))
+  return Task(
+    task_id=int(task_id),
+    prompt=template.format(question=question.strip()),
+    solution=solution,
+    answer=target,
+    difficulty=len(lines),
+  )
 
 
 class GSM8KEnv:
@@ -84,15 +89,16 @@ class GSM8KEnv:
 
   def step(self, action_tokens: Sequence[int] | np.ndarray) -> StepResult:
     if self._done:
-      raise RuntimeError("GSM8KEnv.step() called with no episode in progress: episodes are one "
-                         "step (max_steps=1); call reset(task) first")
+      raise RuntimeError(
+        "GSM8KEnv.step() called with no episode in progress: episodes are one "
+        "step (max_steps=1); call reset(task) first"
+      )
     self._done = True
     text = self._tokenizer.decode(action_tokens)
     predicted = extract_answer(text)
     return StepResult(
-        observation=np.zeros((0,), np.int32),
-        reward=float(predicted is not None and predicted == self._task.answer),
-        done=True,
-        info={"answer": predicted, "target": self._task.answer,
-              "format_ok": "####" in text},
+      observation=np.zeros((0,), np.int32),
+      reward=float(predicted is not None and predicted == self._task.answer),
+      done=True,
+      info={"answer": predicted, "target": self._task.answer, "format_ok": "####" in text},
     )

@@ -17,6 +17,7 @@ The harness takes any `generate(prompts, n) -> list[list[str]]`, so a user who b
 model (one whose tokenizer covers newlines and indentation) gets pass@1 and pass@10 with one
 call; `sao-jax eval --suite humaneval` wires in a workdir's model.
 """
+
 from __future__ import annotations
 
 import collections
@@ -51,11 +52,13 @@ def load_problems(data_dir: str | None = None) -> list[Problem]:
   return [Problem(**row) for row in load_rows(data_dir)]
 
 
-def problem_job(problem: Problem, completion: str,
-                limits: Limits = HUMANEVAL_LIMITS) -> Job:
+def problem_job(problem: Problem, completion: str, limits: Limits = HUMANEVAL_LIMITS) -> Job:
   """The sandbox job that checks `completion` (the text after the prompt)."""
-  return Job(program=problem.prompt + completion,
-             tests=(f"{problem.test}\ncheck({problem.entry_point})\n",), limits=limits)
+  return Job(
+    program=problem.prompt + completion,
+    tests=(f"{problem.test}\ncheck({problem.entry_point})\n",),
+    limits=limits,
+  )
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -67,9 +70,15 @@ def pass_at_k(n: int, c: int, k: int) -> float:
   return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
-def evaluate(generate: Generate, problems: Sequence[Problem] | None = None, *, n: int = 10,
-             ks: Sequence[int] = (1, 10), pool: SandboxPool | None = None,
-             limits: Limits = HUMANEVAL_LIMITS) -> dict[str, Any]:
+def evaluate(
+  generate: Generate,
+  problems: Sequence[Problem] | None = None,
+  *,
+  n: int = 10,
+  ks: Sequence[int] = (1, 10),
+  pool: SandboxPool | None = None,
+  limits: Limits = HUMANEVAL_LIMITS,
+) -> dict[str, Any]:
   """pass@k of `generate`'s completions on `problems` (default: all 164).
 
   Args:
@@ -86,10 +95,12 @@ def evaluate(generate: Generate, problems: Sequence[Problem] | None = None, *, n
     raise ValueError(f"every k in {tuple(ks)} must be in 1..n={n}")
   completions = generate([p.prompt for p in problems], n)
   if len(completions) != len(problems) or any(len(c) != n for c in completions):
-    raise ValueError(f"generate(prompts, {n}) must return {n} completions for each of the "
-                     f"{len(problems)} prompts")
-  jobs = [problem_job(p, c, limits) for p, cs in zip(problems, completions, strict=True)
-          for c in cs]
+    raise ValueError(
+      f"generate(prompts, {n}) must return {n} completions for each of the {len(problems)} prompts"
+    )
+  jobs = [
+    problem_job(p, c, limits) for p, cs in zip(problems, completions, strict=True) for c in cs
+  ]
   if pool is None:
     with SandboxPool() as own:
       runs = own.map(jobs)
@@ -97,13 +108,14 @@ def evaluate(generate: Generate, problems: Sequence[Problem] | None = None, *, n
     runs = pool.map(jobs)
   per_problem, statuses = [], collections.Counter()
   for i, p in enumerate(problems):
-    mine = runs[i * n:(i + 1) * n]
+    mine = runs[i * n : (i + 1) * n]
     counts = collections.Counter(r.status for r in mine)
     statuses.update(counts)
-    per_problem.append({"task_id": p.task_id, "correct": counts["passed"], "n": n,
-                        "statuses": dict(counts)})
+    per_problem.append(
+      {"task_id": p.task_id, "correct": counts["passed"], "n": n, "statuses": dict(counts)}
+    )
   out: dict[str, Any] = {
-      f"pass@{k}": sum(pass_at_k(n, r["correct"], k) for r in per_problem) / len(problems)
-      for k in ks}
+    f"pass@{k}": sum(pass_at_k(n, r["correct"], k) for r in per_problem) / len(problems) for k in ks
+  }
   out.update(num_problems=len(problems), n=n, statuses=dict(statuses), per_problem=per_problem)
   return out

@@ -20,6 +20,7 @@ TFDS unchanged: `prompt` holds the observation of every step, `solution` the exp
 of every step (both joined by newlines, which the char tokenizer cannot encode, so they never
 collide with text), and `answer` the graded steps as "step=answer" pairs joined by commas.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -71,15 +72,19 @@ class LongHorizonSpec:
     if self.min_gap < 1:
       raise ValueError(f"min_gap must be >= 1, got {self.min_gap}")
     if not 3 * self.n_facts + self.min_gap <= self.n_steps <= 1000:
-      raise ValueError(f"n_steps must be in {3 * self.n_facts + self.min_gap}..1000 for "
-                       f"{self.n_facts} facts at gap {self.min_gap}, got {self.n_steps}")
+      raise ValueError(
+        f"n_steps must be in {3 * self.n_facts + self.min_gap}..1000 for "
+        f"{self.n_facts} facts at gap {self.min_gap}, got {self.n_steps}"
+      )
     if not 0.0 <= self.p_noise <= 1.0 or self.period < 0:
       raise ValueError("p_noise must be in [0, 1] and period >= 0")
 
   @property
   def name(self) -> str:
-    return (f"{self.family}_n{self.n_steps}_f{self.n_facts}_g{self.min_gap}"
-            f"_p{int(round(self.p_noise * 100))}_b{self.period}")
+    return (
+      f"{self.family}_n{self.n_steps}_f{self.n_facts}_g{self.min_gap}"
+      f"_p{int(round(self.p_noise * 100))}_b{self.period}"
+    )
 
 
 def generate_task(rng: np.random.Generator, spec: LongHorizonSpec, task_id: int) -> Task:
@@ -118,12 +123,18 @@ def generate_task(rng: np.random.Generator, spec: LongHorizonSpec, task_id: int)
     acts[q] = value
     graded.append((q, value))
   graded.sort()
-  return Task(task_id=int(task_id), prompt=SEP.join(obs), solution=SEP.join(acts),
-              answer=",".join(f"{q}={a}" for q, a in graded), difficulty=n)
+  return Task(
+    task_id=int(task_id),
+    prompt=SEP.join(obs),
+    solution=SEP.join(acts),
+    answer=",".join(f"{q}={a}" for q, a in graded),
+    difficulty=n,
+  )
 
 
-def make_split(spec: LongHorizonSpec, split: str, num: int, seed: int, *,
-               num_test: int | None = None) -> list[Task]:
+def make_split(
+  spec: LongHorizonSpec, split: str, num: int, seed: int, *, num_test: int | None = None
+) -> list[Task]:
   """`num` tasks of `split`, disjoint from the other split (same contract as arithmetic's).
 
   Test ids are 0..num-1, train ids TRAIN_ID_OFFSET + i; train rejects any episode whose script
@@ -131,8 +142,9 @@ def make_split(spec: LongHorizonSpec, split: str, num: int, seed: int, *,
   """
   if split not in ("train", "test"):
     raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-  rng = np.random.default_rng(np.random.SeedSequence([seed, zlib.crc32(split.encode()),
-                                                      zlib.crc32(spec.name.encode())]))
+  rng = np.random.default_rng(
+    np.random.SeedSequence([seed, zlib.crc32(split.encode()), zlib.crc32(spec.name.encode())])
+  )
   if split == "test":
     return [generate_task(rng, spec, i) for i in range(num)]
   if num_test is None or num_test < 0:
@@ -190,6 +202,15 @@ class LongHorizonEnv:
     done = self._t >= len(self._obs)
     nxt = np.zeros((0,), np.int32) if done else self.observation(self._t)
     boundary = (not done) and self._obs[self._t] in BOUNDARIES
-    return StepResult(observation=nxt, reward=reward, done=done,
-                      info={"step": t, "graded": expected is not None, "expected": expected,
-                            "answer": text, "next_boundary": boundary})
+    return StepResult(
+      observation=nxt,
+      reward=reward,
+      done=done,
+      info={
+        "step": t,
+        "graded": expected is not None,
+        "expected": expected,
+        "answer": text,
+        "next_boundary": boundary,
+      },
+    )

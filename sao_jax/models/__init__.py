@@ -3,6 +3,7 @@
 Both families share one interface (see `TransformerLM.__call__`) and one KV-cache type, so
 the sampler and the learner never name a family; they call `make_model` and `init_cache`.
 """
+
 from __future__ import annotations
 
 import jax.numpy as jnp

@@ -21,6 +21,7 @@ split out):
 Rotary embeddings in these checkpoints already use the "rotate half" pairing LlamaLM uses,
 so q/k need no permutation.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -50,8 +51,16 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 # ModelConfig fields a caller may set on top of config.json (everything else is the
 # checkpoint's architecture and comes from the file).
-OVERRIDABLE = ("dtype", "max_len", "memory_slots", "memory_dim", "value_head", "lora_rank",
-               "lora_alpha", "lora_targets")
+OVERRIDABLE = (
+  "dtype",
+  "max_len",
+  "memory_slots",
+  "memory_dim",
+  "value_head",
+  "lora_rank",
+  "lora_alpha",
+  "lora_targets",
+)
 _DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 
 
@@ -89,8 +98,9 @@ def model_config(path: str | os.PathLike, **overrides: Any) -> ModelConfig:
   hf = read_config(path)
   bad = sorted(set(overrides) - set(OVERRIDABLE))
   if bad:
-    raise CheckpointError(f"cannot override {bad}: they come from config.json; "
-                          f"overridable: {OVERRIDABLE}")
+    raise CheckpointError(
+      f"cannot override {bad}: they come from config.json; overridable: {OVERRIDABLE}"
+    )
   kind = hf.get("model_type")
   if kind not in SUPPORTED_TYPES:
     raise CheckpointError(f"model_type {kind!r} not supported; supported: {SUPPORTED_TYPES}")
@@ -105,16 +115,24 @@ def model_config(path: str | os.PathLike, **overrides: Any) -> ModelConfig:
   width, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
   head_dim = hf.get("head_dim")
   if head_dim is not None and int(head_dim) * heads != width:
-    raise CheckpointError(f"head_dim {head_dim} * heads {heads} != hidden_size {width}: "
-                          "only head_dim = hidden_size / heads is supported")
+    raise CheckpointError(
+      f"head_dim {head_dim} * heads {heads} != hidden_size {width}: "
+      "only head_dim = hidden_size / heads is supported"
+    )
   fields = dict(
-      arch="llama", vocab_size=int(hf["vocab_size"]), width=width,
-      depth=int(hf["num_hidden_layers"]), heads=heads,
-      kv_heads=int(hf.get("num_key_value_heads") or heads),
-      mlp_dim=int(hf["intermediate_size"]), rope_theta=_rope_theta(hf),
-      tie_embeddings=bool(hf.get("tie_word_embeddings", False)), qkv_bias=kind == "qwen2",
-      norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-      max_len=int(hf.get("max_position_embeddings", 2048)))
+    arch="llama",
+    vocab_size=int(hf["vocab_size"]),
+    width=width,
+    depth=int(hf["num_hidden_layers"]),
+    heads=heads,
+    kv_heads=int(hf.get("num_key_value_heads") or heads),
+    mlp_dim=int(hf["intermediate_size"]),
+    rope_theta=_rope_theta(hf),
+    tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+    qkv_bias=kind == "qwen2",
+    norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+    max_len=int(hf.get("max_position_embeddings", 2048)),
+  )
   fields.update(overrides)
   return ModelConfig(**fields)
 
@@ -128,17 +146,26 @@ def hf_config(cfg: ModelConfig, base: dict | None = None, dtype: str = "float32"
   out = dict(base or {})
   for stale in ("rope_scaling", "torch_dtype"):
     out.pop(stale, None)
-  out.update({
+  out.update(
+    {
       "architectures": ["Qwen2ForCausalLM" if kind == "qwen2" else "LlamaForCausalLM"],
-      "model_type": kind, "vocab_size": cfg.vocab_size, "hidden_size": cfg.width,
-      "intermediate_size": cfg.ffn_dim, "num_hidden_layers": cfg.depth,
-      "num_attention_heads": cfg.heads, "num_key_value_heads": cfg.n_kv_heads,
-      "head_dim": cfg.head_dim, "hidden_act": "silu", "max_position_embeddings": cfg.max_len,
-      "rms_norm_eps": cfg.norm_eps, "tie_word_embeddings": cfg.tie_embeddings,
+      "model_type": kind,
+      "vocab_size": cfg.vocab_size,
+      "hidden_size": cfg.width,
+      "intermediate_size": cfg.ffn_dim,
+      "num_hidden_layers": cfg.depth,
+      "num_attention_heads": cfg.heads,
+      "num_key_value_heads": cfg.n_kv_heads,
+      "head_dim": cfg.head_dim,
+      "hidden_act": "silu",
+      "max_position_embeddings": cfg.max_len,
+      "rms_norm_eps": cfg.norm_eps,
+      "tie_word_embeddings": cfg.tie_embeddings,
       "rope_theta": cfg.rope_theta,
       "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
       "dtype": dtype,
-  })
+    }
+  )
   if kind == "llama":
     out.update(attention_bias=False, mlp_bias=False)
   else:
@@ -176,32 +203,43 @@ def _transposed(name, shape):  # ours [a, b], theirs [b, a]
 def _heads_in(name, d, n, dh):  # ours [D, N, Dh], theirs [N*Dh, D]
   def read(src, idx):
     sd, sn, sdh = idx
-    blk = src[sn.start * dh:sn.stop * dh, sd]
+    blk = src[sn.start * dh : sn.stop * dh, sd]
     return blk.reshape(sn.stop - sn.start, dh, -1).transpose(2, 0, 1)[:, :, sdh]
+
   return _Layout(name, (n * dh, d), read, lambda a: a.reshape(d, n * dh).T)
 
 
 def _heads_out(name, n, dh, d):  # ours [N, Dh, D], theirs [D, N*Dh]
   def read(src, idx):
     sn, sdh, sd = idx
-    blk = src[sd, sn.start * dh:sn.stop * dh]
+    blk = src[sd, sn.start * dh : sn.stop * dh]
     return blk.reshape(-1, sn.stop - sn.start, dh).transpose(1, 2, 0)[:, sdh, :]
+
   return _Layout(name, (d, n * dh), read, lambda a: a.reshape(n * dh, d).T)
 
 
 def _heads_bias(name, n, dh):  # ours [N, Dh], theirs [N*Dh]
   def read(src, idx):
     sn, sdh = idx
-    return src[sn.start * dh:sn.stop * dh].reshape(-1, dh)[:, sdh]
+    return src[sn.start * dh : sn.stop * dh].reshape(-1, dh)[:, sdh]
+
   return _Layout(name, (n * dh,), read, lambda a: a.reshape(n * dh))
 
 
 def layouts(cfg: ModelConfig) -> dict[tuple[str, ...], _Layout]:
   """Our parameter path -> its Hugging Face tensor, for every parameter the format holds."""
-  d, h, kv, dh, f, v = (cfg.width, cfg.heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim,
-                        cfg.vocab_size)
-  out = {("embed", "embedding"): _copy("model.embed_tokens.weight", (v, d)),
-         ("norm_out", "scale"): _copy("model.norm.weight", (d,))}
+  d, h, kv, dh, f, v = (
+    cfg.width,
+    cfg.heads,
+    cfg.n_kv_heads,
+    cfg.head_dim,
+    cfg.ffn_dim,
+    cfg.vocab_size,
+  )
+  out = {
+    ("embed", "embedding"): _copy("model.embed_tokens.weight", (v, d)),
+    ("norm_out", "scale"): _copy("model.norm.weight", (d,)),
+  }
   if not cfg.tie_embeddings:
     out[("lm_head", "kernel")] = _transposed("lm_head.weight", (d, v))
   for i in range(cfg.depth):
@@ -268,13 +306,17 @@ def _init_fn(model: LlamaLM) -> Callable:
     mask = jnp.ones((1, 1, 1), bool)
     memory = jnp.zeros((1, 0, cfg.memory_dim or cfg.width)) if cfg.memory_slots else None
     return model.init(rng, tokens, tokens, mask, memory)["params"]
+
   return init
 
 
 def _flat(tree) -> dict[tuple[str, ...], Any]:
-  return {tuple(k.key for k in path): leaf for path, leaf in
-          jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(
-              x, nn.meta.AxisMetadata))[0]}
+  return {
+    tuple(k.key for k in path): leaf
+    for path, leaf in jax.tree_util.tree_flatten_with_path(
+      tree, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata)
+    )[0]
+  }
 
 
 def _unflat(flat: dict[tuple[str, ...], Any]) -> dict:
@@ -287,8 +329,14 @@ def _unflat(flat: dict[tuple[str, ...], Any]) -> dict:
   return out
 
 
-def load_params(path: str | os.PathLike, cfg: ModelConfig, *, mesh: Mesh | None = None,
-                rules: Sequence = DEFAULT_RULES, rng: jax.Array | None = None) -> dict:
+def load_params(
+  path: str | os.PathLike,
+  cfg: ModelConfig,
+  *,
+  mesh: Mesh | None = None,
+  rules: Sequence = DEFAULT_RULES,
+  rng: jax.Array | None = None,
+) -> dict:
   """Parameters of `LlamaLM(cfg)` from the checkpoint at `path`, placed by `rules` on `mesh`.
 
   With no mesh, everything goes to the first device. Parameters the format has no place for
@@ -305,8 +353,7 @@ def load_params(path: str | os.PathLike, cfg: ModelConfig, *, mesh: Mesh | None 
   init = _init_fn(model)
   boxed = jax.eval_shape(init, jax.random.key(0))
   if mesh is None:
-    shardings = jax.tree.map(lambda _: SingleDeviceSharding(jax.devices()[0]),
-                             nn.meta.unbox(boxed))
+    shardings = jax.tree.map(lambda _: SingleDeviceSharding(jax.devices()[0]), nn.meta.unbox(boxed))
   else:
     shardings = sharding.logical_shardings(boxed, mesh, rules)
   abstract, shardings = _flat(nn.meta.unbox(boxed)), _flat(shardings)
@@ -325,8 +372,10 @@ def load_params(path: str | os.PathLike, cfg: ModelConfig, *, mesh: Mesh | None 
     for key, layout in maps.items():
       src = files.slice(layout.name)
       if tuple(src.get_shape()) != layout.src_shape:
-        raise CheckpointError(f"{layout.name}: shape {tuple(src.get_shape())}, expected "
-                              f"{layout.src_shape} from the model config")
+        raise CheckpointError(
+          f"{layout.name}: shape {tuple(src.get_shape())}, expected "
+          f"{layout.src_shape} from the model config"
+        )
       shape = abstract[key].shape
       cache: dict[tuple, np.ndarray] = {}  # replicated shards: read once per distinct block
 
@@ -336,21 +385,32 @@ def load_params(path: str | os.PathLike, cfg: ModelConfig, *, mesh: Mesh | None 
         if k not in cache:
           cache[k] = _read_block(layout, src, index)
         return cache[k]
+
       result[key] = jax.make_array_from_callback(shape, shardings[key], block)
   if fresh:
     if rng is None:
-      raise CheckpointError(f"parameters not in the checkpoint need an rng to initialise: "
-                            f"{['/'.join(k) for k in fresh][:5]}")
+      raise CheckpointError(
+        f"parameters not in the checkpoint need an rng to initialise: "
+        f"{['/'.join(k) for k in fresh][:5]}"
+      )
+
     # Only the fresh leaves leave the jitted init; XLA drops the rest of it as dead code.
     def pick(r):
       every = _flat(nn.meta.unbox(init(r)))
       return {k: every[k] for k in fresh}
+
     result.update(jax.jit(pick, out_shardings={k: shardings[k] for k in fresh})(rng))
   return _unflat(result)
 
 
-def load(path: str | os.PathLike, *, mesh: Mesh | None = None, rules: Sequence = DEFAULT_RULES,
-         rng: jax.Array | None = None, **overrides) -> tuple[ModelConfig, dict]:
+def load(
+  path: str | os.PathLike,
+  *,
+  mesh: Mesh | None = None,
+  rules: Sequence = DEFAULT_RULES,
+  rng: jax.Array | None = None,
+  **overrides,
+) -> tuple[ModelConfig, dict]:
   """(`model_config(path, **overrides)`, `load_params(...)`) in one call."""
   cfg = model_config(path, **overrides)
   return cfg, load_params(path, cfg, mesh=mesh, rules=rules, rng=rng)
@@ -359,8 +419,15 @@ def load(path: str | os.PathLike, *, mesh: Mesh | None = None, rules: Sequence =
 # ----------------------------------------------------------------------------- export
 
 
-def save(path: str | os.PathLike, params: dict, cfg: ModelConfig, *, dtype: str = "float32",
-         max_shard_bytes: int = 2 ** 30, base_config: dict | None = None) -> list[str]:
+def save(
+  path: str | os.PathLike,
+  params: dict,
+  cfg: ModelConfig,
+  *,
+  dtype: str = "float32",
+  max_shard_bytes: int = 2**30,
+  base_config: dict | None = None,
+) -> list[str]:
   """Writes config.json and safetensors for `params` into the directory `path`.
 
   LoRA adapters are merged into their kernels first (`lora.merge`). One tensor at a time is

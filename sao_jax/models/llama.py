@@ -22,6 +22,7 @@ With `cfg.lora_rank > 0` the projections named in `cfg.lora_targets` carry LoRA 
 (Hu et al. 2021): W x + (alpha / r) B A x with A [in, r] and B [r, out] (B starts at zero,
 so a fresh adapter leaves the model unchanged); see `sao_jax.models.lora`.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -66,8 +67,12 @@ class RMSNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)),
-                       (x.shape[-1],), jnp.float32)
+    scale = self.param(
+      "scale",
+      nn.with_logical_partitioning(nn.initializers.ones, ("norm",)),
+      (x.shape[-1],),
+      jnp.float32,
+    )
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
     return (scale * y).astype(self.dtype)
@@ -75,8 +80,7 @@ class RMSNorm(nn.Module):
 
 def _contract(x, w, n: int):
   """Contracts the last n axes of x with the first n axes of w."""
-  return jax.lax.dot_general(x, w, ((tuple(range(x.ndim - n, x.ndim)), tuple(range(n))),
-                                    ((), ())))
+  return jax.lax.dot_general(x, w, ((tuple(range(x.ndim - n, x.ndim)), tuple(range(n))), ((), ())))
 
 
 class Linear(nn.Module):
@@ -98,24 +102,41 @@ class Linear(nn.Module):
   def __call__(self, x):
     n_in, n_out = self.n_in, len(self.out_shape)
     in_shape = x.shape[-n_in:]
-    init = nn.initializers.lecun_normal(in_axis=tuple(range(n_in)),
-                                        out_axis=tuple(range(n_in, n_in + n_out)))
-    kernel = self.param("kernel", nn.with_logical_partitioning(init, self.axes),
-                        in_shape + tuple(self.out_shape), jnp.float32)
+    init = nn.initializers.lecun_normal(
+      in_axis=tuple(range(n_in)), out_axis=tuple(range(n_in, n_in + n_out))
+    )
+    kernel = self.param(
+      "kernel",
+      nn.with_logical_partitioning(init, self.axes),
+      in_shape + tuple(self.out_shape),
+      jnp.float32,
+    )
     x = x.astype(self.dtype)
     y = _contract(x, kernel.astype(self.dtype), n_in)
     if self.use_bias:
-      bias = self.param("bias", nn.with_logical_partitioning(
-          nn.initializers.zeros, self.axes[n_in:]), tuple(self.out_shape), jnp.float32)
+      bias = self.param(
+        "bias",
+        nn.with_logical_partitioning(nn.initializers.zeros, self.axes[n_in:]),
+        tuple(self.out_shape),
+        jnp.float32,
+      )
       y = y + bias.astype(self.dtype)
     if self.lora_rank:
-      a_init = nn.initializers.variance_scaling(1.0, "fan_in", "normal",
-                                                in_axis=tuple(range(n_in)), out_axis=n_in)
-      lora_a = self.param("lora_a", nn.with_logical_partitioning(
-          a_init, self.axes[:n_in] + (None,)), in_shape + (self.lora_rank,), jnp.float32)
-      lora_b = self.param("lora_b", nn.with_logical_partitioning(
-          nn.initializers.zeros, (None,) + self.axes[n_in:]),
-                          (self.lora_rank,) + tuple(self.out_shape), jnp.float32)
+      a_init = nn.initializers.variance_scaling(
+        1.0, "fan_in", "normal", in_axis=tuple(range(n_in)), out_axis=n_in
+      )
+      lora_a = self.param(
+        "lora_a",
+        nn.with_logical_partitioning(a_init, self.axes[:n_in] + (None,)),
+        in_shape + (self.lora_rank,),
+        jnp.float32,
+      )
+      lora_b = self.param(
+        "lora_b",
+        nn.with_logical_partitioning(nn.initializers.zeros, (None,) + self.axes[n_in:]),
+        (self.lora_rank,) + tuple(self.out_shape),
+        jnp.float32,
+      )
       scale = self.lora_alpha / self.lora_rank
       h = _contract(x, lora_a.astype(self.dtype), n_in)
       y = y + scale * _contract(h, lora_b.astype(self.dtype), 1)
@@ -124,9 +145,16 @@ class Linear(nn.Module):
 
 def _linear(cfg: ModelConfig, name: str, out_shape, axes, n_in=1, use_bias=False) -> Linear:
   rank = cfg.lora_rank if name in cfg.lora_targets else 0
-  return Linear(tuple(out_shape), tuple(axes), n_in=n_in, use_bias=use_bias,
-                dtype=jnp.dtype(cfg.dtype), lora_rank=rank, lora_alpha=cfg.lora_alpha,
-                name=name)
+  return Linear(
+    tuple(out_shape),
+    tuple(axes),
+    n_in=n_in,
+    use_bias=use_bias,
+    dtype=jnp.dtype(cfg.dtype),
+    lora_rank=rank,
+    lora_alpha=cfg.lora_alpha,
+    name=name,
+  )
 
 
 class Attention(nn.Module):
@@ -138,10 +166,12 @@ class Attention(nn.Module):
     dtype = jnp.dtype(cfg.dtype)
     h, kv, dh = cfg.heads, cfg.n_kv_heads, cfg.head_dim
     q_bthd = _linear(cfg, "query", (h, dh), ("embed", "heads", "kv"), use_bias=cfg.qkv_bias)(x_btd)
-    k_btkd = _linear(cfg, "key", (kv, dh), ("embed", "kv_heads", "kv"),
-                     use_bias=cfg.qkv_bias)(x_btd)
-    v_btkd = _linear(cfg, "value", (kv, dh), ("embed", "kv_heads", "kv"),
-                     use_bias=cfg.qkv_bias)(x_btd)
+    k_btkd = _linear(cfg, "key", (kv, dh), ("embed", "kv_heads", "kv"), use_bias=cfg.qkv_bias)(
+      x_btd
+    )
+    v_btkd = _linear(cfg, "value", (kv, dh), ("embed", "kv_heads", "kv"), use_bias=cfg.qkv_bias)(
+      x_btd
+    )
     q_bthd = rope(q_bthd, positions_bt, cfg.rope_theta)
     k_btkd = rope(k_btkd, positions_bt, cfg.rope_theta)
     new_kv = None
@@ -152,11 +182,13 @@ class Attention(nn.Module):
     b, t = q_bthd.shape[:2]
     q_btkgd = q_bthd.reshape(b, t, kv, h // kv, dh)
     logits_bkgts = jnp.einsum("btkgd,bskd->bkgts", q_btkgd, k_btkd.astype(dtype)).astype(
-        jnp.float32) / jnp.sqrt(dh).astype(jnp.float32)
+      jnp.float32
+    ) / jnp.sqrt(dh).astype(jnp.float32)
     logits_bkgts = jnp.where(mask_bts[:, None, None], logits_bkgts, _NEG_INF)
     probs_bkgts = jax.nn.softmax(logits_bkgts, axis=-1).astype(dtype)
     out_bthd = jnp.einsum("bkgts,bskd->btkgd", probs_bkgts, v_btkd.astype(dtype)).reshape(
-        b, t, h, dh)
+      b, t, h, dh
+    )
     out_btd = _linear(cfg, "out", (cfg.width,), ("heads", "kv", "embed"), n_in=2)(out_bthd)
     return out_btd, new_kv
 
@@ -169,8 +201,8 @@ class Block(nn.Module):
     cfg = self.cfg
     dtype = jnp.dtype(cfg.dtype)
     h_btd, new_kv = Attention(cfg, name="attn")(
-        RMSNorm(cfg.norm_eps, dtype, name="norm_attn")(x_btd), positions_bt, mask_bts,
-        cache_kv, index)
+      RMSNorm(cfg.norm_eps, dtype, name="norm_attn")(x_btd), positions_bt, mask_bts, cache_kv, index
+    )
     x_btd = x_btd + h_btd
     h_btd = RMSNorm(cfg.norm_eps, dtype, name="norm_mlp")(x_btd)
     f = cfg.ffn_dim
@@ -191,13 +223,25 @@ class LlamaLM(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, tokens_bt, positions_bt, mask_bts, memory_bmd=None, cache=None, index=0,
-               with_values: bool = False):
+  def __call__(
+    self,
+    tokens_bt,
+    positions_bt,
+    mask_bts,
+    memory_bmd=None,
+    cache=None,
+    index=0,
+    with_values: bool = False,
+  ):
     cfg = self.cfg
     dtype = jnp.dtype(cfg.dtype)
-    embed = nn.Embed(cfg.vocab_size, cfg.width, dtype=dtype, name="embed",
-                     embedding_init=nn.with_logical_partitioning(
-                         nn.initializers.normal(0.02), ("vocab", "embed")))
+    embed = nn.Embed(
+      cfg.vocab_size,
+      cfg.width,
+      dtype=dtype,
+      name="embed",
+      embedding_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("vocab", "embed")),
+    )
     x_btd = embed(tokens_bt)
     n_mem = 0
     if cfg.memory_slots:
@@ -211,7 +255,8 @@ class LlamaLM(nn.Module):
       x_btd = jnp.concatenate([mem_bmd, x_btd], axis=1)
       # Position 0 is the identity rotation: memory keys carry no position.
       positions_bt = jnp.concatenate(
-          [jnp.zeros((tokens_bt.shape[0], n_mem), positions_bt.dtype), positions_bt], axis=1)
+        [jnp.zeros((tokens_bt.shape[0], n_mem), positions_bt.dtype), positions_bt], axis=1
+      )
     elif memory_bmd is not None:
       raise ValueError("memory given but model.memory_slots == 0")
     x_btd = nn.with_logical_constraint(x_btd, ("batch", "length", "act_embed"))
@@ -226,8 +271,7 @@ class LlamaLM(nn.Module):
     if cfg.tie_embeddings:
       logits_btv = embed.attend(x_btd)
     else:
-      logits_btv = Linear((cfg.vocab_size,), ("embed", "vocab"), dtype=dtype,
-                          name="lm_head")(x_btd)
+      logits_btv = Linear((cfg.vocab_size,), ("embed", "vocab"), dtype=dtype, name="lm_head")(x_btd)
     logits_btv = logits_btv.astype(jnp.float32)
     new_cache = KVCache(tuple(new_k), tuple(new_v)) if cache is not None else None
     if cfg.value_head:

@@ -13,6 +13,7 @@ Pure functions over parameter trees (nested dicts, boxed or not):
   `merge`                           W + (alpha / r) A B, adapters dropped: the plain model
                                     with `lora_rank = 0` (what is exported).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -33,7 +34,8 @@ def _is_adapter(path) -> bool:
 def adapter_labels(params):
   """Same tree as `params` with leaves "adapter" (LoRA A/B) or "frozen" (everything else)."""
   return jax.tree_util.tree_map_with_path(
-      lambda path, _: "adapter" if _is_adapter(path) else "frozen", params)
+    lambda path, _: "adapter" if _is_adapter(path) else "frozen", params
+  )
 
 
 def freeze_base(tx: optax.GradientTransformation) -> optax.GradientTransformation:

@@ -12,6 +12,7 @@ valid tokens only, so left padding does not shift them.
 Parameters carry logical axis names (batch, embed, heads, kv, mlp, vocab); the mesh rules
 in the config map them to mesh axes.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -46,13 +47,19 @@ def write_cache(cache_bkhd: jax.Array, new_bthd: jax.Array, index) -> jax.Array:
   if jnp.ndim(index) == 0:
     return jax.lax.dynamic_update_slice(cache_bkhd, new_bthd, (0, index, 0, 0))
   return jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (i, 0, 0)))(
-      cache_bkhd, new_bthd, index)
+    cache_bkhd, new_bthd, index
+  )
 
 
 def _dense(features, axes, name, dtype, axis=-1):
   return nn.DenseGeneral(
-      features=features, axis=axis, use_bias=False, dtype=dtype, name=name,
-      kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), axes))
+    features=features,
+    axis=axis,
+    use_bias=False,
+    dtype=dtype,
+    name=name,
+    kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), axes),
+  )
 
 
 class Attention(nn.Module):
@@ -63,8 +70,10 @@ class Attention(nn.Module):
     cfg = self.cfg
     dtype = jnp.dtype(cfg.dtype)
     head_dim = cfg.width // cfg.heads
-    qkv = [_dense((cfg.heads, head_dim), ("embed", "heads", "kv"), n, dtype)(x_btd)
-           for n in ("query", "key", "value")]
+    qkv = [
+      _dense((cfg.heads, head_dim), ("embed", "heads", "kv"), n, dtype)(x_btd)
+      for n in ("query", "key", "value")
+    ]
     q_bthd, k_bthd, v_bthd = qkv
     new_kv = None
     if cache_kv is not None:
@@ -88,7 +97,8 @@ class Block(nn.Module):
     cfg = self.cfg
     dtype = jnp.dtype(cfg.dtype)
     h_btd, new_kv = Attention(cfg, name="attn")(
-        nn.RMSNorm(dtype=dtype, name="norm_attn")(x_btd), mask_btk, cache_kv, index)
+      nn.RMSNorm(dtype=dtype, name="norm_attn")(x_btd), mask_btk, cache_kv, index
+    )
     x_btd = x_btd + h_btd
     h_btd = nn.RMSNorm(dtype=dtype, name="norm_mlp")(x_btd)
     h_btf = _dense(cfg.width * cfg.mlp_ratio, ("embed", "mlp"), "mlp_in", dtype)(h_btd)
@@ -114,15 +124,30 @@ class TransformerLM(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, tokens_bt, positions_bt, mask_btk, memory_bmd=None, cache=None, index=0,
-               with_values: bool = False):
+  def __call__(
+    self,
+    tokens_bt,
+    positions_bt,
+    mask_btk,
+    memory_bmd=None,
+    cache=None,
+    index=0,
+    with_values: bool = False,
+  ):
     cfg = self.cfg
     dtype = jnp.dtype(cfg.dtype)
-    embed = nn.Embed(cfg.vocab_size, cfg.width, dtype=dtype, name="embed",
-                     embedding_init=nn.with_logical_partitioning(
-                         nn.initializers.normal(0.02), ("vocab", "embed")))
-    pos_embed = self.param("pos_embed", nn.with_logical_partitioning(
-        nn.initializers.normal(0.02), (None, "embed")), (cfg.max_len, cfg.width))
+    embed = nn.Embed(
+      cfg.vocab_size,
+      cfg.width,
+      dtype=dtype,
+      name="embed",
+      embedding_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("vocab", "embed")),
+    )
+    pos_embed = self.param(
+      "pos_embed",
+      nn.with_logical_partitioning(nn.initializers.normal(0.02), (None, "embed")),
+      (cfg.max_len, cfg.width),
+    )
     x_btd = embed(tokens_bt) + jnp.take(pos_embed, positions_bt, axis=0).astype(dtype)
     n_mem = 0
     if cfg.memory_slots:

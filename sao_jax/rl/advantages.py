@@ -1,4 +1,5 @@
 """Advantage estimators. Small, pure, unbatched where possible; callers vmap."""
+
 from __future__ import annotations
 
 import chex

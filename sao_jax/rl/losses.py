@@ -1,4 +1,5 @@
 """Per-token policy losses and the KL penalty. Pure and unbatched over the batch axis."""
+
 from __future__ import annotations
 
 import chex
@@ -39,8 +40,16 @@ def reinforce_loss(logp_t, old_logp_t, advantage, mask_t, clip_eps: float):
   return jnp.where(mask_t, loss_t, 0.0), jnp.zeros_like(logp_t)
 
 
-def decoupled_ppo_loss(logp_t, prox_logp_t, behav_logp_t, advantage, mask_t, clip_eps: float,
-                       is_cap: float, level: str = "token"):
+def decoupled_ppo_loss(
+  logp_t,
+  prox_logp_t,
+  behav_logp_t,
+  advantage,
+  mask_t,
+  clip_eps: float,
+  is_cap: float,
+  level: str = "token",
+):
   """Decoupled PPO surrogate for one possibly stale sequence, per token.
 
   Three policies: behaviour pi_behav (sampled the tokens, maybe several versions ago),
@@ -91,9 +100,11 @@ def decoupled_ppo_loss(logp_t, prox_logp_t, behav_logp_t, advantage, mask_t, cli
   clipped_t = jnp.clip(u_t, 1 - clip_eps, 1 + clip_eps) * advantage
   loss_t = -w_t * jnp.minimum(unclipped_t, clipped_t)
   masked = lambda x_t: jnp.where(mask_t, x_t, 0.0)
-  aux = {"clipped_t": masked((clipped_t < unclipped_t).astype(jnp.float32)),
-         "truncated_t": masked(truncated_t.astype(jnp.float32)),
-         "w_t": masked(w_t)}
+  aux = {
+    "clipped_t": masked((clipped_t < unclipped_t).astype(jnp.float32)),
+    "truncated_t": masked(truncated_t.astype(jnp.float32)),
+    "w_t": masked(w_t),
+  }
   return masked(loss_t), aux
 
 
@@ -114,8 +125,9 @@ def freshness_factor(staleness: jax.Array, half_life: float, max_staleness: int)
   return jnp.where((s >= 0) & (s <= max_staleness), jnp.exp2(-s / half_life), 0.0)
 
 
-def freshness_weights(staleness_b: jax.Array, half_life: float, max_staleness: int,
-                      mode: str) -> jax.Array:
+def freshness_weights(
+  staleness_b: jax.Array, half_life: float, max_staleness: int, mode: str
+) -> jax.Array:
   """Per-trajectory loss weights from staleness   [B] int -> [B] float32.
 
   mode "drop":  w = 1 if 0 <= s <= max_staleness else 0   (bounded staleness only)

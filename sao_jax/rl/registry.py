@@ -1,4 +1,5 @@
 """Name -> function registries, so configs select estimators by string."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -15,6 +16,7 @@ class Registry:
         raise ValueError(f"{self.kind} {name!r} registered twice")
       self._fns[name] = fn
       return fn
+
     return deco
 
   def get(self, name: str) -> Callable:

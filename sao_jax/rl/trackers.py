@@ -9,6 +9,7 @@ The reference recipe is verl-recipe `spo/spo_ray_trainer.py`; differences are no
 Shapes: N tasks in the training set, B trajectories in a batch. Everything is jit-able with
 fixed shapes; padded batch rows are marked by `valid_b` and change nothing.
 """
+
 from __future__ import annotations
 
 import chex
@@ -36,8 +37,10 @@ def init_beta_tracker(num_tasks: int, alpha0=1.0, beta0=1.0) -> BetaTracker:
   alpha0 and beta0 must be positive.
   """
   shape = (num_tasks,)
-  return BetaTracker(alpha_n=jnp.broadcast_to(jnp.asarray(alpha0, jnp.float32), shape),
-                     beta_n=jnp.broadcast_to(jnp.asarray(beta0, jnp.float32), shape))
+  return BetaTracker(
+    alpha_n=jnp.broadcast_to(jnp.asarray(alpha0, jnp.float32), shape),
+    beta_n=jnp.broadcast_to(jnp.asarray(beta0, jnp.float32), shape),
+  )
 
 
 def tracker_value(tracker: BetaTracker, task_b: jax.Array) -> jax.Array:
@@ -54,8 +57,7 @@ def tracker_value(tracker: BetaTracker, task_b: jax.Array) -> jax.Array:
   return alpha_b / (alpha_b + tracker.beta_n[task_b])
 
 
-def forgetting_factor(drift: jax.Array, d_half: float, rho_min: float, rho_max: float
-                      ) -> jax.Array:
+def forgetting_factor(drift: jax.Array, d_half: float, rho_min: float, rho_max: float) -> jax.Array:
   """KL-adaptive forgetting factor of SPO's tracker   (any shape, elementwise).
 
   rho = clip(2^(-D / d_half), rho_min, rho_max)
@@ -74,8 +76,9 @@ def forgetting_factor(drift: jax.Array, d_half: float, rho_min: float, rho_max: 
   return jnp.clip(rho, rho_min, rho_max)
 
 
-def trajectory_drift(logp_bt: jax.Array, ref_logp_bt: jax.Array, mask_bt: jax.Array,
-                     traj_b: jax.Array) -> jax.Array:
+def trajectory_drift(
+  logp_bt: jax.Array, ref_logp_bt: jax.Array, mask_bt: jax.Array, traj_b: jax.Array
+) -> jax.Array:
   """Per-token mean |logp - ref_logp| over each row's whole trajectory   -> [B].
 
   D_j = sum_{rows b of j, t} |logp[b,t] - ref[b,t]| mask[b,t] / sum_{rows b of j, t} mask[b,t]
@@ -92,8 +95,13 @@ def trajectory_drift(logp_bt: jax.Array, ref_logp_bt: jax.Array, mask_bt: jax.Ar
   return (abs_j / jnp.maximum(tok_j, 1.0))[traj_b]
 
 
-def update_beta_tracker(tracker: BetaTracker, task_b: jax.Array, rewards_b: jax.Array,
-                        rho_b: jax.Array, valid_b: jax.Array | None = None) -> BetaTracker:
+def update_beta_tracker(
+  tracker: BetaTracker,
+  task_b: jax.Array,
+  rewards_b: jax.Array,
+  rho_b: jax.Array,
+  valid_b: jax.Array | None = None,
+) -> BetaTracker:
   """Folds a batch of rewards into the tracker; returns the new tracker.
 
   The tracker is a Beta over success in [0, 1]: rewards are clipped to [0, 1] first (a
@@ -114,8 +122,9 @@ def update_beta_tracker(tracker: BetaTracker, task_b: jax.Array, rewards_b: jax.
   """
   if valid_b is None:
     valid_b = jnp.ones(task_b.shape, bool)
-  chex.assert_rank([tracker.alpha_n, tracker.beta_n, task_b, rewards_b, rho_b, valid_b],
-                   [1, 1, 1, 1, 1, 1])
+  chex.assert_rank(
+    [tracker.alpha_n, tracker.beta_n, task_b, rewards_b, rho_b, valid_b], [1, 1, 1, 1, 1, 1]
+  )
   chex.assert_equal_shape([task_b, rewards_b, rho_b, valid_b])
   chex.assert_type(task_b, int)
   num_tasks = tracker.alpha_n.shape[0]
@@ -131,13 +140,20 @@ def update_beta_tracker(tracker: BetaTracker, task_b: jax.Array, rewards_b: jax.
   decay_n = jax.ops.segment_prod(rho_b, task_b, num_tasks)  # 1 for tasks not in the batch
   add_alpha_n = jax.ops.segment_sum(r_b * decay_after_b, task_b, num_tasks)
   add_beta_n = jax.ops.segment_sum((n_b - r_b) * decay_after_b, task_b, num_tasks)
-  return BetaTracker(alpha_n=decay_n * tracker.alpha_n + add_alpha_n,
-                     beta_n=decay_n * tracker.beta_n + add_beta_n)
+  return BetaTracker(
+    alpha_n=decay_n * tracker.alpha_n + add_alpha_n, beta_n=decay_n * tracker.beta_n + add_beta_n
+  )
 
 
 @ADVANTAGES.register("spo_tracker")
-def spo_advantage(rewards_b: jax.Array, values_b: jax.Array, weight_b: jax.Array,
-                  std_floor: float = 0.1, center: bool = False, eps: float = 1e-6) -> jax.Array:
+def spo_advantage(
+  rewards_b: jax.Array,
+  values_b: jax.Array,
+  weight_b: jax.Array,
+  std_floor: float = 0.1,
+  center: bool = False,
+  eps: float = 1e-6,
+) -> jax.Array:
   """SPO advantage of a batch of single trajectories   [B], [B], [B] -> [B].
 
   A_b = r_b - v_b;                      (center: A_b <- A_b - mean(A))

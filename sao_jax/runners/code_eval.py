@@ -5,6 +5,7 @@ completions per problem); execution and pass@k are `sao_jax.envs.humaneval.evalu
 models trained here use the printable-ASCII char tokenizer, which cannot encode HumanEval's
 prompts (newlines, indentation): for them this fails up front with a message saying so.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,8 +26,9 @@ from sao_jax.sandbox import SandboxPool
 from sao_jax.tokenizer import Tokenizer, get_tokenizer
 
 
-def make_generate(tok: Tokenizer, progs: SamplerPrograms, params, prompt_len: int, batch_size: int,
-                  seed: int = 0) -> Callable[[list[str], int], list[list[str]]]:
+def make_generate(
+  tok: Tokenizer, progs: SamplerPrograms, params, prompt_len: int, batch_size: int, seed: int = 0
+) -> Callable[[list[str], int], list[list[str]]]:
   """`generate(prompts, n)`: n sampled completions per prompt with `progs.sample`, in
   fixed-size batches of `batch_size` rows (the last one padded)."""
   bs = round_up(batch_size, progs.batch_divisor)
@@ -36,18 +38,25 @@ def make_generate(tok: Tokenizer, progs: SamplerPrograms, params, prompt_len: in
     texts: list[str] = []
     key = jax.random.key(seed)
     for i in range(0, len(rows), bs):
-      chunk = rows[i:i + bs]
+      chunk = rows[i : i + bs]
       prompt, pvalid = encode_prompts(tok, chunk + [chunk[-1]] * (bs - len(chunk)), prompt_len)
       key, sub = jax.random.split(key)
       out = np.asarray(progs.sample(params, prompt, pvalid, sub).tokens_bt)
       texts += [tok.decode(out[j]) for j in range(len(chunk))]
-    return [texts[j * n:(j + 1) * n] for j in range(len(prompts))]
+    return [texts[j * n : (j + 1) * n] for j in range(len(prompts))]
+
   return generate
 
 
-def eval_humaneval_workdir(workdir: str | pathlib.Path, *, n: int = 10,
-                           num_problems: int | None = None, temperature: float = 0.8,
-                           max_new_tokens: int = 0, batch_size: int = 64) -> dict[str, Any]:
+def eval_humaneval_workdir(
+  workdir: str | pathlib.Path,
+  *,
+  n: int = 10,
+  num_problems: int | None = None,
+  temperature: float = 0.8,
+  max_new_tokens: int = 0,
+  batch_size: int = 64,
+) -> dict[str, Any]:
   """pass@1 and pass@10 (k <= n) of the latest checkpoint in `workdir` on HumanEval.
 
   Raises:
@@ -65,24 +74,34 @@ def eval_humaneval_workdir(workdir: str | pathlib.Path, *, n: int = 10,
       encoded.append(tok.encode(p.prompt, add_bos=True))
     except ValueError as err:
       raise config_lib.ConfigError(
-          f"the model in {workdir} uses the {cfg.tokenizer!r} tokenizer, which cannot encode "
-          f"HumanEval prompts ({p.task_id}: {str(err)[:80]}...). HumanEval needs a model whose "
-          "tokenizer covers newlines, indentation and the whole prompt text; the harness "
-          "itself is sao_jax.envs.humaneval.evaluate(generate, ...) for such a model"
+        f"the model in {workdir} uses the {cfg.tokenizer!r} tokenizer, which cannot encode "
+        f"HumanEval prompts ({p.task_id}: {str(err)[:80]}...). HumanEval needs a model whose "
+        "tokenizer covers newlines, indentation and the whole prompt text; the harness "
+        "itself is sao_jax.envs.humaneval.evaluate(generate, ...) for such a model"
       ) from None
   max_new = max_new_tokens or cfg.rl.max_new_tokens
   prompt_len = round_up(max(map(len, encoded)), 8)
   if prompt_len + max_new > cfg.model.max_len:
     raise config_lib.ConfigError(
-        f"HumanEval prompts need {prompt_len} tokens plus {max_new} to generate, more than "
-        f"the model's context of {cfg.model.max_len}")
-  model = make_model(dataclasses.replace(cfg.model,
-                                            vocab_size=cfg.model.vocab_size or tok.vocab_size))
-  progs = compile_sampler(cfg, model, prompt_len=prompt_len, max_new_tokens=max_new,
-                          temperature=temperature, eos_id=tok.eos_id, pad_id=tok.pad_id)
+      f"HumanEval prompts need {prompt_len} tokens plus {max_new} to generate, more than "
+      f"the model's context of {cfg.model.max_len}"
+    )
+  model = make_model(
+    dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or tok.vocab_size)
+  )
+  progs = compile_sampler(
+    cfg,
+    model,
+    prompt_len=prompt_len,
+    max_new_tokens=max_new,
+    temperature=temperature,
+    eos_id=tok.eos_id,
+    pad_id=tok.pad_id,
+  )
   params, _, _ = ckpt_lib.restore_params(directory, progs.abstract_params)
   generate = make_generate(tok, progs, params, prompt_len, batch_size, seed=cfg.seed)
   with SandboxPool() as pool:
-    result = humaneval.evaluate(generate, problems, n=n, ks=[k for k in (1, 10) if k <= n],
-                                pool=pool)
+    result = humaneval.evaluate(
+      generate, problems, n=n, ks=[k for k in (1, 10) if k <= n], pool=pool
+    )
   return dict(result, checkpoint=str(directory), step=step)

@@ -1,4 +1,5 @@
 """What every training phase shares: its clock, its programs, its logging and its ending."""
+
 from __future__ import annotations
 
 import time
@@ -56,25 +57,44 @@ class PhaseClock:
     return {f"eval_{k}": v for k, v in result.items()}
 
 
-def programs_for(s: Setup, optim: OptimConfig, update_maker: Callable, *, with_ref=False,
-                 mesh=None, num_tasks: int = 0) -> Programs:
+def programs_for(
+  s: Setup,
+  optim: OptimConfig,
+  update_maker: Callable,
+  *,
+  with_ref=False,
+  mesh=None,
+  num_tasks: int = 0,
+) -> Programs:
   """The phase's learner (init, update) and sampler (sample, greedy) programs."""
   tx = make_optimizer(optim)
-  return compile_programs(s.cfg, s.model, tx, update_maker(s.model, tx), with_ref=with_ref,
-                          prompt_len=s.prompt_len, max_new_tokens=s.cfg.rl.max_new_tokens,
-                          temperature=s.cfg.rl.temperature, eos_id=s.tok.eos_id,
-                          pad_id=s.tok.pad_id, mesh=mesh, num_tasks=num_tasks)
+  return compile_programs(
+    s.cfg,
+    s.model,
+    tx,
+    update_maker(s.model, tx),
+    with_ref=with_ref,
+    prompt_len=s.prompt_len,
+    max_new_tokens=s.cfg.rl.max_new_tokens,
+    temperature=s.cfg.rl.temperature,
+    eos_id=s.tok.eos_id,
+    pad_id=s.tok.pad_id,
+    mesh=mesh,
+    num_tasks=num_tasks,
+  )
 
 
 def eval_fn(s: Setup, progs: Programs, tasks: list[Task] | None = None):
   """params -> held-out accuracy dict (on `tasks`, default the test split's first
   eval.num_problems)."""
-  return lambda params: evaluate(s, progs.greedy, params, batch_divisor=progs.batch_divisor,
-                                 tasks=tasks)
+  return lambda params: evaluate(
+    s, progs.greedy, params, batch_divisor=progs.batch_divisor, tasks=tasks
+  )
 
 
-def sft_batch(s: Setup, tasks: list[Task], rng: np.random.Generator, rows: int,
-              target_len: int) -> SFTBatch:
+def sft_batch(
+  s: Setup, tasks: list[Task], rng: np.random.Generator, rows: int, target_len: int
+) -> SFTBatch:
   """One teacher-forced row per task. A multi-step task contributes one of its steps, drawn
   with probability proportional to the step's weight (so that in expectation the loss is
   the weighted one); a one-step task its only row."""
@@ -90,12 +110,18 @@ def sft_batch(s: Setup, tasks: list[Task], rng: np.random.Generator, rows: int,
     targets.append(ex.target)
   prompt, pvalid = left_pad(contexts, s.prompt_len, s.tok.pad_id)
   target, tvalid = right_pad(targets, target_len, s.tok.pad_id)
-  return SFTBatch(prompt_bp=prompt, prompt_valid_bp=pvalid, tokens_bt=target, valid_bt=tvalid,
-                  weight_b=np.ones(rows, np.float32))
+  return SFTBatch(
+    prompt_bp=prompt,
+    prompt_valid_bp=pvalid,
+    tokens_bt=target,
+    valid_bt=tvalid,
+    weight_b=np.ones(rows, np.float32),
+  )
 
 
-def log_step(writer: MetricsWriter, clock: PhaseClock, cfg: Config, step: int, params,
-             row: dict, phase: str):
+def log_step(
+  writer: MetricsWriter, clock: PhaseClock, cfg: Config, step: int, params, row: dict, phase: str
+):
   """Adds a periodic held-out eval to `row` when due, writes it every `log_every` steps (and
   whenever it carries an eval), and advances the progress bar."""
   row.update(clock.maybe_eval(step, params))
@@ -104,25 +130,40 @@ def log_step(writer: MetricsWriter, clock: PhaseClock, cfg: Config, step: int, p
   writer.tick()
 
 
-def finish_phase(mngr, state: TrainState, cfg: Config, clock: PhaseClock, step: int,
-                 phase: str, meta: dict | None = None) -> dict:
+def finish_phase(
+  mngr,
+  state: TrainState,
+  cfg: Config,
+  clock: PhaseClock,
+  step: int,
+  phase: str,
+  meta: dict | None = None,
+) -> dict:
   """Final snapshot, then the final held-out eval; returns the phase's common summary."""
   ckpt_lib.save(mngr, state, cfg, meta or {"phase": phase}, force=True)
   mngr.wait_until_finished()
   mngr.close()
   seconds = clock.elapsed
   final = clock.maybe_eval(step, state.params, force=True)
-  return {"steps": step, "seconds": seconds, "eval_curve": clock.curve,
-          **{k.removeprefix("eval_"): v for k, v in final.items()}}
+  return {
+    "steps": step,
+    "seconds": seconds,
+    "eval_curve": clock.curve,
+    **{k.removeprefix("eval_"): v for k, v in final.items()},
+  }
 
 
 def length_stats(lengths: list[int]) -> dict:
   """Distribution of completion lengths (tokens per trajectory): the long tail a synchronous
   batch waits for."""
   x = np.asarray(lengths or [0])
-  return {"length_mean": float(x.mean()), "length_p10": float(np.percentile(x, 10)),
-          "length_p50": float(np.percentile(x, 50)), "length_p90": float(np.percentile(x, 90)),
-          "length_max": int(x.max())}
+  return {
+    "length_mean": float(x.mean()),
+    "length_p10": float(np.percentile(x, 10)),
+    "length_p50": float(np.percentile(x, 50)),
+    "length_p90": float(np.percentile(x, 90)),
+    "length_max": int(x.max()),
+  }
 
 
 def delay_stats(delays: list[float]) -> dict:

@@ -2,6 +2,7 @@
 
 Library code (model, sampler, learner) stays pure; this module binds it to a mesh.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -80,12 +81,22 @@ def _with_rules(fn, rules):
   def wrapped(*args):
     with nn.logical_axis_rules(list(rules)):
       return fn(*args)
+
   return wrapped
 
 
-def compile_learner(cfg: Config, model: TransformerLM | None, tx, update_fn, *, with_ref: bool,
-                    prompt_len: int, mesh: jax.sharding.Mesh | None = None,
-                    num_tasks: int = 0, init_fn: Callable | None = None) -> LearnerPrograms:
+def compile_learner(
+  cfg: Config,
+  model: TransformerLM | None,
+  tx,
+  update_fn,
+  *,
+  with_ref: bool,
+  prompt_len: int,
+  mesh: jax.sharding.Mesh | None = None,
+  num_tasks: int = 0,
+  init_fn: Callable | None = None,
+) -> LearnerPrograms:
   """init and update (state donated) with the state sharded by the logical-axis rules and
   every batch field split over the batch axis. `init_fn` (rng -> TrainState with logically
   annotated params) replaces the model's own (`learner.init_state_fn`), e.g. for the policy
@@ -98,16 +109,31 @@ def compile_learner(cfg: Config, model: TransformerLM | None, tx, update_fn, *, 
   batch_sh = sharding.batch_sharding(mesh, rules)
   repl = sharding.replicated(mesh)
   return LearnerPrograms(
-      mesh=mesh, state_sharding=state_sh, batch_sharding=batch_sh,
-      init=jax.jit(lambda rng: nn.meta.unbox(init_boxed(rng)), out_shardings=state_sh),
-      update=jax.jit(_with_rules(update_fn, rules), in_shardings=(state_sh, batch_sh),
-                     out_shardings=(state_sh, repl), donate_argnums=(0,)),
-      batch_divisor=sharding.batch_divisor(mesh, rules))
+    mesh=mesh,
+    state_sharding=state_sh,
+    batch_sharding=batch_sh,
+    init=jax.jit(lambda rng: nn.meta.unbox(init_boxed(rng)), out_shardings=state_sh),
+    update=jax.jit(
+      _with_rules(update_fn, rules),
+      in_shardings=(state_sh, batch_sh),
+      out_shardings=(state_sh, repl),
+      donate_argnums=(0,),
+    ),
+    batch_divisor=sharding.batch_divisor(mesh, rules),
+  )
 
 
-def compile_sampler(cfg: Config, model: TransformerLM, *, prompt_len: int, max_new_tokens: int,
-                    temperature: float, eos_id: int, pad_id: int,
-                    mesh: jax.sharding.Mesh | None = None) -> SamplerPrograms:
+def compile_sampler(
+  cfg: Config,
+  model: TransformerLM,
+  *,
+  prompt_len: int,
+  max_new_tokens: int,
+  temperature: float,
+  eos_id: int,
+  pad_id: int,
+  mesh: jax.sharding.Mesh | None = None,
+) -> SamplerPrograms:
   """sample and greedy over a batch of rows, params sharded like the learner's."""
   mesh = mesh or sharding.make_mesh(cfg.mesh)
   rules = cfg.mesh.rules
@@ -115,24 +141,47 @@ def compile_sampler(cfg: Config, model: TransformerLM, *, prompt_len: int, max_n
   mask = jax.ShapeDtypeStruct((1, prompt_len, prompt_len), jax.numpy.bool_)
   memory = None
   if model.cfg.memory_slots:
-    memory = jax.ShapeDtypeStruct((1, 0, model.cfg.memory_dim or model.cfg.width),
-                                  jax.numpy.float32)
-  boxed = jax.eval_shape(lambda rng, t, m, mem: model.init(rng, t, t, m, mem)["params"],
-                         jax.random.key(0), tokens, mask, memory)
+    memory = jax.ShapeDtypeStruct(
+      (1, 0, model.cfg.memory_dim or model.cfg.width), jax.numpy.float32
+    )
+  boxed = jax.eval_shape(
+    lambda rng, t, m, mem: model.init(rng, t, t, m, mem)["params"],
+    jax.random.key(0),
+    tokens,
+    mask,
+    memory,
+  )
   params_sh = sharding.logical_shardings(boxed, mesh, rules)
   batch_sh = sharding.batch_sharding(mesh, rules)
   repl = sharding.replicated(mesh)
 
   def sampler(greedy):
-    fn = functools.partial(sampling.sample, model, max_new_tokens=max_new_tokens, eos_id=eos_id,
-                           pad_id=pad_id, temperature=temperature, greedy=greedy)
-    return _across_processes(jax.jit(
-        _with_rules(fn, rules), in_shardings=(params_sh, batch_sh, batch_sh, repl),
-        out_shardings=batch_sh), batch_sh)
+    fn = functools.partial(
+      sampling.sample,
+      model,
+      max_new_tokens=max_new_tokens,
+      eos_id=eos_id,
+      pad_id=pad_id,
+      temperature=temperature,
+      greedy=greedy,
+    )
+    return _across_processes(
+      jax.jit(
+        _with_rules(fn, rules),
+        in_shardings=(params_sh, batch_sh, batch_sh, repl),
+        out_shardings=batch_sh,
+      ),
+      batch_sh,
+    )
 
-  return SamplerPrograms(mesh=mesh, params_sharding=params_sh,
-                         abstract_params=nn.meta.unbox(boxed), sample=sampler(False),
-                         greedy=sampler(True), batch_divisor=sharding.batch_divisor(mesh, rules))
+  return SamplerPrograms(
+    mesh=mesh,
+    params_sharding=params_sh,
+    abstract_params=nn.meta.unbox(boxed),
+    sample=sampler(False),
+    greedy=sampler(True),
+    batch_divisor=sharding.batch_divisor(mesh, rules),
+  )
 
 
 def _across_processes(sample, batch_sh):
@@ -146,55 +195,116 @@ def _across_processes(sample, batch_sh):
   def wrapped(params, prompt, prompt_valid, rng):
     prompt, prompt_valid = sharding.put_batch((prompt, prompt_valid), batch_sh)
     return distributed.host_value(sample(params, prompt, prompt_valid, rng))
+
   return wrapped
 
 
-def compile_slots(cfg: Config, model: TransformerLM, progs: SamplerPrograms, *, slots: int,
-                  prompt_len: int, max_new_tokens: int, temperature: float, eos_id: int,
-                  pad_id: int) -> SamplerPrograms:
+def compile_slots(
+  cfg: Config,
+  model: TransformerLM,
+  progs: SamplerPrograms,
+  *,
+  slots: int,
+  prompt_len: int,
+  max_new_tokens: int,
+  temperature: float,
+  eos_id: int,
+  pad_id: int,
+) -> SamplerPrograms:
   """`progs` with the continuous-batching programs over `slots` rows: fill (its prompt
   rows replicated) and decode, the slot state split over the batch axis and donated."""
   rules, mesh = cfg.mesh.rules, progs.mesh
   batch_sh = sharding.batch_sharding(mesh, rules)
   repl = sharding.replicated(mesh)
   fill = functools.partial(slots_lib.fill, model, pad_id=pad_id)
-  decode = functools.partial(slots_lib.decode, model, eos_id=eos_id, pad_id=pad_id,
-                             temperature=temperature)
+  decode = functools.partial(
+    slots_lib.decode, model, eos_id=eos_id, pad_id=pad_id, temperature=temperature
+  )
 
   def decode_fn(params, state, version, rng, min_done):
     return decode(params, state, version, rng, min_done=min_done)
 
-  empty = jax.jit(lambda: slots_lib.empty(model, slots, prompt_len, max_new_tokens, pad_id),
-                  out_shardings=batch_sh)
+  empty = jax.jit(
+    lambda: slots_lib.empty(model, slots, prompt_len, max_new_tokens, pad_id),
+    out_shardings=batch_sh,
+  )
   return dataclasses.replace(
-      progs, empty_slots=empty,
-      refresh=jax.jit(_with_rules(functools.partial(slots_lib.refresh, model), rules),
-                      in_shardings=(progs.params_sharding, batch_sh), out_shardings=batch_sh,
-                      donate_argnums=(1,)),
-      fill=jax.jit(_with_rules(fill, rules),
-                   in_shardings=(progs.params_sharding, batch_sh, repl, repl, repl),
-                   out_shardings=batch_sh, donate_argnums=(1,)),
-      decode=jax.jit(_with_rules(decode_fn, rules),
-                     in_shardings=(progs.params_sharding, batch_sh, repl, repl, repl),
-                     out_shardings=batch_sh, donate_argnums=(1,)))
+    progs,
+    empty_slots=empty,
+    refresh=jax.jit(
+      _with_rules(functools.partial(slots_lib.refresh, model), rules),
+      in_shardings=(progs.params_sharding, batch_sh),
+      out_shardings=batch_sh,
+      donate_argnums=(1,),
+    ),
+    fill=jax.jit(
+      _with_rules(fill, rules),
+      in_shardings=(progs.params_sharding, batch_sh, repl, repl, repl),
+      out_shardings=batch_sh,
+      donate_argnums=(1,),
+    ),
+    decode=jax.jit(
+      _with_rules(decode_fn, rules),
+      in_shardings=(progs.params_sharding, batch_sh, repl, repl, repl),
+      out_shardings=batch_sh,
+      donate_argnums=(1,),
+    ),
+  )
 
 
-def compile_programs(cfg: Config, model: TransformerLM, tx, update_fn, *, with_ref: bool,
-                     prompt_len: int, max_new_tokens: int, temperature: float,
-                     eos_id: int, pad_id: int, mesh: jax.sharding.Mesh | None = None,
-                     num_tasks: int = 0) -> Programs:
+def compile_programs(
+  cfg: Config,
+  model: TransformerLM,
+  tx,
+  update_fn,
+  *,
+  with_ref: bool,
+  prompt_len: int,
+  max_new_tokens: int,
+  temperature: float,
+  eos_id: int,
+  pad_id: int,
+  mesh: jax.sharding.Mesh | None = None,
+  num_tasks: int = 0,
+) -> Programs:
   mesh = mesh or sharding.make_mesh(cfg.mesh)
-  learner = compile_learner(cfg, model, tx, update_fn, with_ref=with_ref, prompt_len=prompt_len,
-                            mesh=mesh, num_tasks=num_tasks)
-  smp = compile_sampler(cfg, model, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
-                        temperature=temperature, eos_id=eos_id, pad_id=pad_id, mesh=mesh)
-  return Programs(**{f.name: getattr(learner, f.name) for f in dataclasses.fields(learner)},
-                  sample=smp.sample, greedy=smp.greedy)
+  learner = compile_learner(
+    cfg,
+    model,
+    tx,
+    update_fn,
+    with_ref=with_ref,
+    prompt_len=prompt_len,
+    mesh=mesh,
+    num_tasks=num_tasks,
+  )
+  smp = compile_sampler(
+    cfg,
+    model,
+    prompt_len=prompt_len,
+    max_new_tokens=max_new_tokens,
+    temperature=temperature,
+    eos_id=eos_id,
+    pad_id=pad_id,
+    mesh=mesh,
+  )
+  return Programs(
+    **{f.name: getattr(learner, f.name) for f in dataclasses.fields(learner)},
+    sample=smp.sample,
+    greedy=smp.greedy,
+  )
 
 
-def compile_memory_sampler(cfg: Config, policy, *, max_new_tokens: int, temperature: float,
-                           eos_id: int, pad_id: int, mesh: jax.sharding.Mesh | None = None
-                           ) -> SamplerPrograms:
+def compile_memory_sampler(
+  cfg: Config,
+  policy,
+  *,
+  max_new_tokens: int,
+  temperature: float,
+  eos_id: int,
+  pad_id: int,
+  mesh: jax.sharding.Mesh | None = None,
+) -> SamplerPrograms:
   """`compile_sampler` for a `compression.policy.MemoryPolicy`: sample and greedy condition
   on the slots' banks, and compress runs all three stages (encoder, LSTM filter, INT8) in one
   jitted call. Params sharded like the learner's, streams split over the batch axis."""
@@ -206,31 +316,74 @@ def compile_memory_sampler(cfg: Config, policy, *, max_new_tokens: int, temperat
   repl = sharding.replicated(mesh)
 
   def sampler(greedy):
-    fn = functools.partial(policy.sample, max_new_tokens=max_new_tokens, eos_id=eos_id,
-                           pad_id=pad_id, temperature=temperature, greedy=greedy)
-    return jax.jit(_with_rules(fn, rules),
-                   in_shardings=(params_sh, batch_sh, batch_sh, batch_sh, repl),
-                   out_shardings=batch_sh)
+    fn = functools.partial(
+      policy.sample,
+      max_new_tokens=max_new_tokens,
+      eos_id=eos_id,
+      pad_id=pad_id,
+      temperature=temperature,
+      greedy=greedy,
+    )
+    return jax.jit(
+      _with_rules(fn, rules),
+      in_shardings=(params_sh, batch_sh, batch_sh, batch_sh, repl),
+      out_shardings=batch_sh,
+    )
 
   return SamplerPrograms(
-      mesh=mesh, params_sharding=params_sh, abstract_params=nn.meta.unbox(boxed),
-      sample=sampler(False), greedy=sampler(True),
-      batch_divisor=sharding.batch_divisor(mesh, rules),
-      compress=jax.jit(_with_rules(policy.compress, rules),
-                       in_shardings=(params_sh,) + (batch_sh,) * 7, out_shardings=batch_sh),
-      empty_streams=jax.jit(policy.empty_streams, static_argnums=0, out_shardings=batch_sh))
+    mesh=mesh,
+    params_sharding=params_sh,
+    abstract_params=nn.meta.unbox(boxed),
+    sample=sampler(False),
+    greedy=sampler(True),
+    batch_divisor=sharding.batch_divisor(mesh, rules),
+    compress=jax.jit(
+      _with_rules(policy.compress, rules),
+      in_shardings=(params_sh,) + (batch_sh,) * 7,
+      out_shardings=batch_sh,
+    ),
+    empty_streams=jax.jit(policy.empty_streams, static_argnums=0, out_shardings=batch_sh),
+  )
 
 
-def compile_memory_programs(cfg: Config, policy, tx, update_fn, *, max_new_tokens: int,
-                            temperature: float, eos_id: int, pad_id: int,
-                            mesh: jax.sharding.Mesh | None = None) -> Programs:
+def compile_memory_programs(
+  cfg: Config,
+  policy,
+  tx,
+  update_fn,
+  *,
+  max_new_tokens: int,
+  temperature: float,
+  eos_id: int,
+  pad_id: int,
+  mesh: jax.sharding.Mesh | None = None,
+) -> Programs:
   """Learner (`compile_learner` with the policy's state) and sampler
   (`compile_memory_sampler`) of the policy with compressed memory."""
   mesh = mesh or sharding.make_mesh(cfg.mesh)
-  learner = compile_learner(cfg, None, tx, update_fn, with_ref=False, prompt_len=0, mesh=mesh,
-                            init_fn=policy.init_state_fn(tx))
-  smp = compile_memory_sampler(cfg, policy, max_new_tokens=max_new_tokens,
-                               temperature=temperature, eos_id=eos_id, pad_id=pad_id, mesh=mesh)
-  return Programs(**{f.name: getattr(learner, f.name) for f in dataclasses.fields(learner)},
-                  sample=smp.sample, greedy=smp.greedy, compress=smp.compress,
-                  empty_streams=smp.empty_streams)
+  learner = compile_learner(
+    cfg,
+    None,
+    tx,
+    update_fn,
+    with_ref=False,
+    prompt_len=0,
+    mesh=mesh,
+    init_fn=policy.init_state_fn(tx),
+  )
+  smp = compile_memory_sampler(
+    cfg,
+    policy,
+    max_new_tokens=max_new_tokens,
+    temperature=temperature,
+    eos_id=eos_id,
+    pad_id=pad_id,
+    mesh=mesh,
+  )
+  return Programs(
+    **{f.name: getattr(learner, f.name) for f in dataclasses.fields(learner)},
+    sample=smp.sample,
+    greedy=smp.greedy,
+    compress=smp.compress,
+    empty_streams=smp.empty_streams,
+  )

@@ -1,4 +1,5 @@
 """Synchronous GRPO(N=group_size): the 'Traditional' baseline SAO is compared with."""
+
 from __future__ import annotations
 
 import pathlib
@@ -28,9 +29,15 @@ from sao_jax.setup import Setup
 from sao_jax.state import TrainState, copy_tree
 
 
-def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathlib.Path, *,
-             max_seconds: float | None = None, eval_every: float = 0.0
-             ) -> tuple[TrainState, Programs, dict]:
+def run_grpo(
+  s: Setup,
+  writer: MetricsWriter,
+  state: TrainState,
+  workdir: pathlib.Path,
+  *,
+  max_seconds: float | None = None,
+  eval_every: float = 0.0,
+) -> tuple[TrainState, Programs, dict]:
   """Sample G completions for each of `prompts_per_step` prompts, wait for all of them,
   score, one update; repeat. One-step task families only (`sao_jax.setup` checks)."""
   cfg, rl = s.cfg, s.cfg.rl
@@ -38,16 +45,22 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
   with_ref = rl.kl_coef > 0
   progs = programs_for(s, rl.optim, lambda m, tx: make_rl_update(m, tx, rl), with_ref=with_ref)
   fresh = progs.init(jax.random.key(cfg.seed + 1))
-  state = fresh.replace(params=copy_tree(state.params),
-                        ref_params=copy_tree(state.params) if with_ref else None)
+  state = fresh.replace(
+    params=copy_tree(state.params), ref_params=copy_tree(state.params) if with_ref else None
+  )
   rows = rl.prompts_per_step * rl.group_size
   if rows % progs.batch_divisor:
-    raise config_lib.ConfigError(f"prompts_per_step*group_size = {rows} must divide over "
-                                 f"{progs.batch_divisor} batch shards")
+    raise config_lib.ConfigError(
+      f"prompts_per_step*group_size = {rows} must divide over {progs.batch_divisor} batch shards"
+    )
   rng = np.random.default_rng((cfg.seed, 2))
   key = jax.random.key(cfg.seed + 2)
-  mngr = ckpt_lib.manager(workdir / "checkpoints" / "rl", every=cfg.checkpoint_every,
-                          keep=cfg.recovery.keep, keep_best=False)
+  mngr = ckpt_lib.manager(
+    workdir / "checkpoints" / "rl",
+    every=cfg.checkpoint_every,
+    keep=cfg.recovery.keep,
+    keep_best=False,
+  )
   clock = PhaseClock(rl.steps, max_seconds, eval_every, eval_fn(s, progs))
   writer.progress("grpo", rl.steps or None)
   step, busy, tokens, delays, reward_s, lengths = 0, 0.0, 0, [], 0.0, []
@@ -63,9 +76,14 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
     clock.maybe_eval(step, state.params, force=bool(eval_every))
 
   def meta():
-    return {"phase": "rl", "stream": {"rng": rng.bit_generator.state,
-                                      "key": np.asarray(jax.random.key_data(key)).tolist(),
-                                      "train_seconds": clock.elapsed}}
+    return {
+      "phase": "rl",
+      "stream": {
+        "rng": rng.bit_generator.state,
+        "key": np.asarray(jax.random.key_data(key)).tolist(),
+        "train_seconds": clock.elapsed,
+      },
+    }
 
   t_loop = time.time()
   while clock.running(step):
@@ -85,8 +103,14 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
     t_sampled = time.time()
     reward_s += t_sampled - t_decoded
     sandbox_runs += sum(r.info.get("sandbox_runs", 0) for r in results)
-    batch = RLBatch(prompt_bp=prompt, prompt_valid_bp=pvalid, tokens_bt=out.tokens_bt,
-                    valid_bt=out.valid_bt, logp_bt=out.logp_bt, rewards_b=rewards)
+    batch = RLBatch(
+      prompt_bp=prompt,
+      prompt_valid_bp=pvalid,
+      tokens_bt=out.tokens_bt,
+      valid_bt=out.valid_bt,
+      logp_bt=out.logp_bt,
+      rewards_b=rewards,
+    )
     tu = time.time()
     state, metrics = progs.update(state, progs.shard_batch(batch))
     metrics = jax.device_get(metrics)
@@ -97,25 +121,43 @@ def run_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathli
     step += 1
     ckpt_lib.save(mngr, state, cfg, meta())
     t_end = time.time()
-    row = dict(metrics, accuracy=float(rewards.mean()), step_time=t_end - ts,
-               sampling_time=t_sampled - ts, reward_time=t_sampled - t_decoded,
-               learner_time=t_end - t_sampled,
-               tokens_per_s=float(out.lengths_b.sum()) / (t_end - ts),
-               mean_len=float(out.lengths_b.mean()), train_seconds=clock.elapsed,
-               learner_busy=busy / (time.time() - t_loop), peak_memory_mb=peak_memory_mb())
+    row = dict(
+      metrics,
+      accuracy=float(rewards.mean()),
+      step_time=t_end - ts,
+      sampling_time=t_sampled - ts,
+      reward_time=t_sampled - t_decoded,
+      learner_time=t_end - t_sampled,
+      tokens_per_s=float(out.lengths_b.sum()) / (t_end - ts),
+      mean_len=float(out.lengths_b.mean()),
+      train_seconds=clock.elapsed,
+      learner_busy=busy / (time.time() - t_loop),
+      peak_memory_mb=peak_memory_mb(),
+    )
     if fmt:
       row["format_rate"] = float(np.mean(fmt))
     log_step(writer, clock, cfg, step, state.params, row, "rl")
   wall = time.time() - t_loop
   info = finish_phase(mngr, state, cfg, clock, step, "rl", meta())
-  return state, progs, dict(info, trajectories=step * rows, trajectories_per_s=step * rows / wall,
-                            tokens_per_s=tokens / wall, learner_busy=busy / wall,
-                            reward_s_per_trajectory=reward_s / max(step * rows, 1),
-                            learner_peak_mb=peak_memory_mb(),
-                            seconds_per_step=info["seconds"] / max(step, 1),
-                            **length_stats(lengths),
-                            sandbox_runs=sandbox_runs, sandbox_runs_per_s=sandbox_runs / wall,
-                            peak_rss_all_mb=peak_memory_mb(), **delay_stats(delays))
+  return (
+    state,
+    progs,
+    dict(
+      info,
+      trajectories=step * rows,
+      trajectories_per_s=step * rows / wall,
+      tokens_per_s=tokens / wall,
+      learner_busy=busy / wall,
+      reward_s_per_trajectory=reward_s / max(step * rows, 1),
+      learner_peak_mb=peak_memory_mb(),
+      seconds_per_step=info["seconds"] / max(step, 1),
+      **length_stats(lengths),
+      sandbox_runs=sandbox_runs,
+      sandbox_runs_per_s=sandbox_runs / wall,
+      peak_rss_all_mb=peak_memory_mb(),
+      **delay_stats(delays),
+    ),
+  )
 
 
 class SyncGRPOLearner(SAOLearner):
@@ -127,8 +169,9 @@ class SyncGRPOLearner(SAOLearner):
 
   def make_programs(self):
     rl = self.cfg.rl
-    return programs_for(self.s, rl.optim, lambda m, tx: make_rl_update(m, tx, rl),
-                        with_ref=self.with_ref)
+    return programs_for(
+      self.s, rl.optim, lambda m, tx: make_rl_update(m, tx, rl), with_ref=self.with_ref
+    )
 
   def batch_rows(self) -> int:
     return self.cfg.rl.prompts_per_step * self.cfg.rl.group_size
@@ -156,18 +199,25 @@ class SyncGRPOLearner(SAOLearner):
     items = sorted(items, key=lambda it: it.rec.meta["task_index"])
     arrays = [it.rec.arrays for it in items]
     batch = RLBatch(
-        prompt_bp=np.stack([a["prompt"][0] for a in arrays]),
-        prompt_valid_bp=np.stack([a["prompt_valid"][0] for a in arrays]),
-        tokens_bt=np.stack([a["tokens"][0] for a in arrays]),
-        valid_bt=np.stack([a["valid"][0] for a in arrays]),
-        logp_bt=np.stack([a["logp"][0] for a in arrays]).astype(np.float32),
-        rewards_b=np.asarray([it.rec.meta["reward"] for it in items], np.float32))
+      prompt_bp=np.stack([a["prompt"][0] for a in arrays]),
+      prompt_valid_bp=np.stack([a["prompt_valid"][0] for a in arrays]),
+      tokens_bt=np.stack([a["tokens"][0] for a in arrays]),
+      valid_bt=np.stack([a["valid"][0] for a in arrays]),
+      logp_bt=np.stack([a["logp"][0] for a in arrays]).astype(np.float32),
+      rewards_b=np.asarray([it.rec.meta["reward"] for it in items], np.float32),
+    )
     return batch, items, stale, np.zeros(len(items), np.int64)
 
 
-def run_grpo_samplers(s: Setup, writer: MetricsWriter, state: TrainState,
-                      workdir: pathlib.Path, *, max_seconds: float | None = None,
-                      eval_every: float = 0.0) -> tuple:
+def run_grpo_samplers(
+  s: Setup,
+  writer: MetricsWriter,
+  state: TrainState,
+  workdir: pathlib.Path,
+  *,
+  max_seconds: float | None = None,
+  eval_every: float = 0.0,
+) -> tuple:
   """`rl.algorithm='grpo'` with `rl.sampling='samplers'` (see SyncGRPOLearner)."""
   learner = SyncGRPOLearner(s, writer, workdir, max_seconds=max_seconds, eval_every=eval_every)
   state, info = learner.run(state)

@@ -12,6 +12,7 @@ every step of an episode runs through the compressor, but only R steps per episo
 the graded ones first (they carry the task), then ungraded ones drawn at random (weighed up
 to stand for all of them, `compression.rollout.expert_memory_batch`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,11 +28,11 @@ from sao_jax import checkpoint as ckpt_lib
 from sao_jax import config as config_lib
 from sao_jax.compression.policy import MemoryPolicy, make_memory_update
 from sao_jax.compression.rollout import (
-    LongTrajectory,
-    expert_memory_batch,
-    expert_trajectory,
-    sample_long_horizon,
-    trajectories_to_batch,
+  LongTrajectory,
+  expert_memory_batch,
+  expert_trajectory,
+  sample_long_horizon,
+  trajectories_to_batch,
 )
 from sao_jax.config import Config, OptimConfig
 from sao_jax.evaluation import evaluate_memory
@@ -40,10 +41,10 @@ from sao_jax.metrics import MetricsWriter, peak_memory_mb
 from sao_jax.packing import round_up
 from sao_jax.runners.common import PhaseClock, finish_phase, log_step
 from sao_jax.runners.compiled import (
-    Programs,
-    SamplerPrograms,
-    compile_learner,
-    compile_memory_sampler,
+  Programs,
+  SamplerPrograms,
+  compile_learner,
+  compile_memory_sampler,
 )
 from sao_jax.setup import Setup
 from sao_jax.state import TrainState, copy_tree
@@ -56,34 +57,51 @@ FILLER_ROWS = 4
 SIZING_EPISODES = 64
 
 
-def memory_programs(s: Setup, optim: OptimConfig, *, mode: str, group_size: int = 0
-                    ) -> Programs:
+def memory_programs(s: Setup, optim: OptimConfig, *, mode: str, group_size: int = 0) -> Programs:
   """Learner (init, update of `mode` "sft" or "rl") and sampler (sample, greedy, compress,
   empty_streams); the sampler is compiled once per run and shared by its phases."""
   tx = make_optimizer(optim)
   rl = s.cfg.rl
-  update = make_memory_update(s.memory, tx, mode=mode, temperature=rl.temperature,
-                              clip_eps=rl.clip_eps, is_cap=s.cfg.sao.is_cap,
-                              group_size=group_size)
-  learner = compile_learner(s.cfg, None, tx, update, with_ref=False, prompt_len=0,
-                            init_fn=s.memory.init_state_fn(tx))
+  update = make_memory_update(
+    s.memory,
+    tx,
+    mode=mode,
+    temperature=rl.temperature,
+    clip_eps=rl.clip_eps,
+    is_cap=s.cfg.sao.is_cap,
+    group_size=group_size,
+  )
+  learner = compile_learner(
+    s.cfg, None, tx, update, with_ref=False, prompt_len=0, init_fn=s.memory.init_state_fn(tx)
+  )
   smp = _sampler(s.cfg, s.memory, s.tok.eos_id, s.tok.pad_id)
-  return Programs(**{f.name: getattr(learner, f.name) for f in dataclasses.fields(learner)},
-                  sample=smp.sample, greedy=smp.greedy, compress=smp.compress,
-                  empty_streams=smp.empty_streams)
+  return Programs(
+    **{f.name: getattr(learner, f.name) for f in dataclasses.fields(learner)},
+    sample=smp.sample,
+    greedy=smp.greedy,
+    compress=smp.compress,
+    empty_streams=smp.empty_streams,
+  )
 
 
 @functools.lru_cache(maxsize=2)
 def _sampler(cfg: Config, policy: MemoryPolicy, eos_id: int, pad_id: int) -> SamplerPrograms:
-  return compile_memory_sampler(cfg, policy, max_new_tokens=cfg.rl.max_new_tokens,
-                                temperature=cfg.rl.temperature, eos_id=eos_id, pad_id=pad_id)
+  return compile_memory_sampler(
+    cfg,
+    policy,
+    max_new_tokens=cfg.rl.max_new_tokens,
+    temperature=cfg.rl.temperature,
+    eos_id=eos_id,
+    pad_id=pad_id,
+  )
 
 
 def memory_eval_fn(s: Setup, progs: Programs, tasks=None):
   """params -> held-out metrics (`evaluate_memory`) on `tasks` (default: the test split's
   first eval.num_problems)."""
-  return lambda params: evaluate_memory(s, progs, params, batch_divisor=progs.batch_divisor,
-                                        tasks=tasks)
+  return lambda params: evaluate_memory(
+    s, progs, params, batch_divisor=progs.batch_divisor, tasks=tasks
+  )
 
 
 class ExpertEpisodes:
@@ -99,9 +117,15 @@ class ExpertEpisodes:
       s, c = self.s, self.s.cfg.compression
       task = s.train[i]
       examples = s.family.sft_examples(task, s.tok, c.window)
-      traj = expert_trajectory(s.family.make_env(s.tok), task, [e.target for e in examples],
-                               s.tok, window=c.window, step_len=c.step_len,
-                               completion_len=s.target_len)
+      traj = expert_trajectory(
+        s.family.make_env(s.tok),
+        task,
+        [e.target for e in examples],
+        s.tok,
+        window=c.window,
+        step_len=c.step_len,
+        completion_len=s.target_len,
+      )
       self._cache[i] = traj, np.asarray([e.weight for e in examples], np.float32)
     return self._cache[i]
 
@@ -110,10 +134,17 @@ class ExpertEpisodes:
     return max(int(self.get(i)[0].graded.sum()) for i in range(n))
 
 
-def run_memory_sft(s: Setup, writer: MetricsWriter, state: TrainState | None,
-                   workdir: pathlib.Path, *, steps: int | None = None,
-                   max_seconds: float | None = None, tag: str = "sft", eval_every: float = 0.0
-                   ) -> tuple[TrainState, Programs, dict]:
+def run_memory_sft(
+  s: Setup,
+  writer: MetricsWriter,
+  state: TrainState | None,
+  workdir: pathlib.Path,
+  *,
+  steps: int | None = None,
+  max_seconds: float | None = None,
+  tag: str = "sft",
+  eval_every: float = 0.0,
+) -> tuple[TrainState, Programs, dict]:
   """Teacher-forced cross-entropy on expert episodes of random training tasks (each row
   weighted by its step's weight), plus the encoder's reconstruction and the LSTM's
   prediction losses. Starts from `state`'s params (a copy) or fresh ones; resumes by itself
@@ -130,8 +161,12 @@ def run_memory_sft(s: Setup, writer: MetricsWriter, state: TrainState | None,
   rng = np.random.default_rng((cfg.seed, 1, zlib.crc32(tag.encode())))
   clock = PhaseClock(steps, max_seconds, eval_every, memory_eval_fn(s, progs))
   writer.progress(tag, steps or None)
-  mngr = ckpt_lib.manager(workdir / "checkpoints" / tag, every=cfg.checkpoint_every,
-                          keep=cfg.recovery.keep, keep_best=False)
+  mngr = ckpt_lib.manager(
+    workdir / "checkpoints" / tag,
+    every=cfg.checkpoint_every,
+    keep=cfg.recovery.keep,
+    keep_best=False,
+  )
   step, tokens = 0, 0
   resumed = ckpt_lib.restore_latest_valid(mngr, state) if mngr.all_steps() else None
   if resumed is not None:
@@ -143,14 +178,21 @@ def run_memory_sft(s: Setup, writer: MetricsWriter, state: TrainState | None,
     clock.maybe_eval(step, state.params, force=bool(eval_every))
 
   def meta():
-    return {"phase": tag, "stream": {"rng": rng.bit_generator.state,
-                                     "train_seconds": clock.elapsed}}
+    return {
+      "phase": tag,
+      "stream": {"rng": rng.bit_generator.state, "train_seconds": clock.elapsed},
+    }
 
   while clock.running(step):
     ts = time.time()
     picked = [experts.get(int(i)) for i in rng.integers(0, len(s.train), bs)]
-    batch = expert_memory_batch([p[0] for p in picked], [p[1] for p in picked],
-                                steps=s.max_steps, rows=rows, seed=int(rng.integers(2**31)))
+    batch = expert_memory_batch(
+      [p[0] for p in picked],
+      [p[1] for p in picked],
+      steps=s.max_steps,
+      rows=rows,
+      seed=int(rng.integers(2**31)),
+    )
     state, metrics = progs.update(state, progs.shard_batch(batch))
     step += 1
     tokens += int(batch.valid_brt.sum())
@@ -158,16 +200,27 @@ def run_memory_sft(s: Setup, writer: MetricsWriter, state: TrainState | None,
     row = {}
     if step % cfg.log_every == 0:
       dt = time.time() - ts
-      row = dict(jax.device_get(metrics), step_time=dt, learner_time=dt,
-                 train_seconds=clock.elapsed, tokens_per_s=tokens / max(clock.elapsed, 1e-9),
-                 peak_memory_mb=peak_memory_mb())
+      row = dict(
+        jax.device_get(metrics),
+        step_time=dt,
+        learner_time=dt,
+        train_seconds=clock.elapsed,
+        tokens_per_s=tokens / max(clock.elapsed, 1e-9),
+        peak_memory_mb=peak_memory_mb(),
+      )
     log_step(writer, clock, cfg, step, state.params, row, tag)
   return state, progs, finish_phase(mngr, state, cfg, clock, step, tag, meta())
 
 
-def run_memory_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathlib.Path,
-                    *, max_seconds: float | None = None, eval_every: float = 0.0
-                    ) -> tuple[TrainState, Programs, dict]:
+def run_memory_grpo(
+  s: Setup,
+  writer: MetricsWriter,
+  state: TrainState,
+  workdir: pathlib.Path,
+  *,
+  max_seconds: float | None = None,
+  eval_every: float = 0.0,
+) -> tuple[TrainState, Programs, dict]:
   """Synchronous GRPO(N=group_size) with compressed memory: `prompts_per_step` tasks, each
   played `group_size` times side by side (every slot compresses its own episode in-graph),
   then one update on the whole episodes, whose graded steps are the rows; advantages are
@@ -180,13 +233,18 @@ def run_memory_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir:
   state = fresh.replace(params=copy_tree(state.params))
   n = rl.prompts_per_step * rl.group_size
   if n % progs.batch_divisor:
-    raise config_lib.ConfigError(f"prompts_per_step*group_size = {n} must divide over "
-                                 f"{progs.batch_divisor} batch shards")
+    raise config_lib.ConfigError(
+      f"prompts_per_step*group_size = {n} must divide over {progs.batch_divisor} batch shards"
+    )
   rows = max(ExpertEpisodes(s).max_graded(), 1)
   rng = np.random.default_rng((cfg.seed, 2))
   key = jax.random.key(cfg.seed + 2)
-  mngr = ckpt_lib.manager(workdir / "checkpoints" / "rl", every=cfg.checkpoint_every,
-                          keep=cfg.recovery.keep, keep_best=False)
+  mngr = ckpt_lib.manager(
+    workdir / "checkpoints" / "rl",
+    every=cfg.checkpoint_every,
+    keep=cfg.recovery.keep,
+    keep_best=False,
+  )
   clock = PhaseClock(rl.steps, max_seconds, eval_every, memory_eval_fn(s, progs))
   writer.progress("grpo", rl.steps or None)
   step, busy, trajectories = 0, 0.0, 0
@@ -201,9 +259,14 @@ def run_memory_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir:
     clock.maybe_eval(step, state.params, force=bool(eval_every))
 
   def meta():
-    return {"phase": "rl", "stream": {"rng": rng.bit_generator.state,
-                                      "key": np.asarray(jax.random.key_data(key)).tolist(),
-                                      "train_seconds": clock.elapsed}}
+    return {
+      "phase": "rl",
+      "stream": {
+        "rng": rng.bit_generator.state,
+        "key": np.asarray(jax.random.key_data(key)).tolist(),
+        "train_seconds": clock.elapsed,
+      },
+    }
 
   t_loop = time.time()
   while clock.running(step):
@@ -211,9 +274,19 @@ def run_memory_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir:
     idx = rng.integers(0, len(s.train), rl.prompts_per_step)
     tasks = [s.train[i] for i in idx for _ in range(rl.group_size)]
     key, sub = jax.random.split(key)
-    trajs = sample_long_horizon(progs.sample, progs.compress, progs.empty_streams(n),
-                                state.params, [s.family.make_env(s.tok) for _ in tasks], tasks,
-                                s.tok, slots=n, window=c.window, step_len=c.step_len, rng=sub)
+    trajs = sample_long_horizon(
+      progs.sample,
+      progs.compress,
+      progs.empty_streams(n),
+      state.params,
+      [s.family.make_env(s.tok) for _ in tasks],
+      tasks,
+      s.tok,
+      slots=n,
+      window=c.window,
+      step_len=c.step_len,
+      rng=sub,
+    )
     t_sampled = time.time()
     batch = trajectories_to_batch(trajs, s.max_steps, rows, seed=int(rng.integers(2**31)))
     state, metrics = progs.update(state, progs.shard_batch(batch))
@@ -224,16 +297,29 @@ def run_memory_grpo(s: Setup, writer: MetricsWriter, state: TrainState, workdir:
     ckpt_lib.save(mngr, state, cfg, meta())
     t_end = time.time()
     graded = np.concatenate([t.rewards[t.graded] for t in trajs])
-    row = dict(metrics, accuracy=float(graded.mean()) if len(graded) else 0.0,
-               kept_steps_mean=float(np.mean([t.bank["entries"] for t in trajs])),
-               step_time=t_end - ts, sampling_time=t_sampled - ts,
-               learner_time=t_end - t_sampled, train_seconds=clock.elapsed,
-               learner_busy=busy / (time.time() - t_loop), peak_memory_mb=peak_memory_mb())
+    row = dict(
+      metrics,
+      accuracy=float(graded.mean()) if len(graded) else 0.0,
+      kept_steps_mean=float(np.mean([t.bank["entries"] for t in trajs])),
+      step_time=t_end - ts,
+      sampling_time=t_sampled - ts,
+      learner_time=t_end - t_sampled,
+      train_seconds=clock.elapsed,
+      learner_busy=busy / (time.time() - t_loop),
+      peak_memory_mb=peak_memory_mb(),
+    )
     log_step(writer, clock, cfg, step, state.params, row, "rl")
   wall = time.time() - t_loop
   info = finish_phase(mngr, state, cfg, clock, step, "rl", meta())
-  return state, progs, dict(info, trajectories=trajectories,
-                            trajectories_per_s=trajectories / max(wall, 1e-9),
-                            learner_busy=busy / max(wall, 1e-9),
-                            seconds_per_step=info["seconds"] / max(step, 1),
-                            learner_peak_mb=peak_memory_mb())
+  return (
+    state,
+    progs,
+    dict(
+      info,
+      trajectories=trajectories,
+      trajectories_per_s=trajectories / max(wall, 1e-9),
+      learner_busy=busy / max(wall, 1e-9),
+      seconds_per_step=info["seconds"] / max(step, 1),
+      learner_peak_mb=peak_memory_mb(),
+    ),
+  )

@@ -8,6 +8,7 @@ topic as members of its consumer group, so the load spreads over every machine t
 A learner that restarts (a resume after a crash) announces a new incarnation, with its own
 task topic and group; the samplers here are restarted to follow it.
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -22,8 +23,14 @@ from sao_jax.transport.broker import wait_until_answers
 from sao_jax.transport.kafka import KafkaSpec
 
 
-def run_sampler_role(bootstrap: str, run_id: str, num: int = 1, threads: int = 0,
-                     max_restarts: int = 5, wait_s: float = 60.0) -> int:
+def run_sampler_role(
+  bootstrap: str,
+  run_id: str,
+  num: int = 1,
+  threads: int = 0,
+  max_restarts: int = 5,
+  wait_s: float = 60.0,
+) -> int:
   wait_until_answers(bootstrap, timeout=10.0)
   spec = KafkaSpec(bootstrap=bootstrap, run_id=run_id)
   spec.create_topics(only=("control",))  # so that the read below sees a later announcement
@@ -31,18 +38,21 @@ def run_sampler_role(bootstrap: str, run_id: str, num: int = 1, threads: int = 0
   control = spec.read_control(timeout=wait_s)
   if control is None:
     raise config_lib.ConfigError(
-        f"no SAO run {run_id!r} at {bootstrap}: nothing announced on {spec.topic('control')} "
-        f"within {wait_s:.0f} s (is the learner running, with this run id?)")
+      f"no SAO run {run_id!r} at {bootstrap}: nothing announced on {spec.topic('control')} "
+      f"within {wait_s:.0f} s (is the learner running, with this run id?)"
+    )
   if control.get("status") == "finished":
     print(f"run {run_id} has already finished", flush=True)
     return 0
   base_seed = int.from_bytes(os.urandom(3), "little")
   run = _Incarnation(control, bootstrap, run_id, threads, base_seed)  # raises if params unseen
   watcher = spec.watch_control()
-  group = SamplerGroup(mp.get_context("spawn"), run.make_spec, num, max_restarts,
-                       name="sao-remote-sampler").start()
-  print(f"sampler: {num} process(es) joined run {run_id} at {bootstrap}; Ctrl-C stops them",
-        flush=True)
+  group = SamplerGroup(
+    mp.get_context("spawn"), run.make_spec, num, max_restarts, name="sao-remote-sampler"
+  ).start()
+  print(
+    f"sampler: {num} process(es) joined run {run_id} at {bootstrap}; Ctrl-C stops them", flush=True
+  )
   try:
     while True:
       dead = group.dead()
@@ -55,8 +65,11 @@ def run_sampler_role(bootstrap: str, run_id: str, num: int = 1, threads: int = 0
         if news.get("status") == "running" and news.get("incarnation") != run.incarnation:
           # The learner restarted (e.g. resumed after a crash): its tasks now come on a new
           # topic, to a new group. Follow it with fresh processes.
-          print(f"sampler: the learner of run {run_id} restarted (incarnation "
-                f"{news.get('incarnation')}); following it", flush=True)
+          print(
+            f"sampler: the learner of run {run_id} restarted (incarnation "
+            f"{news.get('incarnation')}); following it",
+            flush=True,
+          )
           run = _Incarnation(news, bootstrap, run_id, threads, base_seed)
           group.replace_all(run.make_spec)
       time.sleep(0.2)
@@ -73,18 +86,26 @@ class _Incarnation:
     self.param_dir = pathlib.Path(control["param_dir"])
     if not self.param_dir.is_dir():
       raise config_lib.ConfigError(
-          f"the run's parameter directory {self.param_dir} is not visible from this machine; "
-          "mount the learner's workdir at the same path (shared storage)")
+        f"the run's parameter directory {self.param_dir} is not visible from this machine; "
+        "mount the learner's workdir at the same path (shared storage)"
+      )
     self.incarnation = control.get("incarnation", "")
-    self.spec = KafkaSpec(bootstrap=bootstrap, run_id=run_id,
-                          partitions=int(control["partitions"]), incarnation=self.incarnation)
+    self.spec = KafkaSpec(
+      bootstrap=bootstrap,
+      run_id=run_id,
+      partitions=int(control["partitions"]),
+      incarnation=self.incarnation,
+    )
     self.threads, self.base_seed = threads, base_seed
 
   def make_spec(self, i: int, restarts: int) -> SamplerSpec:
-    return SamplerSpec(sampler_id=i, config=config_lib.to_dict(self.cfg),
-                       param_dir=str(self.param_dir), transport=self.spec,
-                       seed=self.base_seed + 1000 * restarts + i,
-                       threads=self.threads or self.cfg.sao.sampler_threads,
-                       # (a path or the learner's workdir may not exist on this machine)
-                       compile_cache="off" if self.cfg.recovery.compile_cache == "off"
-                       else "user")
+    return SamplerSpec(
+      sampler_id=i,
+      config=config_lib.to_dict(self.cfg),
+      param_dir=str(self.param_dir),
+      transport=self.spec,
+      seed=self.base_seed + 1000 * restarts + i,
+      threads=self.threads or self.cfg.sao.sampler_threads,
+      # (a path or the learner's workdir may not exist on this machine)
+      compile_cache="off" if self.cfg.recovery.compile_cache == "off" else "user",
+    )

@@ -4,6 +4,7 @@
 The workdir gets metrics.jsonl (phase-tagged rows), tb/, checkpoints/{sft,rl}/,
 config.json, progress.json (finished phases) and summary.json.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,12 @@ from sao_jax.state import TrainState
 # (rl.algorithm, in sampler processes?, compressed memory?) -> the phase that runs it:
 # (setup, writer, start state, workdir, *, eval_every) -> (state, programs, summary).
 # `sao_jax.setup.validate` refuses the combinations missing here.
-RL_PHASES = {("grpo", False, False): run_grpo, ("grpo", True, False): run_grpo_samplers,
-             ("sao", True, False): run_sao, ("grpo", False, True): run_memory_grpo}
+RL_PHASES = {
+  ("grpo", False, False): run_grpo,
+  ("grpo", True, False): run_grpo_samplers,
+  ("sao", True, False): run_sao,
+  ("grpo", False, True): run_memory_grpo,
+}
 SFT_PHASES = {False: run_sft, True: run_memory_sft}
 
 
@@ -59,8 +64,11 @@ def restore_init(s: Setup, path: str) -> TrainState:
 
 
 def _eval_row(info: dict) -> dict:
-  return {f"eval_{k}": info[k] for k in ("accuracy", "format_rate", "num_problems", "retention",
-                                         "bytes_stage3") if k in info}
+  return {
+    f"eval_{k}": info[k]
+    for k in ("accuracy", "format_rate", "num_problems", "retention", "bytes_stage3")
+    if k in info
+  }
 
 
 def _check_resume(cfg: Config, workdir: pathlib.Path) -> dict | None:
@@ -72,18 +80,23 @@ def _check_resume(cfg: Config, workdir: pathlib.Path) -> dict | None:
   try:  # keys added to the code since (absent from the file) take their defaults
     old_cfg = config_lib.from_dict(json.loads(old_path.read_text()))
   except (config_lib.ConfigError, TypeError, ValueError) as err:
-    raise config_lib.ConfigError(f"{workdir} holds a run whose config.json this code cannot "
-                                 f"read ({err}); pass a new --workdir") from None
+    raise config_lib.ConfigError(
+      f"{workdir} holds a run whose config.json this code cannot read ({err}); pass a new --workdir"
+    ) from None
   old = _flat(json.loads(config_lib.to_json(old_cfg)))
   new = _flat(json.loads(config_lib.to_json(cfg)))
   # The process layout may change between runs: snapshots restore onto any mesh.
-  diff = sorted(k for k in old.keys() | new.keys()
-                if old.get(k) != new.get(k) and not k.startswith("distributed."))
+  diff = sorted(
+    k
+    for k in old.keys() | new.keys()
+    if old.get(k) != new.get(k) and not k.startswith("distributed.")
+  )
   if diff:
     shown = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:5])
     raise config_lib.ConfigError(
-        f"{workdir} already holds a run with a different config ({shown}); rerun with the same "
-        "config to resume it, or pass a new --workdir")
+      f"{workdir} already holds a run with a different config ({shown}); rerun with the same "
+      "config to resume it, or pass a new --workdir"
+    )
   path = workdir / "progress.json"
   progress = json.loads(path.read_text()) if path.exists() else {}
   return progress
@@ -121,15 +134,27 @@ def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True)
   workdir.mkdir(parents=True, exist_ok=True)
   if primary:
     (workdir / "config.json").write_text(config_lib.to_json(cfg))
-  writer = MetricsWriter(workdir, show_progress=show_progress, logging=cfg.logging,
-                         run_config=config_lib.to_dict(cfg)) if primary else SilentWriter()
-  summary: dict[str, Any] = {"name": cfg.name, "devices": [str(d) for d in jax.devices()],
-                             "train_problems": len(s.train), "test_problems": len(s.test)}
+  writer = (
+    MetricsWriter(
+      workdir, show_progress=show_progress, logging=cfg.logging, run_config=config_lib.to_dict(cfg)
+    )
+    if primary
+    else SilentWriter()
+  )
+  summary: dict[str, Any] = {
+    "name": cfg.name,
+    "devices": [str(d) for d in jax.devices()],
+    "train_problems": len(s.train),
+    "test_problems": len(s.test),
+  }
   if progress is not None:
-    print(f"resuming the run in {workdir} (finished phases: {', '.join(progress) or 'none'})",
-          flush=True)
-    if (workdir / "summary.json").exists() and ("rl" in progress or not (
-        cfg.rl.steps or cfg.rl.max_seconds)):
+    print(
+      f"resuming the run in {workdir} (finished phases: {', '.join(progress) or 'none'})",
+      flush=True,
+    )
+    if (workdir / "summary.json").exists() and (
+      "rl" in progress or not (cfg.rl.steps or cfg.rl.max_seconds)
+    ):
       writer.close()
       print("the run had already finished; its summary is unchanged", flush=True)
       return json.loads((workdir / "summary.json").read_text())
@@ -142,7 +167,8 @@ def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True)
       startup.mark("restore_init")
     elif cfg.sft.steps or cfg.sft.max_seconds:
       state, progs, info = SFT_PHASES[cfg.compression.enabled](
-          s, writer, state, workdir, eval_every=cfg.eval.every_seconds)
+        s, writer, state, workdir, eval_every=cfg.eval.every_seconds
+      )
       summary["sft"] = info
       writer.write(info["steps"], _eval_row(info), phase="sft_eval", advance=0)
       if primary:
@@ -174,15 +200,26 @@ def eval_workdir(workdir: str | pathlib.Path, num: int | None = None) -> dict[st
   cfg = config_lib.from_dict(meta["config"])
   s = make_setup(cfg)
   if s.memory is not None:
-    progs = compile_memory_sampler(cfg, s.memory, max_new_tokens=cfg.rl.max_new_tokens,
-                                   temperature=cfg.rl.temperature, eos_id=s.tok.eos_id,
-                                   pad_id=s.tok.pad_id)
+    progs = compile_memory_sampler(
+      cfg,
+      s.memory,
+      max_new_tokens=cfg.rl.max_new_tokens,
+      temperature=cfg.rl.temperature,
+      eos_id=s.tok.eos_id,
+      pad_id=s.tok.pad_id,
+    )
     params, _, _ = ckpt_lib.restore_params(directory, progs.abstract_params)
     result = evaluate_memory(s, progs, params, batch_divisor=progs.batch_divisor, num=num)
     return dict(result, checkpoint=str(directory), step=step)
-  progs = compile_sampler(cfg, s.model, prompt_len=s.prompt_len,
-                          max_new_tokens=cfg.rl.max_new_tokens, temperature=cfg.rl.temperature,
-                          eos_id=s.tok.eos_id, pad_id=s.tok.pad_id)
+  progs = compile_sampler(
+    cfg,
+    s.model,
+    prompt_len=s.prompt_len,
+    max_new_tokens=cfg.rl.max_new_tokens,
+    temperature=cfg.rl.temperature,
+    eos_id=s.tok.eos_id,
+    pad_id=s.tok.pad_id,
+  )
   params, _, _ = ckpt_lib.restore_params(directory, progs.abstract_params)
   result = evaluate(s, progs.greedy, params, batch_divisor=progs.batch_divisor, num=num)
   return dict(result, checkpoint=str(directory), step=step)

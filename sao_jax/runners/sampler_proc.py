@@ -3,6 +3,7 @@
 Started with the `spawn` method by `sao_jax.runners.samplers.SamplerGroup`. JAX is imported
 only inside `sampler_main`, after this process has set its own XLA flags and CPU affinity.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,13 +35,16 @@ def _configure_process(spec: SamplerSpec):
   import faulthandler
   import logging
   import signal
+
   faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: stacks to stderr
   logging.getLogger("kafka").setLevel(logging.ERROR)  # reconnect chatter; errors still show
-  flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
-           if not f.startswith("--xla_force_host_platform_device_count")]
+  flags = [
+    f
+    for f in os.environ.get("XLA_FLAGS", "").split()
+    if not f.startswith("--xla_force_host_platform_device_count")
+  ]
   if spec.threads:
-    flags += ["--xla_cpu_multi_thread_eigen=false",
-              f"intra_op_parallelism_threads={spec.threads}"]
+    flags += ["--xla_cpu_multi_thread_eigen=false", f"intra_op_parallelism_threads={spec.threads}"]
   os.environ["XLA_FLAGS"] = " ".join(flags)
   if spec.cores:
     os.sched_setaffinity(0, spec.cores)
@@ -86,17 +90,26 @@ def _run(spec: SamplerSpec, end, stop, drain=None) -> None:
   enable_compile_cache(spec.compile_cache)
   s = make_setup(cfg, tasks=spec.tasks)
   mesh = make_mesh(MeshConfig(shape=(1, 1, 1)), jax.devices()[:1])
-  kw = dict(prompt_len=s.prompt_len, max_new_tokens=cfg.rl.max_new_tokens,
-            temperature=cfg.rl.temperature, eos_id=s.tok.eos_id, pad_id=s.tok.pad_id)
+  kw = dict(
+    prompt_len=s.prompt_len,
+    max_new_tokens=cfg.rl.max_new_tokens,
+    temperature=cfg.rl.temperature,
+    eos_id=s.tok.eos_id,
+    pad_id=s.tok.pad_id,
+  )
   progs = compile_sampler(cfg, s.model, mesh=mesh, **kw)
   sub = ParamSubscriber(spec.param_dir)
   parent = multiprocessing.parent_process()
   poisoner = None
   if spec.sampler_id == 0 and cfg.faults.poison_records and cfg.faults.poison_kinds:
     from sao_jax.admission import Poisoner
-    poisoner = Poisoner(cfg.faults, vocab_size=s.model.cfg.vocab_size,
-                        reward_high=lambda i: s.family.reward_range(s.train[i])[1],
-                        unknown_task=len(s.train) - 1)  # the validation tail's last
+
+    poisoner = Poisoner(
+      cfg.faults,
+      vocab_size=s.model.cfg.vocab_size,
+      reward_high=lambda i: s.family.reward_range(s.train[i])[1],
+      unknown_task=len(s.train) - 1,
+    )  # the validation tail's last
   out = _Outbox(spec, end, poisoner)
   version = -1
 
@@ -137,18 +150,29 @@ class _Outbox:
 
   def send(self, traj) -> None:
     from sao_jax.transport import records
-    meta = {"task_index": traj.task_index, "task_id": traj.task_id, "reward": traj.total_reward,
-            "t_end": traj.t_end, "sampler": self.spec.sampler_id, "done": traj.done,
-            "reward_s": traj.reward_seconds,
-            "sandbox_runs": sum(info.get("sandbox_runs", 0) for info in traj.infos),
-            "pid": os.getpid(), "host": socket.gethostname()}  # who, should it misbehave
+
+    meta = {
+      "task_index": traj.task_index,
+      "task_id": traj.task_id,
+      "reward": traj.total_reward,
+      "t_end": traj.t_end,
+      "sampler": self.spec.sampler_id,
+      "done": traj.done,
+      "reward_s": traj.reward_seconds,
+      "sandbox_runs": sum(info.get("sandbox_runs", 0) for info in traj.infos),
+      "pid": os.getpid(),
+      "host": socket.gethostname(),
+    }  # who, should it misbehave
     out = [(traj.arrays(), meta, traj.policy_version)]
     if self.poisoner is not None:
       out = self.poisoner(*out[0])
     for arrays, m, version in out:
       self.counter += 1
-      self.end.put_trajectory(records.encode(records.RecordKind.TRAJECTORY,
-                                             self.id_prefix | self.counter, version, arrays, m))
+      self.end.put_trajectory(
+        records.encode(
+          records.RecordKind.TRAJECTORY, self.id_prefix | self.counter, version, arrays, m
+        )
+      )
 
 
 def _run_batches(spec, cfg, s, progs, poll, alive, end, out) -> None:
@@ -156,6 +180,7 @@ def _run_batches(spec, cfg, s, progs, poll, alive, end, out) -> None:
   import jax
 
   from sao_jax.rollout import sao_sampling
+
   params, version = None, -1
   key = jax.random.key(spec.seed)
   while alive():
@@ -174,10 +199,20 @@ def _run_batches(spec, cfg, s, progs, poll, alive, end, out) -> None:
     tasks = [s.train[i] for i in indices]
     envs = [s.family.make_env(s.tok) for _ in tasks]
     key, sub_key = jax.random.split(key)
-    for traj in sao_sampling(progs.sample, params, envs, tasks, indices, s.tok,
-                             slots=cfg.sao.sampler_slots, prompt_len=s.prompt_len,
-                             max_steps=s.max_steps, rng=sub_key, policy_version=version,
-                             step_many=s.family.step_many):
+    for traj in sao_sampling(
+      progs.sample,
+      params,
+      envs,
+      tasks,
+      indices,
+      s.tok,
+      slots=cfg.sao.sampler_slots,
+      prompt_len=s.prompt_len,
+      max_steps=s.max_steps,
+      rng=sub_key,
+      policy_version=version,
+      step_many=s.family.step_many,
+    ):
       out.send(traj)
     end.ack_tasks()
 
@@ -189,13 +224,22 @@ def _run_continuous(spec, cfg, s, progs, poll, alive, end, out, draining=lambda:
   import collections
 
   from sao_jax.rollout import ContinuousSampler
+
   sampler = ContinuousSampler(
-      lambda p, st, pr, pv, sl: progs.fill(p, st, pr, pv, sl),
-      lambda p, st, v, k, n: progs.decode(p, st, v, k, n), progs.refresh, progs.empty_slots(),
-      s.tok,
-      slots=cfg.sao.sampler_slots, refill_rows=cfg.sao.refill_rows, prompt_len=s.prompt_len,
-      max_steps=s.max_steps, make_env=lambda: s.family.make_env(s.tok),
-      step_many=s.family.step_many, inflight=cfg.sao.inflight, seed=spec.seed)
+    lambda p, st, pr, pv, sl: progs.fill(p, st, pr, pv, sl),
+    lambda p, st, v, k, n: progs.decode(p, st, v, k, n),
+    progs.refresh,
+    progs.empty_slots(),
+    s.tok,
+    slots=cfg.sao.sampler_slots,
+    refill_rows=cfg.sao.refill_rows,
+    prompt_len=s.prompt_len,
+    max_steps=s.max_steps,
+    make_env=lambda: s.family.make_env(s.tok),
+    step_many=s.family.step_many,
+    inflight=cfg.sao.inflight,
+    seed=spec.seed,
+  )
   taken: collections.deque = collections.deque()  # [task index, finished?] in taken order
   while alive():
     got = poll()
@@ -221,8 +265,11 @@ def _run_continuous(spec, cfg, s, progs, poll, alive, end, out, draining=lambda:
   deadline, sent, left = time.time() + DRAIN_S, out.counter, sampler.active()
   while sampler.active() and draining() and time.time() < deadline:
     _deliver(sampler.step(lambda n: []), taken, end, out)
-  print(f"sampler {spec.sampler_id}: sent {out.counter - sent} of {left} in-flight "
-        "trajectories before the restart", flush=True)
+  print(
+    f"sampler {spec.sampler_id}: sent {out.counter - sent} of {left} in-flight "
+    "trajectories before the restart",
+    flush=True,
+  )
 
 
 def _deliver(finished, taken, end, out) -> None:

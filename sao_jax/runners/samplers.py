@@ -6,6 +6,7 @@ embedded pool of `sao-jax train` and `sao-jax sampler` (which joins a run over K
 use it. `SamplerPool` is the learner's side: the transport (multiprocessing queues, or Kafka
 on a given cluster or a local broker started here) plus a group of local samplers.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -30,8 +31,14 @@ from sao_jax.transport.kafka import KafkaSpec
 class SamplerGroup:
   """`num` sampler processes built from `make_spec(index, restarts_so_far)`."""
 
-  def __init__(self, ctx, make_spec: Callable[[int, int], SamplerSpec], num: int,
-               max_restarts: int, name: str = "sao-sampler"):
+  def __init__(
+    self,
+    ctx,
+    make_spec: Callable[[int, int], SamplerSpec],
+    num: int,
+    max_restarts: int,
+    name: str = "sao-sampler",
+  ):
     self.ctx, self.make_spec, self.num = ctx, make_spec, num
     self.max_restarts, self.name = max_restarts, name
     self.errors = ctx.Queue()
@@ -43,10 +50,12 @@ class SamplerGroup:
     self.restarts = 0
 
   def _spawn(self, i: int) -> mp.Process:
-    p = self.ctx.Process(target=sampler_main, name=f"{self.name}-{i}",
-                         args=(self.make_spec(i, self.restarts), self.stop, self.errors,
-                               self.drain),
-                         daemon=True)
+    p = self.ctx.Process(
+      target=sampler_main,
+      name=f"{self.name}-{i}",
+      args=(self.make_spec(i, self.restarts), self.stop, self.errors, self.drain),
+      daemon=True,
+    )
     p.start()
     return p
 
@@ -68,12 +77,17 @@ class SamplerGroup:
     for i in dead:
       p = self.procs[i]
       if self.restarts >= self.max_restarts:
-        raise SamplerError(f"{p.name} died with exit code {p.exitcode} and the run already "
-                           f"restarted {self.restarts} samplers (sao.max_sampler_restarts); "
-                           "run stopped")
+        raise SamplerError(
+          f"{p.name} died with exit code {p.exitcode} and the run already "
+          f"restarted {self.restarts} samplers (sao.max_sampler_restarts); "
+          "run stopped"
+        )
       self.restarts += 1
-      print(f"sao: {p.name} died with exit code {p.exitcode}; restarting it "
-            f"({self.restarts}/{self.max_restarts})", flush=True)
+      print(
+        f"sao: {p.name} died with exit code {p.exitcode}; restarting it "
+        f"({self.restarts}/{self.max_restarts})",
+        flush=True,
+      )
 
   def restart(self, dead: list[int]) -> None:
     self.count_restarts(dead)
@@ -112,8 +126,14 @@ class SamplerPool:
   """The learner's transport and its local sampler processes; a context manager that always
   cleans up (processes, queues, and the local broker if it started one)."""
 
-  def __init__(self, cfg: config_lib.Config, param_dir: pathlib.Path, run_id: str = "",
-               tasks: tuple | None = None, compile_cache: str | None = None):
+  def __init__(
+    self,
+    cfg: config_lib.Config,
+    param_dir: pathlib.Path,
+    run_id: str = "",
+    tasks: tuple | None = None,
+    compile_cache: str | None = None,
+  ):
     """`tasks`: (train, test) as the learner loaded them, handed to local samplers so that
     they do not load them again (None: each sampler loads them). `compile_cache`: the
     persistent compilation cache directory the samplers share with the learner (None: off)."""
@@ -132,21 +152,29 @@ class SamplerPool:
         raise config_lib.ConfigError("sao.pin_cores needs at least 2 CPU cores")
       self.learner_cores = (allowed[0],)
       rest = allowed[1:]
-      self.cores = [tuple(rest[i::sao.num_samplers]) or tuple(rest)
-                    for i in range(sao.num_samplers)]
-    self.group = SamplerGroup(self.ctx, self._spec_maker(), sao.num_samplers,
-                              sao.max_sampler_restarts)
+      self.cores = [
+        tuple(rest[i :: sao.num_samplers]) or tuple(rest) for i in range(sao.num_samplers)
+      ]
+    self.group = SamplerGroup(
+      self.ctx, self._spec_maker(), sao.num_samplers, sao.max_sampler_restarts
+    )
 
   def _spec_maker(self):
     transport, cfg = self.transport, self.cfg
 
     def make(i: int, restarts: int) -> SamplerSpec:
-      return SamplerSpec(sampler_id=i, config=config_lib.to_dict(cfg),
-                         param_dir=str(self.param_dir), transport=transport,
-                         seed=cfg.seed * 1000 + i + 7919 * restarts,
-                         threads=cfg.sao.sampler_threads, cores=self.cores[i],
-                         compile_cache=self.compile_cache,
-                         tasks=self.tasks)
+      return SamplerSpec(
+        sampler_id=i,
+        config=config_lib.to_dict(cfg),
+        param_dir=str(self.param_dir),
+        transport=transport,
+        seed=cfg.seed * 1000 + i + 7919 * restarts,
+        threads=cfg.sao.sampler_threads,
+        cores=self.cores[i],
+        compile_cache=self.compile_cache,
+        tasks=self.tasks,
+      )
+
     return make
 
   def _make_transport(self):
@@ -160,14 +188,28 @@ class SamplerPool:
     else:
       wait_until_answers(bootstrap, timeout=10.0)
     run_id = self.run_id or t.run_id or new_run_id(self.cfg)
-    spec = KafkaSpec(bootstrap=bootstrap, run_id=run_id, partitions=t.partitions,
-                     broker_timeout_s=t.broker_timeout_s, incarnation=uuid.uuid4().hex[:8])
+    spec = KafkaSpec(
+      bootstrap=bootstrap,
+      run_id=run_id,
+      partitions=t.partitions,
+      broker_timeout_s=t.broker_timeout_s,
+      incarnation=uuid.uuid4().hex[:8],
+    )
     spec.create_topics()
-    spec.announce({"status": "running", "config": config_lib.to_dict(self.cfg),
-                   "param_dir": str(self.param_dir.absolute()), "partitions": t.partitions,
-                   "incarnation": spec.incarnation})
-    print(f"sao: kafka transport at {bootstrap}, run id {run_id}; more samplers can join with: "
-          f"sao-jax sampler --bootstrap {bootstrap} --run-id {run_id}", flush=True)
+    spec.announce(
+      {
+        "status": "running",
+        "config": config_lib.to_dict(self.cfg),
+        "param_dir": str(self.param_dir.absolute()),
+        "partitions": t.partitions,
+        "incarnation": spec.incarnation,
+      }
+    )
+    print(
+      f"sao: kafka transport at {bootstrap}, run id {run_id}; more samplers can join with: "
+      f"sao-jax sampler --bootstrap {bootstrap} --run-id {run_id}",
+      flush=True,
+    )
     return spec
 
   def __enter__(self):

@@ -14,6 +14,7 @@ then per update `fill` (tasks out, records in), `update` (one jitted step and it
 bookkeeping), `snapshot`, `validate` / `rollback` (shadow models), `publish`; `finish` ends
 the phase. `run_sao` is the function the trainer calls.
 """
+
 from __future__ import annotations
 
 import collections
@@ -110,34 +111,54 @@ class LoopState:
 # starts from); samplers_started (processes spawned, topics made); compile_init; restore (the
 # snapshot); first_record (samplers imported, compiled and decoded); first_update (batch
 # filled, update compiled or loaded from the cache, applied).
-STARTUP_STAGES = ["imports", "setup", "restore_init", "samplers_started", "compile_init",
-                  "restore", "first_record", "first_update"]
+STARTUP_STAGES = [
+  "imports",
+  "setup",
+  "restore_init",
+  "samplers_started",
+  "compile_init",
+  "restore",
+  "first_record",
+  "first_update",
+]
 
 
 class SAOLearner:
   """The learner of one SAO phase (see the module docstring)."""
 
-  def __init__(self, s: Setup, writer: MetricsWriter, workdir: pathlib.Path, *,
-               max_seconds: float | None = None, eval_every: float = 0.0):
+  def __init__(
+    self,
+    s: Setup,
+    writer: MetricsWriter,
+    workdir: pathlib.Path,
+    *,
+    max_seconds: float | None = None,
+    eval_every: float = 0.0,
+  ):
     cfg, rl, rcfg = s.cfg, s.cfg.rl, s.cfg.recovery
     self.s, self.cfg, self.writer, self.workdir = s, cfg, writer, workdir
     self.n_val = rcfg.val_problems if rcfg.shadow_every else 0  # < len(s.train): setup checks
-    self.val_tasks = s.train[len(s.train) - self.n_val:]
+    self.val_tasks = s.train[len(s.train) - self.n_val :]
     self.n_sample = len(s.train) - self.n_val  # the validation tail is never sampled in RL
     self.with_ref = rl.kl_coef > 0
     self.progs = self.make_programs()
     self.rows = round_up(self.batch_rows(), self.progs.batch_divisor)
     self.buffer = TrajectoryBuffer(self.rows, self.max_staleness())
-    self.mngr = ckpt_lib.manager(workdir / "checkpoints" / "rl", every=cfg.checkpoint_every,
-                                 keep=rcfg.keep)
+    self.mngr = ckpt_lib.manager(
+      workdir / "checkpoints" / "rl", every=cfg.checkpoint_every, keep=rcfg.keep
+    )
     self.shadows = ckpt_lib.ShadowBank(workdir / "checkpoints" / "shadows", rcfg.shadow_keep)
     self.journal = recovery.Journal(workdir / "journal")
     self.ledger = recovery.Ledger(workdir / "ledger.jsonl")
     self.events = recovery.EventLog(workdir / "events.jsonl", "rl")
     self.counts_at_start: dict[str, int] = {}
     self.task_rng = np.random.default_rng((cfg.seed, 3))
-    self.clock = PhaseClock(rl.steps, rl.max_seconds if max_seconds is None else max_seconds,
-                            eval_every, eval_fn(s, self.progs))
+    self.clock = PhaseClock(
+      rl.steps,
+      rl.max_seconds if max_seconds is None else max_seconds,
+      eval_every,
+      eval_fn(s, self.progs),
+    )
     self.eval_every = eval_every
     self.validate_fn = eval_fn(s, self.progs, tasks=self.val_tasks)
     self.loop = LoopState(nonfinite_recent=collections.deque(maxlen=rcfg.nonfinite_window))
@@ -149,16 +170,25 @@ class SAOLearner:
     # (prompt_len, completion_len), tasks, rows: what a record must fit to be batched
     self.expect = ((s.prompt_len, rl.max_new_tokens), len(s.train), self.rows)
     self.guard = admission.RecordGuard(
-        vocab_size=s.model.cfg.vocab_size, num_tasks=self.n_sample, counts=self.loop.counts,
-        reward_range=lambda i: s.family.reward_range(s.train[i]),
-        state_path=workdir / "published.json", window=cfg.sao.quarantine_window,
-        rate=cfg.sao.quarantine_rate)
+      vocab_size=s.model.cfg.vocab_size,
+      num_tasks=self.n_sample,
+      counts=self.loop.counts,
+      reward_range=lambda i: s.family.reward_range(s.train[i]),
+      state_path=workdir / "published.json",
+      window=cfg.sao.quarantine_window,
+      rate=cfg.sao.quarantine_rate,
+    )
 
   # What a subclass changes ---------------------------------------------------------------------
   def make_programs(self):
     rl, sao = self.cfg.rl, self.cfg.sao
-    return programs_for(self.s, rl.optim, lambda m, tx: make_sao_update(m, tx, rl, sao),
-                        num_tasks=len(self.s.train), with_ref=self.with_ref)
+    return programs_for(
+      self.s,
+      rl.optim,
+      lambda m, tx: make_sao_update(m, tx, rl, sao),
+      num_tasks=len(self.s.train),
+      with_ref=self.with_ref,
+    )
 
   def batch_rows(self) -> int:
     return self.cfg.sao.batch_size
@@ -187,7 +217,8 @@ class SAOLearner:
     if self.cfg.transport.kind == "kafka":
       id_path = self.workdir / "run_id"
       self.run_id = self.cfg.transport.run_id or (
-          id_path.read_text().strip() if id_path.exists() else new_run_id(self.cfg))
+        id_path.read_text().strip() if id_path.exists() else new_run_id(self.cfg)
+      )
       id_path.write_text(self.run_id)
     param_dir = self.workdir / "params"
     shutil.rmtree(param_dir, ignore_errors=True)
@@ -218,15 +249,22 @@ class SAOLearner:
       loop.counts["resumes"] += 1
       self.guard.resumed = True
       loop.counts["snapshots_skipped_corrupt"] += len(skipped)
-      loop.resume_info = {"event": "resume", "from_step": loop.step,
-                          "skipped_snapshots": skipped, "replay_records": len(self.buffer),
-                          "journal_tail_bytes": self.journal.truncated_tail}
-      print(f"sao: resuming from snapshot step {loop.step} (replaying {len(self.buffer)} "
-            f"journaled records{'; skipped unreadable ' + str(skipped) if skipped else ''})",
-            flush=True)
+      loop.resume_info = {
+        "event": "resume",
+        "from_step": loop.step,
+        "skipped_snapshots": skipped,
+        "replay_records": len(self.buffer),
+        "journal_tail_bytes": self.journal.truncated_tail,
+      }
+      print(
+        f"sao: resuming from snapshot step {loop.step} (replaying {len(self.buffer)} "
+        f"journaled records{'; skipped unreadable ' + str(skipped) if skipped else ''})",
+        flush=True,
+      )
     else:
-      self.state = fresh.replace(params=copy_tree(init.params),
-                                 ref_params=copy_tree(init.params) if self.with_ref else None)
+      self.state = fresh.replace(
+        params=copy_tree(init.params), ref_params=copy_tree(init.params) if self.with_ref else None
+      )
       self.ledger.cut_to(0)
       self.shadows.reset_to(0, {})
     loop.steady_from = loop.step
@@ -239,8 +277,9 @@ class SAOLearner:
     """This incarnation's counters: what it added since it started (the event log sums the
     incarnations; the snapshot's counters are the restored lineage's)."""
     start = self.counts_at_start
-    return {k: int(v - start.get(k, 0)) for k, v in self.loop.counts.items()
-            if v != start.get(k, 0)}
+    return {
+      k: int(v - start.get(k, 0)) for k, v in self.loop.counts.items() if v != start.get(k, 0)
+    }
 
   # Data in --------------------------------------------------------------------------------
   def ingest(self, got: list[tuple[bytes, tuple[int, int] | None]]) -> None:
@@ -286,15 +325,17 @@ class SAOLearner:
     loop, sao = self.loop, self.cfg.sao
     self.check_samplers()
     if sao.prioritized and (loop.probs is None or loop.step % 10 == 0):
-      p64 = np.asarray(jax.device_get(trackers.priority_weights(self.state.tracker,
-                                                                sao.priority_eps)), np.float64)
-      p64 = p64[:self.n_sample]
+      p64 = np.asarray(
+        jax.device_get(trackers.priority_weights(self.state.tracker, sao.priority_eps)), np.float64
+      )
+      p64 = p64[: self.n_sample]
       loop.probs = p64 / p64.sum()
     # Enough tasks in flight to fill the next batch while every sampler holds a full call.
     target_depth = self.rows + 2 * max(1, sao.num_samplers) * sao.sampler_slots
     while not self.buffer.ready(loop.step):
-      new = self.task_rng.choice(self.n_sample, size=max(0, target_depth - loop.outstanding),
-                                 p=loop.probs)
+      new = self.task_rng.choice(
+        self.n_sample, size=max(0, target_depth - loop.outstanding), p=loop.probs
+      )
       self.hand_out(new.tolist())
       got = self.pool.learner.get_records(self.rows, timeout=0.05)
       if got:
@@ -308,10 +349,13 @@ class SAOLearner:
     waited = time.time() - loop.last_fresh
     if waited > STALL_WARN_S * (loop.stall_reports + 1):  # a line per minute, never silent
       loop.stall_reports += 1
-      print(f"sao: no new trajectory for {waited:.0f} s at update {loop.step}: "
-            f"{loop.outstanding} tasks outstanding, {len(self.buffer)} records buffered, "
-            f"{self.pool.group.alive()}/{len(self.pool.group.procs)} local samplers alive"
-            f"{', kafka run ' + self.run_id if self.run_id else ''}", flush=True)
+      print(
+        f"sao: no new trajectory for {waited:.0f} s at update {loop.step}: "
+        f"{loop.outstanding} tasks outstanding, {len(self.buffer)} records buffered, "
+        f"{self.pool.group.alive()}/{len(self.pool.group.procs)} local samplers alive"
+        f"{', kafka run ' + self.run_id if self.run_id else ''}",
+        flush=True,
+      )
 
   # One update -----------------------------------------------------------------------------
   def update(self) -> dict:
@@ -328,8 +372,9 @@ class SAOLearner:
     loop.step += 1
     if loop.step == loop.steady_from + STEADY_AFTER:  # start and warm-up over from here
       loop.steady_mark = (loop.busy, time.time() - loop.t_loop)
-    self.ledger.append(loop.step, [it.rec.record_id for it in items],
-                       [it.rec.record_id for it in stale])
+    self.ledger.append(
+      loop.step, [it.rec.record_id for it in items], [it.rec.record_id for it in stale]
+    )
     if loop.resume_info is not None and "recovery_s" not in loop.resume_info:
       loop.resume_info["recovery_s"] = t_done - sao_jax.PROCESS_T0
       startup.mark("first_update")
@@ -337,10 +382,12 @@ class SAOLearner:
       loop.resume_info["compile_cache"] = self.compile_cache
       loop.counts["recovery_ms_total"] += int(1000 * loop.resume_info["recovery_s"])
       self.writer.write(loop.step, loop.resume_info, phase="rl_event", advance=0)
-      self.events.write("resume", step=loop.step,
-                        **{k: v for k, v in loop.resume_info.items() if k != "event"})
-      print(f"sao: first update {loop.resume_info['recovery_s']:.1f} s after the restart",
-            flush=True)
+      self.events.write(
+        "resume", step=loop.step, **{k: v for k, v in loop.resume_info.items() if k != "event"}
+      )
+      print(
+        f"sao: first update {loop.resume_info['recovery_s']:.1f} s after the restart", flush=True
+      )
     skipped = int(metrics["nonfinite_skipped"])
     loop.counts["nonfinite_skipped"] += skipped
     loop.nonfinite_recent.append(skipped)
@@ -355,8 +402,10 @@ class SAOLearner:
     if self.n_val and loop.step % rcfg.shadow_every == 0:
       val_acc = self.validate()
     if self.n_val and sum(loop.nonfinite_recent) >= rcfg.nonfinite_limit:
-      self.rollback(f"{sum(loop.nonfinite_recent)} of the last {len(loop.nonfinite_recent)} "
-                    "updates had non-finite gradients")
+      self.rollback(
+        f"{sum(loop.nonfinite_recent)} of the last {len(loop.nonfinite_recent)} "
+        "updates had non-finite gradients"
+      )
     if loop.step % sao.param_sync_every == 0:
       self.publish()
     self.snapshot(metrics=None if val_acc is None else {ckpt_lib.BEST_METRIC: val_acc})
@@ -371,19 +420,30 @@ class SAOLearner:
     wall = time.time() - loop.t_loop
     hist = np.bincount(np.minimum(staleness, STALENESS_BINS - 1), minlength=STALENESS_BINS)
     c = loop.counts
-    row = dict(metrics, accuracy=float(metrics["reward"]),
-               staleness_mean=float(staleness.mean()), staleness_max=int(staleness.max()),
-               staleness_hist=hist.tolist(), learner_busy=loop.busy / max(wall, 1e-9),
-               queue_depth=len(self.buffer), outstanding_tasks=loop.outstanding,
-               delay_mean=float(np.mean(loop.delays[-self.rows:])) if loop.delays else None,
-               learner_time=t_done - tu, trajectories=c["consumed"],
-               dropped_stale=c["dropped_stale"], bad_records=c["bad_records"],
-               duplicates=c["duplicates"], rejected=c["rejected"],
-               nonfinite_total=c["nonfinite_skipped"],
-               rollbacks=c["rollbacks"], sampler_restarts=c["sampler_restarts"],
-               train_seconds=self.clock.elapsed,
-               trajectories_per_s=c["consumed"] / max(wall, 1e-9),
-               peak_memory_mb=peak_memory_mb(), peak_rss_all_mb=loop.rss_peak)
+    row = dict(
+      metrics,
+      accuracy=float(metrics["reward"]),
+      staleness_mean=float(staleness.mean()),
+      staleness_max=int(staleness.max()),
+      staleness_hist=hist.tolist(),
+      learner_busy=loop.busy / max(wall, 1e-9),
+      queue_depth=len(self.buffer),
+      outstanding_tasks=loop.outstanding,
+      delay_mean=float(np.mean(loop.delays[-self.rows :])) if loop.delays else None,
+      learner_time=t_done - tu,
+      trajectories=c["consumed"],
+      dropped_stale=c["dropped_stale"],
+      bad_records=c["bad_records"],
+      duplicates=c["duplicates"],
+      rejected=c["rejected"],
+      nonfinite_total=c["nonfinite_skipped"],
+      rollbacks=c["rollbacks"],
+      sampler_restarts=c["sampler_restarts"],
+      train_seconds=self.clock.elapsed,
+      trajectories_per_s=c["consumed"] / max(wall, 1e-9),
+      peak_memory_mb=peak_memory_mb(),
+      peak_rss_all_mb=loop.rss_peak,
+    )
     if val_acc is not None:
       row["val_accuracy"] = val_acc
     return row
@@ -391,11 +451,17 @@ class SAOLearner:
   # Snapshots, shadows, rollback, publishing -------------------------------------------------
   def stream_meta(self) -> dict:
     loop = self.loop
-    return {"phase": "rl", "stream": {
+    return {
+      "phase": "rl",
+      "stream": {
         "journal_next": self.buffer.first_seq(self.journal.next_seq),
-        "task_rng": self.task_rng.bit_generator.state, "counts": dict(loop.counts),
-        "train_seconds": self.clock.elapsed, "snap_journal": loop.snap_journal,
-        "shadows": self.shadows.scores}}
+        "task_rng": self.task_rng.bit_generator.state,
+        "counts": dict(loop.counts),
+        "train_seconds": self.clock.elapsed,
+        "snap_journal": loop.snap_journal,
+        "shadows": self.shadows.scores,
+      },
+    }
 
   def snapshot(self, force: bool = False, metrics: dict | None = None) -> bool:
     """An Orbax snapshot of state and stream positions when due (or `force`); the Kafka
@@ -408,8 +474,7 @@ class SAOLearner:
     kept = set(self.mngr.all_steps()) | {loop.step}
     for k in [k for k in loop.snap_journal if k not in kept]:
       del loop.snap_journal[k]
-    ckpt_lib.save(self.mngr, self.state, self.cfg, self.stream_meta(), force=force,
-                  metrics=metrics)
+    ckpt_lib.save(self.mngr, self.state, self.cfg, self.stream_meta(), force=force, metrics=metrics)
     if not self.cfg.recovery.keep_journal:
       self.journal.prune(min(loop.snap_journal.values()))
     loop.pending_commit = self.buffer.safe_positions(self.pool.learner.positions())
@@ -422,8 +487,10 @@ class SAOLearner:
     val_acc = self.validate_fn(self.state.params)["accuracy"]
     best = self.shadows.best()
     if best is not None and val_acc < best[1] - rcfg.regress_threshold:
-      self.rollback(f"validation accuracy {val_acc:.3f} fell below the best shadow's "
-                    f"{best[1]:.3f} by more than {rcfg.regress_threshold}")
+      self.rollback(
+        f"validation accuracy {val_acc:.3f} fell below the best shadow's "
+        f"{best[1]:.3f} by more than {rcfg.regress_threshold}"
+      )
     else:
       self.shadows.save(self.loop.step, self.state.params, val_acc)
     return val_acc
@@ -433,8 +500,10 @@ class SAOLearner:
     recovery.lr_decay; samplers get the restored policy at once."""
     loop, rcfg = self.loop, self.cfg.recovery
     if loop.counts["rollbacks"] >= rcfg.max_rollbacks:
-      raise RuntimeError(f"SAO learner: {reason}, and the run already rolled back "
-                         f"{loop.counts['rollbacks']} times (recovery.max_rollbacks); stopping")
+      raise RuntimeError(
+        f"SAO learner: {reason}, and the run already rolled back "
+        f"{loop.counts['rollbacks']} times (recovery.max_rollbacks); stopping"
+      )
     best = self.shadows.restore_best(self.state.params)
     if best is None:
       raise RuntimeError(f"SAO learner: {reason}, and no shadow is left to roll back to")
@@ -443,19 +512,33 @@ class SAOLearner:
     lr_scale = float(jax.device_get(self.state.lr_scale)) * rcfg.lr_decay
     reset = self.progs.init(jax.random.key(self.cfg.seed + 7 + loop.counts["rollbacks"]))
     st = self.state
-    self.state = reset.replace(step=st.step, params=params, tracker=st.tracker, rng=st.rng,
-                               nonfinite=st.nonfinite, ref_params=st.ref_params,
-                               lr_scale=jnp.asarray(lr_scale, jnp.float32))
+    self.state = reset.replace(
+      step=st.step,
+      params=params,
+      tracker=st.tracker,
+      rng=st.rng,
+      nonfinite=st.nonfinite,
+      ref_params=st.ref_params,
+      lr_scale=jnp.asarray(lr_scale, jnp.float32),
+    )
     loop.nonfinite_recent.clear()
     self.publish()
-    event = {"event": "rollback", "reason": reason, "to_shadow_step": best[0],
-             "shadow_val_accuracy": best[1], "lr_scale": lr_scale,
-             "rollbacks": loop.counts["rollbacks"]}
-    print(f"sao: rollback at step {loop.step} to shadow {best[0]} ({reason}); lr scale "
-          f"{lr_scale:g}", flush=True)
+    event = {
+      "event": "rollback",
+      "reason": reason,
+      "to_shadow_step": best[0],
+      "shadow_val_accuracy": best[1],
+      "lr_scale": lr_scale,
+      "rollbacks": loop.counts["rollbacks"],
+    }
+    print(
+      f"sao: rollback at step {loop.step} to shadow {best[0]} ({reason}); lr scale {lr_scale:g}",
+      flush=True,
+    )
     self.writer.write(loop.step, event, phase="rl_event", advance=0)
-    self.events.write("rollback", step=loop.step, **{k: v for k, v in event.items()
-                                                     if k != "event"})
+    self.events.write(
+      "rollback", step=loop.step, **{k: v for k, v in event.items() if k != "event"}
+    )
 
   def publish(self) -> None:
     self.publisher.publish(self.loop.step, self.state.params)
@@ -466,9 +549,13 @@ class SAOLearner:
     loop, cfg = self.loop, self.cfg
     self.prepare()
     # Samplers start first: their imports and compilation overlap the learner's restore.
-    with SamplerPool(cfg, self.workdir / "params", self.run_id,
-                     tasks=(self.s.train, self.s.test),
-                     compile_cache=self.compile_cache) as self.pool:
+    with SamplerPool(
+      cfg,
+      self.workdir / "params",
+      self.run_id,
+      tasks=(self.s.train, self.s.test),
+      compile_cache=self.compile_cache,
+    ) as self.pool:
       self.guard.on_quarantine = self.pool.stop_local
       startup.mark("samplers_started")
       resumed = self.start(init)
@@ -477,8 +564,9 @@ class SAOLearner:
         self.snapshot(force=True)  # step 0: a resume before the first interval starts here
         if self.n_val:
           self.shadows.save(0, self.state.params, self.validate_fn(self.state.params)["accuracy"])
-      self.clock.maybe_eval(loop.step, self.state.params,
-                            force=bool(self.eval_every) and not resumed)
+      self.clock.maybe_eval(
+        loop.step, self.state.params, force=bool(self.eval_every) and not resumed
+      )
       loop.t_loop = time.time()
       while self.clock.running(loop.step):
         self.fill()
@@ -504,20 +592,31 @@ class SAOLearner:
     steady = None
     if loop.steady_mark is not None and wall > loop.steady_mark[1]:
       steady = (loop.busy - loop.steady_mark[0]) / (wall - loop.steady_mark[1])
-    info.update(trajectories=c["consumed"], dropped_stale=c["dropped_stale"],
-                bad_records=c["bad_records"], duplicates=c["duplicates"],
-                unused_at_end=len(self.buffer), nonfinite_skipped=c["nonfinite_skipped"],
-                rollbacks=c["rollbacks"], sampler_restarts=c["sampler_restarts"],
-                resumes=c["resumes"], orphan_version=c["orphan_version"],
-                learner_busy=loop.busy / max(wall, 1e-9), learner_busy_steady=steady,
-                trajectories_per_s=c["consumed"] / max(wall, 1e-9),
-                tokens_per_s=c["tokens"] / max(wall, 1e-9), peak_rss_all_mb=loop.rss_peak,
-                reward_s_per_trajectory=loop.reward_s / max(c["consumed"], 1),
-                learner_peak_mb=peak_memory_mb(), seconds_per_step=info["seconds"] / max(
-                    loop.step - loop.steady_from, 1),
-                sandbox_runs=loop.sandbox_runs,
-                sandbox_runs_per_s=loop.sandbox_runs / max(wall, 1e-9), **self.guard.summary(),
-                **delay_stats(loop.delays), **length_stats(loop.lengths))
+    info.update(
+      trajectories=c["consumed"],
+      dropped_stale=c["dropped_stale"],
+      bad_records=c["bad_records"],
+      duplicates=c["duplicates"],
+      unused_at_end=len(self.buffer),
+      nonfinite_skipped=c["nonfinite_skipped"],
+      rollbacks=c["rollbacks"],
+      sampler_restarts=c["sampler_restarts"],
+      resumes=c["resumes"],
+      orphan_version=c["orphan_version"],
+      learner_busy=loop.busy / max(wall, 1e-9),
+      learner_busy_steady=steady,
+      trajectories_per_s=c["consumed"] / max(wall, 1e-9),
+      tokens_per_s=c["tokens"] / max(wall, 1e-9),
+      peak_rss_all_mb=loop.rss_peak,
+      reward_s_per_trajectory=loop.reward_s / max(c["consumed"], 1),
+      learner_peak_mb=peak_memory_mb(),
+      seconds_per_step=info["seconds"] / max(loop.step - loop.steady_from, 1),
+      sandbox_runs=loop.sandbox_runs,
+      sandbox_runs_per_s=loop.sandbox_runs / max(wall, 1e-9),
+      **self.guard.summary(),
+      **delay_stats(loop.delays),
+      **length_stats(loop.lengths),
+    )
     if loop.resume_info is not None:
       info["recovery_s"] = loop.resume_info.get("recovery_s")
     # Everything that happened, over every process that ran this phase (killed ones too).
@@ -525,8 +624,15 @@ class SAOLearner:
     return info
 
 
-def run_sao(s: Setup, writer: MetricsWriter, state: TrainState, workdir: pathlib.Path, *,
-            max_seconds: float | None = None, eval_every: float = 0.0) -> tuple:
+def run_sao(
+  s: Setup,
+  writer: MetricsWriter,
+  state: TrainState,
+  workdir: pathlib.Path,
+  *,
+  max_seconds: float | None = None,
+  eval_every: float = 0.0,
+) -> tuple:
   """Asynchronous single-trajectory training from `state`'s params; returns (state,
   programs, summary) like the other phases. Resumes by itself when
   `workdir/checkpoints/rl` holds a snapshot (see sao_jax.recovery): state, clock, counters

@@ -1,5 +1,6 @@
 """The supervised warm start: teacher-forced cross-entropy on the task family's worked
 solutions."""
+
 from __future__ import annotations
 
 import pathlib
@@ -14,22 +15,30 @@ from sao_jax.learner import make_sft_update
 from sao_jax.metrics import MetricsWriter, peak_memory_mb
 from sao_jax.packing import round_up
 from sao_jax.runners.common import (
-    PhaseClock,
-    eval_fn,
-    finish_phase,
-    log_step,
-    programs_for,
-    sft_batch,
+  PhaseClock,
+  eval_fn,
+  finish_phase,
+  log_step,
+  programs_for,
+  sft_batch,
 )
 from sao_jax.runners.compiled import Programs
 from sao_jax.setup import Setup
 from sao_jax.state import TrainState, copy_tree
 
 
-def run_sft(s: Setup, writer: MetricsWriter, state: TrainState | None, workdir: pathlib.Path,
-            *, steps: int | None = None, max_seconds: float | None = None, tag: str = "sft",
-            eval_every: float = 0.0, keep_opt_state: bool = False
-            ) -> tuple[TrainState, Programs, dict]:
+def run_sft(
+  s: Setup,
+  writer: MetricsWriter,
+  state: TrainState | None,
+  workdir: pathlib.Path,
+  *,
+  steps: int | None = None,
+  max_seconds: float | None = None,
+  tag: str = "sft",
+  eval_every: float = 0.0,
+  keep_opt_state: bool = False,
+) -> tuple[TrainState, Programs, dict]:
   """Teacher-forced cross-entropy on worked solutions of random training tasks.
 
   Starts from `state`'s params (a copy: the caller's state stays valid) and, with
@@ -49,8 +58,12 @@ def run_sft(s: Setup, writer: MetricsWriter, state: TrainState | None, workdir: 
   rng = np.random.default_rng((cfg.seed, 1, zlib.crc32(tag.encode())))
   clock = PhaseClock(steps, max_seconds, eval_every, eval_fn(s, progs))
   writer.progress(tag, steps or None)
-  mngr = ckpt_lib.manager(workdir / "checkpoints" / tag, every=cfg.checkpoint_every,
-                          keep=cfg.recovery.keep, keep_best=False)
+  mngr = ckpt_lib.manager(
+    workdir / "checkpoints" / tag,
+    every=cfg.checkpoint_every,
+    keep=cfg.recovery.keep,
+    keep_best=False,
+  )
   step, tokens = 0, 0
   resumed = ckpt_lib.restore_latest_valid(mngr, state) if mngr.all_steps() else None
   if resumed is not None:  # a restart: same batches from here as the uninterrupted run
@@ -62,8 +75,10 @@ def run_sft(s: Setup, writer: MetricsWriter, state: TrainState | None, workdir: 
     clock.maybe_eval(step, state.params, force=bool(eval_every))
 
   def meta():
-    return {"phase": tag, "stream": {"rng": rng.bit_generator.state,
-                                     "train_seconds": clock.elapsed}}
+    return {
+      "phase": tag,
+      "stream": {"rng": rng.bit_generator.state, "train_seconds": clock.elapsed},
+    }
 
   while clock.running(step):
     ts = time.time()
@@ -76,8 +91,13 @@ def run_sft(s: Setup, writer: MetricsWriter, state: TrainState | None, workdir: 
     row = {}
     if step % cfg.log_every == 0:  # fetching metrics waits for the step: only when logged
       dt = time.time() - ts
-      row = dict(jax.device_get(metrics), step_time=dt, learner_time=dt,
-                 train_seconds=clock.elapsed, tokens_per_s=tokens / max(clock.elapsed, 1e-9),
-                 peak_memory_mb=peak_memory_mb())
+      row = dict(
+        jax.device_get(metrics),
+        step_time=dt,
+        learner_time=dt,
+        train_seconds=clock.elapsed,
+        tokens_per_s=tokens / max(clock.elapsed, 1e-9),
+        peak_memory_mb=peak_memory_mb(),
+      )
     log_step(writer, clock, cfg, step, state.params, row, tag)
   return state, progs, finish_phase(mngr, state, cfg, clock, step, tag, meta())

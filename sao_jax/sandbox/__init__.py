@@ -3,6 +3,7 @@
 `run_job` runs one program with its tests; `SandboxPool` runs a batch concurrently on worker
 processes. Standard library only, so pool workers start without JAX.
 """
+
 from sao_jax.sandbox.pool import SandboxPool, default_num_workers
 from sao_jax.sandbox.runner import (
   STATUSES,
@@ -15,5 +16,15 @@ from sao_jax.sandbox.runner import (
   run_job,
 )
 
-__all__ = ["STATUSES", "Isolation", "Job", "Limits", "RunResult", "SandboxIsolationWarning",
-           "SandboxPool", "default_num_workers", "resolve_isolation", "run_job"]
+__all__ = [
+  "STATUSES",
+  "Isolation",
+  "Job",
+  "Limits",
+  "RunResult",
+  "SandboxIsolationWarning",
+  "SandboxPool",
+  "default_num_workers",
+  "resolve_isolation",
+  "run_job",
+]

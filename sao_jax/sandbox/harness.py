@@ -29,6 +29,7 @@ The guard is an audit hook (PEP 578) that turns Python-level attempts at forbidd
 so such a run is reported as "blocked" rather than as an ordinary failure. Code that goes
 around it (ctypes, native code) still meets the kernel-level barriers.
 """
+
 import json
 import os
 import resource
@@ -36,17 +37,43 @@ import sys
 
 # Audit events refused outright. "socket.__new__" covers every socket, AF_UNIX included
 # (abstract unix sockets are not stopped by read-only mounts).
-_DENIED = frozenset({
-    "socket.__new__", "os.fork", "os.forkpty", "os.posix_spawn", "os.posix_spawnp",
-    "os.exec", "os.spawn", "os.system", "subprocess.Popen", "os.kill", "os.killpg",
-    "signal.pthread_kill", "pty.spawn",
-})
+_DENIED = frozenset(
+  {
+    "socket.__new__",
+    "os.fork",
+    "os.forkpty",
+    "os.posix_spawn",
+    "os.posix_spawnp",
+    "os.exec",
+    "os.spawn",
+    "os.system",
+    "subprocess.Popen",
+    "os.kill",
+    "os.killpg",
+    "signal.pthread_kill",
+    "pty.spawn",
+  }
+)
 # Audit events whose first argument is a path that is modified: refused outside scratch.
-_PATH_MUTATORS = frozenset({
-    "os.remove", "os.rmdir", "os.mkdir", "os.rename", "os.chmod", "os.chown", "os.link",
-    "os.symlink", "os.truncate", "os.utime", "shutil.rmtree", "shutil.copyfile",
-    "shutil.copytree", "shutil.move", "shutil.chown",
-})
+_PATH_MUTATORS = frozenset(
+  {
+    "os.remove",
+    "os.rmdir",
+    "os.mkdir",
+    "os.rename",
+    "os.chmod",
+    "os.chown",
+    "os.link",
+    "os.symlink",
+    "os.truncate",
+    "os.utime",
+    "shutil.rmtree",
+    "shutil.copyfile",
+    "shutil.copytree",
+    "shutil.move",
+    "shutil.chown",
+  }
+)
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _MAX_TEXT = 300
 
@@ -72,6 +99,7 @@ def _make_emit(fd, nonce):
       os.write(fd, (kind + prefix + text + "\n").encode("utf-8", "replace"))
     except OSError:
       pass  # the runner went away; nothing left to tell
+
   return emit
 
 
@@ -97,11 +125,13 @@ def _make_guard(scratch, emit):
     elif event == "open":
       path, mode, flags = args
       writes = (mode is not None and any(c in mode for c in "wax+")) or (
-          mode is None and isinstance(flags, int) and flags & _WRITE_FLAGS)
+        mode is None and isinstance(flags, int) and flags & _WRITE_FLAGS
+      )
       if writes and outside_scratch(path):
         deny(f"open for writing {path!r}")
     elif event in _PATH_MUTATORS and args and outside_scratch(args[0]):
       deny(f"{event} {args[0]!r}")
+
   return hook
 
 

@@ -6,6 +6,7 @@ for the result, so the caller (a sampler between two decode calls, an evaluation
 only on `map` or on the futures `submit` returns. Workers die with the process that owns
 the pool, and the sandboxes with their workers, whatever way the owner ends.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -48,9 +49,20 @@ class _Worker:
     # and sandboxes start from an empty one anyway.
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": _PACKAGE_ROOT}
     return subprocess.Popen(
-        [sys.executable, "-B", "-s", "-m", "sao_jax.sandbox.worker",
-         json.dumps(self._iso.to_dict()), str(os.getpid())],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
+      [
+        sys.executable,
+        "-B",
+        "-s",
+        "-m",
+        "sao_jax.sandbox.worker",
+        json.dumps(self._iso.to_dict()),
+        str(os.getpid()),
+      ],
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      env=env,
+      close_fds=True,
+    )
 
   def run(self, job: Job) -> RunResult:
     line = (json.dumps(job.to_dict()) + "\n").encode()
@@ -102,8 +114,9 @@ class SandboxPool:
       results = pool.map([Job(program, tests) for program in programs])
   """
 
-  def __init__(self, num_workers: int | None = None, *, isolation: str = "auto",
-               bwrap_path: str | None = None):
+  def __init__(
+    self, num_workers: int | None = None, *, isolation: str = "auto", bwrap_path: str | None = None
+  ):
     if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 1):
       raise ValueError(f"num_workers must be an int >= 1, got {num_workers!r}")
     self.isolation = resolve_isolation(isolation, bwrap_path)
@@ -111,7 +124,8 @@ class SandboxPool:
     self._workers: list[_Worker] = []
     self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
     self._executor = concurrent.futures.ThreadPoolExecutor(
-        self.num_workers, thread_name_prefix="sandbox")
+      self.num_workers, thread_name_prefix="sandbox"
+    )
     self._finalizer = weakref.finalize(self, _shutdown, self._executor, self._workers)
     try:
       for _ in range(self.num_workers):
@@ -143,8 +157,14 @@ class SandboxPool:
       return worker.run(job)
     except _WorkerDied as err:
       worker.restart()
-      return RunResult("crashed", 0, len(job.tests), 0.0, detail=f"sandbox worker: {err}",
-                       isolation=self.isolation.mode)
+      return RunResult(
+        "crashed",
+        0,
+        len(job.tests),
+        0.0,
+        detail=f"sandbox worker: {err}",
+        isolation=self.isolation.mode,
+      )
     finally:
       self._idle.put(worker)
 

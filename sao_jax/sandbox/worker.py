@@ -5,6 +5,7 @@ Reads one job per line (JSON) on stdin, runs it with `run_job`, writes one resul
 the caller because starting a sandbox forks the process that starts it: forking a small
 worker costs little, forking a sampler that holds a model and XLA's memory does not.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -44,8 +45,14 @@ def main(argv: list[str]) -> int:
       try:
         result = run_job(job, iso)
       except OSError as err:
-        result = RunResult("crashed", 0, len(job.tests), 0.0,
-                           detail=f"the sandbox could not start: {err}", isolation=iso.mode)
+        result = RunResult(
+          "crashed",
+          0,
+          len(job.tests),
+          0.0,
+          detail=f"the sandbox could not start: {err}",
+          isolation=iso.mode,
+        )
     out.write(json.dumps(result.to_dict()) + "\n")
     out.flush()
   return 0

@@ -6,8 +6,19 @@ synchronous GRPO, driven by costs measured on a machine (`experiments/calibrate_
 
 `sao-jax simulate` runs it from the command line.
 """
+
 from sao_jax.sim.costs import POLICIES, PRESETS, Costs, Profile, Scenario, interp, preset
 from sao_jax.sim.engine import Simulation, format_table, simulate
 
-__all__ = ["POLICIES", "PRESETS", "Costs", "Profile", "Scenario", "Simulation", "format_table",
-           "interp", "preset", "simulate"]
+__all__ = [
+  "POLICIES",
+  "PRESETS",
+  "Costs",
+  "Profile",
+  "Scenario",
+  "Simulation",
+  "format_table",
+  "interp",
+  "preset",
+  "simulate",
+]

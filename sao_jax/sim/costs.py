@@ -10,6 +10,7 @@ and writes them as JSON (`Costs.to_dict` / `Costs.from_dict`).
 (a call runs until its longest row ends) or with continuous batching, optional in-flight
 weight updates, sampler count, slots, batch, staleness bound, sync interval, horizon.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,8 +36,9 @@ def _points(raw, name: str) -> Points:
   try:
     pts = tuple(sorted((float(r), float(s)) for r, s in items))
   except (TypeError, ValueError):
-    raise ConfigError(f"{name}: expected {{rows: seconds}} or [[rows, seconds], ...], "
-                      f"got {raw!r}"[:200]) from None
+    raise ConfigError(
+      f"{name}: expected {{rows: seconds}} or [[rows, seconds], ...], got {raw!r}"[:200]
+    ) from None
   _check(len(pts) >= 1, f"{name}: needs at least one (rows, seconds) point")
   _check(all(r > 0 and s >= 0 for r, s in pts), f"{name}: rows must be > 0 and seconds >= 0")
   _check(len({r for r, _ in pts}) == len(pts), f"{name}: rows measured twice")
@@ -86,10 +88,14 @@ class Profile:
   refresh_s: Points = ()  # every slot's cache recomputed under new weights, by slots
 
   def __post_init__(self):
-    _check(min(self.score_s, self.emit_s, self.start_s, self.decode_call_s) >= 0,
-           "profile costs must be >= 0")
-    _check(not self.slot_decode_s or self.slot_rows >= 1,
-           "profile.slot_decode_s needs slot_rows >= 1 (the slots it was measured with)")
+    _check(
+      min(self.score_s, self.emit_s, self.start_s, self.decode_call_s) >= 0,
+      "profile costs must be >= 0",
+    )
+    _check(
+      not self.slot_decode_s or self.slot_rows >= 1,
+      "profile.slot_decode_s needs slot_rows >= 1 (the slots it was measured with)",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +108,8 @@ class Costs:
   first_update_extra_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
   step_overhead_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
   periodic: Mapping[str, tuple[tuple[str, int, float], ...]] = dataclasses.field(
-      default_factory=dict)  # kind -> (name, every_steps, seconds)
+    default_factory=dict
+  )  # kind -> (name, every_steps, seconds)
   publish_s: float = 0.0
   load_s: float = 0.0
   transport_latency_s: float = 0.0
@@ -115,16 +122,31 @@ class Costs:
   def __post_init__(self):
     _check(bool(self.profiles), "costs: no sampling profiles")
     _check(bool(self.update_s), "costs: no update_s")
-    _check(len(self.lengths) > 0 and all(int(n) >= 1 for n in self.lengths),
-           "costs.lengths: needs completion lengths >= 1 token")
-    _check(self.update_with_sampling >= 1 and self.sampling_with_update >= 1,
-           "contention slowdowns must be >= 1")
-    _check(min(self.publish_s, self.load_s, self.transport_latency_s, self.record_bytes,
-               self.record_bytes_per_token) >= 0, "costs must be >= 0")
+    _check(
+      len(self.lengths) > 0 and all(int(n) >= 1 for n in self.lengths),
+      "costs.lengths: needs completion lengths >= 1 token",
+    )
+    _check(
+      self.update_with_sampling >= 1 and self.sampling_with_update >= 1,
+      "contention slowdowns must be >= 1",
+    )
+    _check(
+      min(
+        self.publish_s,
+        self.load_s,
+        self.transport_latency_s,
+        self.record_bytes,
+        self.record_bytes_per_token,
+      )
+      >= 0,
+      "costs must be >= 0",
+    )
     _check(self.transport_bytes_per_s > 0, "costs.transport_bytes_per_s must be > 0")
     for kind, items in self.periodic.items():
-      _check(all(int(every) >= 1 and s >= 0 for _, every, s in items),
-             f"costs.periodic[{kind!r}]: every >= 1 and seconds >= 0")
+      _check(
+        all(int(every) >= 1 and s >= 0 for _, every, s in items),
+        f"costs.periodic[{kind!r}]: every >= 1 and seconds >= 0",
+      )
 
   def update(self, kind: str, rows: int) -> float:
     if kind not in self.update_s:
@@ -152,18 +174,28 @@ class Costs:
     pfields = {f.name for f in dataclasses.fields(Profile)}
     profiles = {}
     for name, p in d["profiles"].items():
-      _check(set(p) <= pfields, f"costs.profiles[{name!r}]: unknown keys "
-             f"{sorted(set(p) - pfields)}")
-      optional = {k: _points(p[k], f"{name}.{k}") if p.get(k) else ()
-                  for k in ("fill_s", "slot_decode_s", "refresh_s")}
-      profiles[name] = Profile(**{**p, "decode_s": _points(p["decode_s"], f"{name}.decode_s"),
-                                  "prefill_s": _points(p["prefill_s"], f"{name}.prefill_s"),
-                                  **optional})
+      _check(
+        set(p) <= pfields, f"costs.profiles[{name!r}]: unknown keys {sorted(set(p) - pfields)}"
+      )
+      optional = {
+        k: _points(p[k], f"{name}.{k}") if p.get(k) else ()
+        for k in ("fill_s", "slot_decode_s", "refresh_s")
+      }
+      profiles[name] = Profile(
+        **{
+          **p,
+          "decode_s": _points(p["decode_s"], f"{name}.decode_s"),
+          "prefill_s": _points(p["prefill_s"], f"{name}.prefill_s"),
+          **optional,
+        }
+      )
     kw["profiles"] = profiles
     kw["update_s"] = {k: _points(v, f"update_s[{k}]") for k, v in d["update_s"].items()}
     kw["lengths"] = tuple(int(n) for n in d["lengths"])
-    kw["periodic"] = {k: tuple((str(n), int(e), float(s)) for n, e, s in v)
-                      for k, v in d.get("periodic", {}).items()}
+    kw["periodic"] = {
+      k: tuple((str(n), int(e), float(s)) for n, e, s in v)
+      for k, v in d.get("periodic", {}).items()
+    }
     return cls(**kw)
 
   def replace(self, **kw) -> Costs:
@@ -213,25 +245,39 @@ class Scenario:
   steady_after: int = 10  # steady-state metrics leave out this many first updates
 
   def __post_init__(self):
-    _check(self.policy in POLICIES, f"scenario.policy {self.policy!r} unknown; known: "
-           f"{', '.join(POLICIES)}")
-    _check(not self.inflight or self.policy == "sao_continuous",
-           "scenario.inflight needs policy sao_continuous")
+    _check(
+      self.policy in POLICIES,
+      f"scenario.policy {self.policy!r} unknown; known: {', '.join(POLICIES)}",
+    )
+    _check(
+      not self.inflight or self.policy == "sao_continuous",
+      "scenario.inflight needs policy sao_continuous",
+    )
     _check(not self.inline or self.policy == "grpo", "scenario.inline needs policy grpo")
-    _check(not self.continuous or (self.policy == "grpo" and not self.inline),
-           "scenario.continuous is for grpo through samplers (SAO: policy sao_continuous)")
-    _check(0 <= self.refill_rows <= self.slots,
-           f"scenario.refill_rows {self.refill_rows} not in 0..slots {self.slots}")
+    _check(
+      not self.continuous or (self.policy == "grpo" and not self.inline),
+      "scenario.continuous is for grpo through samplers (SAO: policy sao_continuous)",
+    )
+    _check(
+      0 <= self.refill_rows <= self.slots,
+      f"scenario.refill_rows {self.refill_rows} not in 0..slots {self.slots}",
+    )
     _check(self.num_samplers >= 1 or self.inline, "scenario.num_samplers must be >= 1")
     _check(self.slots >= 1 and self.batch_size >= 1, "scenario slots and batch_size >= 1")
-    _check(self.max_staleness >= 0 and self.param_sync_every >= 1 and self.target_depth >= 0,
-           "scenario: max_staleness >= 0, param_sync_every >= 1, target_depth >= 0")
-    _check(self.shape in ("fixed", "active"),
-           f"scenario.shape {self.shape!r} unknown; known: active, fixed")
+    _check(
+      self.max_staleness >= 0 and self.param_sync_every >= 1 and self.target_depth >= 0,
+      "scenario: max_staleness >= 0, param_sync_every >= 1, target_depth >= 0",
+    )
+    _check(
+      self.shape in ("fixed", "active"),
+      f"scenario.shape {self.shape!r} unknown; known: active, fixed",
+    )
     _check(self.seconds > 0 or self.steps > 0, "scenario needs a horizon: seconds or steps > 0")
     _check(self.idle_poll_s >= 0, "scenario.idle_poll_s must be >= 0")
-    _check(self.seconds >= 0 and self.steps >= 0 and self.steady_after >= 0,
-           "scenario horizon and steady_after must be >= 0")
+    _check(
+      self.seconds >= 0 and self.steps >= 0 and self.steady_after >= 0,
+      "scenario horizon and steady_after must be >= 0",
+    )
 
   @property
   def kind(self) -> str:
@@ -248,12 +294,12 @@ class Scenario:
 
 # Named policies for the command line and the experiment scripts.
 PRESETS = {
-    "grpo_inline": dict(policy="grpo", inline=True),  # learner samples itself
-    "grpo": dict(policy="grpo"),  # sampler processes (batch calls), barrier
-    "grpo_continuous": dict(policy="grpo", continuous=True),  # ... continuous batching
-    "sao_batch": dict(policy="sao_batch"),
-    "sao_continuous": dict(policy="sao_continuous"),
-    "sao_inflight": dict(policy="sao_continuous", inflight=True),
+  "grpo_inline": dict(policy="grpo", inline=True),  # learner samples itself
+  "grpo": dict(policy="grpo"),  # sampler processes (batch calls), barrier
+  "grpo_continuous": dict(policy="grpo", continuous=True),  # ... continuous batching
+  "sao_batch": dict(policy="sao_batch"),
+  "sao_continuous": dict(policy="sao_continuous"),
+  "sao_inflight": dict(policy="sao_continuous", inflight=True),
 }
 _POLICY_FIELDS = dict(inline=False, inflight=False, continuous=False)
 
@@ -267,6 +313,11 @@ def preset(name: str, base: Scenario) -> Scenario:
 
 def lengths_summary(lengths: Sequence[int]) -> dict:
   a = np.asarray(lengths, float)
-  return {"n": int(a.size), "mean": float(a.mean()), "p50": float(np.median(a)),
-          "p95": float(np.percentile(a, 95)), "max": float(a.max()),
-          "cv": float(a.std() / a.mean())}
+  return {
+    "n": int(a.size),
+    "mean": float(a.mean()),
+    "p50": float(np.median(a)),
+    "p95": float(np.percentile(a, 95)),
+    "max": float(a.max()),
+    "cv": float(a.std() / a.mean()),
+  }

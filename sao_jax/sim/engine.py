@@ -28,6 +28,7 @@ benchmark defines them:
 Deterministic: one numpy Generator (seeded by the scenario) draws every length, and ties
 in the event queue break by insertion order.
 """
+
 from __future__ import annotations
 
 import collections
@@ -106,11 +107,11 @@ class Simulation:
     share = (costs.update_with_sampling, costs.sampling_with_update)
     self.learner_host = _Host(*share)
     self.sprof: Profile = costs.profile(scenario.sampler_profile)
-    self.iprof: Profile | None = costs.profile(scenario.inline_profile) if scenario.inline \
-        else None
+    self.iprof: Profile | None = costs.profile(scenario.inline_profile) if scenario.inline else None
     n = 0 if scenario.inline else scenario.num_samplers
-    self.samplers = [_Sampler(i, self.learner_host if scenario.colocated else _Host(*share))
-                     for i in range(n)]
+    self.samplers = [
+      _Sampler(i, self.learner_host if scenario.colocated else _Host(*share)) for i in range(n)
+    ]
     # learner state
     self.step = 0
     self.published = 0
@@ -179,8 +180,9 @@ class Simulation:
       self.now = max(self.now, t)
       fn(*args)
     if not self.ended:
-      raise RuntimeError(f"simulation stalled at t={self.now:.3f} s, step {self.step}: "
-                         f"no work left (scenario {s})")
+      raise RuntimeError(
+        f"simulation stalled at t={self.now:.3f} s, step {self.step}: no work left (scenario {s})"
+      )
     return self._metrics()
 
   def _horizon_reached(self) -> bool:
@@ -251,7 +253,7 @@ class Simulation:
       return
     if self.s.policy == "grpo":
       if len(self.inbox) >= self.expect:
-        batch, self.inbox = self.inbox[:self.expect], self.inbox[self.expect:]
+        batch, self.inbox = self.inbox[: self.expect], self.inbox[self.expect :]
         self.waiting = False
         self._update(batch)
     else:
@@ -301,16 +303,16 @@ class Simulation:
     if self.step == 0:
       solo += p.start_s  # the sampling program compiles on first use
     t0 = self.now
-    self.start(self.learner_host, "sample", solo,
-               lambda: self._grpo_sampled(lengths, t0, solo))
+    self.start(self.learner_host, "sample", solo, lambda: self._grpo_sampled(lengths, t0, solo))
 
   def _grpo_sampled(self, lengths, t0: float, solo: float):
     ends = self._row_ends(self.iprof, lengths, self.s.batch_size, t0, solo)
     recs = [_Rec(self.step, int(n), e, self.now) for n, e in zip(lengths, ends, strict=True)]
     self._update(recs)
 
-  def _row_ends(self, p: Profile, lengths: np.ndarray, compiled: int, t0: float,
-                solo: float) -> np.ndarray:
+  def _row_ends(
+    self, p: Profile, lengths: np.ndarray, compiled: int, t0: float, solo: float
+  ) -> np.ndarray:
     """When each row of a call emitted its last token: the call's solo schedule (prefill,
     then the token steps at the call's mean cost per step), stretched to its real length."""
     prefill = interp(p.prefill_s, compiled)
@@ -352,6 +354,7 @@ class Simulation:
     def done():
       sp.busy_s += self.now - sp.t0
       then()
+
     sp.t0 = self.now
     sp.work = self.start(sp.host, "sample", solo, done)
 
@@ -386,8 +389,9 @@ class Simulation:
     sp.version = v
     self._sampler_next(sp)
 
-  def _call_seconds(self, p: Profile, lengths: np.ndarray, compiled: int,
-                    sp: _Sampler | None = None) -> float:
+  def _call_seconds(
+    self, p: Profile, lengths: np.ndarray, compiled: int, sp: _Sampler | None = None
+  ) -> float:
     """prefill + the token steps of one call that runs until its longest row ends."""
     srt = np.sort(lengths)
     if self.s.shape == "fixed":
@@ -404,8 +408,7 @@ class Simulation:
       sp.useful_steps += float(srt.sum())
     return interp(p.prefill_s, compiled) + steps
 
-  def _batch_done(self, sp: _Sampler, lengths: np.ndarray, version: int, t0: float,
-                  solo: float):
+  def _batch_done(self, sp: _Sampler, lengths: np.ndarray, version: int, t0: float, solo: float):
     t_end = self.now
     # every row of the call is handed on when the call returns (its longest row ended)
     ends = self._row_ends(self.sprof, lengths, self.s.slots, t0, solo)
@@ -429,8 +432,11 @@ class Simulation:
     """Seconds of one decode step of the slot state with `live` rows decoding."""
     p, s = self.sprof, self.s
     if p.slot_decode_s:  # measured on slot_rows slots; other slot counts scale as decode_s
-      scale = 1.0 if s.slots == p.slot_rows else (interp(p.decode_s, s.slots)
-                                                  / max(_EPS, interp(p.decode_s, p.slot_rows)))
+      scale = (
+        1.0
+        if s.slots == p.slot_rows
+        else (interp(p.decode_s, s.slots) / max(_EPS, interp(p.decode_s, p.slot_rows)))
+      )
       return interp(p.slot_decode_s, live) * scale
     return interp(p.decode_s, s.slots if s.shape == "fixed" else live)
 
@@ -479,8 +485,7 @@ class Simulation:
     t0 = self.now
     self._run(sp, solo, lambda: self._span_done(sp, remaining, steps, t0, solo))
 
-  def _span_done(self, sp: _Sampler, remaining: list[float], steps: float, t0: float,
-                 solo: float):
+  def _span_done(self, sp: _Sampler, remaining: list[float], steps: float, t0: float, solo: float):
     """A decode call of `steps` steps returned: rows that ended are scored and sent."""
     useful = sum(min(rem, steps) for rem in remaining)
     sp.row_steps += self.s.slots * steps if self.s.shape == "fixed" else useful
@@ -505,36 +510,58 @@ class Simulation:
     s, wall = self.s, max(self.wall, _EPS)
     d = np.asarray(self.delays or [np.nan])
     own = np.asarray(self.delays_own or [np.nan])
-    hist = np.bincount(np.minimum(np.asarray(self.staleness, int), STALENESS_BINS - 1),
-                       minlength=STALENESS_BINS) if self.staleness else np.zeros(STALENESS_BINS)
+    hist = (
+      np.bincount(
+        np.minimum(np.asarray(self.staleness, int), STALENESS_BINS - 1), minlength=STALENESS_BINS
+      )
+      if self.staleness
+      else np.zeros(STALENESS_BINS)
+    )
     out = {
-        "policy": s.policy + ("+inflight" if s.inflight else ""),
-        "wall_s": self.wall, "steps": self.step, "trajectories": self.consumed,
-        "trajectories_per_s": self.consumed / wall, "learner_steps_per_s": self.step / wall,
-        "tokens_per_s": self.tokens / wall, "learner_busy": self.busy / wall,
-        "step_latency_s": wall / self.step if self.step else None,
-        "delay_mean_s": float(np.mean(d)), "delay_p95_s": float(np.percentile(d, 95)),
-        "delay_own_mean_s": float(np.mean(own)),
-        "delay_own_p95_s": float(np.percentile(own, 95)),
-        "staleness_mean": float(np.mean(self.staleness)) if self.staleness else 0.0,
-        "staleness_hist": [int(x) for x in hist], "dropped_stale": self.dropped,
-        "sampler_busy": (float(np.mean([sp.busy_s for sp in self.samplers])) / wall
-                         if self.samplers else None),
-        "decode_row_efficiency": (sum(sp.useful_steps for sp in self.samplers)
-                                  / max(_EPS, sum(sp.row_steps for sp in self.samplers))
-                                  if self.samplers else None),
+      "policy": s.policy + ("+inflight" if s.inflight else ""),
+      "wall_s": self.wall,
+      "steps": self.step,
+      "trajectories": self.consumed,
+      "trajectories_per_s": self.consumed / wall,
+      "learner_steps_per_s": self.step / wall,
+      "tokens_per_s": self.tokens / wall,
+      "learner_busy": self.busy / wall,
+      "step_latency_s": wall / self.step if self.step else None,
+      "delay_mean_s": float(np.mean(d)),
+      "delay_p95_s": float(np.percentile(d, 95)),
+      "delay_own_mean_s": float(np.mean(own)),
+      "delay_own_p95_s": float(np.percentile(own, 95)),
+      "staleness_mean": float(np.mean(self.staleness)) if self.staleness else 0.0,
+      "staleness_hist": [int(x) for x in hist],
+      "dropped_stale": self.dropped,
+      "sampler_busy": (
+        float(np.mean([sp.busy_s for sp in self.samplers])) / wall if self.samplers else None
+      ),
+      "decode_row_efficiency": (
+        sum(sp.useful_steps for sp in self.samplers)
+        / max(_EPS, sum(sp.row_steps for sp in self.samplers))
+        if self.samplers
+        else None
+      ),
     }
-    if self.steady_mark is not None and self.log_points and self.log_points[-1][0] > \
-        self.steady_mark[0]:
+    if (
+      self.steady_mark is not None
+      and self.log_points
+      and self.log_points[-1][0] > self.steady_mark[0]
+    ):
       t0, b0, c0 = self.steady_mark
       t1, c1, b1 = self.log_points[-1]
       dt = t1 - t0
       n = self.step - s.steady_after
-      out.update(learner_busy_steady=(b1 - b0) / dt, trajectories_per_s_steady=(c1 - c0) / dt,
-                 learner_steps_per_s_steady=n / dt)
+      out.update(
+        learner_busy_steady=(b1 - b0) / dt,
+        trajectories_per_s_steady=(c1 - c0) / dt,
+        learner_steps_per_s_steady=n / dt,
+      )
     else:
-      out.update(learner_busy_steady=None, trajectories_per_s_steady=None,
-                 learner_steps_per_s_steady=None)
+      out.update(
+        learner_busy_steady=None, trajectories_per_s_steady=None, learner_steps_per_s_steady=None
+      )
     return out
 
 
@@ -543,17 +570,19 @@ def simulate(costs: Costs, scenario: Scenario) -> dict:
   return Simulation(costs, scenario).run()
 
 
-TABLE_ROWS = (("trajectories_per_s", "trajectories/s", "{:.1f}"),
-              ("learner_steps_per_s", "learner steps/s", "{:.3f}"),
-              ("learner_busy", "learner busy fraction", "{:.1%}"),
-              ("learner_busy_steady", "learner busy, steady", "{:.1%}"),
-              ("step_latency_s", "step latency (s)", "{:.3f}"),
-              ("delay_mean_s", "sampling->training delay mean (s)", "{:.3f}"),
-              ("delay_p95_s", "sampling->training delay p95 (s)", "{:.3f}"),
-              ("delay_own_mean_s", "delay from own last token, mean (s)", "{:.3f}"),
-              ("staleness_mean", "staleness mean (versions)", "{:.2f}"),
-              ("dropped_stale", "dropped as stale", "{:d}"),
-              ("decode_row_efficiency", "live rows / compiled rows", "{:.1%}"))
+TABLE_ROWS = (
+  ("trajectories_per_s", "trajectories/s", "{:.1f}"),
+  ("learner_steps_per_s", "learner steps/s", "{:.3f}"),
+  ("learner_busy", "learner busy fraction", "{:.1%}"),
+  ("learner_busy_steady", "learner busy, steady", "{:.1%}"),
+  ("step_latency_s", "step latency (s)", "{:.3f}"),
+  ("delay_mean_s", "sampling->training delay mean (s)", "{:.3f}"),
+  ("delay_p95_s", "sampling->training delay p95 (s)", "{:.3f}"),
+  ("delay_own_mean_s", "delay from own last token, mean (s)", "{:.3f}"),
+  ("staleness_mean", "staleness mean (versions)", "{:.2f}"),
+  ("dropped_stale", "dropped as stale", "{:d}"),
+  ("decode_row_efficiency", "live rows / compiled rows", "{:.1%}"),
+)
 
 
 def format_table(results: dict[str, dict]) -> str:
@@ -566,8 +595,12 @@ def format_table(results: dict[str, dict]) -> str:
       v = results[n].get(key)
       cells.append(f"{fmt.format(v) if v is not None else '-':>20s}")
     lines.append(f"{label:38s}" + "".join(cells))
+
   def hist(h):  # non-empty buckets as version:count
     return " ".join(f"{k}:{c}" for k, c in enumerate(h) if c)
-  lines.append(f"{'staleness (versions:count)':38s}" + "".join(
-      f"  {hist(results[n]['staleness_hist']):>18s}" for n in names))
+
+  lines.append(
+    f"{'staleness (versions:count)':38s}"
+    + "".join(f"  {hist(results[n]['staleness_hist']):>18s}" for n in names)
+  )
   return "\n".join(lines)

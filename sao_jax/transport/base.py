@@ -5,6 +5,7 @@ trajectory records (bytes, `sao_jax.transport.records`) go samplers -> learner. 
 embedded transport uses multiprocessing queues on one machine; the Kafka transport uses
 topics on a broker, so samplers on other machines can join.
 """
+
 from __future__ import annotations
 
 import queue

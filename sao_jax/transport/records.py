@@ -46,6 +46,7 @@ two plain arrays, the int8 values and their float32 scales.
 Decoded arrays are fresh, writable copies in native byte order: they never alias the
 message buffer, which a transport may reuse.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -88,11 +89,19 @@ class RecordKind(enum.IntEnum):
 
 # One-byte codes rather than dtype strings: a fixed whitelist that cannot name object dtypes.
 DTYPE_CODES: dict[str, int] = {
-    "bool": 1, "int8": 2, "uint8": 3, "int16": 4, "int32": 5, "int64": 6,
-    "float16": 7, "float32": 8, "float64": 9,
+  "bool": 1,
+  "int8": 2,
+  "uint8": 3,
+  "int16": 4,
+  "int32": 5,
+  "int64": 6,
+  "float16": 7,
+  "float32": 8,
+  "float64": 9,
 }
 _CODE_DTYPES: dict[int, np.dtype] = {
-    code: np.dtype(name).newbyteorder("<") for name, code in DTYPE_CODES.items()}
+  code: np.dtype(name).newbyteorder("<") for name, code in DTYPE_CODES.items()
+}
 
 
 class RecordError(ValueError):
@@ -124,8 +133,10 @@ class RecordTooLarge(RecordError):
   """Over the size limit; `size` and `limit` are in bytes, so callers can split and retry."""
 
   def __init__(self, size: int, limit: int):
-    super().__init__(f"record of {size} bytes exceeds the limit of {limit} bytes "
-                     f"({size / 2**20:.2f} MiB > {limit / 2**20:.2f} MiB)")
+    super().__init__(
+      f"record of {size} bytes exceeds the limit of {limit} bytes "
+      f"({size / 2**20:.2f} MiB > {limit / 2**20:.2f} MiB)"
+    )
     self.size = size
     self.limit = limit
 
@@ -133,6 +144,7 @@ class RecordTooLarge(RecordError):
 @dataclasses.dataclass(frozen=True)
 class Header:
   """What `peek_header` reads without touching the payload; `nbytes` is the whole record."""
+
   kind: RecordKind
   record_id: int
   policy_version: int
@@ -147,6 +159,7 @@ class Header:
 @dataclasses.dataclass(frozen=True)
 class Record:
   """A decoded record; `nbytes` is its size on the wire, for throughput and size metrics."""
+
   kind: RecordKind
   record_id: int
   policy_version: int
@@ -155,17 +168,22 @@ class Record:
   nbytes: int
 
 
-def encode(kind: RecordKind | int, record_id: int, policy_version: int,
-           arrays: Mapping[str, npt.ArrayLike], meta: Mapping[str, Any] | None = None, *,
-           max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+def encode(
+  kind: RecordKind | int,
+  record_id: int,
+  policy_version: int,
+  arrays: Mapping[str, npt.ArrayLike],
+  meta: Mapping[str, Any] | None = None,
+  *,
+  max_bytes: int = DEFAULT_MAX_BYTES,
+) -> bytes:
   """Serialises one record. Raises `RecordTooLarge` before building anything over `max_bytes`,
   and `RecordError` for values the format cannot carry faithfully."""
   kind = _record_kind(kind)
   record_id = _int_in_range(record_id, 0, 2**64, "record_id")
-  policy_version = _int_in_range(policy_version, -2**63, 2**63, "policy_version")
+  policy_version = _int_in_range(policy_version, -(2**63), 2**63, "policy_version")
   meta_bytes = _encode_meta(meta)
-  parts: list[bytes | np.ndarray] = [_U32.pack(len(meta_bytes)), meta_bytes,
-                                     _U32.pack(len(arrays))]
+  parts: list[bytes | np.ndarray] = [_U32.pack(len(meta_bytes)), meta_bytes, _U32.pack(len(arrays))]
   for name, value in arrays.items():
     parts.extend(_encode_array(name, value))
   payload_length = sum(len(part) for part in parts)
@@ -173,39 +191,41 @@ def encode(kind: RecordKind | int, record_id: int, policy_version: int,
   limit = min(max_bytes, HEADER_SIZE + 0xFFFFFFFF)
   if size > limit:
     raise RecordTooLarge(size, limit)
-  prefix = _PREFIX.pack(MAGIC, SCHEMA_VERSION, kind, 0, record_id, policy_version,
-                        payload_length)
+  prefix = _PREFIX.pack(MAGIC, SCHEMA_VERSION, kind, 0, record_id, policy_version, payload_length)
   checksum = crc32c.crc32c(prefix)
   for part in parts:
     checksum = crc32c.crc32c(part, checksum)
   return b"".join([prefix, _U32.pack(checksum), *parts])
 
 
-def peek_header(data: bytes | bytearray | memoryview, *,
-                max_bytes: int = DEFAULT_MAX_BYTES) -> Header:
+def peek_header(
+  data: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_BYTES
+) -> Header:
   """Reads only the header, for routing and dedup. The checksum is not verified here (that
   needs the whole payload): trust nothing in it until `decode` succeeds."""
   _, _, kind, flags, record_id, policy_version, payload_length, checksum = _unpack_header(
-      _byte_view(data), max_bytes)
+    _byte_view(data), max_bytes
+  )
   return Header(_checked_kind(kind, flags), record_id, policy_version, payload_length, checksum)
 
 
-def decode(data: bytes | bytearray | memoryview, *,
-           max_bytes: int = DEFAULT_MAX_BYTES) -> Record:
+def decode(data: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Record:
   """Parses and verifies one record occupying all of `data`. Any byte string either decodes or
   raises a `RecordError` subclass; data that is not bytes-like is a `TypeError`."""
   view = _byte_view(data)
   _, _, kind, flags, record_id, policy_version, payload_length, checksum = _unpack_header(
-      view, max_bytes)
+    view, max_bytes
+  )
   end = HEADER_SIZE + payload_length
   if len(view) < end:
     raise Truncated(f"header claims a {end}-byte record but only {len(view)} bytes arrived")
   if len(view) > end:
     raise Malformed(f"{len(view) - end} bytes follow the {end}-byte record")
-  actual = crc32c.crc32c(view[HEADER_SIZE:], crc32c.crc32c(view[:_PREFIX.size]))
+  actual = crc32c.crc32c(view[HEADER_SIZE:], crc32c.crc32c(view[: _PREFIX.size]))
   if actual != checksum:
-    raise ChecksumMismatch(f"CRC32C is {actual:#010x} but the header says {checksum:#010x}: "
-                           "the record was corrupted")
+    raise ChecksumMismatch(
+      f"CRC32C is {actual:#010x} but the header says {checksum:#010x}: the record was corrupted"
+    )
   record_kind = _checked_kind(kind, flags)
   meta, arrays = _decode_payload(view[HEADER_SIZE:])
   return Record(record_kind, record_id, policy_version, arrays, meta, end)
@@ -215,8 +235,7 @@ def _record_kind(kind: RecordKind | int) -> RecordKind:
   try:
     return RecordKind(kind)
   except ValueError:
-    raise RecordError(f"unknown record kind {kind!r}; expected one of {list(RecordKind)}"
-                      ) from None
+    raise RecordError(f"unknown record kind {kind!r}; expected one of {list(RecordKind)}") from None
 
 
 def _int_in_range(value: int, low: int, high: int, what: str) -> int:
@@ -242,8 +261,9 @@ def _encode_meta(meta: Mapping[str, Any] | None) -> bytes:
   if not isinstance(meta, Mapping):
     raise RecordError(f"meta must be a mapping, got {type(meta).__name__}")
   try:
-    return json.dumps(dict(meta), ensure_ascii=False, allow_nan=False, separators=(",", ":"),
-                      default=_json_default).encode("utf-8")
+    return json.dumps(
+      dict(meta), ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_json_default
+    ).encode("utf-8")
   except (TypeError, ValueError, RecursionError) as e:
     raise RecordError(f"meta is not strict JSON (no NaN/inf, only JSON types): {e}") from None
 
@@ -267,9 +287,14 @@ def _encode_array(name: str, value: npt.ArrayLike) -> tuple[bytes, np.ndarray]:
   if any(dim > 0xFFFFFFFF for dim in array.shape):
     raise RecordError(f"array {name!r} has a dimension over 2**32 - 1: {array.shape}")
   array = np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C")
-  descriptor = b"".join([_U16.pack(len(name_bytes)), name_bytes,
-                         _DTYPE_NDIM.pack(code, array.ndim),
-                         struct.pack(f"<{array.ndim}I", *array.shape)])
+  descriptor = b"".join(
+    [
+      _U16.pack(len(name_bytes)),
+      name_bytes,
+      _DTYPE_NDIM.pack(code, array.ndim),
+      struct.pack(f"<{array.ndim}I", *array.shape),
+    ]
+  )
   return descriptor, array.reshape(-1).view(np.uint8)
 
 
@@ -279,16 +304,17 @@ def _byte_view(data: bytes | bytearray | memoryview) -> memoryview:
 
 def _unpack_header(view: memoryview, max_bytes: int) -> tuple:
   """Checks what can be checked before the payload: magic, version and size."""
-  magic = bytes(view[:len(MAGIC)])
-  if magic != MAGIC[:len(magic)]:
+  magic = bytes(view[: len(MAGIC)])
+  if magic != MAGIC[: len(magic)]:
     raise BadMagic(f"not a record: starts with {magic!r}, expected {MAGIC!r}")
   if len(view) < HEADER_SIZE:
     raise Truncated(f"{len(view)} bytes is shorter than the {HEADER_SIZE}-byte header")
   fields = HEADER.unpack_from(view)
   version, payload_length = fields[1], fields[6]
   if version != SCHEMA_VERSION:
-    raise SchemaMismatch(f"record has schema version {version}; this reader understands only "
-                         f"version {SCHEMA_VERSION}")
+    raise SchemaMismatch(
+      f"record has schema version {version}; this reader understands only version {SCHEMA_VERSION}"
+    )
   if HEADER_SIZE + payload_length > max_bytes:
     raise RecordTooLarge(HEADER_SIZE + payload_length, max_bytes)
   return fields
@@ -316,10 +342,11 @@ class _Cursor:
 
   def take(self, n: int, what: str) -> memoryview:
     if n > self.remaining:
-      raise Truncated(f"{what} needs {n} bytes at payload offset {self.pos}, but only "
-                      f"{self.remaining} remain")
+      raise Truncated(
+        f"{what} needs {n} bytes at payload offset {self.pos}, but only {self.remaining} remain"
+      )
     self.pos += n
-    return self.view[self.pos - n:self.pos]
+    return self.view[self.pos - n : self.pos]
 
   def unpack(self, fmt: struct.Struct, what: str) -> tuple:
     return fmt.unpack(self.take(fmt.size, what))
