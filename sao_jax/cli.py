@@ -1,5 +1,6 @@
-"""`sao-jax` command line: train, eval, sweep, broker, the two roles of a multi-machine SAO
-run (learner, sampler), and simulate (the calibrated cluster model)."""
+"""`sao-jax` command line: train, eval, sweep, replay (re-derive an asynchronous run bit for
+bit from its journal), broker, the two roles of a multi-machine SAO run (learner, sampler),
+and simulate (the calibrated cluster model)."""
 
 from __future__ import annotations
 
@@ -87,6 +88,17 @@ def _parser() -> argparse.ArgumentParser:
     help="a scenario field, e.g. --set num_samplers=4 (repeatable)",
   )
   si.add_argument("--out", default="", help="also write the metrics as JSON here")
+  rp = sub.add_parser(
+    "replay",
+    help="re-execute a finished SAO run's updates from its journal and check loss, gradient "
+    "norm and parameters bit for bit (needs recovery.keep_journal=True)",
+  )
+  rp.add_argument("workdir", help="the run's workdir")
+  rp.add_argument(
+    "--until", type=int, default=None, help="stop after this update; write its state and batch"
+  )
+  rp.add_argument("--out", default=None, help="report, state and batch (default WORKDIR/replay)")
+  rp.add_argument("--no-progress", action="store_true")
   e = sub.add_parser(
     "eval",
     help="held-out greedy accuracy of a workdir's latest checkpoint, "
@@ -150,6 +162,14 @@ def main(argv: list[str] | None = None) -> int:
       )
       print(json.dumps(summary, indent=2))
       return 0 if summary["status"].get("complete") else 1
+    elif args.command == "replay":
+      from sao_jax.replay import format_report, replay
+
+      report = replay(
+        args.workdir, until=args.until, out=args.out, show_progress=not args.no_progress
+      )
+      print(format_report(report))
+      return 0 if report["all_equal"] else 1
     elif args.command == "broker":
       return _broker(args.host, args.port)
     elif args.command == "eval" and args.suite == "humaneval":

@@ -31,18 +31,20 @@ _FRAME = struct.Struct("<II")  # payload length, crc32(payload)
 
 
 class Journal:
-  def __init__(self, directory: str | pathlib.Path):
+  def __init__(self, directory: str | pathlib.Path, *, readonly: bool = False):
+    """`readonly`: only read (`sao-jax replay`, audits): no directory made, nothing cut."""
     self.dir = pathlib.Path(directory)
-    self.dir.mkdir(parents=True, exist_ok=True)
+    if not readonly:
+      self.dir.mkdir(parents=True, exist_ok=True)
     self._file = None
     self.next_seq = 0
     self.truncated_tail = 0  # bytes of a half-written last entry dropped when opening
-    segs = self.segments()
+    segs = self.segments() if self.dir.is_dir() else []
     if segs:
       last_first, last_path = segs[-1]
       n, good_bytes = self._scan(last_path)
       size = last_path.stat().st_size
-      if good_bytes < size:  # a crash mid-write: that entry was never used, drop its bytes
+      if good_bytes < size and not readonly:  # a crash mid-write: never used, drop its bytes
         self.truncated_tail = size - good_bytes
         with open(last_path, "r+b") as f:
           f.truncate(good_bytes)
@@ -124,7 +126,9 @@ class Journal:
 
 
 class Ledger:
-  """`ledger.jsonl`: {"step": k, "applied": [ids], "stale": [ids]} per update."""
+  """`ledger.jsonl`: {"step": k, "applied": [ids], "stale": [ids]} per update; with the
+  journal kept (`recovery.keep_journal`), also "check": the update's exact loss, gradient
+  norm and parameter digest, which `sao-jax replay` re-derives step by step."""
 
   def __init__(self, path: str | pathlib.Path):
     self.path = pathlib.Path(path)
@@ -158,10 +162,15 @@ class Ledger:
       )
     return {i for r in keep for i in r["applied"] + r["stale"]}
 
-  def append(self, step: int, applied: list[int], stale: list[int]) -> None:
+  def append(
+    self, step: int, applied: list[int], stale: list[int], check: dict | None = None
+  ) -> None:
     if self._file is None:
       self._file = open(self.path, "a", buffering=1)
-    self._file.write(json.dumps({"step": step, "applied": applied, "stale": stale}) + "\n")
+    row = {"step": step, "applied": applied, "stale": stale}
+    if check is not None:
+      row["check"] = check
+    self._file.write(json.dumps(row) + "\n")
 
   def close(self) -> None:
     if self._file is not None:
@@ -243,7 +252,7 @@ def audit(workdir: str | pathlib.Path, journal_next: int) -> dict:
   from sao_jax.transport import records
 
   workdir = pathlib.Path(workdir)
-  journal = Journal(workdir / "journal")
+  journal = Journal(workdir / "journal", readonly=True)
   if journal.first_available() != 0:
     raise ValueError("journal segments were pruned; run with recovery.keep_journal=True")
   consumed, unused = [], 0

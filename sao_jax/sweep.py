@@ -43,7 +43,7 @@ from sao_jax import config as config_lib
 from sao_jax.config import ConfigError
 from sao_jax.setup import load_config, validate
 
-STRATEGIES = ("grid", "random", "tpe")
+STRATEGIES = ("grid", "oat", "random", "tpe")
 TABLE_COLUMNS = (
   "trial",
   "point",
@@ -258,9 +258,11 @@ class Sweep:
   fixed: 'key=value' overrides applied to every trial (like `--set`).
   seeds: runs per point, with seeds 0..seeds-1.
   metric, direction: a dotted path into summary.json (e.g. 'rl.accuracy'); maximize/minimize.
-  strategy: 'grid' (every point of the product of the axes' grids, in order), 'random', or
-    'tpe' (Optuna's tree-structured Parzen estimator after `startup_points` random points).
-  points: how many points to run (times `seeds` trials); 0 with 'grid' means the whole grid.
+  strategy: 'grid' (every point of the product of the axes' grids, in order), 'oat' (one
+    at a time, a sensitivity analysis: the base point, made of each axis's first grid value,
+    then every other value of one axis with the rest at the base), 'random', or 'tpe'
+    (Optuna's tree-structured Parzen estimator after `startup_points` random points).
+  points: how many points to run (times `seeds` trials); 0 with 'grid' or 'oat' means all.
   report: more summary.json paths to put in the table beside the metric.
   trial_timeout_s: a trial running longer is stopped and recorded as failed (0: no limit).
   """
@@ -328,7 +330,10 @@ class Sweep:
       self.pruning is None or isinstance(self.pruning, Pruning),
       "sweep.pruning must be a Pruning or None",
     )
-    if self.strategy == "grid":
+    if self.strategy in ("grid", "oat"):
+      _check(
+        self.strategy == "grid" or len(self.axes) > 0, "strategy 'oat' needs at least one axis"
+      )
       size = self.grid_size()
       _check(self.points <= size, f"sweep.points {self.points} > the grid's {size} points")
     else:
@@ -336,6 +341,8 @@ class Sweep:
       _check(len(self.axes) > 0, f"strategy {self.strategy!r} needs at least one axis")
 
   def grid_size(self) -> int:
+    if self.strategy == "oat":
+      return 1 + sum(len(a.grid()) - 1 for a in self.axes)
     return math.prod(len(a.grid()) for a in self.axes)
 
   @property
@@ -347,7 +354,11 @@ class Sweep:
     return self.num_points * self.seeds
 
   def grid(self) -> list[dict[str, Any]]:
-    """Every point of the grid, in order (the last axis varies fastest)."""
+    """Every point of the grid, in order (the last axis varies fastest); under 'oat', the
+    base point, then one axis at a time."""
+    if self.strategy == "oat":
+      base = {a.key: a.grid()[0] for a in self.axes}
+      return [base] + [dict(base, **{a.key: v}) for a in self.axes for v in a.grid()[1:]]
     return [
       dict(zip([a.key for a in self.axes], values, strict=True))
       for values in itertools.product(*(a.grid() for a in self.axes))
@@ -800,7 +811,7 @@ class SweepRunner:
     if len(points) >= self.sweep.num_points:
       return None
     p = max(points, default=-1) + 1
-    if self.sweep.strategy == "grid":
+    if self.sweep.strategy in ("grid", "oat"):
       seen = [info["params"] for info in points.values()]
       params = next(g for g in self.sweep.grid() if g not in seen)
       self._enqueue(p, params, range(self.sweep.seeds))

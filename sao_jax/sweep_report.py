@@ -145,7 +145,9 @@ def write_table_files(
 
 
 def write_plot(path: pathlib.Path, sweep, rows: list[dict], points: list[dict]) -> bool:
-  """Metric against each axis; False (and no file) when matplotlib is not installed."""
+  """Metric against each axis; False (and no file) when matplotlib is not installed. Under
+  strategy 'oat' each axis's panel shows only the points that vary that axis alone (the
+  others at the base point), so a panel reads as that knob's effect."""
   try:
     import matplotlib
 
@@ -155,9 +157,12 @@ def write_plot(path: pathlib.Path, sweep, rows: list[dict], points: list[dict]) 
     return False
   axes = list(sweep.axes) or [None]
   fig, grid = plt.subplots(1, len(axes), figsize=(4.2 * len(axes), 3.6), squeeze=False, sharey=True)
-  done = [r for r in rows if r["status"] == "complete"]
+  all_done = [r for r in rows if r["status"] == "complete"]
+  base = sweep.grid()[0] if sweep.strategy == "oat" else None
   for ax, axis in zip(grid[0], axes, strict=True):
     x = _x_of(ax, axis)
+    on = _on_panel(base, axis)
+    done = [r for r in all_done if on(r)]
     ax.scatter(
       [x(r) for r in done],
       [r[sweep.metric] for r in done],
@@ -167,7 +172,7 @@ def write_plot(path: pathlib.Path, sweep, rows: list[dict], points: list[dict]) 
       label="one seed",
       zorder=2,
     )
-    ok = [p for p in points if math.isfinite(p["mean"])]
+    ok = [p for p in points if math.isfinite(p["mean"]) and on(p)]
     err = [
       [p["mean"] - p["ci_low"] if math.isfinite(p["ci_low"]) else 0 for p in ok],
       [p["ci_high"] - p["mean"] if math.isfinite(p["ci_high"]) else 0 for p in ok],
@@ -184,7 +189,7 @@ def write_plot(path: pathlib.Path, sweep, rows: list[dict], points: list[dict]) 
       zorder=3,
     )
     for status, marker in (("diverged", "x"), ("failed", "v"), ("pruned", "s")):
-      bad = [p for p in points if p[f"n_{status}"]]
+      bad = [p for p in points if p[f"n_{status}"] and on(p)]
       if bad:
         ax.scatter(
           [x(p) for p in bad],
@@ -200,7 +205,7 @@ def write_plot(path: pathlib.Path, sweep, rows: list[dict], points: list[dict]) 
   grid[0][0].set_ylabel(f"{sweep.metric} ({sweep.direction})")
   grid[0][-1].legend(fontsize=7, loc="best")
   fig.suptitle(
-    f"sweep {sweep.name}: {len(done)} complete trials, {len(points)} points, "
+    f"sweep {sweep.name}: {len(all_done)} complete trials, {len(points)} points, "
     f"{sweep.seeds} seed(s) each",
     fontsize=9,
   )
@@ -208,6 +213,14 @@ def write_plot(path: pathlib.Path, sweep, rows: list[dict], points: list[dict]) 
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return True
+
+
+def _on_panel(base: dict | None, axis):
+  """Row -> whether it belongs on `axis`'s panel: every row, or under 'oat' those whose other
+  axes sit at the base point."""
+  if base is None or axis is None:
+    return lambda row: True
+  return lambda row: all(row[k] == v for k, v in base.items() if k != axis.key)
 
 
 def _x_of(ax, axis):

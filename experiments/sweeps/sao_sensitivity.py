@@ -10,6 +10,15 @@ Run the tiny variant (6 points x 3 seeds of the tiny config, a few minutes):
   sao-jax sweep experiments/sweeps/sao_sensitivity.py:tiny --dir runs/sweeps/sao_tiny
 Rerun the same command to resume an interrupted sweep. Results: DIR/trials.csv, points.csv,
 sweep.png, best_config.py.
+
+The sensitivity analysis that fits a 2-core CPU (variant `oat`, one knob at a time around the
+default SAO config; 11 points x 3 seeds = 33 trials of 60 s of SAO each, ~50 min with
+--parallel 1, so that no trial shares the cores and staleness is what the config makes it).
+Every trial starts from one shared SFT checkpoint (seed 0), so the seeds vary the RL phase:
+  sao-jax train --config experiments/configs/sao_arith.py --set rl.max_seconds=0 \
+      --workdir runs/sft_start_arith
+  sao-jax sweep experiments/sweeps/sao_sensitivity.py:oat --dir runs/sweeps/sao_oat --parallel 1
+  python experiments/sensitivity_report.py runs/sweeps/sao_oat --out results/sweep_sao_sensitivity
 """
 
 from sao_jax.sweep import Choice, IntRange, LogUniform, Pruning, Sweep
@@ -40,6 +49,39 @@ def get_sweep(variant: str = "default") -> Sweep:
       ),
       report=("sft.accuracy", "rl.trajectories_per_s", "rl.learner_busy", "wall_s"),
     )
+  if variant == "oat":
+    # The first value of each axis is the default config's: the base point.
+    return Sweep(
+      name="sao_sensitivity_oat",
+      config="experiments/configs/sao_arith.py:default",
+      axes=(
+        Choice("sao.max_staleness", (4, 0, 1, 16)),
+        Choice("sao.freshness_half_life", (4.0, 1.0, 16.0)),
+        Choice("sao.is_cap", (2.0, 1.2, 8.0)),
+        Choice("rl.optim.lr", (1e-4, 3e-5, 3e-4, 1e-3)),
+      ),
+      seeds=3,
+      metric="rl.accuracy",
+      direction="maximize",
+      strategy="oat",
+      fixed=(
+        "init_from='runs/sft_start_arith'",
+        "sft.steps=0",
+        "rl.max_seconds=60.0",
+        "eval.every_seconds=15.0",
+      ),
+      report=(
+        "start.accuracy",
+        "rl.steps",
+        "rl.trajectories_per_s",
+        "rl.learner_busy",
+        "rl.dropped_stale",
+        "rl.nonfinite_skipped",
+        "rl.rollbacks",
+        "wall_s",
+      ),
+      trial_timeout_s=900.0,
+    )
   if variant == "tiny":
     return Sweep(
       name="sao_sensitivity_tiny",
@@ -54,4 +96,4 @@ def get_sweep(variant: str = "default") -> Sweep:
       fixed=("sft.steps=10", "rl.steps=6", "eval.num_problems=32"),
       report=("sft.accuracy", "rl.trajectories_per_s", "wall_s"),
     )
-  raise ValueError(f"unknown variant {variant!r}; known: default, tiny")
+  raise ValueError(f"unknown variant {variant!r}; known: default, oat, tiny")

@@ -18,7 +18,7 @@ from sao_jax import slots as slots_lib
 from sao_jax.config import Config
 from sao_jax.learner import init_state_fn
 from sao_jax.models.transformer import TransformerLM
-from sao_jax.state import TrainState
+from sao_jax.state import TrainState, tree_digest
 
 
 @dataclasses.dataclass
@@ -31,6 +31,7 @@ class LearnerPrograms:
   init: Callable[[jax.Array], TrainState]
   update: Callable[[TrainState, Any], tuple[TrainState, dict]]
   batch_divisor: int
+  digest: Callable[[Any], jax.Array]  # params -> uint32 fingerprint of their bits (replay)
 
   def shard_batch(self, batch, *, local: bool = False):
     """The batch split over the batch axis; with several processes, `local` says the batch
@@ -120,6 +121,7 @@ def compile_learner(
       donate_argnums=(0,),
     ),
     batch_divisor=sharding.batch_divisor(mesh, rules),
+    digest=jax.jit(tree_digest, in_shardings=(state_sh.params,), out_shardings=repl),
   )
 
 

@@ -193,8 +193,7 @@ class SyncGRPOLearner(SAOLearner):
         self.check_samplers()
       self._report_stall()
 
-  def next_batch(self):
-    items, stale = self.buffer.take_batch(self.loop.step)
+  def batch_from(self, items, step):
     # A group's rows are consecutive: sort by task (stable, so arrival order within a task).
     items = sorted(items, key=lambda it: it.rec.meta["task_index"])
     arrays = [it.rec.arrays for it in items]
@@ -206,7 +205,7 @@ class SyncGRPOLearner(SAOLearner):
       logp_bt=np.stack([a["logp"][0] for a in arrays]).astype(np.float32),
       rewards_b=np.asarray([it.rec.meta["reward"] for it in items], np.float32),
     )
-    return batch, items, stale, np.zeros(len(items), np.int64)
+    return batch, np.zeros(len(items), np.int64)
 
 
 def run_grpo_samplers(

@@ -199,16 +199,34 @@ class SAOLearner:
   def next_batch(self) -> tuple[object, list[Item], list[Item], np.ndarray]:
     """(batch for the jitted update, records in it, records dropped as stale, staleness of
     each trajectory in it)."""
+    items, stale = self.buffer.take_batch(self.loop.step)
+    batch, staleness = self.batch_from(items, self.loop.step)
+    return batch, items, stale, staleness
+
+  def batch_from(self, items: list[Item], step: int) -> tuple[object, np.ndarray]:
+    """The update's batch from the records the buffer chose at learner step `step` (a pure
+    function of them, the step and the config: `sao-jax replay` rebuilds every batch from
+    the journal with it), and the staleness of each trajectory (its oldest token's)."""
     loop, sao = self.loop, self.cfg.sao
-    items, stale = self.buffer.take_batch(loop.step)
-    batch, orphans = batch_rows(items, loop.step, self.rows, sao.max_staleness)
+    batch, orphans = batch_rows(items, step, self.rows, sao.max_staleness)
     loop.counts["orphan_version"] += orphans
-    if poisoned(self.cfg, loop.step + 1):
+    if poisoned(self.cfg, step + 1):
       batch.poison_b[0] = np.nan
       loop.counts["poisoned"] += 1
-    # One per trajectory: its oldest token's.
     staleness = np.where(batch.valid_bt, batch.staleness_bt, 0).max(-1)[batch.head_b]
-    return batch, items, stale, staleness
+    return batch, staleness
+
+  @classmethod
+  def update_side(cls, s: Setup) -> SAOLearner:
+    """The learner's update half only (programs, batch rows, `batch_from`), opening no file
+    and starting no process: what `sao-jax replay` re-executes a finished run with."""
+    self = cls.__new__(cls)
+    self.s, self.cfg = s, s.cfg
+    self.with_ref = s.cfg.rl.kl_coef > 0
+    self.progs = self.make_programs()
+    self.rows = round_up(self.batch_rows(), self.progs.batch_divisor)
+    self.loop = LoopState()
+    return self
 
   # Start ----------------------------------------------------------------------------------
   def prepare(self) -> None:
@@ -373,7 +391,10 @@ class SAOLearner:
     if loop.step == loop.steady_from + STEADY_AFTER:  # start and warm-up over from here
       loop.steady_mark = (loop.busy, time.time() - loop.t_loop)
     self.ledger.append(
-      loop.step, [it.rec.record_id for it in items], [it.rec.record_id for it in stale]
+      loop.step,
+      [it.rec.record_id for it in items],
+      [it.rec.record_id for it in stale],
+      check=self._check(metrics) if self.cfg.recovery.keep_journal else None,
     )
     if loop.resume_info is not None and "recovery_s" not in loop.resume_info:
       loop.resume_info["recovery_s"] = t_done - sao_jax.PROCESS_T0
@@ -413,6 +434,15 @@ class SAOLearner:
       self.pool.learner.commit_positions(loop.pending_commit)  # what a finished snapshot holds
       loop.pending_commit = None
     return self._row(metrics, staleness, tu, t_done, val_acc)
+
+  def _check(self, metrics) -> dict:
+    """What `sao-jax replay` compares at this step: exact loss and gradient norm (float32,
+    exact as JSON floats) and the fingerprint of the new parameters' bits."""
+    return {
+      "loss": float(metrics["loss"]),
+      "grad_norm": float(metrics["grad_norm"]),
+      "digest": int(jax.device_get(self.progs.digest(self.state.params))),
+    }
 
   def _row(self, metrics, staleness: np.ndarray, tu: float, t_done: float, val_acc) -> dict:
     loop = self.loop
