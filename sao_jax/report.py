@@ -142,10 +142,15 @@ def source(name: str, doc: dict | None) -> Source:
   if doc is None:
     return Source(name, False)
   p = doc.get("provenance") or {}
+  command = p.get("command") or doc.get("command")
+  if p.get("backfilled"):
+    # A block added after the run: its command was reconstructed, so one the run wrote itself
+    # wins, and its `commit_added` is not the run's commit (left unrecorded below).
+    command = doc.get("command") or (command and f"{command} (backfilled after the run)")
   return Source(
     name,
     True,
-    command=p.get("command") or doc.get("command"),
+    command=command,
     commit=p.get("commit") or doc.get("commit") or doc.get("git_commit"),
     machine=machine_str(p.get("machine") or doc.get("machine"), doc.get("cpus")),
     time=p.get("time"),

@@ -383,6 +383,16 @@ def test_single_seed_schema_reads_as_one_seed():
   assert sm["ratio"]["learner_steps_per_s"]["se"] is None
 
 
+def test_backfilled_provenance_is_marked():
+  block = {"backfilled": True, "command": "python x.py", "commit_added": "a" * 40}
+  src = report.source("x.json", {"provenance": block})
+  assert src.command == "python x.py (backfilled after the run)" and src.commit is None
+  src = report.source("x.json", {"provenance": block, "command": "x.py --resume"})
+  assert src.command == "x.py --resume"  # what the run recorded itself
+  recorded = {"command": "python x.py", "commit": "b" * 40}
+  assert report.source("x.json", {"provenance": recorded}).command == "python x.py"
+
+
 def test_env_var_points_at_results(tiny_results, monkeypatch):
   monkeypatch.setenv("SAO_JAX_RESULTS", str(tiny_results))
   assert report.results_dir() == tiny_results
