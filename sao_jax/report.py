@@ -804,16 +804,19 @@ def claim_rl_gain(root=None) -> Claim:
   if doc is None:
     missing.append(_missing(name, ARITH_CMD))
   else:
-    for arm, key in (("grpo", "grpo_gain_points"), ("sft_continued", "control_gain_points")):
+    sm = doc["summary"]
+    for arm in ("grpo", "sft_continued"):
       rows.append(
         Row(
           f"arithmetic: SFT -> {arm}, held-out accuracy (gain)",
           seed,
-          f"{doc['sft']['accuracy']:.1%} -> {doc[arm]['accuracy']:.1%} ({doc[key]:+.1f} points)",
-          "one run",
+          f"{ms(sm['sft']['accuracy'], '{:.1f}', 100, ' %')} -> "
+          f"{ms(sm[arm]['accuracy'], '{:.1f}', 100, ' %')} "
+          f"({ms(sm[arm]['gain_points'], '{:+.1f}')} points)",
+          f"{sm[arm]['gain_points']['n']} seeds",
         )
       )
-      data.setdefault("arith", {})[arm] = {"mean": doc[key], "se": None}
+      data.setdefault("arith", {})[arm] = sm[arm]["gain_points"]
   name = "saturation.json"
   doc = load(name, root)
   sources.append(source(name, doc))
