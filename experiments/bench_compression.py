@@ -63,6 +63,7 @@ from sao_jax.envs.longhorizon import BOUNDARIES, SEP, make_split  # noqa: E402
 from sao_jax.learner import make_optimizer, make_rl_update  # noqa: E402
 from sao_jax.models.transformer import TransformerLM  # noqa: E402
 from sao_jax.packing import right_pad  # noqa: E402
+from sao_jax.provenance import provenance  # noqa: E402
 from sao_jax.runners.compiled import compile_programs  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -319,6 +320,7 @@ def main(argv=None) -> dict:
   log = print
   t_start = time.time()
   result = {
+    "provenance": provenance(),
     "config": cfg_path,
     "quick": args.quick,
     "steps": steps,

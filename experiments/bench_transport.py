@@ -43,6 +43,7 @@ import uuid
 
 import numpy as np
 
+from sao_jax.provenance import provenance
 from sao_jax.transport import records
 from sao_jax.transport.base import EmbeddedSpec
 from sao_jax.transport.broker import LocalBroker
@@ -267,6 +268,8 @@ def main(argv=None) -> dict:
         )
   if args.sao_seconds or sao_steps:
     results["sao"] = sao_arms(args.sao_config, args.sao_seconds, sao_steps, args.sao_repeats)
+  # read after the runs: reading the machine starts a JAX backend, not wanted while measuring
+  results["provenance"] = provenance()
   out = pathlib.Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps(results, indent=2))

@@ -35,6 +35,7 @@ import time
 import numpy as np
 
 from sao_jax.procs import alive, descendants
+from sao_jax.provenance import provenance
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -201,6 +202,7 @@ def main():
     "driver_restarts": driver_restarts,
     "nan_steps": nan_steps,
     "command": " ".join(sys.argv),
+    "provenance": provenance(),
   }
   return _report(result, out, workdir, rc)
 

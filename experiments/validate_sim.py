@@ -46,6 +46,7 @@ import numpy as np
 
 from sao_jax import sim
 from sao_jax.metrics import read_jsonl
+from sao_jax.provenance import provenance
 
 HERE = pathlib.Path(__file__).resolve().parent
 METRICS = (
@@ -355,8 +356,9 @@ def main(argv=None) -> dict:
   runs = bench_runs(bench, work)
   sao_policy = sao_policy_for(cfg) if args.sao_policy == "auto" else args.sao_policy
   report = {
+    "provenance": provenance(),
     "command": " ".join([sys.executable.split("/")[-1], *sys.argv]),
-    "commit": cal.get("commit"),
+    "commit": cal.get("commit"),  # the calibration's; this run's is in provenance
     "bench": str(bench),
     "workdir": str(work),
     "bench_runs": len(runs),

@@ -142,10 +142,15 @@ def source(name: str, doc: dict | None) -> Source:
   if doc is None:
     return Source(name, False)
   p = doc.get("provenance") or {}
+  command = p.get("command") or doc.get("command")
+  if p.get("backfilled"):
+    # A block added after the run: its command was reconstructed, so one the run wrote itself
+    # wins, and its `commit_added` is not the run's commit (left unrecorded below).
+    command = doc.get("command") or (command and f"{command} (backfilled after the run)")
   return Source(
     name,
     True,
-    command=p.get("command") or doc.get("command"),
+    command=command,
     commit=p.get("commit") or doc.get("commit") or doc.get("git_commit"),
     machine=machine_str(p.get("machine") or doc.get("machine"), doc.get("cpus")),
     time=p.get("time"),
@@ -871,16 +876,19 @@ def claim_rl_gain(root=None) -> Claim:
   if doc is None:
     missing.append(_missing(name, ARITH_CMD))
   else:
-    for arm, key in (("grpo", "grpo_gain_points"), ("sft_continued", "control_gain_points")):
+    sm = doc["summary"]
+    for arm in ("grpo", "sft_continued"):
       rows.append(
         Row(
           f"arithmetic: SFT -> {arm}, held-out accuracy (gain)",
           seed,
-          f"{doc['sft']['accuracy']:.1%} -> {doc[arm]['accuracy']:.1%} ({doc[key]:+.1f} points)",
-          "one run",
+          f"{ms(sm['sft']['accuracy'], '{:.1f}', 100, ' %')} -> "
+          f"{ms(sm[arm]['accuracy'], '{:.1f}', 100, ' %')} "
+          f"({ms(sm[arm]['gain_points'], '{:+.1f}')} points)",
+          f"{sm[arm]['gain_points']['n']} seeds",
         )
       )
-      data.setdefault("arith", {})[arm] = {"mean": doc[key], "se": None}
+      data.setdefault("arith", {})[arm] = sm[arm]["gain_points"]
   name = "saturation.json"
   doc = load(name, root)
   sources.append(source(name, doc))

@@ -195,11 +195,17 @@ def write_tiny_results(root: pathlib.Path) -> pathlib.Path:
     root,
     "sft_grpo_arith/results.json",
     {
-      "sft": {"accuracy": 0.5},
-      "grpo": {"accuracy": 0.6},
-      "sft_continued": {"accuracy": 0.8},
-      "grpo_gain_points": 10.0,
-      "control_gain_points": 30.0,
+      "summary": {
+        "sft": {"accuracy": stats.summarize([0.4, 0.6])},
+        "grpo": {
+          "accuracy": stats.summarize([0.5, 0.7]),
+          "gain_points": stats.summarize([10.0, 10.0]),
+        },
+        "sft_continued": {
+          "accuracy": stats.summarize([0.7, 0.9]),
+          "gain_points": stats.summarize([30.0, 30.0]),
+        },
+      }
     },
   )
   sat_runs = [
@@ -331,7 +337,9 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   # (e) saturation gains 10 and 20 points: 15 ± 5
   e = claims["e"]
   assert "(+15.0 ± 5.0 points)" in _row(e, "saturated sums: SFT -> SAO (not_centred)").ours
-  assert _row(e, "arithmetic: SFT -> grpo").ours == "50.0% -> 60.0% (+10.0 points)"
+  arith = _row(e, "arithmetic: SFT -> grpo")
+  assert arith.ours == "50.0 ± 10.0 % -> 60.0 ± 10.0 % (+10.0 ± 0.0 points)"
+  assert arith.note == "2 seeds" and e.data["arith"]["grpo"]["mean"] == 10.0
   assert e.data["code"]["sft_continued"]["mean"] == 21.0
   # (f) recovery median and range
   assert _row(claims["f"], "restart -> first update").ours == "median 30.0 s (20-40 s)"
@@ -381,6 +389,16 @@ def test_single_seed_schema_reads_as_one_seed():
   assert sm["sao"]["seconds_per_step"]["mean"] == 1.0
   assert sm["ratio"]["learner_steps_per_s"]["values"] == [2.0]
   assert sm["ratio"]["learner_steps_per_s"]["se"] is None
+
+
+def test_backfilled_provenance_is_marked():
+  block = {"backfilled": True, "command": "python x.py", "commit_added": "a" * 40}
+  src = report.source("x.json", {"provenance": block})
+  assert src.command == "python x.py (backfilled after the run)" and src.commit is None
+  src = report.source("x.json", {"provenance": block, "command": "x.py --resume"})
+  assert src.command == "x.py --resume"  # what the run recorded itself
+  recorded = {"command": "python x.py", "commit": "b" * 40}
+  assert report.source("x.json", {"provenance": recorded}).command == "python x.py"
 
 
 def test_env_var_points_at_results(tiny_results, monkeypatch):

@@ -140,6 +140,7 @@ def test_validation_reads_the_seeded_benchmark_and_simulates_each_arm(tmp_path):
   # logged 1.2 and 1.8 s (median 1.5) against 0.6 s calibrated at 128 rows
   assert r["diagnostic_in_run_update_cost"]["update_scale"] == pytest.approx(1.5 / 0.6)
   assert set(r["ratios_sao_over_grpo_samplers"]) >= {"trajectories_per_s", "learner_busy"}
+  assert r["provenance"]["commit"] and r["provenance"]["command"]
 
 
 def test_seed_scale_costs_follow_the_stated_rules():
