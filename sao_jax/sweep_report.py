@@ -25,6 +25,7 @@ import pathlib
 from typing import Any
 
 from sao_jax import stats
+from sao_jax.provenance import provenance
 
 _STATE_STATUS = {
   "COMPLETE": "complete",
@@ -295,6 +296,8 @@ def best_config_source(
 
 
 def write_tables(runner) -> tuple[list[dict], list[dict], dict | None]:
+  if getattr(runner, "provenance", None) is None:  # once per sweep process
+    runner.provenance = provenance()
   rows = trial_rows(runner.study, runner.sweep)
   points = point_rows(runner.sweep, rows)
   best = best_point(runner.sweep, points)
@@ -304,7 +307,12 @@ def write_tables(runner) -> tuple[list[dict], list[dict], dict | None]:
     rows,
     points,
     best,
-    {"base_config": str(runner.base), "base_variant": runner.variant},
+    {
+      "base_config": str(runner.base),
+      "base_variant": runner.variant,
+      # the sweep command, its commit and machine (a resumed sweep: the latest invocation)
+      "provenance": runner.provenance,
+    },
   )
   return rows, points, best
 
