@@ -1,9 +1,10 @@
-"""Process helpers (Linux /proc): stopping sampler processes, and, for fault injection,
-finding the processes of a run (the soak run and the fault tests kill some and check that
-none is left behind)."""
+"""Process helpers (Linux /proc): stopping sampler processes, pinning a whole process to
+cores, and, for fault injection, finding the processes of a run (the soak run and the fault
+tests kill some and check that none is left behind)."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 import time
 
@@ -22,6 +23,28 @@ def descendants(pid: int) -> list[int]:
         except (OSError, IndexError, ValueError):
           pass
   return out
+
+
+def pin_process(cores) -> list[int]:
+  """Confines every thread of this process to `cores`; returns the thread ids pinned.
+
+  `os.sched_setaffinity(0, ...)` pins only the calling thread on Linux: the threads that
+  already exist keep their old affinity. XLA starts its compute thread pool when the
+  backend is first used, so a learner pinned that way still ran its updates on every core.
+  Threads started afterwards inherit the mask of the thread that starts them."""
+  cores = set(cores)
+  task_dir = pathlib.Path("/proc/self/task")
+  if not task_dir.is_dir():  # no /proc: the calling thread only
+    os.sched_setaffinity(0, cores)
+    return [0]
+  pinned = []
+  for d in task_dir.iterdir():
+    try:
+      os.sched_setaffinity(int(d.name), cores)
+      pinned.append(int(d.name))
+    except (ProcessLookupError, ValueError):  # a thread that ended meanwhile
+      continue
+  return pinned
 
 
 def alive(pid: int) -> bool:

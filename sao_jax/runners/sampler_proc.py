@@ -47,7 +47,9 @@ def _configure_process(spec: SamplerSpec):
     flags += ["--xla_cpu_multi_thread_eigen=false", f"intra_op_parallelism_threads={spec.threads}"]
   os.environ["XLA_FLAGS"] = " ".join(flags)
   if spec.cores:
-    os.sched_setaffinity(0, spec.cores)
+    from sao_jax.procs import pin_process
+
+    pin_process(spec.cores)
 
 
 # A sampler asked to drain finishes its in-flight trajectories within this long (the group

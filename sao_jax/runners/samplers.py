@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable
 
 from sao_jax import config as config_lib
-from sao_jax.procs import stop_processes
+from sao_jax.procs import pin_process, stop_processes
 from sao_jax.runners.sampler_proc import SamplerError, SamplerSpec, sampler_main
 from sao_jax.transport.base import EmbeddedSpec
 from sao_jax.transport.broker import LocalBroker, wait_until_answers
@@ -146,8 +146,9 @@ class SamplerPool:
     sao = cfg.sao
     self.cores: list[tuple[int, ...]] = [()] * sao.num_samplers
     self.learner_cores: tuple[int, ...] = ()
+    self.allowed_cores = sorted(os.sched_getaffinity(0))  # restored on exit
     if sao.pin_cores:
-      allowed = sorted(os.sched_getaffinity(0))
+      allowed = self.allowed_cores
       if len(allowed) < 2:
         raise config_lib.ConfigError("sao.pin_cores needs at least 2 CPU cores")
       self.learner_cores = (allowed[0],)
@@ -219,7 +220,7 @@ class SamplerPool:
       self.group.make_spec = self._spec_maker()
       self.group.start()
       if self.learner_cores:
-        os.sched_setaffinity(0, self.learner_cores)
+        pin_process(self.learner_cores)
     except BaseException:
       self.__exit__(*sys.exc_info())
       raise
@@ -290,7 +291,7 @@ class SamplerPool:
     if self.broker is not None:
       self.broker.stop()
     if self.learner_cores:
-      os.sched_setaffinity(0, range(os.cpu_count()))
+      pin_process(self.allowed_cores)
     return False
 
   @property
