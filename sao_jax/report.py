@@ -1216,6 +1216,61 @@ def all_claims(root=None, runs=None) -> list[Claim]:
   return [fn(root, runs) if k == "b" else fn(root) for k, fn in CLAIMS.items()]
 
 
+# Beyond the seed: what the sweeps found -------------------------------------------------------
+SENSITIVITY_NAME = "sweep_sao_sensitivity/sensitivity.json"
+SENSITIVITY_CMD = (
+  "sao-jax sweep experiments/sweeps/sao_sensitivity.py:oat --dir runs/sweeps/sao_oat "
+  "--parallel 1 && python experiments/sensitivity_report.py runs/sweeps/sao_oat"
+)
+
+
+def sensitivity_markdown(root=None, level: int = 2) -> str:
+  """SAO's sensitivity to its off-policy knobs and the step size (one knob at a time around
+  the default config), from experiments/sensitivity_report.py's JSON."""
+  doc = load(SENSITIVITY_NAME, root)
+  out = [f"{'#' * level} SAO's sensitivity to its knobs (not a claim of the seed)", ""]
+  if doc is None:
+    return "\n".join(out + [f"- {_missing(SENSITIVITY_NAME, SENSITIVITY_CMD)}", ""])
+  sweep = doc["sweep"]
+  out += [
+    f"One knob at a time around the default SAO arithmetic config ({sweep['config']}), "
+    f"{sweep['seeds']} seeds per point, all from one shared SFT checkpoint; "
+    f"target = the default's final accuracy, {100 * doc['target_accuracy']:.1f} %.",
+    "",
+    "| setting | final held-out accuracy | s to target (seeds reaching it) "
+    "| IS deviation | staleness | trajectories/s | collapsed seeds |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  for p in doc["points"]:
+    t = p["seconds_to_target"]
+    out.append(
+      "| "
+      + " | ".join(
+        cell(x)
+        for x in (
+          p["varied"],
+          ms(p["final_accuracy"], "{:.1f}", 100, " %"),
+          f"{ms(t, '{:.0f}', 1, ' s')} ({t['n']}/{p['seeds_complete']})",
+          ms(p["is_dev"], "{:.2f}", 100, " %"),
+          ms(p["staleness_mean"], "{:.2f}"),
+          ms(p["trajectories_per_s"], "{:.0f}"),
+          str(p["collapsed_seeds"]),
+        )
+      )
+      + " |"
+    )
+  out += ["", "**Findings:**", ""] + [f"- {f}" for f in doc.get("findings", [])]
+  s = source(SENSITIVITY_NAME, doc)
+  out += [
+    "",
+    f"Source: `{SENSITIVITY_NAME}` (command `{s.command}`; commit "
+    f"`{(s.commit or 'not recorded')[:12]}`; machine: {s.machine}); plot "
+    "`results/sweep_sao_sensitivity/sensitivity.png`.",
+    "",
+  ]
+  return "\n".join(out)
+
+
 # Markdown -------------------------------------------------------------------------------------
 def cell(s: str) -> str:
   """Text safe inside a Markdown table cell."""

@@ -34,7 +34,7 @@ def committed(repo: pathlib.Path, results: pathlib.Path) -> set[str] | None:
   return {line.removeprefix("results/") for line in out.stdout.splitlines()}
 
 
-def render(claims: list[report.Claim], tracked: set[str] | None, command: str) -> str:
+def render(claims: list[report.Claim], tracked: set[str] | None, command: str, results=None) -> str:
   out = [
     "# Results: the seed's claims against ours",
     "",
@@ -61,6 +61,7 @@ def render(claims: list[report.Claim], tracked: set[str] | None, command: str) -
   out.append("")
   for c in claims:
     out.append(report.to_markdown(c))
+  out.append(report.sensitivity_markdown(results))
   paths = sorted({s.path for c in claims for s in c.sources})
   out += ["## Result files read", "", "| file | present | committed |", "|---|---|---|"]
   for p in paths:
@@ -90,7 +91,7 @@ def main(argv=None) -> str:
   command = " ".join(
     ["python", "scripts/results_md.py", *(argv if argv is not None else sys.argv[1:])]
   )
-  text = render(claims, committed(report.REPO, results), command)
+  text = render(claims, committed(report.REPO, results), command, results)
   pathlib.Path(args.out).write_text(text)
   print(f"{args.out}: {len(claims)} claims, {sum(len(c.missing) for c in claims)} results missing")
   return text

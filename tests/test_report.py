@@ -131,6 +131,31 @@ def _deviation_rows() -> list[dict]:
 def write_tiny_results(root: pathlib.Path) -> pathlib.Path:
   """Every result file the claims read, tiny, with the scripts' schemas."""
   _write(root, "bench_sync_vs_async/results.json", _sync_results())
+  _write(root, "bench_longtail_pinned/results.json", _sync_results())
+  point = lambda varied, acc, collapsed: {
+    "varied": varied,
+    "seeds_complete": 2,
+    "final_accuracy": stats.summarize(acc),
+    "seconds_to_target": stats.summarize([30.0, None]),
+    "is_dev": stats.summarize([0.01, 0.02]),
+    "staleness_mean": stats.summarize([1.0, 2.0]),
+    "trajectories_per_s": stats.summarize([100.0, 110.0]),
+    "collapsed_seeds": collapsed,
+  }
+  _write(
+    root,
+    "sweep_sao_sensitivity/sensitivity.json",
+    {
+      "sweep": {"config": "experiments/configs/sao_arith.py:default", "seeds": 2},
+      "target_accuracy": 0.7,
+      "points": [
+        point("base (default config)", [0.7, 0.7], 0),
+        point("rl.optim.lr=0.001", [0.1, 0.3], 2),
+      ],
+      "findings": ["rl.optim.lr=0.001: COLLAPSED on 2 seed(s)"],
+      "provenance": {"command": "python experiments/sensitivity_report.py x", "commit": "abc"},
+    },
+  )
   _write(
     root,
     "sim_scale.json",
@@ -316,6 +341,8 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   assert _row(a, "throughput (learner steps/s)").seed == "1.23 -> 2.85 (2.32x)"
   assert _row(a, "simulated at the seed's scale").ours == "0.3 -> 0.6 (2.00x)"
   assert _row(a, "trajectories/s vs Tunix").ours == "60 vs 50 (1.20x)"
+  lt = _row(a, "long-tailed tasks, roles on own cores: trajectories/s")
+  assert lt.ours.endswith("(1.50 ± 0.00x)") and lt.seed == "2.3x"
   assert a.sources[0].commit == "abcdef1234567890"
   assert a.sources[0].machine == "Linux-test, 2 CPUs, cpu:0, jax 0.10.2, load 1.0/2.0/3.0"
   # (b) the cut-short line is skipped; bins by staleness; slope 0.4 % per version
@@ -430,6 +457,8 @@ def test_results_md(tiny_results, tmp_path):
   assert "commit `abcdef123456`" in text
   assert "| `soak/soak.json` | yes | - |" in text  # not the repository's results/: untracked
   assert "**Missing:**" not in text
+  assert "| rl.optim.lr=0.001 | 20.0 ± 10.0 % | 30 s (1/2) | 1.50 ± 0.50 % |" in text
+  assert "- rl.optim.lr=0.001: COLLAPSED on 2 seed(s)" in text
 
 
 def test_committed_results_parse():
