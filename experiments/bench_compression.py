@@ -11,9 +11,9 @@
    their own lines the graveyard that makes the learner's replay exact with eviction (the
    evicted entries, collected as the sampler does, each a stage-3 entry plus an int16
    eviction step; `sao_jax.compression.memory`) and stage 3 with it. Also:
-   which facts/keys the bank kept and which were among the `visible` entries at their
-   question, with eviction (the default) and with the first-come rule (ablation), and the
-   LSTM's surprise per kind of step.
+   which facts/keys the final bank kept and which were among the `visible` entries the policy
+   saw at their question (replayed with the graveyard), with eviction (the default) and with
+   the first-come rule (ablation), and the LSTM's surprise per kind of step.
 2. Accuracy at the same training budget: the memory policy (compressed memory + 24-token raw
    window) against the full-context control (same transformer, whole episode as context),
    the same supervised steps on the same expert episodes (teacher forcing; no RL: a policy
@@ -140,13 +140,18 @@ def bytes_per_stage(cfg: Config, progs, policy, params, tasks) -> dict:
   fact_kept, fact_visible = [], []
   for i, t in enumerate(tasks):
     steps = bank.step_c[i, : bank.count[i]]
+    # Every entry the bank held, with the first step it was no longer seen at (memory.py):
+    # what the policy saw at step q is the last `visible` with step < q < until.
+    log = sorted(
+      [(int(k), n_steps + 1) for k in steps] + [(e[0], at + 1) for at, e in graves[i].items()]
+    )
     obs = t.prompt.split(SEP)
     for q in scripts[i][2]:
       # The fact a question asks about: "Ann's pin?" <- "Ann's pin: 7", "door 2?" <- "key 2 ..."
       key = obs[q][:-1] + ":" if obs[q].endswith("pin?") else "key " + obs[q].split()[1][:-1]
       f = next(k for k, o in enumerate(obs) if o.startswith(key + " ") or o.startswith(key + ":"))
       fact_kept.append(f in steps)
-      fact_visible.append(f in steps[steps < q][-c.visible :])
+      fact_visible.append(f in [k for k, until in log if k < q < until][-c.visible :])
   per_stage = {
     "full_context_fp32_embeddings": tokens * width * 4,
     "stage1_semantic_fp32": np.full(n, n_steps * m * d * 4.0),
