@@ -7,10 +7,13 @@
    encoder/LSTM trained in part 2. Reported: the full context as float32 token embeddings at
    the policy width (what a full-context policy holds per layer; its KV cache is 2 x depth
    times that), then stage 1 (m vectors per step, float32), stage 2 (kept steps only),
-   stage 3 (INT8 + a float32 scale per vector + an int16 step index per kept step). Also:
-   which facts/keys the bank kept and which were among the `visible` entries at their
-   question, with eviction (the default) and with the first-come rule (ablation), and the
-   LSTM's surprise per kind of step.
+   stage 3 (INT8 + a float32 scale per vector + an int16 step index per kept step), and on
+   their own lines the graveyard that makes the learner's replay exact with eviction (the
+   evicted entries, collected as the sampler does, each a stage-3 entry plus an int16
+   eviction step; `sao_jax.compression.memory`) and stage 3 with it. Also:
+   which facts/keys the final bank kept and which were among the `visible` entries the policy
+   saw at their question (replayed with the graveyard), with eviction (the default) and with
+   the first-come rule (ablation), and the LSTM's surprise per kind of step.
 2. Accuracy at the same training budget: the memory policy (compressed memory + 24-token raw
    window) against the full-context control (same transformer, whole episode as context),
    the same supervised steps on the same expert episodes (teacher forcing; no RL: a policy
@@ -53,8 +56,12 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import lh_common as L  # noqa: E402
 
 from sao_jax.batches import MemoryBatch, RLBatch  # noqa: E402
+from sao_jax.compression.memory import graveyard_nbytes  # noqa: E402
 from sao_jax.compression.rollout import (  # noqa: E402
+  bury,
   episode_tokens,
+  gone_record,
+  graveyard_arrays,
   script,
   segment,
 )
@@ -102,6 +109,7 @@ def bytes_per_stage(cfg: Config, progs, policy, params, tasks) -> dict:
   scripts = [script(t, L.TOK) for t in tasks]
   n_steps = len(scripts[0][0])
   streams = progs.empty_streams(n)
+  records = []  # each step's evicted entries, left on the device until the end
   t0 = time.time()
   for s in range(n_steps):
     segs = [segment(obs[s], acts[s], c.step_len) for obs, acts, _ in scripts]
@@ -110,8 +118,22 @@ def bytes_per_stage(cfg: Config, progs, policy, params, tasks) -> dict:
     bnd = np.asarray([t.prompt.split(SEP)[s] in BOUNDARIES for t in tasks])
     last = np.full(n, s == n_steps - 1)
     streams = progs.compress(params, streams, seg, segv, reward, bnd, last, np.ones(n, bool))
+    records.append(gone_record(streams))
   bank = jax.device_get(streams.bank)
   secs = time.time() - t0
+  graves = [{} for _ in range(n)]
+  for record in jax.device_get(records):
+    bury(graves, record)
+  evicted = np.asarray(jax.device_get(streams.evicted))
+  if [len(g) for g in graves] != evicted.tolist():
+    raise RuntimeError(f"graveyard sizes {[len(g) for g in graves]} != evictions {evicted}")
+  grave_bytes = np.asarray(
+    [
+      graveyard_nbytes(graveyard_arrays(g, bank.vec_ced[i, 0])["gone_vec_ged"])
+      for i, g in enumerate(graves)
+    ],
+    np.float64,
+  )
   width = cfg.model.width
   m, d = c.vectors_per_step, c.dim
   tokens = np.asarray([episode_tokens(t, L.TOK) for t in tasks], np.float64)
@@ -119,18 +141,25 @@ def bytes_per_stage(cfg: Config, progs, policy, params, tasks) -> dict:
   fact_kept, fact_visible = [], []
   for i, t in enumerate(tasks):
     steps = bank.step_c[i, : bank.count[i]]
+    # Every entry the bank held, with the first step it was no longer seen at (memory.py):
+    # what the policy saw at step q is the last `visible` with step < q < until.
+    log = sorted(
+      [(int(k), n_steps + 1) for k in steps] + [(e[0], at + 1) for at, e in graves[i].items()]
+    )
     obs = t.prompt.split(SEP)
     for q in scripts[i][2]:
       # The fact a question asks about: "Ann's pin?" <- "Ann's pin: 7", "door 2?" <- "key 2 ..."
       key = obs[q][:-1] + ":" if obs[q].endswith("pin?") else "key " + obs[q].split()[1][:-1]
       f = next(k for k, o in enumerate(obs) if o.startswith(key + " ") or o.startswith(key + ":"))
       fact_kept.append(f in steps)
-      fact_visible.append(f in steps[steps < q][-c.visible :])
+      fact_visible.append(f in [k for k, until in log if k < q < until][-c.visible :])
   per_stage = {
     "full_context_fp32_embeddings": tokens * width * 4,
     "stage1_semantic_fp32": np.full(n, n_steps * m * d * 4.0),
     "stage2_temporal_fp32": kept * m * d * 4,
     "stage3_int8": kept * (m * d + m * 4 + 2),
+    "stage3_graveyard_exact_replay": grave_bytes,
+    "stage3_int8_with_graveyard": kept * (m * d + m * 4 + 2) + grave_bytes,
   }
   out = {k: float(v.mean()) for k, v in per_stage.items()}
   full = out["full_context_fp32_embeddings"]
@@ -143,12 +172,16 @@ def bytes_per_stage(cfg: Config, progs, policy, params, tasks) -> dict:
     "facts_kept_frac": float(np.mean(fact_kept)),
     "facts_visible_at_question_frac": float(np.mean(fact_visible)),
     "dropped_bank_full": int(np.sum(jax.device_get(streams.dropped_full))),
-    "evicted": int(np.sum(jax.device_get(streams.evicted))),
+    "evicted": int(evicted.sum()),
+    "graveyard_over_stage3": float(grave_bytes.mean() / out["stage3_int8"]),
     "surprise_by_kind": _surprise_by_kind(cfg, policy, params, tasks),
     "bytes": out,
-    "reduction_vs_full": {k: full / v for k, v in out.items()},
+    # Not for the graveyard (not a stage) or 0 bytes.
+    "reduction_vs_full": {
+      k: full / v for k, v in out.items() if v > 0 and k != "stage3_graveyard_exact_replay"
+    },
     "kv_cache_fp32_bytes": float(tokens.mean() * 2 * cfg.model.depth * width * 4),
-    "compress_seconds": secs,
+    "compress_seconds": secs,  # the compress calls; the graveyard is fetched after
   }
 
 
@@ -342,7 +375,7 @@ def main(argv=None) -> dict:
       arm = dict(_accuracy_stats(trajs), train_seconds=secs, final_metrics=metrics)
       if memory:
         arm["kept_steps_mean"] = float(np.mean([t.bank["entries"] for t in trajs]))
-        # Evictions make the learner's rebuild from the final bank inexact (memory.py).
+        # Episodes whose learner replay needs the graveyard (memory.py).
         arm["episodes_with_evictions"] = int(sum(t.bank["evicted"] > 0 for t in trajs))
         mem_params = state.params
         mem_rewards = _rewards(trajs)
@@ -444,7 +477,9 @@ def _table(r: dict):
       continue
     s = t["bytes_per_stage"]
     for k, v in s["bytes"].items():
-      print(f"| {name} ({s['steps']} steps) | {k} | {v:,.0f} | {s['reduction_vs_full'][k]:.1f}x |")
+      red = s["reduction_vs_full"].get(k)
+      red = f"{red:.1f}x" if red else "-"
+      print(f"| {name} ({s['steps']} steps) | {k} | {v:,.0f} | {red} |")
   print(
     "\n| task | facts kept | facts visible at question | evictions | first-come rule: "
     "facts kept / visible |"

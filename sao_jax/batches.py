@@ -135,10 +135,12 @@ class MemoryBatch:
   and loss weight (supervised phase), whether the step was graded, the raw window it saw
   (prompt_brp) and its completion (tokens_brt).
 
-  logp_brt (behaviour log-probs) and the shipped bank (bank_*: INT8 vectors [B, C, E, D] or
+  logp_brt (behaviour log-probs), the shipped bank (bank_*: INT8 vectors [B, C, E, D] or
   float32 without quantisation, per-vector scales, step index and turning flag of each entry,
-  entries written) come with sampled trajectories (RL); supervised batches of expert episodes
-  leave them None and the learner builds the bank in-graph.
+  entries written) and its graveyard (gone_*: the entry evicted at each step, laid out per
+  step, gone_step_bs -1 where none; `sao_jax.compression.memory`) come with sampled
+  trajectories (RL); supervised batches of expert episodes leave them None and the learner
+  builds bank and graveyard in-graph.
   """
 
   seg_bsl: jax.Array
@@ -160,6 +162,9 @@ class MemoryBatch:
   bank_step_bc: jax.Array | None = None
   bank_turning_bc: jax.Array | None = None
   bank_count_b: jax.Array | None = None
+  gone_vec_bsed: jax.Array | None = None
+  gone_scale_bse: jax.Array | None = None
+  gone_step_bs: jax.Array | None = None
 
   DTYPES = {
     "seg_bsl": jnp.int32,
@@ -181,6 +186,9 @@ class MemoryBatch:
     "bank_step_bc": jnp.int32,
     "bank_turning_bc": jnp.bool_,
     "bank_count_b": jnp.int32,
+    "gone_vec_bsed": jnp.int8,
+    "gone_scale_bse": jnp.float32,
+    "gone_step_bs": jnp.int32,
   }
   SAMPLED = (
     "logp_brt",
@@ -189,6 +197,9 @@ class MemoryBatch:
     "bank_step_bc",
     "bank_turning_bc",
     "bank_count_b",
+    "gone_vec_bsed",
+    "gone_scale_bse",
+    "gone_step_bs",
   )
 
   @classmethod
@@ -224,7 +235,7 @@ class MemoryBatch:
       if f.name in cls.SAMPLED and not sampled:
         continue
       dtype = cls.DTYPES[f.name]
-      if f.name == "bank_vec_bced" and not quantized:
+      if f.name in ("bank_vec_bced", "gone_vec_bsed") and not quantized:
         dtype = jnp.float32
       suffix = f.name.rsplit("_", 1)[1]
       fields[f.name] = jax.ShapeDtypeStruct(tuple(dims[c] for c in suffix), dtype)

@@ -527,9 +527,9 @@ class CompressionConfig:
   With `evict`, the budget holds the `budget` most surprising such steps rather than the
   first ones, and a full bank makes room by evicting its least surprising entry that is not a
   structural turning point (see `Compressor.filter_and_store`); without it, late steps are
-  dropped once the budget or the bank is used up. Off by default: with eviction the learner
-  rebuilds a row that came before the trajectory's last eviction without the evicted entry,
-  so it no longer sees exactly what the sampler saw (`sao_jax.compression.memory`).
+  dropped once the budget or the bank is used up. Evicted entries ship with the trajectory
+  (its graveyard: one bank entry plus an eviction step each), so the learner still rebuilds
+  exactly what the sampler saw at every step (`sao_jax.compression.memory`).
   """
 
   enabled: bool = False

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from sao_jax.compression.memory import Bank, bank_nbytes
+from sao_jax.compression.memory import Bank, bank_nbytes, graveyard_nbytes
 from sao_jax.compression.rollout import BANK_KEYS, sample_long_horizon
 from sao_jax.envs.base import Task
 from sao_jax.packing import round_up
@@ -84,7 +84,8 @@ def evaluate_memory(
   kept_steps_mean: bank entries per episode; episodes_with_evictions;
   bytes_*: mean bytes per episode of its context, uncompressed (float32 token embeddings at
   the model width) and after each stage: stage 1 (every step's vectors, float32), stage 2
-  (kept steps only), stage 3 (the bank as shipped: INT8 vectors, scales, step index).
+  (kept steps only), stage 3 (the bank as shipped: INT8 vectors, scales, step index), and
+  bytes_graveyard: the evicted entries shipped next to the bank for exact replay.
 
   `progs` holds the sampler programs `greedy`, `compress` and `empty_streams`
   (`compile_memory_sampler`).
@@ -133,4 +134,5 @@ def evaluate_memory(
     "bytes_stage1": float(steps.mean() * per_entry * 4),
     "bytes_stage2": float(kept.mean() * per_entry * 4),
     "bytes_stage3": float(np.mean(stage3)),
+    "bytes_graveyard": float(np.mean([graveyard_nbytes(t.bank["gone_vec_ged"]) for t in trajs])),
   }

@@ -39,6 +39,13 @@ def test_bench_compression_quick(tmp_path, repo_root):
     )
     s = t["bytes_per_stage"]
     assert 0 <= s["facts_kept_frac"] <= 1 and s["evicted"] >= 0
+    # The graveyard for exact replay: one entry (INT8, scales, step) + eviction step each.
+    assert b["stage3_graveyard_exact_replay"] == pytest.approx(
+      s["evicted"] / s["episodes"] * (b["stage3_int8"] / s["kept_steps_mean"] + 2)
+    )
+    assert b["stage3_int8_with_graveyard"] == pytest.approx(
+      b["stage3_int8"] + b["stage3_graveyard_exact_replay"]
+    )
     assert 0 <= s["first_come_rule"]["facts_kept_frac"] <= 1
     assert {"fact", "question", "filler"} <= set(s["surprise_by_kind"])
     assert t["chance"] == 0.1 and t["relative_loss_stderr_paired"] >= 0

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sao_jax import sharding
-from sao_jax.compression.memory import Compressor, bank_nbytes
+from sao_jax.compression.memory import Compressor, bank_nbytes, graveyard, graveyard_nbytes
 from sao_jax.compression.policy import MemoryPolicy, make_memory_update
 from sao_jax.compression.rollout import sample_long_horizon, trajectories_to_batch
 from sao_jax.config import (
@@ -41,6 +41,7 @@ COMP = CompressionConfig(
   capacity=12,
   visible=3,
   window=16,
+  evict=True,
 )
 MODEL = ModelConfig(
   vocab_size=TOK.vocab_size, width=16, depth=1, heads=2, max_len=64, memory_slots=6, memory_dim=8
@@ -82,6 +83,44 @@ def test_stream_steps_equal_the_scan_and_visible_memory_is_the_last_entries():
   np.testing.assert_array_equal(np.asarray(ok), [False] * 4 + [True] * 2)
   # INT8 + scale + step index per entry, against float32 vectors
   assert bank_nbytes(final.bank) == s * (2 * 8 + 2 * 4 + 2)
+
+
+def test_replay_from_bank_and_graveyard_is_the_samplers_memory_at_every_step():
+  """With eviction, the final bank plus the graveyard give, at every step t, exactly what
+  `visible_memory` of the bank the sampler held at t gave: the same entries, in the same
+  order, the same values bit for bit; the final bank alone does not."""
+  cfg = dataclasses.replace(COMP, keep_threshold=0.0, budget=2, capacity=5, visible=3)
+  comp = Compressor(cfg, TOK.vocab_size)
+  params = comp.init(jax.random.key(0))
+  s = 24
+  v = jax.random.normal(jax.random.key(2), (s, 2, 8))
+  rewards = jnp.zeros(s).at[jnp.asarray([9, 10, 17])].set(1.0)  # reward changes: structural
+  bnd = jnp.zeros(s, bool).at[6].set(True)
+
+  def body(st, xs):
+    v_ed, r, b, last = xs
+    vec, ok, idx = comp.visible_memory(st.bank, st.step)  # what the policy reads at st.step
+    new, info = comp.filter_and_store(params, st, v_ed, r, b, last)
+    return new, (vec, ok, jnp.where(ok[:: cfg.vectors_per_step], st.bank.step_c[idx], 0), info)
+
+  def run():
+    final, (vec, ok, steps, info) = jax.lax.scan(
+      body, comp.empty_stream(), (v, rewards, bnd, jnp.arange(s) == s - 1)
+    )
+    log = comp.replay_log(final.bank, graveyard(info))
+    replay = jax.vmap(lambda t: comp.replay_memory(log, t))(jnp.arange(s))
+    old = jax.vmap(lambda t: comp.visible_memory(final.bank, t)[0])(jnp.arange(s))
+    return final, (vec, ok, steps), replay, old, info
+
+  final, sampler, replay, old, info = jax.jit(run)()
+  assert int(final.evicted) >= 5 and int(np.sum(info["gone_step"] >= 0)) == int(final.evicted)
+  for a, b in zip(sampler, replay, strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # Rows before evictions saw entries the final bank lacks.
+  assert np.any(np.asarray(old) != np.asarray(sampler[0]))
+  # One int16 eviction step more per entry than a bank entry.
+  n = int(final.evicted)
+  assert graveyard_nbytes(np.zeros((n, 2, 8), np.int8)) == n * (2 * 8 + 2 * 4 + 2 + 2)
 
 
 @pytest.fixture(scope="module")
@@ -130,14 +169,19 @@ def test_learner_recomputes_the_sampler_log_probs_from_the_shipped_bank(sampled)
     assert 0 < n <= COMP.capacity and b["vec_ced"].dtype == np.int8
     assert np.all(np.diff(steps) > 0) and steps[0] == 0 and steps[-1] == 11  # first, last
     assert np.all(np.isin(np.flatnonzero(t.boundary), steps))  # boundaries always kept
+    assert len(b["gone_at_g"]) == b["evicted"] and not np.isin(b["gone_step_g"], steps).any()
+  assert sum(t.bank["evicted"] for t in trajs) > 0
   batch = trajectories_to_batch(trajs, 12)
-  logp, _, _ = jax.jit(lambda p, b: policy.row_logprobs(p, b, stored=True))(state.params, batch)
-  # Exact for every row after the trajectory's last eviction (all rows when none happened).
-  last = np.asarray([t.bank["last_evict"] for t in trajs])
-  exact = batch.valid_brt & (batch.row_step_br > last[:, None])[..., None]
-  assert exact.sum() >= 0.5 * batch.valid_brt.sum()
-  np.testing.assert_allclose(np.asarray(logp)[exact], batch.logp_brt[exact], atol=2e-5)
+  row_logprobs = jax.jit(lambda p, b: policy.row_logprobs(p, b, stored=True)[0])
+  logp = row_logprobs(state.params, batch)
+  # Exact for every row, those that saw entries evicted later included.
   mask = batch.valid_brt
+  np.testing.assert_allclose(np.asarray(logp)[mask], batch.logp_brt[mask], atol=2e-5)
+  # The graveyard matters: without it the rows that saw evicted entries differ.
+  no_grave = row_logprobs(
+    state.params, batch.replace(gone_step_bs=np.full_like(batch.gone_step_bs, -1))
+  )
+  assert np.max(np.abs(np.asarray(no_grave)[mask] - batch.logp_brt[mask])) > 1e-3
   # Memory matters: without it the same rows get different log-probs.
   batch0 = batch.replace(
     bank_count_b=np.zeros_like(batch.bank_count_b),

@@ -97,8 +97,8 @@ def get_config(variant: str = "default") -> Config:
     visible=16,
     window=24,
     # eviction: at 1,000 steps it keeps more facts (87.5 % against
-    # 78 % first-come); rows before a trajectory's last eviction are
-    # then not rebuilt exactly (none in the 36-step accuracy episodes)
+    # 78 % first-come); the evicted entries ship in the trajectory's
+    # graveyard so that the learner's replay stays exact
     evict=True,
   )
   model = ModelConfig(

@@ -3,21 +3,37 @@
 Online (sampler), after each environment step, `stream_step` runs all three stages on that
 step: encode it (stage 1), score it against the LSTM's prediction and decide to keep it
 (stage 2), quantise it to INT8 and append it to the trajectory's `Bank` (stage 3). At step t
-the policy sees `visible_memory(bank, t)`: the last `visible` kept steps before t, i.e. a
-bounded number of vectors, plus its raw window of recent tokens.
+the policy sees `visible_memory(bank_t, t)`, bank_t being the bank after steps 0..t-1: its
+last `visible` entries (all have step < t), i.e. a bounded number of vectors, plus its raw
+window of recent tokens.
 
-The bank is append-only (entries in step order), so the learner rebuilds the memory that row
-t saw from the final bank alone: the entries with step < t, the last `visible` of them. What
-travels to the learner is therefore the compressed bank, once per trajectory, not a copy per
-step. The learner conditions on the stored (dequantised) values bit for bit and routes
-gradients to the encoder through its fresh output for the same steps (`quant.straight_through`).
+Without eviction the bank is append-only (entries in step order), so the final bank alone
+gives every row's memory: bank_t is the final bank's entries with step < t. What travels to
+the learner is the compressed bank, once per trajectory, not a copy per step. The learner
+conditions on the stored (dequantised) values bit for bit and routes gradients to the
+encoder through its fresh output for the same steps (`quant.straight_through`).
 
-Eviction (`cfg.evict`, see `filter_and_store`) keeps the bank in step order but removes
-entries, so the rebuild is exact only for rows after the trajectory's last eviction
-(`Stream.last_evict`); before it, a row the sampler conditioned on an entry later evicted is
-rebuilt without that entry. `Stream.evicted` counts evictions. Short episodes whose
-keep-worthy steps fit the budget and the capacity never evict (the benchmark reports the
-evictions in its accuracy episodes); the 1,000-step episodes do.
+Eviction (`cfg.evict`, see `filter_and_store`) removes entries, so the final bank lacks
+entries that earlier rows saw. For exact replay an evicted entry is not lost but moved to the
+trajectory's *graveyard*, tagged with the step k that evicted it, and ships with the bank.
+Every entry e ever written (step e.step) is then either in the final bank or in the
+graveyard, and lies in bank_t exactly when e.step < t <= k (written while processing step
+e.step, removed while processing step k; a final-bank entry has k = infinity). bank_t keeps
+its entries in step order (eviction shifts later entries down) and each step writes at most
+one entry, so bank_t, in order, is the union of bank and graveyard filtered by that interval
+and sorted by step, and its last `visible` entries are those of `visible_memory` at t, in the
+same order and bit for bit (`replay_log`, `replay_memory`). The graveyard holds one entry
+per eviction, each the size of a bank entry plus its eviction step (`graveyard_nbytes`):
+the bank's bytes are bounded by its capacity, the graveyard's by the trajectory's evictions.
+Why this and not the alternatives: replaying the bank's step-by-step updates in the learner
+would need the sampler's keep/evict decisions (its parameters have moved on) and still the
+evicted vectors (the learner cannot recompute the INT8 values the sampler stored), so it
+ships the same vectors plus more; shipping bank_t per row costs `visible` entries a row.
+
+On the sampler the graveyard costs no device memory beyond one entry per slot: the stream
+holds the entry its latest step evicted (`Stream.gone_*`), and the host sampling loop moves
+it into the trajectory's graveyard (`sao_jax.compression.rollout`). In-graph (`scan_trajectory`,
+supervised training) the graveyard is the scan's per-step `gone_*` output.
 
 `scan_trajectory` is the same per-step logic as a `lax.scan` over a whole trajectory (used for
 supervised training on scripted episodes, and to measure bytes per stage).
@@ -62,7 +78,32 @@ class Stream:
   # +inf for structural turning points, which are never evicted), and evictions so far.
   prio_c: jax.Array
   evicted: jax.Array
-  last_evict: jax.Array  # step of the last eviction, -1 if none: rows after it are exact
+  # The entry the latest step evicted (gone_step -1 if none), for the host to move into the
+  # trajectory's graveyard: its vectors, scales and step.
+  gone_vec_ed: jax.Array
+  gone_scale_e: jax.Array
+  gone_step: jax.Array
+
+
+@flax.struct.dataclass
+class Graveyard:
+  """Entries evicted from one trajectory's bank, indexed by the step s that evicted them (at
+  most one per step; leading axes may add a batch)."""
+
+  vec_sed: jax.Array  # like Bank.vec_ced
+  scale_se: jax.Array
+  step_s: jax.Array  # int32 step of the entry evicted at step s, -1 where none
+
+
+@flax.struct.dataclass
+class Log:
+  """Every entry one trajectory's bank ever held, sorted by step (`Compressor.replay_log`):
+  entry u was in the bank the policy read at step t iff step_u < t < until_u."""
+
+  vec_ued: jax.Array
+  scale_ue: jax.Array
+  step_u: jax.Array  # -1 where empty (never visible)
+  until_u: jax.Array  # the step that evicted the entry + 1; int32 max for the final bank
 
 
 class Compressor:
@@ -114,7 +155,9 @@ class Compressor:
       dropped_full=jnp.zeros((), jnp.int32),
       prio_c=jnp.full((c,), jnp.inf, jnp.float32),
       evicted=jnp.zeros((), jnp.int32),
-      last_evict=jnp.full((), -1, jnp.int32),
+      gone_vec_ed=jnp.zeros((m, d), dtype),
+      gone_scale_e=jnp.zeros((m,), jnp.float32),
+      gone_step=jnp.full((), -1, jnp.int32),
     )
 
   def filter_and_store(self, params, s: Stream, v_ed, reward, boundary, last):
@@ -128,7 +171,8 @@ class Compressor:
     entry and shifts the later ones down, so the bank stays in step order.
 
     Returns (stream, info) with info: surprise, keep, turning, pred_d (the prediction that
-    was compared against this step), evict (this step evicted an entry).
+    was compared against this step), evict (this step evicted an entry), and the evicted
+    entry as in `Stream.gone_*` (gone_step -1 if none).
     """
     cfg = self.cfg
     v_d = v_ed.reshape(-1)
@@ -154,6 +198,9 @@ class Compressor:
     evict = ((keep & ~room) | over_budget) & (prio_c[victim] < new_prio)
     if not cfg.evict:
       evict = jnp.zeros((), bool)
+    gone_step = jnp.where(evict, b.step_c[victim], -1)
+    gone_vec_ed = jnp.where(evict, b.vec_ced[victim], jnp.zeros_like(b.vec_ced[victim]))
+    gone_scale_e = jnp.where(evict, b.scale_ce[victim], 0.0)
     write = (keep & room) | evict
     if cfg.quantize:
       q_ed, scale_e = quant.quantize(v_ed)
@@ -195,7 +242,9 @@ class Compressor:
       dropped_full=s.dropped_full + (keep & ~write).astype(jnp.int32),
       prio_c=prio_c,
       evicted=s.evicted + evict.astype(jnp.int32),
-      last_evict=jnp.where(evict, s.step, s.last_evict),
+      gone_vec_ed=gone_vec_ed,
+      gone_scale_e=gone_scale_e,
+      gone_step=gone_step,
     )
     info = {
       "surprise": surprise,
@@ -203,6 +252,9 @@ class Compressor:
       "turning": is_turning,
       "pred_d": s.pred_d,
       "evict": evict,
+      "gone_vec_ed": gone_vec_ed,
+      "gone_scale_e": gone_scale_e,
+      "gone_step": gone_step,
     }
     return new, info
 
@@ -214,7 +266,8 @@ class Compressor:
   def scan_trajectory(self, params, v_sed, rewards_s, boundary_s, step_valid_s):
     """The online logic over a whole (encoded) trajectory; padding steps change nothing.
 
-    Returns (final stream, info with [S] / [S, D] arrays).
+    Returns (final stream, info with [S] / [S, D] arrays). `graveyard(info)` is the
+    trajectory's graveyard (nothing evicted on padding steps).
     """
     last_s = step_valid_s & ~jnp.concatenate([step_valid_s[1:], jnp.zeros((1,), bool)])
 
@@ -222,7 +275,7 @@ class Compressor:
       v_ed, r, bnd, last, ok = xs
       new, info = self.filter_and_store(params, s, v_ed, r, bnd, last)
       new = jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, s)
-      return new, info
+      return new, dict(info, gone_step=jnp.where(ok, info["gone_step"], -1))
 
     return jax.lax.scan(
       body, self.empty_stream(), (v_sed, rewards_s, boundary_s, last_s, step_valid_s)
@@ -247,17 +300,74 @@ class Compressor:
     m = cfg.vectors_per_step
     return (vis_ced.reshape(cfg.visible * m, cfg.dim), jnp.repeat(ok_c, m), idx_c)
 
+  # What the learner rebuilds ---------------------------------------------------------------
+  @staticmethod
+  def replay_log(bank: Bank, grave: Graveyard) -> Log:
+    """The final bank [C] and the graveyard [S] as one log of U = C + S entries in step order
+    (each step writes at most one entry, so steps are unique; empty slots, step -1, first)."""
+    s = grave.step_s.shape[0]
+    step_u = jnp.concatenate([bank.step_c, grave.step_s])
+    never = jnp.full(bank.step_c.shape, jnp.iinfo(jnp.int32).max, jnp.int32)
+    until_u = jnp.concatenate([never, jnp.arange(s, dtype=jnp.int32) + 1])
+    order_u = jnp.argsort(step_u)
+    return Log(
+      vec_ued=jnp.concatenate([bank.vec_ced, grave.vec_sed])[order_u],
+      scale_ue=jnp.concatenate([bank.scale_ce, grave.scale_se])[order_u],
+      step_u=step_u[order_u],
+      until_u=until_u[order_u],
+    )
+
+  def replay_memory(self, log: Log, t):
+    """Memory of row t as the sampler's `visible_memory(bank_t, t)` gave it: the last
+    `visible` entries of the log with step < t < until (module docstring).
+
+    Returns (vec [V*m, dim] float32, valid [V*m] bool, entry step [V] int32, 0 where invalid).
+    """
+    cfg = self.cfg
+    seen_u = (log.step_u >= 0) & (log.step_u < t) & (t < log.until_u)
+    rank_u = jnp.cumsum(seen_u.astype(jnp.int32))  # 1-based rank of each seen entry
+    want_v = rank_u[-1] - cfg.visible + 1 + jnp.arange(cfg.visible)
+    ok_v = want_v >= 1
+    # The first position reaching a rank is the seen entry of that rank.
+    idx_v = jnp.searchsorted(rank_u, jnp.maximum(want_v, 1))
+    idx_v = jnp.where(ok_v, idx_v, 0)
+    if cfg.quantize:
+      vis_ved = quant.dequantize(log.vec_ued[idx_v], log.scale_ue[idx_v])
+    else:
+      vis_ved = log.vec_ued[idx_v].astype(jnp.float32)
+    vis_ved = jnp.where(ok_v[:, None, None], vis_ved, 0.0)
+    m = cfg.vectors_per_step
+    step_v = jnp.where(ok_v, log.step_u[idx_v], 0)
+    return (vis_ved.reshape(cfg.visible * m, cfg.dim), jnp.repeat(ok_v, m), step_v)
+
+
+def graveyard(info: dict) -> Graveyard:
+  """The graveyard in `scan_trajectory`'s per-step info (leading axes may add a batch)."""
+  return Graveyard(
+    vec_sed=info["gone_vec_ed"], scale_se=info["gone_scale_e"], step_s=info["gone_step"]
+  )
+
 
 def valid_entries(bank: Bank) -> int:
   return int(bank.count)
 
 
-def bank_nbytes(bank: Bank, n: int | None = None) -> int:
-  """Bytes of the first `n` (default: all written) entries as shipped: vectors, per-vector
-  scales (only when quantised), and an int16 step index per entry."""
-  n = int(bank.count) if n is None else n
-  m, d = bank.vec_ced.shape[-2:]
-  per = m * d * bank.vec_ced.dtype.itemsize + 2
-  if bank.vec_ced.dtype == jnp.int8:
+def _entry_nbytes(vec_ed) -> int:
+  """One entry as shipped: vectors, per-vector scales (only when quantised), an int16 step."""
+  m, d = vec_ed.shape[-2:]
+  per = m * d * vec_ed.dtype.itemsize + 2
+  if vec_ed.dtype == jnp.int8:
     per += m * 4
-  return n * per
+  return per
+
+
+def bank_nbytes(bank: Bank, n: int | None = None) -> int:
+  """Bytes of the first `n` (default: all written) entries as shipped (`_entry_nbytes`)."""
+  n = int(bank.count) if n is None else n
+  return n * _entry_nbytes(bank.vec_ced)
+
+
+def graveyard_nbytes(vec_ged) -> int:
+  """Bytes of a trajectory's evicted entries [G, m, dim] as shipped for exact replay: each a
+  bank entry (`_entry_nbytes`) plus the int16 step that evicted it."""
+  return vec_ged.shape[0] * (_entry_nbytes(vec_ged) + 2)

@@ -6,11 +6,12 @@ visible * vectors_per_step` prefix slots) with a `Compressor`. Parameters are on
 
 Sampler: `sample` conditions row t on `visible_memory(bank, t)` plus the raw window;
 `compress` runs the three stages on the step just taken. Learner: `row_logprobs` rebuilds
-every row's memory from the trajectory's bank and recomputes the log-probs of the sampled
-tokens. With `stored=True` (RL on sampler data) it uses the shipped INT8 bank, so the memory
-values are exactly those the sampler saw (encoder gradients flow straight-through); with
-`stored=False` (supervised training on scripted episodes) the bank is built in-graph by the
-same per-step logic.
+every row's memory from the trajectory's final bank and graveyard of evicted entries
+(`memory.Compressor.replay_memory`) and recomputes the log-probs of the sampled tokens. With
+`stored=True` (RL on sampler data) it uses the shipped INT8 bank and graveyard, so every
+row's memory is exactly what the sampler saw, eviction or not (encoder gradients flow
+straight-through); with `stored=False` (supervised training on scripted episodes) both are
+built in-graph by the same per-step logic.
 
 Both update functions go through `sao_jax.learner.apply_gradients` (non-finite guard,
 `lr_scale`) like every other update. Losses (`make_memory_update`): the policy term
@@ -32,7 +33,7 @@ from sao_jax import sampling
 from sao_jax.batches import MemoryBatch
 from sao_jax.compression import quant, temporal
 from sao_jax.compression.encoder import reconstruction_loss
-from sao_jax.compression.memory import Compressor, Stream
+from sao_jax.compression.memory import Compressor, Graveyard, Stream, graveyard
 from sao_jax.learner import apply_gradients
 from sao_jax.models.transformer import TransformerLM
 from sao_jax.rl import losses as loss_lib
@@ -110,8 +111,9 @@ class MemoryPolicy:
     """Log-probs [B, R, T] (and entropy, and the compressor's losses) of the batch's rows
     under the memory they saw.
 
-    With `stored` the memory values are the shipped bank's (`batch.bank_*`); without, the
-    bank is built in-graph by the same per-step logic from the batch's segments.
+    With `stored` the memory values are the shipped bank's and graveyard's (`batch.bank_*`,
+    `batch.gone_*`); without, both are built in-graph by the same per-step logic from the
+    batch's segments.
     """
     comp = self.comp
     b, s = batch.step_valid_bs.shape
@@ -122,7 +124,7 @@ class MemoryPolicy:
     final, info = jax.vmap(comp.scan_trajectory, in_axes=(None, 0, 0, 0, 0))(
       params, v_bsed, batch.rewards_bs, batch.boundary_bs, batch.step_valid_bs
     )
-    bank = final.bank
+    bank, grave = final.bank, graveyard(info)
     if stored:
       bank = bank.replace(
         vec_ced=batch.bank_vec_bced,
@@ -131,15 +133,20 @@ class MemoryPolicy:
         turning_c=batch.bank_turning_bc,
         count=batch.bank_count_b,
       )
+      grave = Graveyard(
+        vec_sed=batch.gone_vec_bsed, scale_se=batch.gone_scale_bse, step_s=batch.gone_step_bs
+      )
 
-    def row_memory(bank_one, v_sed, t):
-      vec, ok, idx_c = comp.visible_memory(bank_one, t)
-      fresh = v_sed[jnp.maximum(bank_one.step_c[idx_c], 0)].reshape(vec.shape)
+    def row_memory(log, v_sed, t):
+      vec, ok, step_v = comp.replay_memory(log, t)
+      fresh = v_sed[step_v].reshape(vec.shape)
       return quant.straight_through(vec, jnp.where(ok[:, None], fresh, 0.0)), ok
 
-    mem, mvalid = jax.vmap(lambda bk, v, ts: jax.vmap(lambda t: row_memory(bk, v, t))(ts))(
-      bank, v_bsed, batch.row_step_br
-    )
+    def rows_memory(bank_one, grave_one, v_sed, t_r):
+      log = comp.replay_log(bank_one, grave_one)
+      return jax.vmap(lambda t: row_memory(log, v_sed, t))(t_r)
+
+    mem, mvalid = jax.vmap(rows_memory)(bank, grave, v_bsed, batch.row_step_br)
     flat = lambda x: x.reshape((b * r,) + x.shape[2:])  # noqa: E731
     logp, ent, _ = sampling.completion_logprobs(
       self.model,

@@ -8,6 +8,11 @@ no memory) on the same environments.
 
 A step's *segment* is what the step added to the context: its observation and the action
 tokens (EOS included), truncated to `step_len`.
+
+The trajectory ships its final bank and its graveyard, the entries eviction removed on the
+way (`sao_jax.compression.memory`): after each compress call the stream holds the entry that
+step evicted, and the host moves it into the graveyard (`bury`). It is fetched together with
+the next step's sample, so collecting it adds no device round trip.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from sao_jax.packing import left_pad, right_pad
 from sao_jax.tokenizer import Tokenizer
 
 BANK_KEYS = ("vec_ced", "scale_ce", "step_c", "turning_c", "count")
+# A trajectory's graveyard as shipped, one row per eviction in eviction order: the entry's
+# vectors, scales and step, and the step that evicted it.
+GRAVE_KEYS = ("gone_vec_ged", "gone_scale_ge", "gone_step_g", "gone_at_g")
 
 
 @dataclasses.dataclass
@@ -52,6 +60,35 @@ class LongTrajectory:
 
 def segment(obs: Sequence[int], action: Sequence[int], step_len: int) -> list[int]:
   return (list(obs) + list(action))[:step_len]
+
+
+def gone_record(streams) -> tuple:
+  """What `bury` needs of the slots' streams (device arrays, to fetch)."""
+  return (streams.step, streams.gone_step, streams.gone_vec_ed, streams.gone_scale_e)
+
+
+def bury(graves: list[dict], record) -> None:
+  """Moves the entries the last compress call evicted (a fetched `gone_record`) into the
+  graveyards of the first len(graves) slots, keyed by the step that evicted them: a slot
+  that did not step keeps its stream, and so its record, unchanged, and is not counted
+  twice."""
+  step, gone, vec, scale = record
+  for i, grave in enumerate(graves):
+    if gone[i] >= 0:
+      grave[int(step[i]) - 1] = (int(gone[i]), np.asarray(vec[i]), np.asarray(scale[i]))
+
+
+def graveyard_arrays(grave: dict, vec_ed: np.ndarray) -> dict[str, np.ndarray]:
+  """One slot's graveyard (`bury`) as the shipped arrays (`GRAVE_KEYS`), in eviction order;
+  `vec_ed` gives the entry shape and dtype (one of the bank's entries)."""
+  at = sorted(grave)
+  m, d = vec_ed.shape
+  return {
+    "gone_vec_ged": np.asarray([grave[k][1] for k in at], vec_ed.dtype).reshape(-1, m, d),
+    "gone_scale_ge": np.asarray([grave[k][2] for k in at], np.float32).reshape(-1, m),
+    "gone_step_g": np.asarray([grave[k][0] for k in at], np.int32),
+    "gone_at_g": np.asarray(at, np.int32),
+  }
 
 
 def sample_long_horizon(
@@ -82,6 +119,7 @@ def sample_long_horizon(
   rows: list[list[tuple]] = [[] for _ in range(n)]
   active = np.ones(n, bool)
   streams = empty_streams
+  graves: list[dict] = [{} for _ in range(n)]
   max_steps = max(e.max_steps for e in envs)
   for _ in range(max_steps):
     if not active.any():
@@ -93,7 +131,10 @@ def sample_long_horizon(
     if compress_fn is None:
       out = jax.device_get(sample_fn(params, prompt, pvalid, key))
     else:
-      out = jax.device_get(sample_fn(params, streams, prompt, pvalid, key))
+      out, record = jax.device_get(
+        (sample_fn(params, streams, prompt, pvalid, key), gone_record(streams))
+      )
+      bury(graves, record)
     segs, rew, bnd, last = (
       [[]] * slots,
       np.zeros(slots, np.float32),
@@ -133,9 +174,10 @@ def sample_long_horizon(
     if compress_fn is not None:
       seg, segv = right_pad(segs, step_len, tok.pad_id)
       streams = compress_fn(params, streams, seg, segv, rew, bnd, last, stepped)
-  banks = None if compress_fn is None else jax.device_get(streams.bank)
-  evicted = None if compress_fn is None else np.asarray(jax.device_get(streams.evicted))
-  last_evict = None if compress_fn is None else np.asarray(jax.device_get(streams.last_evict))
+  banks = evicted = None
+  if compress_fn is not None:
+    banks, evicted, record = jax.device_get((streams.bank, streams.evicted, gone_record(streams)))
+    bury(graves, record)  # the last step's
   trajs = []
   for i in range(n):
     c = list(zip(*rows[i], strict=True))
@@ -144,9 +186,9 @@ def sample_long_horizon(
     if banks is not None:
       k = int(banks.count[i])
       bank = {key: np.asarray(getattr(banks, key)[i]) for key in BANK_KEYS}
+      bank.update(graveyard_arrays(graves[i], bank["vec_ced"][0]))
       bank["entries"] = k
-      # Evictions: rows up to the last eviction's step saw entries the final bank lacks.
-      bank["evicted"], bank["last_evict"] = int(evicted[i]), int(last_evict[i])
+      bank["evicted"] = int(evicted[i])
     trajs.append(
       LongTrajectory(
         task_id=tasks[i].task_id,
@@ -173,8 +215,9 @@ def trajectories_to_batch(
   """Stacks trajectories into the learner's `MemoryBatch`: per step [B, S=steps, ...] and per
   row [B, R, ...]. rows=0: every step is a row (R = steps); rows>0: the graded steps first,
   then other steps drawn at random (seeded), R = rows. Completions are padded (or cut) to
-  `completion_len` tokens (0: as sampled). Row weights are 1; the bank comes along when the
-  trajectories carry one."""
+  `completion_len` tokens (0: as sampled). Row weights are 1; the bank and its graveyard
+  (scattered to the steps that evicted its entries) come along when the trajectories carry
+  one."""
   rng = np.random.default_rng(seed)
 
   def pad(x, n, fill=0):
@@ -220,6 +263,17 @@ def trajectories_to_batch(
         strict=True,
       )
     }
+    m, d = trajs[0].bank["vec_ced"].shape[-2:]
+    gone_vec = np.zeros((len(trajs), steps, m, d), trajs[0].bank["vec_ced"].dtype)
+    gone_scale = np.zeros((len(trajs), steps, m), np.float32)
+    gone_step = np.full((len(trajs), steps), -1, np.int32)
+    for i, t in enumerate(trajs):
+      at = t.bank["gone_at_g"]
+      if len(at) and at.max() >= steps:
+        raise ValueError(f"trajectory {i} evicted an entry at step {at.max()} >= steps {steps}")
+      gone_vec[i, at], gone_scale[i, at] = t.bank["gone_vec_ged"], t.bank["gone_scale_ge"]
+      gone_step[i, at] = t.bank["gone_step_g"]
+    bank.update(gone_vec_bsed=gone_vec, gone_scale_bse=gone_scale, gone_step_bs=gone_step)
     bank["logp_brt"] = width(per_row["logp"], completion_len)
   return MemoryBatch(
     seg_bsl=per_step["seg"],
