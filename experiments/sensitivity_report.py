@@ -24,6 +24,7 @@ import json
 import math
 import pathlib
 import shutil
+import subprocess
 
 import numpy as np
 
@@ -175,17 +176,17 @@ def plot(result: dict, path: pathlib.Path) -> None:
 
   axes = [a["key"] for a in result["sweep"]["axes"]]
   base = result["points"][0]["setting"]
-  fig, grid = plt.subplots(2, len(axes), figsize=(4.0 * len(axes), 6.4), squeeze=False)
+  fields = (
+    ("final_accuracy", "final held-out accuracy (%)", 100),
+    ("is_dev", "off-policy deviation (%)", 100),
+    ("trajectories_per_s", "trajectories/s", 1),
+  )
+  fig, grid = plt.subplots(len(fields), len(axes), figsize=(4.0 * len(axes), 9.0), squeeze=False)
   for j, key in enumerate(axes):
     pts = [p for p in result["points"] if all(p["setting"][k] == base[k] for k in axes if k != key)]
     pts.sort(key=lambda p: p["setting"][key])
     xs = [p["setting"][key] for p in pts]
-    for i, (field, label, scale) in enumerate(
-      (
-        ("final_accuracy", "final held-out accuracy (%)", 100),
-        ("seconds_to_target", "s to target", 1),
-      )
-    ):
+    for i, (field, label, scale) in enumerate(fields):
       ax = grid[i][j]
       ok = [(x, p[field]) for x, p in zip(xs, pts, strict=True) if p[field]["mean"] is not None]
       ax.errorbar(
@@ -201,7 +202,7 @@ def plot(result: dict, path: pathlib.Path) -> None:
       ax.axvline(base[key], color="C2", lw=0.8, ls=":")
       if i == 0:
         ax.axhline(100 * result["target_accuracy"], color="C3", lw=0.8, ls="--")
-      if key.endswith("lr") or (min(xs) > 0 and max(xs) / min(xs) >= 10):
+      if min(xs) > 0 and max(xs) / min(xs) >= 10:
         ax.set_xscale("log")
       ax.set_xlabel(key)
       ax.set_ylabel(label)
@@ -230,8 +231,16 @@ def main() -> None:
   events = sweep_dir / "events.jsonl"
   if events.exists():
     rows = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
+    head = subprocess.run(
+      ["git", "-C", str(sweep_dir), "rev-parse", "HEAD"], capture_output=True, text=True
+    )
     result["sweep_provenance"] = {
       "sweep_dir": str(sweep_dir),
+      # the checkout the sweep ran from, when its directory lies inside one (runs/ does)
+      "checkout_commit": head.stdout.strip() if head.returncode == 0 else None,
+      "sweep_command": json.loads((sweep_dir / "trials.json").read_text())
+      .get("provenance", {})
+      .get("command"),
       "first_event": min(r["time"] for r in rows),
       "last_event": max(r["time"] for r in rows),
     }
