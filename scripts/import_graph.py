@@ -26,6 +26,7 @@ LAYERS: dict[str, int] = {
   "sao_jax.runners": 3,
   "sao_jax.sweep": 3,
   "sao_jax.sweep_report": 3,
+  "sao_jax.replay": 3,
   "sao_jax.sim": 2,
   "sao_jax.learner": 2,
   "sao_jax.rollout": 2,
