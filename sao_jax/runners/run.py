@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from sao_jax import checkpoint as ckpt_lib
 from sao_jax import config as config_lib
-from sao_jax import distributed, sharding, startup
+from sao_jax import distributed, estimates, sharding, startup
 from sao_jax.config import Config
 from sao_jax.evaluation import evaluate, evaluate_memory
 from sao_jax.learner import make_sft_update
@@ -141,8 +141,17 @@ def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True)
   startup.mark("setup")
   enable_compile_cache(cfg.recovery.compile_cache, workdir)
   workdir.mkdir(parents=True, exist_ok=True)
+  est = estimates.estimate(
+    cfg,
+    s.model.cfg,
+    prompt_len=s.prompt_len,
+    target_len=s.target_len,
+    device=estimates.runtime_device(jax.devices(), cfg.model.dtype, len(os.sched_getaffinity(0))),
+  )
   if primary:
     (workdir / "config.json").write_text(config_lib.to_json(cfg))
+    (workdir / "estimates.json").write_text(json.dumps(est, indent=2) + "\n")
+    print(estimates.format_block(est), flush=True)
   writer = (
     MetricsWriter(
       workdir, show_progress=show_progress, logging=cfg.logging, run_config=config_lib.to_dict(cfg)
