@@ -75,7 +75,7 @@ def check(name: str, kind: str, fields: dict, shape: tuple[int, int, int]) -> di
   ma = progs.update.lower(state, batch).compile().memory_analysis()
   compile_s = time.time() - t0
   counts = estimates.param_counts(m)
-  act = estimates.activation_bytes(m, rows, prompt, completion)
+  act = estimates.activation_bytes(m, rows, prompt, completion, rl=kind == "sao")
   est_args = 4 * counts["total"] + 8 * counts["trainable"]
   est_temp = 4 * counts["total"] + act
   row = {

@@ -15,13 +15,15 @@ tokens, K = P + T cache slots per row):
                     4 (7D + 3 KV Dh + 4F) bytes for Llama (float32 intermediates of the norms
                     and rotary embeddings, q/k/v, gate/up/silu/product), 4 (6D + 2 KV Dh + 2F)
                     for GPT, plus H K (8 + 2e) for attention scores and probabilities (e:
-                    bytes of the compute dtype); plus the logits B V (K (8 + e') + 8T): the
-                    [B, K, V] logits in float32 and their float32 gradient (e' = 2: the bf16
-                    logits too, when computing in bf16; else 0), the float32 log-softmax of
-                    the T completion positions and its exponential. Fitted to the temporaries
-                    (less the gradients) that XLA's CPU compiler allocates for the SAO and
-                    SFT updates of Llama-family models, within 0.88-1.05 of them
-                    (experiments/check_estimates.py); XLA on a GPU or TPU fuses differently
+                    bytes of the compute dtype); plus the logits B V (K (8 + e') + 4T x):
+                    the [B, K, V] logits in float32 and their float32 gradient (e' = 2: the
+                    bf16 logits too, when computing in bf16; else 0), the float32
+                    log-softmax of the T completion positions and, in RL updates (which
+                    report the entropy), its exponential (x = 2; SFT: x = 1). Fitted to the
+                    temporaries (less the gradients) that XLA's CPU compiler allocates for
+                    the SAO and SFT updates of Llama-family models (ratios in
+                    results/check_estimates.json, from experiments/check_estimates.py); XLA
+                    on a GPU or TPU fuses differently
   KV cache          rows x K x L x 2 x KV x Dh x e (keys and values)
   training FLOPs    6 N_tok per token of the B x K each update processes (N_tok: parameters
                     that multiply each token, i.e. all but the input embedding lookup)
@@ -181,9 +183,12 @@ def kv_bytes(m: ModelConfig, rows: int, slots: int) -> int:
   return rows * slots * m.depth * 2 * m.n_kv_heads * m.head_dim * _BYTES[m.dtype]
 
 
-def activation_bytes(m: ModelConfig, rows: int, prompt: int, completion: int) -> int:
+def activation_bytes(
+  m: ModelConfig, rows: int, prompt: int, completion: int, *, rl: bool = True
+) -> int:
   """What one learner batch of `rows` x (prompt + completion) tokens keeps for the backward
-  pass (see the module docstring for the formula)."""
+  pass (see the module docstring for the formula); `rl`: a policy-gradient update (it also
+  computes the entropy), else supervised."""
   e, d, f = _BYTES[m.dtype], m.width, m.ffn_dim
   kvd = m.n_kv_heads * m.head_dim
   k = prompt + completion
@@ -192,7 +197,7 @@ def activation_bytes(m: ModelConfig, rows: int, prompt: int, completion: int) ->
   else:
     per_token = 4 * (6 * d + 2 * kvd + 2 * f)
   per_token += m.heads * k * (8 + 2 * e)
-  logits = rows * m.vocab_size * (k * (8 + (e if e < 4 else 0)) + 8 * completion)
+  logits = rows * m.vocab_size * (k * (8 + (e if e < 4 else 0)) + (8 if rl else 4) * completion)
   return rows * k * m.depth * per_token + logits
 
 
@@ -235,7 +240,9 @@ def estimate(
     phase = {
       "rows": rows,
       "tokens_per_update": tokens,
-      "activations": activation_bytes(m, -(-rows // batch_shards), prompt_len, completion),
+      "activations": activation_bytes(
+        m, -(-rows // batch_shards), prompt_len, completion, rl=name == "rl"
+      ),
       "train_flops_per_update": 6 * n_tok * tokens,
     }
     if not cfg.rl.uses_samplers and name == "rl" and cfg.rl.algorithm == "grpo":

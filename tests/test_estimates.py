@@ -77,9 +77,9 @@ def test_estimate_by_hand():
   kv_per_row = (2 + 6) * 1 * 2 * 1 * 4 * 4
   assert lrn["eval_kv_cache"] == 7 * kv_per_row
   # per token and layer 4 (7*8 + 3*4 + 4*16) = 528 bytes, + attention 2 heads x K x 16;
-  # logits rows x 10 x (8 K + 8 T) in float32
+  # logits rows x 10 x (8 K + 8 T) in float32 (SFT computes no entropy: 8 K + 4 T)
   rl_act = 5 * 8 * 1 * (528 + 2 * 8 * 16) + 5 * 10 * (8 * 8 + 8 * 6)
-  sft_act = 4 * 5 * 1 * (528 + 2 * 5 * 16) + 4 * 10 * (8 * 5 + 8 * 3)
+  sft_act = 4 * 5 * 1 * (528 + 2 * 5 * 16) + 4 * 10 * (8 * 5 + 4 * 3)
   assert est["phases"]["rl"]["activations"] == rl_act
   assert est["phases"]["sft"]["activations"] == sft_act
   assert lrn["peak_activations"] == max(rl_act, sft_act)
