@@ -53,6 +53,7 @@ ASSUMPTIONS = (
   "decode 2 N per token; prefill not counted",
   "tokens/s at the assumed peak are upper bounds: well-tuned training reaches 30-50 % of it",
   "samplers: each process holds the f32 params and its slots' KV cache",
+  "publishing: the whole float32 parameter tree goes through a file, LoRA runs included",
 )
 
 # Peak dense FLOP/s per device (bf16; float32 compute: TF32 on NVIDIA GPUs, which XLA uses
@@ -275,6 +276,10 @@ def estimate(
       "params": 4 * n,
       "kv_cache": cache,
       "per_process": 4 * n + cache,
+      # the learner writes every float32 parameter (adapters and base alike) to a file that
+      # each sampler reads, every sao.param_sync_every updates
+      "published_bytes": 4 * n,
+      "publish_every": cfg.sao.param_sync_every,
     }
     if device.peak_flops and device.bytes_per_s:
       flop_bound = device.peak_flops / (2 * n_tok)
@@ -335,6 +340,10 @@ def format_block(est: dict[str, Any]) -> str:
         f"({sb['decode_bound']}-bound)"
       )
     lines.append(t)
+    lines.append(
+      f"  publish   {_gb(sb['published_bytes'])} of params written for the samplers every "
+      f"{sb['publish_every']} update(s)"
+    )
   if "train_tokens_per_s_at_peak" in est:
     lines.append(
       f"  speed     <= {est['train_tokens_per_s_at_peak']:.3g} training tokens/s at peak on "

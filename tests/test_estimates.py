@@ -93,6 +93,7 @@ def test_estimate_by_hand():
   # decode: FLOPs allow 1e9 / 2n tokens/s; bandwidth 3 slots x 1e6 / (4n + KV) is lower
   assert smp["decode_tokens_per_s_at_peak"] == pytest.approx(3e6 / (4 * n + 3 * kv_per_row))
   assert smp["decode_bound"] == "memory bandwidth"
+  assert (smp["published_bytes"], smp["publish_every"]) == (4 * n, 1)
   assert est["shapes"] == {"prompt_tokens": 2, "solution_tokens": 3, "kv_slots": 8}
 
 
@@ -145,4 +146,5 @@ def test_format_block():
   assert f"params    {TINY_PARAMS} (trainable {TINY_PARAMS})" in text
   assert "device reports 2.00 GB" in text and "samplers  2 x (" in text
   assert "decoded tokens/s per process (memory bandwidth-bound)" in text
-  assert len(text.splitlines()) == 7
+  assert f"publish   {4 * TINY_PARAMS / 1e3:.1f} kB of params written" in text
+  assert len(text.splitlines()) == 8

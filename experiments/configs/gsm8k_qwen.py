@@ -38,7 +38,9 @@ over float32 master weights; learner batches of 8 trajectories (the learner has 
 accumulation, and its [rows, tokens, 151936] float32 logits dominate its memory); up to 512
 new tokens (a worked solution longer than that stops the run at start-up, naming the
 length); full fine-tuning at 1e-5 (SFT) and 1e-6 (RL), LoRA at 1e-4 and 2e-5; one sampler
-process of 32 slots (more slots per learner batch means staler trajectories); 200 SFT steps,
+process of 32 slots (more slots per learner batch means staler trajectories); new parameters
+for the sampler every 4 updates (the learner writes all float32 parameters, 2 GB for
+Qwen2.5-0.5B, to a file each time) and trajectories up to 8 versions old; 200 SFT steps,
 then 1000 SAO updates (about one pass over the 7,473 training problems). Every run prints
 its memory and throughput estimates before it starts (also WORKDIR/estimates.json): for
 Qwen2.5-0.5B they put the full fine-tune's learner near 55 GB; Qwen2.5-1.5B needs :lora or
@@ -103,7 +105,9 @@ def get_config(variant: str = "default") -> Config:
       temperature=1.0,
       optim=OptimConfig(lr=1e-6, warmup_steps=10),
     ),
-    sao=SAOConfig(num_samplers=1, sampler_slots=32, batch_size=8),
+    sao=SAOConfig(
+      num_samplers=1, sampler_slots=32, batch_size=8, param_sync_every=4, max_staleness=8
+    ),
     eval=EvalConfig(num_problems=1319, batch_size=64),
   )
   if variant == "lora":
