@@ -41,9 +41,9 @@ def _tiny(tmp_path, *overrides):
   )
 
 
-def test_hf_checkpoint_starts_the_run(tmp_path):
-  """init_from a Hugging Face directory: the model must be the checkpoint's (clear error
-  otherwise); its weights are the start; with LoRA only the adapters get optimizer state."""
+def test_recipe_config_and_its_errors(tmp_path):
+  """The tiny variant is the fixture checkpoint's model, tokenizer and weights; a model that
+  is not the checkpoint's, or no GSM8K directory, is a clear error."""
   cfg = _tiny(tmp_path)
   assert cfg.init_from == str(FIXTURE) and cfg.model.dtype == "bfloat16"
   assert cfg.tokenizer.startswith("hf:") and cfg.task.family == "gsm8k"
@@ -51,6 +51,13 @@ def test_hf_checkpoint_starts_the_run(tmp_path):
     load_config(str(RECIPE) + ":tiny", overrides=["model.width=32", "task.options.manual_dir=x"])
   with pytest.raises(ConfigError, match="task.options.manual_dir"):
     load_config(str(RECIPE) + ":tiny")
+
+
+@pytest.mark.slow
+def test_hf_checkpoint_starts_the_run(tmp_path):
+  """init_from a Hugging Face directory: its weights are the start; with LoRA only the
+  adapters get optimizer state, and the adapters start fresh."""
+  cfg = _tiny(tmp_path)
   s = make_setup(cfg)
   assert [t.answer for t in s.train] == ["72", "3000", "1.25"] and len(s.test) == 2
   state = restore_init(s, cfg.init_from)
