@@ -11,6 +11,9 @@
   (`sao_jax.envs.longhorizon`); parameters in `task.options` (`LongHorizonOptions`). The
   policy sees a raw window of the last `window` tokens of the episode, and with
   `compression.enabled` a compressed memory of the earlier steps (`sao_jax.runners.memory`).
+* ``gsm8k``: GSM8K word problems from the user's own copy of the published JSONL files
+  (`sao_jax.data.gsm8k_tfds`; `task.options.manual_dir`), rewarded by answer extraction
+  (`sao_jax.envs.gsm8k`); `task.num_train` / `task.num_test` cap each split (file order).
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from __future__ import annotations
 import dataclasses
 
 from sao_jax.config import ConfigError
-from sao_jax.data import arithmetic_tfds, code_tfds, longhorizon_tfds
+from sao_jax.data import arithmetic_tfds, code_tfds, gsm8k_tfds, longhorizon_tfds
 from sao_jax.envs.arithmetic import ArithmeticEnv, ArithmeticSpec
 from sao_jax.envs.base import Task
 from sao_jax.envs.code import CodeEnv, CodeSpec
+from sao_jax.envs.gsm8k import GSM8KEnv
 from sao_jax.envs.longhorizon import SEP, LongHorizonEnv, LongHorizonSpec, graded_steps
 from sao_jax.sandbox import SandboxPool
 from sao_jax.tasks import SFTExample, TaskFamily, register_family
@@ -194,3 +198,33 @@ class LongHorizon(TaskFamily):
   def budget(self, tasks: list[Task], tok: Tokenizer) -> tuple[int, int]:
     target = max(len(tok.encode(a, add_eos=True)) for t in tasks for a in t.solution.split(SEP))
     return self.options.window, target
+
+
+@dataclasses.dataclass(frozen=True)
+class GSM8KOptions:
+  """manual_dir: the directory holding GSM8K's published train.jsonl and test.jsonl (nothing
+  is downloaded; see `sao_jax.data.gsm8k_tfds`)."""
+
+  manual_dir: str = ""
+
+  def __post_init__(self):
+    if not self.manual_dir:
+      raise ValueError(
+        "manual_dir must name the directory with GSM8K's train.jsonl and test.jsonl "
+        "(--set task.options.manual_dir=/path/to/gsm8k)"
+      )
+
+
+@register_family("gsm8k")
+class GSM8K(TaskFamily):
+  """Reward 1 iff the answer extracted from the completion equals the reference answer."""
+
+  Options = GSM8KOptions
+
+  def tasks(self, split: str) -> list[Task]:
+    t = self.cfg
+    tasks = gsm8k_tfds.load_tasks(self.options.manual_dir, split, data_dir=t.data_dir or None)
+    return tasks[: t.num_train if split == "train" else t.num_test]
+
+  def make_env(self, tok: Tokenizer) -> GSM8KEnv:
+    return GSM8KEnv(tok)

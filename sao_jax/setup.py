@@ -12,7 +12,7 @@ from sao_jax.compression.memory import Compressor
 from sao_jax.compression.policy import MemoryPolicy
 from sao_jax.config import Config, ConfigError
 from sao_jax.envs.base import Task
-from sao_jax.models import make_model
+from sao_jax.models import hf, make_model
 from sao_jax.models.transformer import TransformerLM
 from sao_jax.rl import advantages, losses, trackers  # noqa: F401  (fill the registries)
 from sao_jax.rl.registry import ADVANTAGES, LOSSES
@@ -47,7 +47,28 @@ def validate(cfg: Config) -> TaskFamily:
     _check_memory_rl(cfg)
   if cfg.init_from and not pathlib.Path(cfg.init_from).is_dir():
     raise ConfigError(f"init_from {cfg.init_from!r}: no such checkpoint directory")
+  if cfg.init_from and hf.is_checkpoint(cfg.init_from):
+    _check_hf_init(cfg)
   return get_family(cfg.task)
+
+
+def _check_hf_init(cfg: Config) -> None:
+  """A Hugging Face checkpoint in `init_from` fixes the architecture: `model` must be the one
+  its config.json describes (`hf.model_config`); only the fields in `hf.OVERRIDABLE` (compute
+  dtype, context length, LoRA, value head, memory) are the config's own."""
+  try:
+    want = hf.model_config(cfg.init_from, **{k: getattr(cfg.model, k) for k in hf.OVERRIDABLE})
+  except hf.CheckpointError as err:
+    raise ConfigError(f"init_from {cfg.init_from!r}: {err}") from None
+  diff = [
+    f.name for f in dataclasses.fields(want) if getattr(want, f.name) != getattr(cfg.model, f.name)
+  ]
+  if diff:
+    shown = ", ".join(f"model.{k}={getattr(cfg.model, k)!r} ({getattr(want, k)!r})" for k in diff)
+    raise ConfigError(
+      f"init_from {cfg.init_from!r} is a Hugging Face checkpoint whose config.json gives "
+      f"another model ({shown}); take `model` from sao_jax.models.hf.model_config(path)"
+    )
 
 
 def _check_memory_rl(cfg: Config) -> None:

@@ -71,6 +71,13 @@ class CheckpointError(ValueError):
 # ----------------------------------------------------------------------------- config
 
 
+def is_checkpoint(path: str | os.PathLike) -> bool:
+  """Whether `path` is a Hugging Face checkpoint directory (safetensors weights), as opposed
+  to, e.g., one of our own workdirs."""
+  path = pathlib.Path(path)
+  return (path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file()
+
+
 def read_config(path: str | os.PathLike) -> dict:
   file = pathlib.Path(path) / "config.json"
   if not file.is_file():

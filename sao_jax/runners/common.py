@@ -14,6 +14,7 @@ from sao_jax.envs.base import Task
 from sao_jax.evaluation import evaluate
 from sao_jax.learner import make_optimizer
 from sao_jax.metrics import MetricsWriter
+from sao_jax.models import lora
 from sao_jax.packing import left_pad, right_pad
 from sao_jax.runners.compiled import Programs, compile_programs
 from sao_jax.setup import Setup
@@ -66,8 +67,11 @@ def programs_for(
   mesh=None,
   num_tasks: int = 0,
 ) -> Programs:
-  """The phase's learner (init, update) and sampler (sample, greedy) programs."""
+  """The phase's learner (init, update) and sampler (sample, greedy) programs. With LoRA
+  adapters (model.lora_rank > 0) only the adapters train."""
   tx = make_optimizer(optim)
+  if s.cfg.model.lora_rank:
+    tx = lora.freeze_base(tx)
   return compile_programs(
     s.cfg,
     s.model,

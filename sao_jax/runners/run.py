@@ -14,14 +14,16 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from sao_jax import checkpoint as ckpt_lib
 from sao_jax import config as config_lib
-from sao_jax import distributed, startup
+from sao_jax import distributed, estimates, sharding, startup
 from sao_jax.config import Config
 from sao_jax.evaluation import evaluate, evaluate_memory
 from sao_jax.learner import make_sft_update
 from sao_jax.metrics import MetricsWriter, SilentWriter, peak_memory_mb, write_summary
+from sao_jax.models import hf
 from sao_jax.runners.common import eval_fn, programs_for
 from sao_jax.runners.compiled import compile_memory_sampler, compile_sampler
 from sao_jax.runners.grpo import run_grpo, run_grpo_samplers
@@ -55,7 +57,14 @@ def _eval_fn(s: Setup, progs):
 
 
 def restore_init(s: Setup, path: str) -> TrainState:
-  """Params from another run's latest checkpoint (a workdir or a checkpoint folder)."""
+  """Params from another run's latest checkpoint (a workdir or a checkpoint folder), or from
+  a Hugging Face checkpoint directory (`setup.validate` has checked that it is `s.model`'s
+  architecture; adapters and heads it lacks start fresh). The phases take only the params."""
+  if hf.is_checkpoint(path):
+    rng = jax.random.key(s.cfg.seed)
+    mesh = sharding.make_mesh(s.cfg.mesh)
+    params = hf.load_params(path, s.model.cfg, mesh=mesh, rules=s.cfg.mesh.rules, rng=rng)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=None, rng=rng)
   directory = ckpt_lib.checkpoint_dir(pathlib.Path(path))
   progs = _sft_programs(s)
   like = progs.init(jax.random.key(0))
@@ -132,8 +141,17 @@ def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True)
   startup.mark("setup")
   enable_compile_cache(cfg.recovery.compile_cache, workdir)
   workdir.mkdir(parents=True, exist_ok=True)
+  est = estimates.estimate(
+    cfg,
+    s.model.cfg,
+    prompt_len=s.prompt_len,
+    target_len=s.target_len,
+    device=estimates.runtime_device(jax.devices(), cfg.model.dtype, len(os.sched_getaffinity(0))),
+  )
   if primary:
     (workdir / "config.json").write_text(config_lib.to_json(cfg))
+    (workdir / "estimates.json").write_text(json.dumps(est, indent=2) + "\n")
+    print(estimates.format_block(est), flush=True)
   writer = (
     MetricsWriter(
       workdir, show_progress=show_progress, logging=cfg.logging, run_config=config_lib.to_dict(cfg)
