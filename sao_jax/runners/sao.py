@@ -21,7 +21,7 @@ and the event log, and forms each batch; every process receives that batch
 publishing (collectives). The other processes start no process and write only their shards of
 the snapshots. Every decision they must share follows from values that are the same in all of
 them (the step, the update's metrics, validation accuracy) or comes from process 0 (the
-batch, and the clock's: `PhaseClock`).
+batch, and what `PhaseClock` decides from the wall clock).
 """
 
 from __future__ import annotations
