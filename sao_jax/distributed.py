@@ -3,8 +3,9 @@
 After `initialize`, `jax.devices()` lists every process's devices, so the mesh of
 `sao_jax.sharding.make_mesh` spans all hosts; each process feeds its own devices
 (`sao_jax.sharding.process_rows`, `jax.make_array_from_process_local_data`) and every process
-runs the same jitted programs. Process 0 is the primary: the only one that writes metrics and
-publishes parameters to samplers.
+runs the same jitted programs. Process 0 is the primary: the only one that writes metrics,
+publishes parameters to samplers and, in the SAO learner, takes trajectories in; what it alone
+decides or reads reaches the others through `from_primary`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import dataclasses
 import os
 
 import jax
+import numpy as np
 from jax.experimental import multihost_utils
 
 from sao_jax.config import ConfigError, DistributedConfig
@@ -57,8 +59,9 @@ def resolve(cfg: DistributedConfig, environ=None) -> DistributedConfig:
 
 def initialize(cfg: DistributedConfig, environ=None) -> DistributedConfig:
   """Joins this process to the others (once; later calls return at once) and returns the
-  resolved config. Must run before any JAX computation. Cross-process collectives on CPU
-  devices go through gloo unless $JAX_CPU_COLLECTIVES_IMPLEMENTATION names another (mpi)."""
+  resolved config. Must run before any JAX computation (it ends with one broadcast of its
+  own, see below). Cross-process collectives on CPU devices go through gloo unless
+  $JAX_CPU_COLLECTIVES_IMPLEMENTATION names another (mpi)."""
   cfg = resolve(cfg, environ)
   if not cfg.coordinator or jax.distributed.is_initialized():
     return cfg
@@ -78,6 +81,10 @@ def initialize(cfg: DistributedConfig, environ=None) -> DistributedConfig:
     jax.distributed.initialize(
       cfg.coordinator, cfg.num_processes, cfg.process_id, initialization_timeout=cfg.init_timeout_s
     )
+  # Connect the devices that `from_primary` joins now, while the processes are in step: gloo
+  # opens a group's connections at its first collective and gives up if a peer is 30 s late,
+  # while the others may wait in a broadcast for minutes (process 0 waiting for trajectories).
+  from_primary(np.zeros(1, np.uint8))
   return cfg
 
 
@@ -93,3 +100,29 @@ def host_value(tree):
   if jax.process_count() == 1:
     return jax.device_get(tree)
   return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def from_primary(tree):
+  """`tree` as process 0 holds it, in every process: a batch that process 0 alone formed, or a
+  decision taken from its clock. Every process calls this at the same point with a tree of the
+  same structure, shapes and dtypes (the values of the others are ignored); it is a
+  collective. Single process: `tree` itself, untouched. The leaves travel as one buffer of
+  their bytes (one all-reduce), so what arrives is bit for bit what was sent: a float sum,
+  which the broadcast is, would turn -0.0 into 0.0, and 64-bit integers would lose their
+  high half without jax_enable_x64."""
+  if jax.process_count() == 1:
+    return tree
+  leaves, treedef = jax.tree.flatten(tree)
+  arrays = [np.asarray(x) for x in leaves]
+  sent = np.concatenate([np.zeros(0, np.uint8)] + [a.reshape(-1).view(np.uint8) for a in arrays])
+  got = np.asarray(multihost_utils.broadcast_one_to_all(sent))
+  out, at = [], 0
+  for a in arrays:
+    out.append(got[at : at + a.nbytes].copy().view(a.dtype).reshape(a.shape))
+    at += a.nbytes
+  return treedef.unflatten(out)
+
+
+def agree(flag: bool) -> bool:
+  """Process 0's `flag` in every process (a collective; single process: `flag`)."""
+  return bool(from_primary(np.bool_(flag)))

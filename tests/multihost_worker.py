@@ -6,8 +6,8 @@ and, on process 0 only, writes loss, grad_norm and the gathered params to OUT/<k
 Then it samples greedily from the SAO params (OUT/greedy.npz), publishes them
 (ParamPublisher into OUT/params_<i>: only process 0 writes) and saves and restores the
 sharded SAO state with Orbax (OUT/ckpt, all processes).
-Every process writes OUT/process_<i>.json (its devices, batch rows, restore check) for the
-test to check.
+Every process writes OUT/process_<i>.json (its devices, batch rows, what it received from
+process 0, restore check) for the test to check.
 
     python tests/multihost_worker.py OUT
 """
@@ -54,6 +54,19 @@ def main():
     "local_devices": len(jax.local_devices()),
     "resolved": [dist.coordinator, dist.num_processes, dist.process_id],
   }
+  # What process 0 alone holds reaches every process bit for bit (-0.0, NaN, 64-bit ints).
+  sent = {
+    "f": np.array([-0.0, np.nan, 1.5], np.float32),
+    "i": np.int64(2**40 + 3),
+    "b": np.array([[True, False]]),
+  }
+  mine = sent if distributed.is_primary() else jax.tree.map(np.zeros_like, sent)
+  got = distributed.from_primary(mine)
+  info["from_primary_exact"] = all(
+    a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(sent), strict=True)
+  )
+  info["agree"] = distributed.agree(distributed.is_primary())  # process 0's True everywhere
   cases = {
     "sft": (make_sft_update(model, tx), sft, 0, False),
     "sao": (make_sao_update(model, tx, cfg.rl, cfg.sao), sao, 5, True),

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import numpy as np
 
 from sao_jax import checkpoint as ckpt_lib
+from sao_jax import distributed
 from sao_jax.batches import SFTBatch
 from sao_jax.config import Config, OptimConfig
 from sao_jax.envs.base import Task
@@ -42,13 +43,19 @@ class PhaseClock:
     return time.time() - self.t0 - self.eval_seconds
 
   def running(self, step: int) -> bool:
+    """Whether to take update `step` + 1. Decisions from the wall clock are process 0's in
+    every process (`distributed.agree`): a multi-host learner's processes must stop, and
+    evaluate, at the same steps."""
     if self.steps and step >= self.steps:
       return False
-    return not (self.max_seconds and self.elapsed >= self.max_seconds)
+    return not (self.max_seconds and distributed.agree(self.elapsed >= self.max_seconds))
 
   def maybe_eval(self, step: int, params, force: bool = False) -> dict[str, float]:
     """Held-out eval every `eval_every` training seconds (and at step 0 / the end)."""
-    if not (force or (self.eval_every and self.elapsed - self.last_eval >= self.eval_every)):
+    if not (
+      force
+      or (self.eval_every and distributed.agree(self.elapsed - self.last_eval >= self.eval_every))
+    ):
       return {}
     te = time.time()
     result = self.eval_fn(params)

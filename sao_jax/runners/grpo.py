@@ -167,6 +167,11 @@ class SyncGRPOLearner(SAOLearner):
   of their trajectories (staleness 0: samplers take the new policy before starting a step's
   tasks), takes one GRPO update on them and publishes; the samplers idle meanwhile."""
 
+  batch_cls = RLBatch
+
+  def refresh_priorities(self) -> None:
+    """Prompts are drawn uniformly: no priorities."""
+
   def make_programs(self):
     rl = self.cfg.rl
     return programs_for(

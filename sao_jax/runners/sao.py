@@ -13,6 +13,15 @@ when a sampler fails.
 then per update `fill` (tasks out, records in), `update` (one jitted step and its
 bookkeeping), `snapshot`, `validate` / `rollback` (shadow models), `publish`; `finish` ends
 the phase. `run_sao` is the function the trainer calls.
+
+A learner over several processes (`sao_jax.distributed`) takes trajectories in through process
+0 alone: it starts the samplers, reads the transport, de-duplicates, journals, keeps the ledger
+and the event log, and forms each batch; every process receives that batch
+(`distributed.from_primary`) and runs the same jitted update, validations, Orbax saves and
+publishing (collectives). The other processes start no process and write only their shards of
+the snapshots. Every decision they must share follows from values that are the same in all of
+them (the step, the update's metrics, validation accuracy) or comes from process 0 (the
+batch, and what `PhaseClock` decides from the wall clock).
 """
 
 from __future__ import annotations
@@ -30,9 +39,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import sao_jax
-from sao_jax import admission, recovery, startup
+from sao_jax import admission, distributed, recovery, startup
 from sao_jax import checkpoint as ckpt_lib
 from sao_jax import config as config_lib
+from sao_jax.batches import SAOBatch
 from sao_jax.buffer import Item, TrajectoryBuffer, batch_rows, decode_trajectory
 from sao_jax.learner import make_sao_update
 from sao_jax.metrics import MetricsWriter, peak_memory_mb
@@ -126,6 +136,8 @@ STARTUP_STAGES = [
 class SAOLearner:
   """The learner of one SAO phase (see the module docstring)."""
 
+  batch_cls = SAOBatch  # what `batch_from` returns
+
   def __init__(
     self,
     s: Setup,
@@ -137,6 +149,7 @@ class SAOLearner:
   ):
     cfg, rl, rcfg = s.cfg, s.cfg.rl, s.cfg.recovery
     self.s, self.cfg, self.writer, self.workdir = s, cfg, writer, workdir
+    self.primary = distributed.is_primary()  # takes the trajectories in (module docstring)
     self.n_val = rcfg.val_problems if rcfg.shadow_every else 0  # < len(s.train): setup checks
     self.val_tasks = s.train[len(s.train) - self.n_val :]
     self.n_sample = len(s.train) - self.n_val  # the validation tail is never sampled in RL
@@ -148,9 +161,11 @@ class SAOLearner:
       workdir / "checkpoints" / "rl", every=cfg.checkpoint_every, keep=rcfg.keep
     )
     self.shadows = ckpt_lib.ShadowBank(workdir / "checkpoints" / "shadows", rcfg.shadow_keep)
-    self.journal = recovery.Journal(workdir / "journal")
-    self.ledger = recovery.Ledger(workdir / "ledger.jsonl")
-    self.events = recovery.EventLog(workdir / "events.jsonl", "rl")
+    self.journal = self.ledger = self.events = None  # process 0's files
+    if self.primary:
+      self.journal = recovery.Journal(workdir / "journal")
+      self.ledger = recovery.Ledger(workdir / "ledger.jsonl")
+      self.events = recovery.EventLog(workdir / "events.jsonl", "rl")
     self.counts_at_start: dict[str, int] = {}
     self.task_rng = np.random.default_rng((cfg.seed, 3))
     self.clock = PhaseClock(
@@ -174,7 +189,7 @@ class SAOLearner:
       num_tasks=self.n_sample,
       counts=self.loop.counts,
       reward_range=lambda i: s.family.reward_range(s.train[i]),
-      state_path=workdir / "published.json",
+      state_path=workdir / "published.json" if self.primary else None,
       window=cfg.sao.quarantine_window,
       rate=cfg.sao.quarantine_rate,
     )
@@ -196,11 +211,22 @@ class SAOLearner:
   def max_staleness(self) -> int:
     return self.cfg.sao.max_staleness
 
-  def next_batch(self) -> tuple[object, list[Item], list[Item], np.ndarray]:
+  def next_batch(self) -> tuple[object, list[Item], list[Item], np.ndarray | None]:
     """(batch for the jitted update, records in it, records dropped as stale, staleness of
-    each trajectory in it)."""
-    items, stale = self.buffer.take_batch(self.loop.step)
-    batch, staleness = self.batch_from(items, self.loop.step)
+    each trajectory in it). With several processes, only process 0 holds records: every
+    process gets its batch, cast to the fixed shapes and dtypes of `batch_cls.abstract`; the
+    others get no records and no staleness."""
+    items, stale, staleness = [], [], None
+    if self.primary:
+      items, stale = self.buffer.take_batch(self.loop.step)
+      batch, staleness = self.batch_from(items, self.loop.step)
+    if jax.process_count() > 1:
+      like = self.batch_cls.abstract(self.rows, self.s.prompt_len, self.cfg.rl.max_new_tokens)
+      if not self.primary:
+        batch = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), like)
+      batch = distributed.from_primary(
+        jax.tree.map(lambda x, a: np.asarray(x, a.dtype), batch, like)
+      )
     return batch, items, stale, staleness
 
   def batch_from(self, items: list[Item], step: int) -> tuple[object, np.ndarray]:
@@ -231,15 +257,16 @@ class SAOLearner:
   # Start ----------------------------------------------------------------------------------
   def prepare(self) -> None:
     """What the samplers need before they start: the run id (the same topics after a
-    restart, so offsets replay) and an empty parameter directory to wait on."""
-    if self.cfg.transport.kind == "kafka":
-      id_path = self.workdir / "run_id"
-      self.run_id = self.cfg.transport.run_id or (
-        id_path.read_text().strip() if id_path.exists() else new_run_id(self.cfg)
-      )
-      id_path.write_text(self.run_id)
+    restart, so offsets replay) and an empty parameter directory to wait on (process 0's)."""
     param_dir = self.workdir / "params"
-    shutil.rmtree(param_dir, ignore_errors=True)
+    if self.primary:
+      if self.cfg.transport.kind == "kafka":
+        id_path = self.workdir / "run_id"
+        self.run_id = self.cfg.transport.run_id or (
+          id_path.read_text().strip() if id_path.exists() else new_run_id(self.cfg)
+        )
+        id_path.write_text(self.run_id)
+      shutil.rmtree(param_dir, ignore_errors=True)
     self.publisher = ParamPublisher(param_dir)
 
   def start(self, init: TrainState) -> bool:
@@ -257,13 +284,14 @@ class SAOLearner:
       loop.counts.update(st["counts"])
       self.clock.resume_at(st["train_seconds"])
       loop.snap_journal = {int(k): v for k, v in st["snap_journal"].items()}
-      loop.seen_ids = self.ledger.cut_to(loop.step)
       self.shadows.reset_to(loop.step, {int(k): v for k, v in st["shadows"].items()})
-      for seq, data in self.journal.read_from(st["journal_next"]):
-        rec = records.decode(data)  # journaled records were decoded once already
-        if rec.record_id not in loop.seen_ids:
-          loop.seen_ids.add(rec.record_id)
-          self.buffer.extend([Item(rec, seq, None, replayed=True)])
+      if self.primary:
+        loop.seen_ids = self.ledger.cut_to(loop.step)
+        for seq, data in self.journal.read_from(st["journal_next"]):
+          rec = records.decode(data)  # journaled records were decoded once already
+          if rec.record_id not in loop.seen_ids:
+            loop.seen_ids.add(rec.record_id)
+            self.buffer.extend([Item(rec, seq, None, replayed=True)])
       loop.counts["resumes"] += 1
       self.guard.resumed = True
       loop.counts["snapshots_skipped_corrupt"] += len(skipped)
@@ -272,7 +300,7 @@ class SAOLearner:
         "from_step": loop.step,
         "skipped_snapshots": skipped,
         "replay_records": len(self.buffer),
-        "journal_tail_bytes": self.journal.truncated_tail,
+        "journal_tail_bytes": self.journal.truncated_tail if self.primary else 0,
       }
       print(
         f"sao: resuming from snapshot step {loop.step} (replaying {len(self.buffer)} "
@@ -283,11 +311,13 @@ class SAOLearner:
       self.state = fresh.replace(
         params=copy_tree(init.params), ref_params=copy_tree(init.params) if self.with_ref else None
       )
-      self.ledger.cut_to(0)
+      if self.primary:
+        self.ledger.cut_to(0)
       self.shadows.reset_to(0, {})
     loop.steady_from = loop.step
     self.counts_at_start = dict(loop.counts)
-    self.events.write("start", resumed=resumed is not None, from_step=loop.step)
+    if self.primary:
+      self.events.write("start", resumed=resumed is not None, from_step=loop.step)
     self.publish()  # samplers start from the (restored) policy
     return resumed is not None
 
@@ -337,17 +367,23 @@ class SAOLearner:
     self.guard.handed_out(indices)
     self.loop.outstanding += len(indices)
 
+  def refresh_priorities(self) -> None:
+    """The task-sampling distribution from the value tracker, every 10 updates. Every
+    process calls this (the tracker may be sharded over all of them)."""
+    loop, sao = self.loop, self.cfg.sao
+    if sao.prioritized and (loop.probs is None or loop.step % 10 == 0):
+      p64 = np.asarray(
+        distributed.host_value(trackers.priority_weights(self.state.tracker, sao.priority_eps)),
+        np.float64,
+      )
+      p64 = p64[: self.n_sample]
+      loop.probs = p64 / p64.sum()
+
   def fill(self) -> None:
     """Hands out tasks and gathers trajectories until the next batch is full. Tasks are
     topped up on every pass, so samplers keep working while the learner waits or updates."""
     loop, sao = self.loop, self.cfg.sao
     self.check_samplers()
-    if sao.prioritized and (loop.probs is None or loop.step % 10 == 0):
-      p64 = np.asarray(
-        jax.device_get(trackers.priority_weights(self.state.tracker, sao.priority_eps)), np.float64
-      )
-      p64 = p64[: self.n_sample]
-      loop.probs = p64 / p64.sum()
     # Enough tasks in flight to fill the next batch while every sampler holds a full call.
     target_depth = self.rows + 2 * max(1, sao.num_samplers) * sao.sampler_slots
     while not self.buffer.ready(loop.step):
@@ -390,12 +426,14 @@ class SAOLearner:
     loop.step += 1
     if loop.step == loop.steady_from + STEADY_AFTER:  # start and warm-up over from here
       loop.steady_mark = (loop.busy, time.time() - loop.t_loop)
-    self.ledger.append(
-      loop.step,
-      [it.rec.record_id for it in items],
-      [it.rec.record_id for it in stale],
-      check=self._check(metrics) if self.cfg.recovery.keep_journal else None,
-    )
+    check = self._check(metrics) if self.cfg.recovery.keep_journal else None  # (a collective)
+    if self.primary:
+      self.ledger.append(
+        loop.step,
+        [it.rec.record_id for it in items],
+        [it.rec.record_id for it in stale],
+        check=check,
+      )
     if loop.resume_info is not None and "recovery_s" not in loop.resume_info:
       loop.resume_info["recovery_s"] = t_done - sao_jax.PROCESS_T0
       startup.mark("first_update")
@@ -403,9 +441,10 @@ class SAOLearner:
       loop.resume_info["compile_cache"] = self.compile_cache
       loop.counts["recovery_ms_total"] += int(1000 * loop.resume_info["recovery_s"])
       self.writer.write(loop.step, loop.resume_info, phase="rl_event", advance=0)
-      self.events.write(
-        "resume", step=loop.step, **{k: v for k, v in loop.resume_info.items() if k != "event"}
-      )
+      if self.primary:
+        self.events.write(
+          "resume", step=loop.step, **{k: v for k, v in loop.resume_info.items() if k != "event"}
+        )
       print(
         f"sao: first update {loop.resume_info['recovery_s']:.1f} s after the restart", flush=True
       )
@@ -433,6 +472,8 @@ class SAOLearner:
     if loop.pending_commit is not None and not self.mngr.is_saving_in_progress():
       self.pool.learner.commit_positions(loop.pending_commit)  # what a finished snapshot holds
       loop.pending_commit = None
+    if not self.primary:
+      return {}  # (its metrics are not written)
     return self._row(metrics, staleness, tu, t_done, val_acc)
 
   def _check(self, metrics) -> dict:
@@ -499,6 +540,9 @@ class SAOLearner:
     loop = self.loop
     if not force and not self.mngr.should_save(loop.step):
       return False
+    if not self.primary:  # its shards only: the JSON items are process 0's
+      ckpt_lib.save(self.mngr, self.state, self.cfg, {"phase": "rl"}, force=force, metrics=metrics)
+      return True
     self.journal.rotate()
     loop.snap_journal[loop.step] = self.buffer.first_seq(self.journal.next_seq)
     kept = set(self.mngr.all_steps()) | {loop.step}
@@ -566,9 +610,10 @@ class SAOLearner:
       flush=True,
     )
     self.writer.write(loop.step, event, phase="rl_event", advance=0)
-    self.events.write(
-      "rollback", step=loop.step, **{k: v for k, v in event.items() if k != "event"}
-    )
+    if self.primary:
+      self.events.write(
+        "rollback", step=loop.step, **{k: v for k, v in event.items() if k != "event"}
+      )
 
   def publish(self) -> None:
     self.publisher.publish(self.loop.step, self.state.params)
@@ -579,14 +624,21 @@ class SAOLearner:
     loop, cfg = self.loop, self.cfg
     self.prepare()
     # Samplers start first: their imports and compilation overlap the learner's restore.
-    with SamplerPool(
-      cfg,
-      self.workdir / "params",
-      self.run_id,
-      tasks=(self.s.train, self.s.test),
-      compile_cache=self.compile_cache,
-    ) as self.pool:
-      self.guard.on_quarantine = self.pool.stop_local
+    # Only process 0 starts them and reads their trajectories.
+    pool = (
+      SamplerPool(
+        cfg,
+        self.workdir / "params",
+        self.run_id,
+        tasks=(self.s.train, self.s.test),
+        compile_cache=self.compile_cache,
+      )
+      if self.primary
+      else contextlib.nullcontext()
+    )
+    with pool as self.pool:
+      if self.primary:
+        self.guard.on_quarantine = self.pool.stop_local
       startup.mark("samplers_started")
       resumed = self.start(init)
       self.writer.progress("sao", cfg.rl.steps or None)
@@ -599,25 +651,29 @@ class SAOLearner:
       )
       loop.t_loop = time.time()
       while self.clock.running(loop.step):
-        self.fill()
+        self.refresh_priorities()
+        if self.primary:
+          self.fill()
         row = self.update()
         log_step(self.writer, self.clock, cfg, loop.step, self.state.params, row, "rl")
-        if loop.step % cfg.log_every == 0:
+        if loop.step % cfg.log_every == 0 and self.primary:
           self.events.write("counts", step=loop.step, counts=self.count_deltas())
       wall = time.time() - loop.t_loop
       self.snapshot(force=True)
       self.mngr.wait_until_finished()
-      self.pool.learner.commit_positions(loop.pending_commit)
+      if self.primary:
+        self.pool.learner.commit_positions(loop.pending_commit)
     return self.state, self.finish(wall)
 
   def finish(self, wall: float) -> dict:
     """Closes the journal, ledger and shadows; the final snapshot and eval; the summary."""
     loop, c = self.loop, self.loop.counts
-    self.journal.close()
-    self.ledger.close()
     self.shadows.close()
-    self.events.write("finish", step=loop.step, counts=self.count_deltas())
-    self.events.close()
+    if self.primary:
+      self.journal.close()
+      self.ledger.close()
+      self.events.write("finish", step=loop.step, counts=self.count_deltas())
+      self.events.close()
     info = finish_phase(self.mngr, self.state, self.cfg, self.clock, loop.step, "rl")
     steady = None
     if loop.steady_mark is not None and wall > loop.steady_mark[1]:
@@ -650,7 +706,7 @@ class SAOLearner:
     if loop.resume_info is not None:
       info["recovery_s"] = loop.resume_info.get("recovery_s")
     # Everything that happened, over every process that ran this phase (killed ones too).
-    info["lifetime"] = recovery.EventLog.lifetime(self.events.path, "rl")
+    info["lifetime"] = recovery.EventLog.lifetime(self.workdir / "events.jsonl", "rl")
     return info
 
 
