@@ -184,6 +184,17 @@ def replay(
       "there, outside the update"
     )
 
+  summary_path = workdir / "summary.json"
+  if summary_path.exists():
+    # The same mesh or no bit-exactness: a run over several processes (configured by
+    # environment variables, so not in config.json) or on another device count.
+    ran_on = json.loads(summary_path.read_text()).get("devices")
+    here = [str(d) for d in jax.devices()]
+    if ran_on is not None and len(ran_on) != len(here):
+      raise ReplayError(
+        f"{workdir} ran on {len(ran_on)} devices and this process has {len(here)}: replay "
+        "needs the run's device count in one process (a multi-process run cannot be replayed)"
+      )
   s = make_setup(cfg)
   cls = SyncGRPOLearner if cfg.rl.algorithm == "grpo" else SAOLearner
   learner = cls.update_side(s)

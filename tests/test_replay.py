@@ -69,3 +69,15 @@ def test_replay_refuses_what_it_cannot_replay_by_name(tmp_path, repo_root):
   gap = [dict(step=s, applied=[s], stale=[], check=check) for s in (1, 3)]
   with pytest.raises(replay.ReplayError, match="1..N"):
     replay.load_run(_workdir(tmp_path, sao, gap))
+
+
+def test_replay_refuses_another_device_count(tmp_path, repo_root):
+  from sao_jax.setup import load_config
+
+  sao = load_config(str(repo_root / "experiments/configs/sao_arith.py:tiny"))
+  check = {"loss": 1.0, "grad_norm": 1.0, "digest": 1}
+  work = _workdir(tmp_path, sao, [dict(step=1, applied=[1], stale=[], check=check)])
+  devices = [f"TFRT_CPU_{i}" for i in range(len(jax.devices()) + 1)]
+  (work / "summary.json").write_text(json.dumps({"devices": devices}))
+  with pytest.raises(replay.ReplayError, match=f"ran on {len(devices)} devices"):
+    replay.replay(work, show_progress=False)
