@@ -26,9 +26,12 @@ class PhaseClock:
   """Training wall-clock of a phase, excluding held-out evaluation, so that time budgets and
   accuracy-vs-time curves compare arms on training time alone."""
 
-  def __init__(self, steps: int, max_seconds: float, eval_every: float, eval_fn):
+  def __init__(
+    self, steps: int, max_seconds: float, eval_every: float, eval_fn, eval_every_steps: int = 0
+  ):
     self.steps, self.max_seconds = steps, max_seconds
     self.eval_every, self.eval_fn = eval_every, eval_fn
+    self.eval_every_steps = eval_every_steps
     self.t0 = time.time()
     self.eval_seconds = 0.0
     self.last_eval = 0.0
@@ -51,9 +54,15 @@ class PhaseClock:
     return not (self.max_seconds and distributed.agree(self.elapsed >= self.max_seconds))
 
   def maybe_eval(self, step: int, params, force: bool = False) -> dict[str, float]:
-    """Held-out eval every `eval_every` training seconds (and at step 0 / the end)."""
+    """Held-out eval every `eval_every` training seconds and/or every `eval_every_steps`
+    steps (and at step 0 / the end). The last step of a step budget is left to the phase's
+    closing eval, so that step is not evaluated twice. Steps are the same in every process;
+    the wall clock is process 0's (`distributed.agree`)."""
+    k = self.eval_every_steps
+    by_step = k and step % k == 0 and not (self.steps and step >= self.steps)
     if not (
       force
+      or by_step
       or (self.eval_every and distributed.agree(self.elapsed - self.last_eval >= self.eval_every))
     ):
       return {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pathlib
 import time
 import zlib
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -37,13 +38,18 @@ def run_sft(
   max_seconds: float | None = None,
   tag: str = "sft",
   eval_every: float = 0.0,
+  eval_every_steps: int = 0,
   keep_opt_state: bool = False,
+  held_out: Callable[[object], dict] | None = None,
 ) -> tuple[TrainState, Programs, dict]:
   """Teacher-forced cross-entropy on worked solutions of random training tasks.
 
   Starts from `state`'s params (a copy: the caller's state stays valid) and, with
   `keep_opt_state`, its optimizer state too (continuing an SFT run rather than restarting).
-  Resumes by itself from the newest snapshot in `workdir/checkpoints/<tag>`.
+  Resumes by itself from the newest snapshot in `workdir/checkpoints/<tag>`. Held-out evals
+  (every `eval_every` training seconds and/or `eval_every_steps` steps, and at the end) are
+  `held_out(params) -> {"accuracy": ..., ...}`, by default this setup's test split; another
+  one evaluates demonstrations-only training on tasks that have none (e.g. harder ones).
   """
   cfg = s.cfg
   steps = cfg.sft.steps if steps is None else steps
@@ -56,7 +62,9 @@ def run_sft(
     state = fresh
   bs = round_up(cfg.sft.batch_size, progs.batch_divisor)
   rng = np.random.default_rng((cfg.seed, 1, zlib.crc32(tag.encode())))
-  clock = PhaseClock(steps, max_seconds, eval_every, eval_fn(s, progs))
+  clock = PhaseClock(
+    steps, max_seconds, eval_every, held_out or eval_fn(s, progs), eval_every_steps
+  )
   writer.progress(tag, steps or None)
   mngr = ckpt_lib.manager(
     workdir / "checkpoints" / tag,
@@ -72,7 +80,7 @@ def run_sft(
     clock.resume_at(meta["stream"]["train_seconds"])
     print(f"{tag}: resuming from snapshot step {step}", flush=True)
   else:
-    clock.maybe_eval(step, state.params, force=bool(eval_every))
+    clock.maybe_eval(step, state.params, force=bool(eval_every or eval_every_steps))
 
   def meta():
     return {
