@@ -12,6 +12,42 @@ figure is reported as mean ± standard error over seeds, with a 95 % t-interval 
 command, commit and machine), OUT/curves.png and OUT/seed<k>/{sft,grpo,sft_continued}/
 metrics.jsonl; prints a table. Held-out accuracy is greedy exact-match on the first
 `eval.num_problems` test problems, disjoint from training.
+
+By default (`--setting default`) the SFT start is half-trained (300 steps), where continuing
+SFT on perfect demonstrations is hard to beat. Two settings test where RL should earn its
+keep (times estimated from recorded step times on a 2-core CPU: 0.27 s per SFT step of the
+default model, ~1 s per held-out evaluation; not measured at this size):
+
+  # SFT trained to its plateau first (~16 min, 3 seeds)
+  python experiments/sft_grpo_arith.py --setting plateau --set sft.steps=600 \
+      --set rl.max_seconds=60
+  # no demonstrations of the hard problems (~15 min, 3 seeds)
+  python experiments/sft_grpo_arith.py --setting no-demos --set rl.max_seconds=90
+
+`--setting plateau` evaluates SFT every `--sft-eval-every` K steps (default sft.steps // 12)
+and records its curve and its plateau measure: the last-third gain, i.e. the rise in points
+of the least-squares line through the last third of SFT's evaluations over their step span.
+SFT counts as plateaued when the 95 % t-interval over seeds of that gain contains 0 (with one
+seed: undefined). GRPO and the control then start from that checkpoint as above. If it says
+SFT is still rising, give it a larger sft.steps (1500 steps: ~30 min).
+
+`--setting no-demos` trains SFT on easy problems only (1-2 operations: the demonstrations
+that exist), GRPO on the hard ones (3-4 operations) where only the reward exists, and the
+control continues SFT on the easy demonstrations for GRPO's training seconds. Every arm is
+evaluated on the hard test split (the RL tasks'), and also on the easy one (did RL on hard
+problems cost anything on easy ones?). What the setting sets, before --set / --sft-set /
+--rl-set (later overrides win):
+  --set   model.max_len=104 rl.max_new_tokens=40  (4-step solutions are 35 tokens with EOS,
+          hard prompts pad to 64: one model and one decode length for both phases)
+  --sft-set task.n_ops_mix=(1,2) task.num_test=100 eval.num_problems=100  (a one-operation
+          problem is one of 126 sums and differences; the train split excludes every test
+          problem, so a 250-problem one-operation test split would leave none to train on)
+  --rl-set  task.n_ops_mix=(3,4)
+`--sft-set` / `--rl-set` KEY=VALUE override the SFT phase's (SFT and control) and the RL
+phase's config; they may not touch model, tokenizer, mesh or seed (one set of weights). A
+tuple is written in Python syntax and quoted for the shell: --rl-set 'task.n_ops_mix=(4,)'.
+The SFT phases train on (and pad prompts to) the easy setup, GRPO on the hard one; each
+setup's held-out evaluation runs programs compiled for that setup.
 """
 
 from __future__ import annotations
@@ -19,18 +55,23 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import pathlib
 import shutil
 import sys
 import time
 
+import numpy as np
+
 from sao_jax import config as config_lib
 from sao_jax import stats
+from sao_jax.learner import make_sft_update
 from sao_jax.metrics import MetricsWriter, peak_memory_mb
 from sao_jax.provenance import provenance
+from sao_jax.runners.common import eval_fn, programs_for
 from sao_jax.runners.grpo import run_grpo
 from sao_jax.runners.sft import run_sft
-from sao_jax.setup import make_setup
+from sao_jax.setup import Setup, make_setup
 
 HERE = pathlib.Path(__file__).resolve().parent
 ARMS = ("sft", "grpo", "sft_continued")
@@ -39,8 +80,33 @@ LABELS = {
   "grpo": "+ GRPO(N=8)",
   "sft_continued": "+ SFT continued (control)",
 }
-# summarised per arm over seeds (gain_points: not for the SFT start itself)
-KEYS = ("accuracy", "gain_points", "minus_control_points", "steps", "seconds")
+# summarised per arm over seeds (gain_points: not for the SFT start itself; easy_*: no-demos)
+KEYS = (
+  "accuracy",
+  "gain_points",
+  "minus_control_points",
+  "easy_accuracy",
+  "easy_gain_points",
+  "easy_minus_control_points",
+  "steps",
+  "seconds",
+)
+SETTINGS = ("default", "plateau", "no-demos")
+OUT = {
+  "default": "results/sft_grpo_arith",
+  "plateau": "results/sft_grpo_arith_plateau",
+  "no-demos": "results/sft_grpo_arith_nodemos",
+}
+NODEMOS_SET = ("model.max_len=104", "rl.max_new_tokens=40")
+NODEMOS_SFT_SET = ("task.n_ops_mix=(1,2)", "task.num_test=100", "eval.num_problems=100")
+NODEMOS_RL_SET = ("task.n_ops_mix=(3,4)",)
+SHARED = ("model", "tokenizer", "mesh", "seed")  # one set of weights across the phases
+PLATEAU_EVALS = 12  # default SFT evaluations (every sft.steps // 12 steps, plus step 0)
+PLATEAU_CRITERION = (
+  "plateaued when the 95 % t-interval over seeds of SFT's last-third gain (the rise, in "
+  "points, of the least-squares line through the last third of its held-out evaluations "
+  "over their step span) contains 0"
+)
 
 
 def main(argv=None) -> dict:
@@ -49,22 +115,69 @@ def main(argv=None) -> dict:
   p.add_argument("--variant", default="default")
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
   p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
-  p.add_argument("--out", default="results/sft_grpo_arith")
+  p.add_argument("--setting", choices=SETTINGS, default="default")
+  p.add_argument(
+    "--out", default=None, help="default: " + ", ".join(f"{k}: {v}" for k, v in OUT.items())
+  )
   p.add_argument(
     "--eval-every",
     type=float,
     default=None,
     help="held-out eval every N training seconds (default: rl.max_seconds / 8)",
   )
+  p.add_argument(
+    "--sft-eval-every",
+    type=int,
+    default=None,
+    metavar="K",
+    help=f"plateau: held-out eval every K SFT steps (default sft.steps // {PLATEAU_EVALS})",
+  )
+  p.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE", help="no-demos")
+  p.add_argument("--rl-set", action="append", default=[], metavar="KEY=VALUE", help="no-demos")
   p.add_argument("--no-progress", action="store_true")
   args = p.parse_args(argv)
   if args.seeds < 1:
     raise SystemExit("--seeds must be >= 1")
+  nodemos = args.setting == "no-demos"
+  if (args.sft_set or args.rl_set) and not nodemos:
+    raise SystemExit("--sft-set / --rl-set are for --setting no-demos")
+  if args.sft_eval_every is not None and args.setting != "plateau":
+    raise SystemExit("--sft-eval-every is for --setting plateau")
+  for pair in args.sft_set + args.rl_set:
+    if pair.partition("=")[0].strip().split(".")[0] in SHARED:
+      raise SystemExit(
+        f"--sft-set/--rl-set {pair!r}: {', '.join(SHARED)} are shared by both phases (use --set)"
+      )
 
-  cfg = config_lib.load_config(args.config, args.variant, args.set)
-  if not cfg.sft.steps or not (cfg.rl.max_seconds or cfg.rl.steps):
+  try:
+    cfg = config_lib.load_config(
+      args.config, args.variant, (list(NODEMOS_SET) if nodemos else []) + args.set
+    )
+    sft_set = list(NODEMOS_SFT_SET) + args.sft_set if nodemos else []
+    rl_set = list(NODEMOS_RL_SET) + args.rl_set if nodemos else []
+    cfg_sft = config_lib.apply_overrides(cfg, sft_set)
+    cfg_rl = config_lib.apply_overrides(cfg, rl_set)
+    # fail on a bad task or length before any training
+    s_sft0 = make_setup(cfg_sft)
+    s_rl0 = make_setup(cfg_rl) if nodemos else s_sft0
+  except config_lib.ConfigError as err:
+    raise SystemExit(f"config: {err}") from None
+  if not cfg_sft.sft.steps or not (cfg_rl.rl.max_seconds or cfg_rl.rl.steps):
     raise SystemExit("the experiment needs sft.steps > 0 and an RL budget")
-  out = pathlib.Path(args.out)
+  sft_every = 0
+  if args.setting == "plateau":
+    sft_every = args.sft_eval_every or max(1, cfg.sft.steps // PLATEAU_EVALS)
+    if sft_every < 1 or cfg.sft.steps // sft_every < 3:
+      raise SystemExit(
+        f"--sft-eval-every {sft_every} gives fewer than 4 SFT evaluations over "
+        f"sft.steps={cfg.sft.steps}: too few for a last-third trend"
+      )
+  # no-demos: each setup's held-out eval with programs compiled for it (its prompt length)
+  hard = easy = None
+  if nodemos:
+    hard, easy = _evaluator(s_rl0), _evaluator(s_sft0)
+
+  out = pathlib.Path(args.out or OUT[args.setting])
   if out.exists():
     shutil.rmtree(out)
   out.mkdir(parents=True)
@@ -72,13 +185,26 @@ def main(argv=None) -> dict:
   t_start = time.time()
   eval_every = args.eval_every
   if eval_every is None:
-    eval_every = (cfg.rl.max_seconds or 60.0) / 8
-  runs = [
-    _one_seed(dataclasses.replace(cfg, seed=seed), out / f"seed{seed}", eval_every, args)
-    for seed in range(args.seeds)
-  ]
+    eval_every = (cfg_rl.rl.max_seconds or 60.0) / 8
+  runs = []
+  for seed in range(args.seeds):
+    s_sft = make_setup(dataclasses.replace(cfg_sft, seed=seed))
+    s_rl = s_sft if not nodemos else make_setup(dataclasses.replace(cfg_rl, seed=seed))
+    runs.append(
+      _one_seed(
+        s_sft,
+        s_rl,
+        out / f"seed{seed}",
+        eval_every,
+        args,
+        held_out=hard,
+        easy=easy,
+        sft_eval_every_steps=sft_every,
+      )
+    )
   results = {
     "provenance": provenance(),
+    "setting": args.setting,
     "config": config_lib.to_dict(cfg),
     "seeds": [r["seed"] for r in runs],
     "num_test_problems": runs[0]["sft"]["num_problems"],
@@ -87,6 +213,25 @@ def main(argv=None) -> dict:
     "wall_s": time.time() - t_start,
     "peak_memory_mb": peak_memory_mb(),
   }
+  if args.setting == "plateau":
+    results["plateau"] = {"sft_eval_every_steps": sft_every, **plateau_summary(runs)}
+  if nodemos:
+    results["no_demos"] = {
+      "sft_set": sft_set,
+      "rl_set": rl_set,
+      "sft_tasks": config_lib.to_dict(cfg_sft.task),
+      "rl_tasks": config_lib.to_dict(cfg_rl.task),
+      "sft_config": config_lib.to_dict(cfg_sft),
+      "rl_config": config_lib.to_dict(cfg_rl),
+      "hard_test_problems": runs[0]["sft"]["num_problems"],
+      "easy_test_problems": runs[0]["sft"]["easy_num_problems"],
+      "trained_on": {
+        "sft": "demonstrations of the SFT tasks (easy)",
+        "grpo": "reward on the RL tasks (hard), from the SFT checkpoint",
+        "sft_continued": "demonstrations of the SFT tasks (easy), from the SFT checkpoint",
+      },
+      "accuracy": "held-out on the RL tasks' test split (hard); easy_*: the SFT tasks' one",
+    }
   (out / "results.json").write_text(json.dumps(results, indent=2))
   print_table(results)
   plot(results, out / "curves.png")
@@ -94,35 +239,57 @@ def main(argv=None) -> dict:
   return results
 
 
-def _one_seed(cfg: config_lib.Config, work: pathlib.Path, eval_every: float, args) -> dict:
-  """SFT, then GRPO and the continued-SFT control from the same SFT checkpoint."""
-  s = make_setup(cfg)
+def _evaluator(s: Setup):
+  """params -> held-out metrics on `s`'s test split, with a greedy program for `s`'s shapes."""
+  return eval_fn(s, programs_for(s, s.cfg.sft.optim, make_sft_update))
+
+
+def _one_seed(
+  s_sft: Setup,
+  s_rl: Setup,
+  work: pathlib.Path,
+  eval_every: float,
+  args,
+  *,
+  held_out=None,
+  easy=None,
+  sft_eval_every_steps: int = 0,
+) -> dict:
+  """SFT on `s_sft`, then GRPO on `s_rl` and the continued-SFT control on `s_sft`, both from
+  the same SFT checkpoint. `held_out` (default: each setup's own test split) evaluates the
+  SFT phases where GRPO's setup is another one; `easy(params)` adds easy_* metrics."""
+  seed = s_sft.cfg.seed
 
   def writer(name):
     return MetricsWriter(work / name, show_progress=not args.no_progress)
 
+  def done(name, state, info):
+    print(
+      f"seed {seed}: {name} {info['steps']} steps, {info['seconds']:.0f} s, held-out "
+      f"accuracy {info['accuracy']:.3f}",
+      flush=True,
+    )
+    if easy is not None:
+      info.update({f"easy_{k}": v for k, v in easy(state.params).items()})
+
   w = writer("sft")
-  sft_state, _, sft = run_sft(s, w, None, work / "sft")
-  w.close()
-  print(
-    f"seed {cfg.seed}: SFT {sft['steps']} steps, {sft['seconds']:.0f} s, held-out accuracy "
-    f"{sft['accuracy']:.3f}",
-    flush=True,
+  sft_state, _, sft = run_sft(
+    s_sft, w, None, work / "sft", eval_every_steps=sft_eval_every_steps, held_out=held_out
   )
+  w.close()
+  done("SFT", sft_state, sft)
+  if sft_eval_every_steps:
+    sft["plateau"] = plateau_gain(sft["eval_curve"], sft["num_problems"])
 
   w = writer("grpo")
-  _, _, grpo = run_grpo(s, w, sft_state, work / "grpo", eval_every=eval_every)
+  grpo_state, _, grpo = run_grpo(s_rl, w, sft_state, work / "grpo", eval_every=eval_every)
   w.close()
-  print(
-    f"seed {cfg.seed}: GRPO {grpo['steps']} steps, {grpo['seconds']:.0f} s, held-out accuracy "
-    f"{grpo['accuracy']:.3f}",
-    flush=True,
-  )
+  done("GRPO", grpo_state, grpo)
 
   # Control: the same training seconds spent on more SFT (optimizer state carried over).
   w = writer("sft_continued")
-  _, _, ctrl = run_sft(
-    s,
+  ctrl_state, _, ctrl = run_sft(
+    s_sft,
     w,
     sft_state,
     work / "sft_continued",
@@ -131,17 +298,49 @@ def _one_seed(cfg: config_lib.Config, work: pathlib.Path, eval_every: float, arg
     tag="sft_continued",
     eval_every=eval_every,
     keep_opt_state=True,
+    held_out=held_out,
   )
   w.close()
-  print(
-    f"seed {cfg.seed}: SFT continued {ctrl['steps']} steps, {ctrl['seconds']:.0f} s, held-out "
-    f"accuracy {ctrl['accuracy']:.3f}",
-    flush=True,
-  )
-  for arm in (grpo, ctrl):
-    arm["gain_points"] = 100 * (arm["accuracy"] - sft["accuracy"])
-  grpo["minus_control_points"] = 100 * (grpo["accuracy"] - ctrl["accuracy"])
-  return {"seed": cfg.seed, "sft": sft, "grpo": grpo, "sft_continued": ctrl}
+  done("SFT continued", ctrl_state, ctrl)
+  for prefix in ("", "easy_") if easy is not None else ("",):
+    acc = prefix + "accuracy"
+    for arm in (grpo, ctrl):
+      arm[prefix + "gain_points"] = 100 * (arm[acc] - sft[acc])
+    grpo[prefix + "minus_control_points"] = 100 * (grpo[acc] - ctrl[acc])
+  return {"seed": seed, "sft": sft, "grpo": grpo, "sft_continued": ctrl}
+
+
+def plateau_gain(curve: list, num_problems: int, fraction: float = 1 / 3) -> dict:
+  """SFT's held-out accuracy gain over the last `fraction` of its evaluations, in points.
+
+  curve: (train seconds, step, accuracy) per evaluation. With (x_i, y_i) the last
+  n = max(2, ceil(fraction * evaluations)) of them (step, 100 * accuracy), the gain is the
+  rise of their least-squares line over its span: slope * (x_n - x_1). eval_se_points is one
+  evaluation's binomial standard error at the final accuracy, 100 * sqrt(p (1 - p) / m) for
+  m test problems: the noise of a single point, for scale.
+  """
+  by_step = {int(step): float(acc) for _, step, acc in curve}  # a step evaluated twice: last
+  steps = sorted(by_step)
+  if len(steps) < 2:
+    raise ValueError(f"a plateau measure needs >= 2 evaluations, got {len(steps)}")
+  x = np.asarray(steps[-max(2, math.ceil(fraction * len(steps))) :], np.float64)
+  y = np.asarray([100 * by_step[int(s)] for s in x])
+  slope = float(np.polyfit(x, y, 1)[0])
+  p = by_step[steps[-1]]
+  return {
+    "gain_points": slope * float(x[-1] - x[0]),
+    "from_step": int(x[0]),
+    "to_step": int(x[-1]),
+    "evaluations": len(x),
+    "eval_se_points": 100 * math.sqrt(p * (1 - p) / num_problems),
+  }
+
+
+def plateau_summary(runs: list[dict]) -> dict:
+  """The last-third gain over seeds and whether SFT plateaued by PLATEAU_CRITERION."""
+  g = stats.summarize([r["sft"]["plateau"]["gain_points"] for r in runs])
+  within = None if g["ci95"] is None else bool(g["ci95"][0] <= 0.0 <= g["ci95"][1])
+  return {"last_third_gain_points": g, "within_noise": within, "criterion": PLATEAU_CRITERION}
 
 
 def summary(runs: list[dict]) -> dict:
@@ -154,8 +353,18 @@ def summary(runs: list[dict]) -> dict:
 
 def print_table(r: dict):
   sm, n = r["summary"], len(r["seeds"])
+  easy = "easy_accuracy" in sm["sft"]
   print(f"\n{n} seed(s), mean ± s.e. over seeds (held-out accuracy in %)")
-  print(f"{'arm':28s} {'steps':>14s} {'train s':>14s} {'held-out acc':>16s} {'gain (points)':>16s}")
+  if easy:
+    nd = r.get("no_demos", {})
+    print(
+      f"held-out: the RL tasks' test split ({nd.get('hard_test_problems')} problems); easy: "
+      f"the SFT tasks' ({nd.get('easy_test_problems')} problems)"
+    )
+  print(
+    f"{'arm':28s} {'steps':>14s} {'train s':>14s} {'held-out acc':>16s} {'gain (points)':>16s}"
+    + (f" {'easy acc':>16s}" if easy else "")
+  )
   for arm in ARMS:
     a = sm[arm]
     print(
@@ -163,18 +372,30 @@ def print_table(r: dict):
       f"{stats.fmt(a['seconds'], '{:.0f}'):>14s} "
       f"{stats.fmt(a['accuracy'], '{:.1f}', 100):>16s} "
       f"{stats.fmt(a.get('gain_points', {}), '{:.1f}'):>16s}"
+      + (f" {stats.fmt(a['easy_accuracy'], '{:.1f}', 100):>16s}" if easy else "")
     )
   d = sm["grpo"]["minus_control_points"]
   ci = d["ci95"]
   print(
     f"GRPO - control: {stats.fmt(d, '{:.1f}')} points"
     + (f" (95 % CI {ci[0]:+.1f} .. {ci[1]:+.1f})" if ci else "")
-    + f", n={r['num_test_problems']} test problems per seed\n"
+    + f", n={r['num_test_problems']} test problems per seed"
   )
+  pl = r.get("plateau")
+  if pl:
+    g = pl["last_third_gain_points"]
+    verdict = {True: "plateaued", False: "still changing", None: "undefined with one seed"}
+    print(
+      f"SFT last-third gain: {stats.fmt(g, '{:+.1f}')} points"
+      + (f" (95 % CI {g['ci95'][0]:+.1f} .. {g['ci95'][1]:+.1f})" if g["ci95"] else "")
+      + f": {verdict[pl['within_noise']]} (criterion: {pl['criterion']})"
+    )
+  print()
 
 
 def plot(r: dict, path: pathlib.Path):
-  """Held-out accuracy against training seconds: each seed thin, the mean over seeds bold."""
+  """Held-out accuracy against training seconds: each seed thin, the mean over seeds bold;
+  with a plateau run, SFT's own curve (accuracy against steps) on the left."""
   try:
     import matplotlib
 
@@ -183,9 +404,10 @@ def plot(r: dict, path: pathlib.Path):
   except ImportError:
     print("matplotlib not installed: no plot", file=sys.stderr)
     return
-  import numpy as np
 
-  fig, ax = plt.subplots(figsize=(6, 4))
+  plateau = r.get("plateau")
+  fig, axes = plt.subplots(1, 2 if plateau else 1, figsize=(11 if plateau else 6, 4))
+  ax = axes[-1] if plateau else axes
   colors = {"grpo": "tab:orange", "sft_continued": "tab:blue"}
   for name, key in (("GRPO(N=8)", "grpo"), ("SFT continued", "sft_continued")):
     curves = [run[key]["eval_curve"] for run in r["runs"]]
@@ -199,9 +421,18 @@ def plot(r: dict, path: pathlib.Path):
     100 * r["summary"]["sft"]["accuracy"]["mean"], color="gray", ls="--", label="SFT (mean)"
   )
   ax.set_xlabel("training seconds after the SFT checkpoint")
-  ax.set_ylabel("held-out greedy accuracy (%)")
+  hard = " (hard problems)" if r.get("no_demos") else ""
+  ax.set_ylabel(f"held-out greedy accuracy{hard} (%)")
   ax.set_title(f"arithmetic, n={r['num_test_problems']} test problems, {len(r['seeds'])} seeds")
   ax.legend()
+  if plateau:
+    ax0 = axes[0]
+    for run in r["runs"]:
+      c, pl = run["sft"]["eval_curve"], run["sft"]["plateau"]
+      ax0.plot([x[1] for x in c], [100 * x[2] for x in c], marker=".", label=f"seed {run['seed']}")
+    ax0.axvspan(pl["from_step"], pl["to_step"], color="gray", alpha=0.15, label="last third")
+    ax0.set(xlabel="SFT step", ylabel="held-out greedy accuracy (%)", title="SFT to its plateau")
+    ax0.legend()
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
