@@ -864,11 +864,115 @@ def claim_retention(root=None) -> Claim:
 
 # (e) RL gain over SFT -------------------------------------------------------------------------
 ARITH_CMD = "python experiments/sft_grpo_arith.py"
+PLATEAU_CMD = ARITH_CMD + " --setting plateau --set sft.steps=600 --set rl.max_seconds=60"
+NODEMOS_CMD = ARITH_CMD + " --setting no-demos --set rl.max_seconds=90"
+# The settings of sft_grpo_arith.py where RL should earn its keep: (results file, label, command)
+ARITH_SETTINGS = {
+  "plateau": ("sft_grpo_arith_plateau/results.json", "arithmetic, SFT to plateau", PLATEAU_CMD),
+  "no-demos": (
+    "sft_grpo_arith_nodemos/results.json",
+    "arithmetic, no hard demos",
+    NODEMOS_CMD,
+  ),
+}
+
+
+def _ci(s: dict | None) -> str:
+  ci = (s or {}).get("ci95")
+  return f" (95 % CI {ci[0]:+.1f} .. {ci[1]:+.1f})" if ci else ""
+
+
+def _ops(task: dict) -> str:
+  """'1/2 ops' from a task config dict (n_ops_mix, else n_ops)."""
+  mix = task.get("n_ops_mix") or [task.get("n_ops")]
+  return "/".join(str(n) for n in mix) + " ops"
+
+
+def _minus_control_row(label: str, sm: dict, note: str) -> Row | None:
+  d = sm["grpo"].get("minus_control_points")
+  if d is None:
+    return None
+  return Row(f"{label}: GRPO minus continued SFT", "-", ms(d, "{:+.1f}") + " points" + _ci(d), note)
+
+
+def arith_setting_rows(setting: str, doc: dict) -> tuple[list[Row], dict, list[str]]:
+  """Rows of one `--setting` of sft_grpo_arith (plateau, no-demos), the data the notebook
+  plots ({"gains": {arm: gain}, "minus_control": ..., ...}) and differences to note."""
+  _, label, _ = ARITH_SETTINGS[setting]
+  sm, n = doc["summary"], len(doc["seeds"])
+  rows, diffs = [], []
+  seed = f"+{SEED['gsm8k_gain']:.0%} (GSM8K)"
+  data = {"gains": {arm: sm[arm]["gain_points"] for arm in ("grpo", "sft_continued")}}
+  data["minus_control"] = sm["grpo"].get("minus_control_points")
+  if setting == "plateau":
+    pl = doc["plateau"]
+    g = pl["last_third_gain_points"]
+    verdict = {True: "within noise of 0", False: "still changing", None: "one seed: undefined"}
+    steps = doc["config"]["sft"]["steps"]
+    rows.append(
+      Row(
+        f"{label}: SFT's gain over the last third of its {steps} steps",
+        "-",
+        ms(g, "{:+.1f}") + " points" + _ci(g) + f": {verdict[pl['within_noise']]}",
+        f"held-out eval every {pl['sft_eval_every_steps']} steps, {n} seeds",
+      )
+    )
+    data["sft_curves"] = [r["sft"]["eval_curve"] for r in doc["runs"]]
+    data["plateaued"] = pl["within_noise"]
+    if pl["within_noise"] is False:
+      diffs.append(
+        f"The 'SFT to plateau' start had not plateaued: its last-third gain "
+        f"{ms(g, '{:+.1f}')} points{_ci(g)} (criterion: {pl['criterion']}); rerun "
+        "with a larger sft.steps."
+      )
+    trained = {arm: arm for arm in ("grpo", "sft_continued")}
+    acc = "held-out accuracy"
+    note = f"{n} seeds, {doc['num_test_problems']} test problems"
+  else:
+    nd = doc["no_demos"]
+    easy, hard = _ops(nd["sft_tasks"]), _ops(nd["rl_tasks"])
+    trained = {"grpo": f"grpo on {hard}", "sft_continued": f"sft_continued on {easy}"}
+    acc = f"hard ({hard}) held-out accuracy"
+    note = (
+      f"SFT on {easy}; {n} seeds, {nd['hard_test_problems']} hard / "
+      f"{nd['easy_test_problems']} easy test problems"
+    )
+  start = "SFT" if setting == "plateau" else f"SFT on {easy}"
+  for arm in ("grpo", "sft_continued"):
+    rows.append(
+      Row(
+        f"{label}: {start} -> {trained[arm]}, {acc} (gain)",
+        seed,
+        f"{ms(sm['sft']['accuracy'], '{:.1f}', 100, ' %')} -> "
+        f"{ms(sm[arm]['accuracy'], '{:.1f}', 100, ' %')} "
+        f"({ms(sm[arm]['gain_points'], '{:+.1f}')} points)",
+        note,
+      )
+    )
+  row = _minus_control_row(label, sm, note)
+  if row:
+    rows.append(row)
+  if setting == "no-demos" and "easy_accuracy" in sm["grpo"]:
+    data["easy"] = {arm: sm[arm]["easy_accuracy"] for arm in ("sft", "grpo", "sft_continued")}
+    rows.append(
+      Row(
+        f"{label}: easy ({easy}) held-out accuracy, SFT -> grpo / sft_continued",
+        "-",
+        f"{ms(sm['sft']['easy_accuracy'], '{:.1f}', 100, ' %')} -> "
+        f"{ms(sm['grpo']['easy_accuracy'], '{:.1f}', 100, ' %')} / "
+        f"{ms(sm['sft_continued']['easy_accuracy'], '{:.1f}', 100, ' %')}",
+        "did RL on the hard problems cost anything on the easy ones?",
+      )
+    )
+  d = data["minus_control"]
+  if d and d.get("mean") is not None:
+    diffs.append(f"{label}: GRPO minus continued SFT {ms(d, '{:+.1f}')} points{_ci(d)} on {acc}.")
+  return rows, data, diffs
 
 
 def claim_rl_gain(root=None) -> Claim:
   """(e) Held-out accuracy gained by RL over its SFT start, against continuing SFT."""
-  rows, diffs, missing, sources, data = [], [], [], [], {}
+  rows, diffs, missing, sources, data, settings = [], [], [], [], {}, {}
   seed = f"+{SEED['gsm8k_gain']:.0%} (GSM8K)"
   name = "sft_grpo_arith/results.json"
   doc = load(name, root)
@@ -889,6 +993,22 @@ def claim_rl_gain(root=None) -> Claim:
         )
       )
       data.setdefault("arith", {})[arm] = sm[arm]["gain_points"]
+    row = _minus_control_row("arithmetic", sm, f"{len(doc.get('seeds', []))} seeds")
+    if row:
+      rows.append(row)
+      settings["default"] = {"minus_control": sm["grpo"]["minus_control_points"]}
+  for setting, (name, _, cmd) in ARITH_SETTINGS.items():
+    doc = load(name, root)
+    sources.append(source(name, doc))
+    if doc is None:
+      missing.append(_missing(name, cmd))
+      continue
+    r, settings[setting], d = arith_setting_rows(setting, doc)
+    rows += r
+    diffs += d
+    data[f"arith_{setting}"] = settings[setting]["gains"]
+  if settings:
+    data["settings"] = settings
   name = "saturation.json"
   doc = load(name, root)
   sources.append(source(name, doc))
@@ -946,9 +1066,13 @@ def claim_rl_gain(root=None) -> Claim:
     "Complex reasoning: 18 % accuracy gain in GSM8K mathematical reasoning tasks.",
     rows,
     sources,
-    [ARITH_CMD, "python experiments/saturation.py", CODE_CMD],
+    [ARITH_CMD, PLATEAU_CMD, NODEMOS_CMD, "python experiments/saturation.py", CODE_CMD],
     "held-out greedy accuracy (arithmetic, sums) or pass rate (code) before and after RL, "
-    "the same seconds of continued SFT as the control",
+    "the same seconds of continued SFT as the control. Arithmetic in three settings: a "
+    "half-trained SFT start (300 steps); an SFT start trained to its plateau ('SFT to "
+    "plateau'); SFT on easy problems only (1-2 operations), GRPO on hard ones (3-4) for "
+    "which no demonstrations exist, the control continuing SFT on the easy ones, all arms "
+    "scored on the hard test problems ('no hard demos')",
     diffs,
     missing,
     data,
@@ -1190,6 +1314,8 @@ HEADLINES = {
   ],
   "e": [
     "arithmetic: SFT -> grpo",
+    "arithmetic, SFT to plateau: GRPO minus continued SFT",
+    "arithmetic, no hard demos: GRPO minus continued SFT",
     "saturated sums: SFT -> SAO (not_centred)",
     "code: SFT -> sao",
     "code: SFT -> grpo",

@@ -128,6 +128,52 @@ def _deviation_rows() -> list[dict]:
   ]
 
 
+def _arith_setting(setting: str) -> dict:
+  """sft_grpo_arith's results.json of `--setting plateau` or `no-demos`, 2 seeds: SFT 40 and
+  60 %, GRPO +10 and +20 points, the control +20 and +40 (GRPO - control -10 and -20)."""
+  runs = []
+  for seed, (sft, grpo, ctrl) in enumerate([(0.4, 0.5, 0.6), (0.6, 0.8, 1.0)]):
+    arm = lambda acc, **kw: {"accuracy": acc, "num_problems": 64, "steps": 5, **kw}  # noqa: E731
+    run = {
+      "seed": seed,
+      "sft": arm(sft, eval_curve=[[0.0, 0, 0.1], [1.0, 10, sft - 0.02], [2.0, 20, sft]]),
+      "grpo": arm(grpo, gain_points=100 * (grpo - sft), minus_control_points=100 * (grpo - ctrl)),
+      "sft_continued": arm(ctrl, gain_points=100 * (ctrl - sft)),
+    }
+    if setting == "no-demos":  # easy accuracy: 90 % for SFT and control, 80 % after GRPO
+      for a, easy in (("sft", 0.9), ("grpo", 0.8), ("sft_continued", 0.9)):
+        run[a].update(easy_accuracy=easy, easy_num_problems=32)
+    runs.append(run)
+  keys = ("accuracy", "gain_points", "minus_control_points", "easy_accuracy")
+  doc = {
+    "provenance": {"command": f"python experiments/sft_grpo_arith.py --setting {setting}"},
+    "setting": setting,
+    "config": {"sft": {"steps": 20}},
+    "seeds": [0, 1],
+    "num_test_problems": 64,
+    "runs": runs,
+    "summary": {
+      arm: {k: stats.summarize([r[arm][k] for r in runs]) for k in keys if k in runs[0][arm]}
+      for arm in ("sft", "grpo", "sft_continued")
+    },
+  }
+  if setting == "plateau":
+    doc["plateau"] = {
+      "sft_eval_every_steps": 10,
+      "last_third_gain_points": stats.summarize([2.0, 4.0]),
+      "within_noise": True,
+      "criterion": "plateaued when the 95 % t-interval ... contains 0",
+    }
+  else:
+    doc["no_demos"] = {
+      "sft_tasks": {"n_ops": 2, "n_ops_mix": [1, 2]},
+      "rl_tasks": {"n_ops": 2, "n_ops_mix": [3, 4]},
+      "hard_test_problems": 64,
+      "easy_test_problems": 32,
+    }
+  return doc
+
+
 def write_tiny_results(root: pathlib.Path) -> pathlib.Path:
   """Every result file the claims read, tiny, with the scripts' schemas."""
   _write(root, "bench_sync_vs_async/results.json", _sync_results())
@@ -233,6 +279,8 @@ def write_tiny_results(root: pathlib.Path) -> pathlib.Path:
       }
     },
   )
+  _write(root, "sft_grpo_arith_plateau/results.json", _arith_setting("plateau"))
+  _write(root, "sft_grpo_arith_nodemos/results.json", _arith_setting("no-demos"))
   sat_runs = [
     {
       "seed": i,
@@ -374,6 +422,51 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   g = claims["g"]
   assert _row(g, "sandbox executions/s, code, pool_2").ours == "20 ± 0.5"
   assert any("0.71x" in x for x in g.differences)
+
+
+def test_rl_gain_rows_per_arith_setting(tiny_results):
+  e = report.claim_rl_gain(tiny_results)
+  # plateau: last-third gains 2 and 4 points; t_{0.975,1} = 12.706 -> CI 3 -/+ 12.7
+  pl = _row(e, "arithmetic, SFT to plateau: SFT's gain over the last third of its 20 steps")
+  assert pl.ours == "+3.0 ± 1.0 points (95 % CI -9.7 .. +15.7): within noise of 0"
+  assert pl.note == "held-out eval every 10 steps, 2 seeds"
+  g = _row(e, "arithmetic, SFT to plateau: SFT -> grpo, held-out accuracy (gain)")
+  assert g.ours == "50.0 ± 10.0 % -> 65.0 ± 15.0 % (+15.0 ± 5.0 points)"
+  c = _row(e, "arithmetic, SFT to plateau: SFT -> sft_continued")
+  assert c.ours.endswith("(+30.0 ± 10.0 points)")
+  d = _row(e, "arithmetic, SFT to plateau: GRPO minus continued SFT")
+  assert d.ours == "-15.0 ± 5.0 points (95 % CI -78.5 .. +48.5)" and d.seed == "-"
+  assert e.data["settings"]["plateau"]["sft_curves"][1][-1] == [2.0, 20, 0.6]
+  # no-demos: what was trained on what, hard accuracy, and the easy problems
+  g = _row(e, "arithmetic, no hard demos: SFT on 1/2 ops -> grpo on 3/4 ops, hard (3/4 ops)")
+  assert g.ours.endswith("(+15.0 ± 5.0 points)")
+  assert g.note == "SFT on 1/2 ops; 2 seeds, 64 hard / 32 easy test problems"
+  assert _row(e, "arithmetic, no hard demos: SFT on 1/2 ops -> sft_continued on 1/2 ops")
+  d = _row(e, "arithmetic, no hard demos: GRPO minus continued SFT")
+  assert d.ours.startswith("-15.0 ± 5.0 points (95 % CI")
+  easy = _row(e, "arithmetic, no hard demos: easy (1/2 ops) held-out accuracy")
+  assert easy.ours == "90.0 ± 0.0 % -> 80.0 ± 0.0 % / 90.0 ± 0.0 %"
+  assert e.data["arith_no-demos"]["grpo"]["mean"] == pytest.approx(15.0)
+  assert set(e.data["settings"]) == {"plateau", "no-demos"}  # the default JSON has no diff
+  assert any(x.startswith("arithmetic, no hard demos: GRPO minus") for x in e.differences)
+  glance = [r.metric for r in report.headline(e)]
+  assert "arithmetic, SFT to plateau: GRPO minus continued SFT" in glance
+  assert "arithmetic, no hard demos: GRPO minus continued SFT" in glance
+
+
+def test_rl_gain_says_which_setting_is_missing(tiny_results):
+  (tiny_results / "sft_grpo_arith_nodemos" / "results.json").unlink()
+  doc = json.loads((tiny_results / "sft_grpo_arith_plateau" / "results.json").read_text())
+  doc["plateau"]["within_noise"] = False
+  _write(tiny_results, "sft_grpo_arith_plateau/results.json", doc)
+  e = report.claim_rl_gain(tiny_results)
+  assert e.missing == [
+    "`sft_grpo_arith_nodemos/results.json` is absent: run `python experiments/"
+    "sft_grpo_arith.py --setting no-demos --set rl.max_seconds=90`"
+  ]
+  assert not [r for r in e.rows if r.metric.startswith("arithmetic, no hard demos")]
+  assert _row(e, "arithmetic, SFT to plateau: SFT's gain").ours.endswith(": still changing")
+  assert any("had not plateaued" in x for x in e.differences)
 
 
 def test_claims_say_what_is_missing(tmp_path):
