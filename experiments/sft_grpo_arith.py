@@ -117,7 +117,7 @@ def main(argv=None) -> dict:
   p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
   p.add_argument("--setting", choices=SETTINGS, default="default")
   p.add_argument(
-    "--out", default=None, help="default: " + ", ".join(f"{k}: {v}" for k, v in OUT.items())
+    "--out", default=None, help="by --setting: " + ", ".join(f"{k} {v}" for k, v in OUT.items())
   )
   p.add_argument(
     "--eval-every",
@@ -132,8 +132,10 @@ def main(argv=None) -> dict:
     metavar="K",
     help=f"plateau: held-out eval every K SFT steps (default sft.steps // {PLATEAU_EVALS})",
   )
-  p.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE", help="no-demos")
-  p.add_argument("--rl-set", action="append", default=[], metavar="KEY=VALUE", help="no-demos")
+  p.add_argument(
+    "--sft-set", action="append", default=[], metavar="KEY=VALUE", help="no-demos: SFT phases"
+  )
+  p.add_argument("--rl-set", action="append", default=[], metavar="KEY=VALUE", help="no-demos: RL")
   p.add_argument("--no-progress", action="store_true")
   args = p.parse_args(argv)
   if args.seeds < 1:
