@@ -20,22 +20,27 @@ def _git(*args: str) -> str | None:
   return out.stdout.strip() if out.returncode == 0 else None
 
 
-def machine() -> dict:
-  import jax
-
-  return {
+def machine(devices: bool = True) -> dict:
+  """The host, and with `devices` JAX's devices (which starts a JAX backend: a process that
+  runs no JAX itself, like the sweep driver, passes False)."""
+  out = {
     "platform": platform.platform(),
     "python": platform.python_version(),
     "cpus": os.cpu_count(),
     "cpus_usable": len(os.sched_getaffinity(0)),
-    "devices": [str(d) for d in jax.devices()],
-    "jax": jax.__version__,
+  }
+  if devices:
+    import jax
+
+    out.update(devices=[str(d) for d in jax.devices()], jax=jax.__version__)
+  return {
+    **out,
     # other work on the machine: 1-, 5- and 15-minute load averages when this was read
     "loadavg": [round(x, 2) for x in os.getloadavg()],
   }
 
 
-def provenance(argv: list[str] | None = None) -> dict:
+def provenance(argv: list[str] | None = None, devices: bool = True) -> dict:
   """{"command", "commit", "dirty", "time", "machine"} of the current process."""
   argv = sys.argv if argv is None else argv
   status = _git("status", "--porcelain", "--untracked-files=no")
@@ -44,5 +49,5 @@ def provenance(argv: list[str] | None = None) -> dict:
     "commit": _git("rev-parse", "HEAD"),
     "dirty": bool(status) if status is not None else None,
     "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    "machine": machine(),
+    "machine": machine(devices),
   }

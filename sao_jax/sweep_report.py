@@ -297,7 +297,7 @@ def best_config_source(
 
 def write_tables(runner) -> tuple[list[dict], list[dict], dict | None]:
   if getattr(runner, "provenance", None) is None:  # once per sweep process
-    runner.provenance = provenance()
+    runner.provenance = provenance(devices=False)  # the trials record their own devices
   rows = trial_rows(runner.study, runner.sweep)
   points = point_rows(runner.sweep, rows)
   best = best_point(runner.sweep, points)
