@@ -285,10 +285,20 @@ def longtail_rows(doc: dict, name: str) -> tuple[list[Row], list[str], dict]:
   if tput is not None:
     sft = sm.get("sft_accuracy", {}).get("mean")
     g_acc, s_acc = sm[base]["accuracy"].get("mean"), sm["sao"]["accuracy"].get("mean")
+    g_busy = sm[base]["learner_busy"].get("mean")
+    s_busy = sm["sao"]["learner_busy"].get("mean")
+    bound = (
+      f" Overlap alone cannot beat 1 / (GRPO's learner busy fraction) = {1 / g_busy:.2f}x "
+      f"here: the update is {100 * g_busy:.0f} % of a synchronous step, sampling only the "
+      f"rest. SAO's learner is busy {100 * s_busy:.0f} % of the time: it, not the samplers, "
+      "is the limit."
+      if g_busy and s_busy
+      else ""
+    )
     diffs.append(
       f"Long-tailed tasks with each role on its own core: SAO/GRPO {tput:.2f}x "
-      "trajectories/s, against the 1.5x this setting was meant to reach (overlap alone "
-      "bounds it near 1.55x on two cores)."
+      "trajectories/s, short of the 1.5x this setting was meant to reach."
+      + bound
       + (
         f" Accuracy fell in both arms from the SFT start ({100 * sft:.1f} % -> "
         f"{100 * g_acc:.1f} % GRPO, {100 * s_acc:.1f} % SAO): at this budget RL does not "
