@@ -21,7 +21,13 @@ import time
 import weakref
 from collections.abc import Sequence
 
-from sao_jax.sandbox.runner import Isolation, Job, RunResult, resolve_isolation
+from sao_jax.sandbox.runner import (
+  Isolation,
+  Job,
+  RunResult,
+  remove_scratch_of,
+  resolve_isolation,
+)
 
 # A worker that has not answered this long after a job's own limits is declared hung.
 _WORKER_GRACE_S = 30.0
@@ -101,6 +107,7 @@ class _Worker:
       self.proc.kill()
       self.proc.wait()
     self.proc.stdout.close()
+    remove_scratch_of(self.proc.pid, self._iso)  # a worker killed mid-job cleaned up nothing
 
 
 class SandboxPool:

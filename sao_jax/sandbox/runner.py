@@ -440,6 +440,27 @@ def run_job(job: Job, isolation: Isolation | None = None) -> RunResult:
     return _run(job, iso)
 
 
+def scratch_prefix(worker_pid: int) -> str:
+  """Name prefix of the scratch directories (rlimits mode) of the process `worker_pid`."""
+  return f"sao_sandbox_{worker_pid}_"
+
+
+def remove_scratch_of(worker_pid: int, iso: Isolation) -> int:
+  """Cleans up after a worker that died mid-job (kill -9 skips its own clean-up): without
+  bubblewrap (whose sandboxes die with their parent), the processes still running as the
+  worker's sandbox uid and its scratch directories. Returns how many directories it
+  removed."""
+  if iso.mode == "bwrap":
+    return 0
+  if iso.drop_uid:
+    _kill_uid(UID_BASE + worker_pid)
+  removed = 0
+  for d in pathlib.Path(tempfile.gettempdir()).glob(scratch_prefix(worker_pid) + "*"):
+    shutil.rmtree(d, ignore_errors=True)
+    removed += 1
+  return removed
+
+
 def _run(job: Job, iso: Isolation) -> RunResult:
   lim = job.limits
   uid = UID_BASE + os.getpid() if iso.drop_uid else None
@@ -451,7 +472,7 @@ def _run(job: Job, iso: Isolation) -> RunResult:
     cwd = "/"
   else:
     argv = []
-    scratch = tempfile.mkdtemp(prefix="sao_sandbox_")
+    scratch = tempfile.mkdtemp(prefix=scratch_prefix(os.getpid()))
     if uid is not None:
       os.chown(scratch, uid, uid)
     else:
