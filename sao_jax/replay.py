@@ -65,6 +65,11 @@ def _bits_equal(a, b) -> bool:
   return a.tobytes() == b.tobytes()
 
 
+def _params_equal(a, b) -> bool:
+  """Every array of two parameter trees, bit for bit."""
+  return all(_bits_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+
+
 class _RecordStore:
   """Journal records by id, read lazily in journal order (the ledger's order follows it
   closely, so only the records that arrived ahead of their batch are held)."""
@@ -206,10 +211,7 @@ def replay(
   start_equal = None
   if 0 in snaps:
     snap0, _ = ckpt_lib.restore_state(mngr, state, 0)
-    start_equal = all(
-      _bits_equal(a, b)
-      for a, b in zip(jax.tree.leaves(snap0.params), jax.tree.leaves(state.params), strict=True)
-    )
+    start_equal = _params_equal(snap0.params, state.params)
   store = _RecordStore(journal)
   results: list[StepResult] = []
   bar = tqdm.tqdm(total=last, desc="replay", disable=not show_progress, dynamic_ncols=True)
@@ -234,10 +236,7 @@ def replay(
     if step in snaps:
       like = learner.progs.init(jax.random.key(0))
       snap, _ = ckpt_lib.restore_state(mngr, like, step)
-      res.snapshot_equal = all(
-        _bits_equal(a, b)
-        for a, b in zip(jax.tree.leaves(snap.params), jax.tree.leaves(state.params), strict=True)
-      )
+      res.snapshot_equal = _params_equal(snap.params, state.params)
     results.append(res)
     bar.update(1)
     if not res.ok:
