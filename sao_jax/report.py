@@ -917,19 +917,21 @@ def arith_setting_rows(setting: str, doc: dict) -> tuple[list[Row], dict, list[s
   if setting == "plateau":
     pl = doc["plateau"]
     g = pl["last_third_gain_points"]
-    verdict = {True: "within noise of 0", False: "still changing", None: "one seed: undefined"}
+    # Older results carry only `within_noise` (the interval contains 0).
+    plateaued = pl.get("plateaued", pl["within_noise"])
+    verdict = {True: "plateaued", False: "still rising", None: "one seed: undefined"}
     steps = doc["config"]["sft"]["steps"]
     rows.append(
       Row(
         f"{label}: SFT's gain over the last third of its {steps} steps",
         "-",
-        ms(g, "{:+.1f}") + " points" + _ci(g) + f": {verdict[pl['within_noise']]}",
+        ms(g, "{:+.1f}") + " points" + _ci(g) + f": {verdict[plateaued]}",
         f"held-out eval every {pl['sft_eval_every_steps']} steps, {n} seeds",
       )
     )
     data["sft_curves"] = [r["sft"]["eval_curve"] for r in doc["runs"]]
-    data["plateaued"] = pl["within_noise"]
-    if pl["within_noise"] is False:
+    data["plateaued"] = plateaued
+    if plateaued is False:
       diffs.append(
         f"The 'SFT to plateau' start had not plateaued: its last-third gain "
         f"{ms(g, '{:+.1f}')} points{_ci(g)} (criterion: {pl['criterion']}); rerun "

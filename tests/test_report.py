@@ -428,7 +428,7 @@ def test_rl_gain_rows_per_arith_setting(tiny_results):
   e = report.claim_rl_gain(tiny_results)
   # plateau: last-third gains 2 and 4 points; t_{0.975,1} = 12.706 -> CI 3 -/+ 12.7
   pl = _row(e, "arithmetic, SFT to plateau: SFT's gain over the last third of its 20 steps")
-  assert pl.ours == "+3.0 ± 1.0 points (95 % CI -9.7 .. +15.7): within noise of 0"
+  assert pl.ours == "+3.0 ± 1.0 points (95 % CI -9.7 .. +15.7): plateaued"
   assert pl.note == "held-out eval every 10 steps, 2 seeds"
   g = _row(e, "arithmetic, SFT to plateau: SFT -> grpo, held-out accuracy (gain)")
   assert g.ours == "50.0 ± 10.0 % -> 65.0 ± 15.0 % (+15.0 ± 5.0 points)"
@@ -465,7 +465,7 @@ def test_rl_gain_says_which_setting_is_missing(tiny_results):
     "sft_grpo_arith.py --setting no-demos --set rl.max_seconds=90`"
   ]
   assert not [r for r in e.rows if r.metric.startswith("arithmetic, no hard demos")]
-  assert _row(e, "arithmetic, SFT to plateau: SFT's gain").ours.endswith(": still changing")
+  assert _row(e, "arithmetic, SFT to plateau: SFT's gain").ours.endswith(": still rising")
   assert any("had not plateaued" in x for x in e.differences)
 
 

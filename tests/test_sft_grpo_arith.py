@@ -98,10 +98,15 @@ def test_plateau_gain_is_the_least_squares_rise_over_the_last_third(arith):
   runs = [{"sft": {"plateau": {"gain_points": x}}} for x in (3.0, -1.0)]
   pl = arith.plateau_summary(runs)
   assert pl["last_third_gain_points"]["mean"] == pytest.approx(1.0)
-  assert pl["within_noise"] is True and "contains 0" in pl["criterion"]
+  assert pl["within_noise"] is True and pl["plateaued"] is True and "contains 0" in pl["criterion"]
   runs = [{"sft": {"plateau": {"gain_points": x}}} for x in (3.0, 3.2, 2.8)]
   assert arith.plateau_summary(runs)["within_noise"] is False
-  assert arith.plateau_summary(runs[:1])["within_noise"] is None  # one seed: no spread
+  assert arith.plateau_summary(runs)["plateaued"] is False
+  assert arith.plateau_summary(runs[:1])["plateaued"] is None  # one seed: no spread
+  # A steady rise of 15 points within noise of 0 over 3 seeds has not plateaued.
+  runs = [{"sft": {"plateau": {"gain_points": x}}} for x in (8.2, 21.9, 15.6)]
+  pl = arith.plateau_summary(runs)
+  assert pl["within_noise"] is True and pl["plateaued"] is False
 
 
 def _tiny(arith, out, *extra):
@@ -125,6 +130,7 @@ def test_tiny_plateau_run(arith, tmp_path):
   g = r["plateau"]["last_third_gain_points"]
   assert g["values"] == [run["sft"]["plateau"]["gain_points"] for run in r["runs"]]
   assert r["plateau"]["within_noise"] == (g["ci95"][0] <= 0 <= g["ci95"][1])
+  assert r["plateau"]["plateaued"] == (r["plateau"]["within_noise"] and g["mean"] < 3.0)
   saved = json.loads((tmp_path / "plateau" / "results.json").read_text())
   assert saved["plateau"] == json.loads(json.dumps(r["plateau"]))
   with pytest.raises(SystemExit, match="fewer than 4 SFT evaluations"):
