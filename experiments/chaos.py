@@ -41,7 +41,7 @@ import time
 
 from sao_jax import recovery
 from sao_jax.procs import alive, descendants
-from sao_jax.provenance import provenance
+from sao_jax.provenance import provenance, write_result
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -286,7 +286,7 @@ def main(argv=None) -> int:
   for transport in args.transports.split(","):
     r = chaos(transport, args.kills, out, args, rng)
     result["transports"][transport] = r
-    (out / "chaos.json").write_text(json.dumps(result, indent=2, default=float))
+    write_result(out / "chaos.json", result, default=float)
     a = r["audit"]
     ok &= (
       r["returncode"] == 0 and a["lost"] == 0 and a["applied_twice"] == 0 and a["steps_contiguous"]

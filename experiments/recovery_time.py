@@ -30,7 +30,7 @@ import sys
 import time
 
 from sao_jax.procs import alive, descendants
-from sao_jax.provenance import provenance
+from sao_jax.provenance import provenance, write_result
 from sao_jax.stats import summarize
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -234,7 +234,7 @@ def main(argv=None) -> int:
       "restarts": restarts,
       "summary": _summary(restarts),
     }
-    (out / "recovery_time.json").write_text(json.dumps(result, indent=2))
+    write_result(out / "recovery_time.json", result)
   plot(result, out / "recovery_time.png")
   for name, arm in result["arms"].items():
     s = arm["summary"]

@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 from sao_jax.procs import alive, descendants
-from sao_jax.provenance import provenance
+from sao_jax.provenance import provenance, write_result
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -253,7 +253,7 @@ def _report(result: dict, out: pathlib.Path, workdir: pathlib.Path, rc: int) -> 
       applied_twice=audit["applied_twice"],
       final_metrics_finite=all(math.isfinite(v) for v in (rl["accuracy"],)),
     )
-  (out / "soak.json").write_text(json.dumps(result, indent=2))
+  write_result(out / "soak.json", result)
   print(json.dumps({k: v for k, v in result.items() if k not in ("faults", "audit")}, indent=2))
   if rc == 0:
     print("\n| what | value |\n|---|---|")
