@@ -40,7 +40,7 @@ import sys
 import time
 
 from sao_jax import recovery
-from sao_jax.procs import alive, descendants
+from sao_jax.procs import kill_and_wait
 from sao_jax.provenance import provenance, write_result
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -85,21 +85,9 @@ class Run:
     return self.proc is not None and self.proc.poll() is None
 
   def kill(self, whole_group: bool) -> None:
-    kids = descendants(self.proc.pid)
-    try:
-      if whole_group:
-        os.killpg(self.proc.pid, signal.SIGKILL)
-      else:
-        os.kill(self.proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-      pass
-    self.proc.wait()
-    deadline = time.time() + 60  # the samplers of a learner killed alone exit by themselves
-    while any(alive(p) for p in kids) and time.time() < deadline:
-      time.sleep(0.1)
-    for p in kids:  # (never leave one behind, whatever happened)
-      if alive(p):
-        os.kill(p, signal.SIGKILL)
+    # the samplers of a learner killed alone exit by themselves within the wait
+    for p in kill_and_wait(self.proc, whole_group=whole_group, timeout=60):
+      os.kill(p, signal.SIGKILL)  # (never leave one behind, whatever happened)
 
   # What the run is doing, read from its workdir -------------------------------------------
   def sft_done(self) -> bool:

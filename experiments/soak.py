@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from sao_jax.procs import alive, descendants
+from sao_jax.procs import descendants, kill_and_wait
 from sao_jax.provenance import provenance, write_result
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -162,13 +162,7 @@ def main():
               print(f"[soak] {time.time() - t0:7.0f}s  {kind} at update ~{step}", flush=True)
             next_fault = time.time() + args.fault_every * rng.uniform(0.5, 1.5)
             continue
-          children = descendants(proc.pid)
-          proc.send_signal(signal.SIGKILL)
-          proc.wait()
-          deadline = time.time() + 30
-          while any(alive(c) for c in children) and time.time() < deadline:
-            time.sleep(0.2)
-          orphans = [c for c in children if alive(c)]
+          orphans = kill_and_wait(proc, whole_group=False, timeout=30, poll=0.2)
           ev = {"fault": kind, "t": time.time() - t0, "at_update": step, "orphans": len(orphans)}
           if kind == "corrupt_and_kill":
             ckdir = workdir / "checkpoints" / "rl"
