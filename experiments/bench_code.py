@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import pathlib
 import shutil
@@ -54,7 +53,7 @@ from sao_jax.envs.code import precheck
 from sao_jax.evaluation import evaluate
 from sao_jax.families import Code
 from sao_jax.metrics import MetricsWriter, peak_memory_mb
-from sao_jax.provenance import provenance
+from sao_jax.provenance import write_result
 from sao_jax.runners.grpo import run_grpo
 from sao_jax.runners.sao import run_sao
 from sao_jax.runners.sft import run_sft
@@ -207,7 +206,6 @@ def main(argv=None) -> dict:
       _one_seed(dataclasses.replace(base, seed=seed), arm_names, args, work / f"seed{seed}")
     )
   results = {
-    "provenance": provenance(),
     "config": config_lib.to_dict(base),
     "seeds": [r["seed"] for r in runs],
     "seconds_per_arm": args.seconds,
@@ -220,8 +218,7 @@ def main(argv=None) -> dict:
     "wall_s": time.time() - t0,
     "bench_peak_memory_mb": peak_memory_mb(),
   }
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(results, indent=2))
+  write_result(out, results)
   print_table(results)
   plot(results, plot_path)
   print(f"results: {out}, {plot_path}")

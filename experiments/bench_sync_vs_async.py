@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import pathlib
 import shutil
@@ -37,7 +36,7 @@ import time
 from sao_jax import config as config_lib
 from sao_jax import stats
 from sao_jax.metrics import MetricsWriter, peak_memory_mb
-from sao_jax.provenance import provenance
+from sao_jax.provenance import write_result
 from sao_jax.runners.grpo import run_grpo, run_grpo_samplers
 from sao_jax.runners.sao import run_sao
 from sao_jax.runners.sft import run_sft
@@ -116,7 +115,6 @@ def main(argv=None) -> dict:
     cfg = dataclasses.replace(base, seed=seed)
     runs.append(_one_seed(cfg, arm_names, work / f"seed{seed}", eval_every, args.no_progress))
   results = {
-    "provenance": provenance(),
     "config": config_lib.to_dict(base),
     "seeds": args.seeds,
     "seconds_per_arm": args.seconds,
@@ -126,7 +124,7 @@ def main(argv=None) -> dict:
     "loadavg_end": [round(x, 2) for x in os.getloadavg()],
     "bench_peak_memory_mb": peak_memory_mb(),
   }
-  (out / "results.json").write_text(json.dumps(results, indent=2))
+  write_result(out / "results.json", results)
   print_table(results)
   plot(results, out / "accuracy_vs_time.png")
   print(f"results: {out}/results.json")

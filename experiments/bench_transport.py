@@ -43,7 +43,7 @@ import uuid
 
 import numpy as np
 
-from sao_jax.provenance import provenance
+from sao_jax.provenance import provenance, write_result
 from sao_jax.transport import records
 from sao_jax.transport.base import EmbeddedSpec
 from sao_jax.transport.broker import LocalBroker
@@ -270,9 +270,7 @@ def main(argv=None) -> dict:
     results["sao"] = sao_arms(args.sao_config, args.sao_seconds, sao_steps, args.sao_repeats)
   # read after the runs: reading the machine starts a JAX backend, not wanted while measuring
   results["provenance"] = provenance()
-  out = pathlib.Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(results, indent=2))
+  out = write_result(args.out, results)
   print(f"results: {out}")
   return results
 

@@ -40,8 +40,8 @@ import sys
 import time
 
 from sao_jax import recovery
-from sao_jax.procs import alive, descendants
-from sao_jax.provenance import provenance
+from sao_jax.procs import kill_and_wait
+from sao_jax.provenance import provenance, write_result
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -85,21 +85,9 @@ class Run:
     return self.proc is not None and self.proc.poll() is None
 
   def kill(self, whole_group: bool) -> None:
-    kids = descendants(self.proc.pid)
-    try:
-      if whole_group:
-        os.killpg(self.proc.pid, signal.SIGKILL)
-      else:
-        os.kill(self.proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-      pass
-    self.proc.wait()
-    deadline = time.time() + 60  # the samplers of a learner killed alone exit by themselves
-    while any(alive(p) for p in kids) and time.time() < deadline:
-      time.sleep(0.1)
-    for p in kids:  # (never leave one behind, whatever happened)
-      if alive(p):
-        os.kill(p, signal.SIGKILL)
+    # the samplers of a learner killed alone exit by themselves within the wait
+    for p in kill_and_wait(self.proc, whole_group=whole_group, timeout=60):
+      os.kill(p, signal.SIGKILL)  # (never leave one behind, whatever happened)
 
   # What the run is doing, read from its workdir -------------------------------------------
   def sft_done(self) -> bool:
@@ -286,7 +274,7 @@ def main(argv=None) -> int:
   for transport in args.transports.split(","):
     r = chaos(transport, args.kills, out, args, rng)
     result["transports"][transport] = r
-    (out / "chaos.json").write_text(json.dumps(result, indent=2, default=float))
+    write_result(out / "chaos.json", result, default=float)
     a = r["audit"]
     ok &= (
       r["returncode"] == 0 and a["lost"] == 0 and a["applied_twice"] == 0 and a["steps_contiguous"]

@@ -18,13 +18,11 @@ Each measurement runs in fresh processes pinned with os.sched_setaffinity, XLA o
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import pathlib
 import subprocess
 import sys
 
-from sao_jax.provenance import provenance
+from sao_jax.provenance import provenance, write_result
 from sao_jax.stats import fmt, summarize
 
 WORKER = r"""
@@ -111,9 +109,7 @@ def main() -> None:
       f"{kind}: core {a} alone {fmt(summarize(solo))}, with core {b} busy "
       f"{fmt(summarize(shared))}: {fmt(summarize(ratio), '{:.2f}')}x"
     )
-  path = pathlib.Path(args.out)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(out, indent=2))
+  path = write_result(args.out, out)
   print(f"results: {path}")
 
 

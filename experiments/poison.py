@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import pathlib
 import shutil
@@ -30,7 +29,7 @@ import time
 from sao_jax import config as config_lib
 from sao_jax import stats
 from sao_jax.metrics import MetricsWriter
-from sao_jax.provenance import provenance
+from sao_jax.provenance import write_result
 from sao_jax.runners.sao import run_sao
 from sao_jax.runners.sft import run_sft
 from sao_jax.setup import load_config, make_setup
@@ -140,7 +139,6 @@ def main(argv=None) -> dict:
   )
   summary["all_rejected"] = all(v["rejected"] == v["injected"] for v in per_kind.values())
   result = {
-    "provenance": provenance(),
     "config": config_lib.to_dict(base),
     "transport": args.transport,
     "updates": args.updates,
@@ -152,9 +150,7 @@ def main(argv=None) -> dict:
     "wall_s": time.time() - t0,
     "loadavg_end": [round(x, 2) for x in os.getloadavg()],
   }
-  out = pathlib.Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(result, indent=2))
+  out = write_result(args.out, result)
   for k, v in per_kind.items():
     print(
       f"{k:>15}: injected {v['injected']}, rejected {v['rejected']} (clean runs: "

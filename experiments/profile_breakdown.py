@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import pathlib
 
-from sao_jax.provenance import provenance
+from sao_jax.provenance import provenance, write_result
 
 # (stage, frames that put a sample in it), first match wins.
 STAGES = {
@@ -88,8 +87,7 @@ def main(argv=None) -> dict:
     for k, v in b["fractions"].items():
       print(f"  {100 * v:5.1f} %  {k}")
   if args.out:
-    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    pathlib.Path(args.out).write_text(json.dumps(out, indent=2))
+    write_result(args.out, out)
     print(f"results: {args.out}")
   return out
 

@@ -23,14 +23,13 @@ import json
 import os
 import pathlib
 import random
-import signal
 import statistics
 import subprocess
 import sys
 import time
 
-from sao_jax.procs import alive, descendants
-from sao_jax.provenance import provenance
+from sao_jax.procs import kill_and_wait
+from sao_jax.provenance import provenance, write_result
 from sao_jax.stats import summarize
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -55,18 +54,6 @@ def _start(workdir: pathlib.Path, overrides: list[str], log) -> subprocess.Popen
   return subprocess.Popen(
     cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
   )
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-  kids = descendants(proc.pid)
-  try:
-    os.killpg(proc.pid, signal.SIGKILL)
-  except ProcessLookupError:
-    pass
-  proc.wait()
-  deadline = time.time() + 10
-  while any(alive(p) for p in kids) and time.time() < deadline:
-    time.sleep(0.1)
 
 
 def _wait_for(log_path: pathlib.Path, offset: int, needle: str, proc, timeout: float) -> str:
@@ -126,7 +113,7 @@ def run_arm(
         time.sleep(rng.uniform(min_run, max_run))
         if proc.poll() is not None:
           raise RuntimeError(f"{name}: the run exited before kill {k}; see {log_path}")
-        _kill_group(proc)
+        kill_and_wait(proc, whole_group=True, timeout=10)
         offset = log_path.stat().st_size
         t0 = time.time()
         proc = _start(workdir, overrides, log)
@@ -152,7 +139,7 @@ def run_arm(
           flush=True,
         )
     finally:
-      _kill_group(proc)
+      kill_and_wait(proc, whole_group=True, timeout=10)
   return restarts
 
 
@@ -234,7 +221,7 @@ def main(argv=None) -> int:
       "restarts": restarts,
       "summary": _summary(restarts),
     }
-    (out / "recovery_time.json").write_text(json.dumps(result, indent=2))
+    write_result(out / "recovery_time.json", result)
   plot(result, out / "recovery_time.png")
   for name, arm in result["arms"].items():
     s = arm["summary"]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import pathlib
 import shutil
@@ -31,7 +30,7 @@ import numpy as np
 from sao_jax import config as config_lib
 from sao_jax import stats
 from sao_jax.metrics import MetricsWriter, read_jsonl
-from sao_jax.provenance import provenance
+from sao_jax.provenance import write_result
 from sao_jax.runners.sao import run_sao
 from sao_jax.runners.sft import run_sft
 from sao_jax.setup import load_config, make_setup
@@ -136,7 +135,6 @@ def main(argv=None) -> dict:
       r[arm]["reward_max_drop"] > 0.05 or r[arm]["accuracy_max_drop"] > 0.05 for r in runs
     )
   result = {
-    "provenance": provenance(),
     "config": config_lib.to_dict(base),
     "updates": args.updates,
     "seeds": args.seeds,
@@ -145,9 +143,7 @@ def main(argv=None) -> dict:
     "wall_s": time.time() - t0,
     "loadavg_end": [round(x, 2) for x in os.getloadavg()],
   }
-  out = pathlib.Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(result, indent=2))
+  out = write_result(args.out, result)
   for arm in ARMS:
     sm = summary[arm]
     print(

@@ -29,7 +29,7 @@ import subprocess
 import numpy as np
 
 from sao_jax.metrics import read_jsonl
-from sao_jax.provenance import provenance
+from sao_jax.provenance import provenance, write_result
 from sao_jax.stats import fmt, summarize
 
 COLLAPSE_DROP = 0.05
@@ -244,7 +244,7 @@ def main() -> None:
       "first_event": min(r["time"] for r in rows),
       "last_event": max(r["time"] for r in rows),
     }
-  (out / "sensitivity.json").write_text(json.dumps(result, indent=2))
+  write_result(out / "sensitivity.json", result)
   plot(result, out / "sensitivity.png")
   for name in ("trials.csv", "points.csv", "sweep.png"):
     if (sweep_dir / name).exists():

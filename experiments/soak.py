@@ -34,8 +34,8 @@ import time
 
 import numpy as np
 
-from sao_jax.procs import alive, descendants
-from sao_jax.provenance import provenance
+from sao_jax.procs import descendants, kill_and_wait
+from sao_jax.provenance import provenance, write_result
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -162,13 +162,7 @@ def main():
               print(f"[soak] {time.time() - t0:7.0f}s  {kind} at update ~{step}", flush=True)
             next_fault = time.time() + args.fault_every * rng.uniform(0.5, 1.5)
             continue
-          children = descendants(proc.pid)
-          proc.send_signal(signal.SIGKILL)
-          proc.wait()
-          deadline = time.time() + 30
-          while any(alive(c) for c in children) and time.time() < deadline:
-            time.sleep(0.2)
-          orphans = [c for c in children if alive(c)]
+          orphans = kill_and_wait(proc, whole_group=False, timeout=30, poll=0.2)
           ev = {"fault": kind, "t": time.time() - t0, "at_update": step, "orphans": len(orphans)}
           if kind == "corrupt_and_kill":
             ckdir = workdir / "checkpoints" / "rl"
@@ -253,7 +247,7 @@ def _report(result: dict, out: pathlib.Path, workdir: pathlib.Path, rc: int) -> 
       applied_twice=audit["applied_twice"],
       final_metrics_finite=all(math.isfinite(v) for v in (rl["accuracy"],)),
     )
-  (out / "soak.json").write_text(json.dumps(result, indent=2))
+  write_result(out / "soak.json", result)
   print(json.dumps({k: v for k, v in result.items() if k not in ("faults", "audit")}, indent=2))
   if rc == 0:
     print("\n| what | value |\n|---|---|")

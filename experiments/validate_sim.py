@@ -46,7 +46,7 @@ import numpy as np
 
 from sao_jax import sim
 from sao_jax.metrics import read_jsonl
-from sao_jax.provenance import provenance
+from sao_jax.provenance import provenance, write_result
 
 HERE = pathlib.Path(__file__).resolve().parent
 METRICS = (
@@ -432,9 +432,7 @@ def main(argv=None) -> dict:
         for key in ("trajectories_per_s", "learner_busy", "delay_mean_s")
         if g["real"].get(key) and g["simulated"].get(key)
       }
-  out = pathlib.Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(report, indent=2, default=float))
+  out = write_result(args.out, report, default=float)
   print(f"\n{'metric':30s} {'arm':13s} {'real':>10s} {'simulated':>10s} {'error':>8s}")
   for arm, r in report["arms"].items():
     for key, err in r["relative_error"].items():

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import pathlib
+import signal
+import subprocess
 import time
 
 
@@ -68,3 +70,25 @@ def stop_processes(procs, timeout: float = 10.0) -> None:
     if p.is_alive():
       p.kill()
       p.join()
+
+
+def kill_and_wait(
+  proc: subprocess.Popen, *, whole_group: bool, timeout: float, poll: float = 0.1
+) -> list[int]:
+  """SIGKILLs `proc` (with `whole_group`, its whole process group: started with
+  `start_new_session=True`, its own and its children's), reaps it, then waits up to
+  `timeout` seconds for the processes that were below it to exit (a sampler whose learner is
+  gone exits by itself). Returns those still alive."""
+  kids = descendants(proc.pid)  # read before the kill: orphans are re-parented at once
+  try:
+    if whole_group:
+      os.killpg(proc.pid, signal.SIGKILL)
+    else:
+      os.kill(proc.pid, signal.SIGKILL)
+  except ProcessLookupError:
+    pass
+  proc.wait()
+  deadline = time.time() + timeout
+  while any(alive(p) for p in kids) and time.time() < deadline:
+    time.sleep(poll)
+  return [p for p in kids if alive(p)]

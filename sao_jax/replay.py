@@ -42,7 +42,6 @@ from sao_jax import config as config_lib
 from sao_jax import recovery
 from sao_jax.buffer import Item
 from sao_jax.config import ConfigError
-from sao_jax.state import copy_tree
 from sao_jax.transport import records
 
 FIELDS = ("loss", "grad_norm", "digest")
@@ -144,11 +143,7 @@ def _start_state(s, learner, workdir: pathlib.Path):
     init = restore_init(s, s.cfg.init_from)
   else:
     raise ReplayError(f"{workdir} holds no SFT checkpoint and the config names no init_from")
-  fresh = learner.progs.init(jax.random.key(s.cfg.seed + 1))
-  return fresh.replace(
-    params=copy_tree(init.params),
-    ref_params=copy_tree(init.params) if learner.with_ref else None,
-  )
+  return learner.initial_state(init)
 
 
 def replay(

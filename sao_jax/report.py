@@ -210,6 +210,25 @@ def _seed_pair(key: str | None) -> str:
   return f"{a * unit[1]:g}{unit[0]} -> {b * unit[1]:g}{unit[0]} ({b / a:.2f}x)"
 
 
+def _ratio_rows(
+  sm: dict, base: str, table: list[tuple], row: Callable[[tuple, dict, str], Row]
+) -> list[Row]:
+  """A row per metric of `table` (entries `(summary key, label, ..., format, scale, unit)`)
+  that either arm measured, made by `row(entry, SAO's summary of it, ours)` where `ours` is
+  'GRPO -> SAO (SAO/GRPO)' in mean ± se of `sm[base]`, `sm["sao"]` and `sm["ratio"]`."""
+  rows = []
+  for entry in table:
+    key, *_, spec, scale, unit = entry
+    g, s, r = sm[base].get(key), sm["sao"].get(key), sm.get("ratio", {}).get(key)
+    if (g or {}).get("mean") is None and (s or {}).get("mean") is None:
+      continue
+    ours = f"{ms(g, spec, scale, unit)} -> {ms(s, spec, scale, unit)}" + (
+      f" ({ms(r, '{:.2f}')}x)" if r and r.get("mean") is not None else ""
+    )
+    rows.append(row(entry, s, ours))
+  return rows
+
+
 def sync_summary(doc: dict) -> dict:
   """bench_sync_vs_async's `summary`; a result written before seeds were added (arms at the
   top level, one run) is read as one seed."""
@@ -263,23 +282,17 @@ def longtail_rows(doc: dict, name: str) -> tuple[list[Row], list[str], dict]:
   if base not in sm or "sao" not in sm:
     return [], [], {}
   n = sm["sao"]["accuracy"]["n"]
-  rows = []
-  for key, label, spec, scale, unit in LONGTAIL_ROWS:
-    g, s, r = sm[base].get(key), sm["sao"].get(key), sm.get("ratio", {}).get(key)
-    if (g or {}).get("mean") is None and (s or {}).get("mean") is None:
-      continue
-    ours = f"{ms(g, spec, scale, unit)} -> {ms(s, spec, scale, unit)}" + (
-      f" ({ms(r, '{:.2f}')}x)" if r and r.get("mean") is not None else ""
+
+  def row(entry: tuple, s: dict, ours: str) -> Row:
+    key, label, *_ = entry
+    return Row(
+      f"long-tailed tasks, roles on own cores: {label}",
+      f"{SEED['throughput_ratio']}x" if key == "trajectories_per_s" else "-",
+      ours,
+      f"GRPO(N=8) via samplers -> SAO (SAO/GRPO), {n} seed(s), `{name}`",
     )
-    seed = f"{SEED['throughput_ratio']}x" if key == "trajectories_per_s" else "-"
-    rows.append(
-      Row(
-        f"long-tailed tasks, roles on own cores: {label}",
-        seed,
-        ours,
-        f"GRPO(N=8) via samplers -> SAO (SAO/GRPO), {n} seed(s), `{name}`",
-      )
-    )
+
+  rows = _ratio_rows(sm, base, LONGTAIL_ROWS, row)
   diffs = []
   tput = sm.get("ratio", {}).get("trajectories_per_s", {}).get("mean")
   if tput is not None:
@@ -340,23 +353,20 @@ def claim_sync_vs_async(root=None) -> Claim:
     )
     data["arms"] = {a: sm[a] for a in ("grpo", "grpo_samplers", "sao") if a in sm}
     data["ratio"] = sm.get("ratio", {})
-    for key, label, seed_key, spec, scale, unit in SYNC_ROWS:
-      if base is None or "sao" not in sm or key not in sm["sao"]:
-        continue
-      g, s, r = sm[base].get(key), sm["sao"].get(key), sm.get("ratio", {}).get(key)
-      if (g or {}).get("mean") is None and (s or {}).get("mean") is None:
-        continue
-      ours = f"{ms(g, spec, scale, unit)} -> {ms(s, spec, scale, unit)}" + (
-        f" ({ms(r, '{:.2f}')}x)" if r and r.get("mean") is not None else ""
-      )
-      seed = (
-        _seed_pair(seed_key)
-        if seed_key
-        else f"{SEED['utilisation_sao']:.0%} SAO, +{SEED['utilisation_gain']:.0%} over sync"
-        if key == "learner_busy"
-        else "-"
-      )
-      rows.append(Row(label, seed, ours, f"GRPO -> SAO (SAO/GRPO), {s['n']} seed(s), `{name}`"))
+    if base is not None and "sao" in sm:
+
+      def row(entry: tuple, s: dict, ours: str) -> Row:
+        key, label, seed_key, *_ = entry
+        seed = (
+          _seed_pair(seed_key)
+          if seed_key
+          else f"{SEED['utilisation_sao']:.0%} SAO, +{SEED['utilisation_gain']:.0%} over sync"
+          if key == "learner_busy"
+          else "-"
+        )
+        return Row(label, seed, ours, f"GRPO -> SAO (SAO/GRPO), {s['n']} seed(s), `{name}`")
+
+      rows += _ratio_rows(sm, base, [e for e in SYNC_ROWS if e[0] in sm["sao"]], row)
     tput = sm.get("ratio", {}).get("learner_steps_per_s", {}).get("mean")
     if tput is not None:
       diffs.append(

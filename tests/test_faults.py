@@ -20,7 +20,7 @@ from conftest import subprocess_env
 from sao_jax import checkpoint as ckpt
 from sao_jax import recovery
 from sao_jax.metrics import read_jsonl
-from sao_jax.procs import alive, descendants
+from sao_jax.procs import descendants, kill_and_wait
 
 pytestmark = pytest.mark.slow
 CFG = "experiments/configs/sao_arith.py:tiny"
@@ -78,14 +78,9 @@ def _kill_learner_at(repo_root, workdir, at_step: int, *extra):
       assert proc.poll() is None, proc.communicate()[0][-3000:]
       assert time.time() < deadline, "no progress"
       time.sleep(0.1)
-    children = descendants(proc.pid)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
     # The samplers and the broker notice that their learner is gone and exit by themselves.
-    deadline = time.time() + 30
-    while any(alive(p) for p in children) and time.time() < deadline:
-      time.sleep(0.2)
-    assert not [p for p in children if alive(p)], "orphans left after kill -9"
+    orphans = kill_and_wait(proc, whole_group=False, timeout=30, poll=0.2)
+    assert not orphans, "orphans left after kill -9"
   finally:
     if proc.poll() is None:
       proc.kill()

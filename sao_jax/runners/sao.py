@@ -269,11 +269,25 @@ class SAOLearner:
       shutil.rmtree(param_dir, ignore_errors=True)
     self.publisher = ParamPublisher(param_dir)
 
+  def fresh_state(self) -> TrainState:
+    """New parameters and optimizer state from the phase's key (seed + 1): the template a
+    snapshot restores into, and the optimizer a new run starts with."""
+    return self.progs.init(jax.random.key(self.cfg.seed + 1))
+
+  def initial_state(self, init: TrainState, fresh: TrainState | None = None) -> TrainState:
+    """A new run's first state: `fresh` (default `fresh_state()`) with a copy of `init`'s
+    params, and another copy as the frozen KL reference when there is a KL term. `sao-jax
+    replay` rebuilds the start through here, so it matches the run's bit for bit."""
+    fresh = self.fresh_state() if fresh is None else fresh
+    return fresh.replace(
+      params=copy_tree(init.params), ref_params=copy_tree(init.params) if self.with_ref else None
+    )
+
   def start(self, init: TrainState) -> bool:
     """Restores the newest readable snapshot (and replays the journal after it), or starts
     from `init`'s params. Publishes the policy samplers start from. Returns resumed?"""
     loop = self.loop
-    fresh = self.progs.init(jax.random.key(self.cfg.seed + 1))
+    fresh = self.fresh_state()
     startup.mark("compile_init")
     resumed = ckpt_lib.restore_latest_valid(self.mngr, fresh) if self.mngr.all_steps() else None
     startup.mark("restore")
@@ -308,9 +322,7 @@ class SAOLearner:
         flush=True,
       )
     else:
-      self.state = fresh.replace(
-        params=copy_tree(init.params), ref_params=copy_tree(init.params) if self.with_ref else None
-      )
+      self.state = self.initial_state(init, fresh)
       if self.primary:
         self.ledger.cut_to(0)
       self.shadows.reset_to(0, {})
