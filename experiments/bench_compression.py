@@ -66,7 +66,7 @@ from sao_jax.compression.rollout import (  # noqa: E402
   segment,
 )
 from sao_jax.config import Config, RLConfig, load_config  # noqa: E402
-from sao_jax.envs.longhorizon import BOUNDARIES, SEP, make_split  # noqa: E402
+from sao_jax.envs.longhorizon import BOUNDARIES, SEP, graded_steps, make_split  # noqa: E402
 from sao_jax.learner import make_optimizer, make_rl_update  # noqa: E402
 from sao_jax.models.transformer import TransformerLM  # noqa: E402
 from sao_jax.packing import right_pad  # noqa: E402
@@ -89,6 +89,16 @@ def _parser():
     help="train and evaluate only (skip bytes per stage and peak memory)",
   )
   p.add_argument("--tasks", default="", help="comma-separated (default: all; quick: retention)")
+  p.add_argument("--seed", type=int, default=0, help="model init and training order")
+  p.add_argument(
+    "--long-eval-episodes",
+    type=int,
+    default=32,
+    help="1,000-step episodes played greedily by each arm (0: skip; quick 2)",
+  )
+  p.add_argument(
+    "--no-attention-cost", action="store_true", help="skip timing the whole bank vs a window"
+  )
   p.add_argument("--out", default=str(ROOT / "results/bench_compression.json"))
   return p
 
@@ -102,8 +112,9 @@ def _config_module(path: str):
 
 
 # 1. bytes per stage -----------------------------------------------------------------------
-def bytes_per_stage(cfg: Config, progs, policy, params, tasks) -> dict:
-  """Runs the expert episodes through the sampler's compress program, all side by side."""
+def bytes_per_stage(cfg: Config, progs, policy, params, tasks, *, detail: bool = True) -> dict:
+  """Runs the expert episodes through the sampler's compress program, all side by side.
+  `detail`: also the LSTM's surprise (and the learned salience) per kind of step."""
   c = cfg.compression
   n = len(tasks)
   scripts = [script(t, L.TOK) for t in tasks]
@@ -146,11 +157,7 @@ def bytes_per_stage(cfg: Config, progs, policy, params, tasks) -> dict:
     log = sorted(
       [(int(k), n_steps + 1) for k in steps] + [(e[0], at + 1) for at, e in graves[i].items()]
     )
-    obs = t.prompt.split(SEP)
-    for q in scripts[i][2]:
-      # The fact a question asks about: "Ann's pin?" <- "Ann's pin: 7", "door 2?" <- "key 2 ..."
-      key = obs[q][:-1] + ":" if obs[q].endswith("pin?") else "key " + obs[q].split()[1][:-1]
-      f = next(k for k, o in enumerate(obs) if o.startswith(key + " ") or o.startswith(key + ":"))
+    for q, f in question_facts(t):
       fact_kept.append(f in steps)
       fact_visible.append(f in [k for k, until in log if k < q < until][-c.visible :])
   per_stage = {
@@ -174,7 +181,7 @@ def bytes_per_stage(cfg: Config, progs, policy, params, tasks) -> dict:
     "dropped_bank_full": int(np.sum(jax.device_get(streams.dropped_full))),
     "evicted": int(evicted.sum()),
     "graveyard_over_stage3": float(grave_bytes.mean() / out["stage3_int8"]),
-    "surprise_by_kind": _surprise_by_kind(cfg, policy, params, tasks),
+    **(_by_kind(cfg, policy, params, tasks) if detail else {}),
     "bytes": out,
     # Not for the graveyard (not a stage) or 0 bytes.
     "reduction_vs_full": {
@@ -185,13 +192,129 @@ def bytes_per_stage(cfg: Config, progs, policy, params, tasks) -> dict:
   }
 
 
-def _surprise_by_kind(cfg: Config, policy, params, tasks) -> dict:
+def question_facts(task) -> list[tuple[int, int]]:
+  """(question step, step of the fact it asks about) of each graded step, in step order:
+  "Ann's pin?" <- "Ann's pin: 7", "door 2?" <- "key 2 ..."."""
+  obs = task.prompt.split(SEP)
+  out = []
+  for q in sorted(graded_steps(task)):
+    key = obs[q][:-1] + ":" if obs[q].endswith("pin?") else "key " + obs[q].split()[1][:-1]
+    f = next(k for k, o in enumerate(obs) if o.startswith(key + " ") or o.startswith(key + ":"))
+    out.append((q, f))
+  return out
+
+
+# Recall distance buckets (question step - fact step) of the 1,000-step accuracy.
+GAP_EDGES = (32, 64, 128, 256, 512, 1000)
+
+
+def long_accuracy(cfg: Config, arms: dict, tasks, *, length: int) -> dict:
+  """Greedy accuracy on 1,000-step episodes, overall and by recall distance.
+
+  arms: name -> (programs, policy or model, params, memory: bool). The full-context control
+  trained on the short episodes reads the last `length` tokens (its trained context; the
+  whole 1,000-step episode is ~10^4 tokens, past its position table and this machine's
+  memory for training): what a control trained at this budget can do at this length."""
+  gaps = np.asarray([q - f for t in tasks for q, f in question_facts(t)])
+  out = {"episodes": len(tasks), "questions": len(gaps), "control_context_tokens": length}
+  for name, (progs, pol, params, memory) in arms.items():
+    t0 = time.time()
+    _, trajs = L.evaluate(cfg, progs, pol, params, tasks, memory, length=length)
+    r = _rewards(trajs)
+    by_gap = {}
+    for lo, hi in zip(GAP_EDGES[:-1], GAP_EDGES[1:], strict=True):
+      sel = (gaps >= lo) & (gaps < hi)
+      if sel.any():
+        by_gap[f"{lo}-{hi}"] = {"questions": int(sel.sum()), "accuracy": float(r[sel].mean())}
+    out[name] = dict(_accuracy_stats(trajs), by_gap=by_gap, seconds=time.time() - t0)
+  return out
+
+
+def _variant(cfg: Config, **comp) -> Config:
+  """cfg with compression fields replaced (the model's memory slots follow `visible`)."""
+  c = dataclasses.replace(cfg.compression, **comp)
+  model = dataclasses.replace(cfg.model, memory_slots=c.visible * c.vectors_per_step)
+  return dataclasses.replace(cfg, compression=c, model=model)
+
+
+def filter_ablations(cfg: Config, params, tasks, *, window: int = 16) -> dict:
+  """Facts kept / visible at their question on the 1,000-step episodes, same trained
+  parameters, for each filter (learned salience, surprise only, surprise first-come) and
+  what the policy reads (the whole bank, or the last `window` entries)."""
+  c = cfg.compression
+  variants = {}
+  if c.salience == "learned":
+    variants["learned_salience_full_bank"] = {"visible": c.capacity}
+    variants[f"learned_salience_last_{window}"] = {"visible": window}
+  variants["surprise_full_bank"] = {"salience": "none", "visible": c.capacity}
+  variants[f"surprise_last_{window}"] = {"salience": "none", "visible": window}
+  variants[f"surprise_first_come_last_{window}"] = {
+    "salience": "none",
+    "visible": window,
+    "evict": False,
+  }
+  out = {}
+  for name, over in variants.items():
+    vcfg = _variant(cfg, **over)
+    progs, pol = L.build(vcfg, True)
+    # Without a salience head the policy's parameters have no "salience" part.
+    vparams = {k: v for k, v in params.items() if k != "salience" or pol.comp.salience}
+    r = bytes_per_stage(vcfg, progs, pol, vparams, tasks, detail=False)
+    out[name] = dict(
+      over,
+      **{
+        k: r[k]
+        for k in (
+          "kept_steps_mean",
+          "facts_kept_frac",
+          "facts_visible_at_question_frac",
+          "evicted",
+          "dropped_bank_full",
+        )
+      },
+    )
+  return out
+
+
+def attention_cost(cfg: Config, train, test, *, length: int, window: int = 16) -> dict:
+  """Measured cost of reading the whole bank against the last `window` entries: seconds per
+  supervised update (batch of cfg.sft.batch_size episodes) and per sampling step (32
+  episodes side by side: sample + compress), compile excluded, same machine, one after the
+  other."""
+  out = {}
+  for visible in (window, cfg.compression.capacity):
+    vcfg = _variant(cfg, visible=visible)
+    progs, pol = L.build(vcfg, True, mode="sft")
+    L.train(vcfg, progs, True, train, steps=1, length=length)  # compiles
+    _, t1, _ = L.train(vcfg, progs, True, train, steps=1, length=length)
+    _, t6, _ = L.train(vcfg, progs, True, train, steps=6, length=length)
+    state = progs.init(jax.random.key(0))
+    L.evaluate(vcfg, progs, pol, state.params, test[:32], True, length=length)  # compiles
+    t0 = time.time()
+    _, trajs = L.evaluate(vcfg, progs, pol, state.params, test[:32], True, length=length)
+    steps = max(len(t.rewards) for t in trajs)
+    out[f"visible_{visible}"] = {
+      "memory_slots": visible * cfg.compression.vectors_per_step,
+      "update_seconds": (t6 - t1) / 5,
+      "sample_step_seconds": (time.time() - t0) / steps,
+    }
+  a, b = out[f"visible_{window}"], out[f"visible_{cfg.compression.capacity}"]
+  out["full_bank_over_window"] = {
+    "update": b["update_seconds"] / a["update_seconds"],
+    "sample_step": b["sample_step_seconds"] / a["sample_step_seconds"],
+  }
+  return out
+
+
+def _by_kind(cfg: Config, policy, params, tasks) -> dict:
   """The LSTM's relative surprise per kind of step (fact/key, question/door, boundary,
-  common filler, less common filler): min / median / max over the episodes. Shows how far
-  apart the steps worth keeping and the chit-chat are."""
+  common filler, less common filler): min / median / max over the episodes; and the learned
+  salience (keep probability) likewise when the filter has one. Shows how far apart the
+  steps worth keeping and the chit-chat are by each score."""
   c = cfg.compression
   scan = jax.jit(policy.comp.scan_trajectory)
   kinds: dict[str, list] = {}
+  sal_kinds: dict[str, list] = {}
   for t in tasks:
     obs, acts, graded = script(t, L.TOK)
     seg, segv = right_pad(
@@ -203,6 +326,7 @@ def _surprise_by_kind(cfg: Config, policy, params, tasks) -> dict:
     bnd = jnp.asarray([o in BOUNDARIES for o in text])
     _, info = scan(params, v, rew, bnd, jnp.ones(len(obs), bool))
     sur = np.asarray(info["surprise"])
+    sal = np.asarray(info["salience"])
     for k, o in enumerate(text[1:], start=1):  # step 0 has no prediction
       kind = (
         "fact"
@@ -216,10 +340,18 @@ def _surprise_by_kind(cfg: Config, policy, params, tasks) -> dict:
         else "filler_variant"
       )
       kinds.setdefault(kind, []).append(float(sur[k]))
-  return {
-    k: {"n": len(x), "min": min(x), "median": float(np.median(x)), "max": max(x)}
-    for k, x in kinds.items()
-  }
+      sal_kinds.setdefault(kind, []).append(float(sal[k]))
+
+  def table(by):
+    return {
+      k: {"n": len(x), "min": min(x), "median": float(np.median(x)), "max": max(x)}
+      for k, x in by.items()
+    }
+
+  out = {"surprise_by_kind": table(kinds)}
+  if c.salience == "learned":
+    out["salience_by_kind"] = table(sal_kinds)
+  return out
 
 
 def _rewards(trajs) -> np.ndarray:
@@ -349,6 +481,7 @@ def main(argv=None) -> dict:
   if args.quick:
     long_specs = {k: dataclasses.replace(v, n_steps=120, n_facts=3) for k, v in long_specs.items()}
   steps = args.steps or (cfg.sft.steps if not args.quick else 10)
+  long_eval = args.long_eval_episodes if not args.quick else min(args.long_eval_episodes, 2)
   num_test = args.num_test or (8 if args.quick else 256)
   log = print
   t_start = time.time()
@@ -358,6 +491,7 @@ def main(argv=None) -> dict:
     "quick": args.quick,
     "steps": steps,
     "num_test": num_test,
+    "seed": args.seed,
     "machine": {"platform": platform.platform(), "devices": str(jax.devices())},
     "tasks": {},
   }
@@ -370,7 +504,9 @@ def main(argv=None) -> dict:
     mem_progs = L.build(cfg, True, mode="sft")
     for memory in (True, False):
       progs, pol = mem_progs if memory else L.build(cfg, False, full_len=length)
-      state, secs, metrics = L.train(cfg, progs, memory, train, steps=steps, length=length, log=log)
+      state, secs, metrics = L.train(
+        cfg, progs, memory, train, steps=steps, length=length, seed=args.seed, log=log
+      )
       acc, trajs = L.evaluate(cfg, progs, pol, state.params, test, memory, length=length)
       arm = dict(_accuracy_stats(trajs), train_seconds=secs, final_metrics=metrics)
       if memory:
@@ -379,8 +515,10 @@ def main(argv=None) -> dict:
         arm["episodes_with_evictions"] = int(sum(t.bank["evicted"] > 0 for t in trajs))
         mem_params = state.params
         mem_rewards = _rewards(trajs)
+        mem_arm = (progs, pol, state.params, True)
       else:
         full_rewards = _rewards(trajs)
+        full_arm = (progs, pol, state.params, False)
       arms["compressed" if memory else "full_context"] = arm
       log(
         f"  {'compressed' if memory else 'full context'}: accuracy {acc:.3f} "
@@ -431,24 +569,24 @@ def main(argv=None) -> dict:
       f"{stages['facts_visible_at_question_frac']:.3f}, evictions {stages['evicted']}, "
       f"dropped (bank full) {stages['dropped_bank_full']}"
     )
-    # Ablation: the first-come rule (no eviction), same trained parameters.
-    ncfg = dataclasses.replace(cfg, compression=dataclasses.replace(cfg.compression, evict=False))
-    nprogs, npol = L.build(ncfg, True)
-    first_come = bytes_per_stage(ncfg, nprogs, npol, mem_params, long_tasks)
-    stages["first_come_rule"] = {
-      k: first_come[k]
-      for k in (
-        "kept_steps_mean",
-        "facts_kept_frac",
-        "facts_visible_at_question_frac",
-        "dropped_bank_full",
-        "bytes",
+    # Ablations with the same trained parameters: each filter, whole bank vs a window.
+    stages["filters"] = filter_ablations(cfg, mem_params, long_tasks)
+    for k, v in stages["filters"].items():
+      log(
+        f"  {k}: facts kept {v['facts_kept_frac']:.3f}, visible at their question "
+        f"{v['facts_visible_at_question_frac']:.3f}"
       )
-    }
-    log(
-      f"  first-come rule: facts kept {first_come['facts_kept_frac']:.3f}, visible "
-      f"{first_come['facts_visible_at_question_frac']:.3f}"
-    )
+    if long_eval:
+      evals = make_split(long_specs[name], "test", long_eval, 2)
+      stages["long_accuracy"] = long_accuracy(
+        cfg, {"compressed": mem_arm, "full_context_window": full_arm}, evals, length=length
+      )
+      la = stages["long_accuracy"]
+      log(
+        f"  {long_specs[name].n_steps}-step accuracy ({la['questions']} questions): compressed "
+        f"{la['compressed']['accuracy']:.3f}, full-context control on its last {length} tokens "
+        f"{la['full_context_window']['accuracy']:.3f}"
+      )
     memory = {"accuracy_episodes": peak_memory(cfg, test[:1])}
     if not args.quick:  # the smoke run skips these three compilations
       memory["long_episodes"] = peak_memory(cfg, long_tasks[:1])
@@ -460,6 +598,9 @@ def main(argv=None) -> dict:
     result["tasks"][name].update(
       long_spec=dataclasses.asdict(long_specs[name]), bytes_per_stage=stages, peak_memory=memory
     )
+    if not (args.no_attention_cost or args.quick) and "attention_cost" not in result:
+      result["attention_cost"] = attention_cost(cfg, train, test, length=length)
+      log(f"  whole bank vs last 16 entries: {result['attention_cost']['full_bank_over_window']}")
   result["seconds"] = time.time() - t_start
   _table(result)
   out = pathlib.Path(args.out)
@@ -480,20 +621,25 @@ def _table(r: dict):
       red = s["reduction_vs_full"].get(k)
       red = f"{red:.1f}x" if red else "-"
       print(f"| {name} ({s['steps']} steps) | {k} | {v:,.0f} | {red} |")
-  print(
-    "\n| task | facts kept | facts visible at question | evictions | first-come rule: "
-    "facts kept / visible |"
-  )
-  print("|---|---:|---:|---:|---:|")
+  print("\n| task | filter, what the policy reads | facts kept | facts visible at question |")
+  print("|---|---|---:|---:|")
   for name, t in r["tasks"].items():
-    if "bytes_per_stage" not in t:
-      continue
-    s, f = t["bytes_per_stage"], t["bytes_per_stage"]["first_come_rule"]
-    print(
-      f"| {name} ({s['steps']} steps) | {s['facts_kept_frac']:.3f} | "
-      f"{s['facts_visible_at_question_frac']:.3f} | {s['evicted']} | "
-      f"{f['facts_kept_frac']:.3f} / {f['facts_visible_at_question_frac']:.3f} |"
-    )
+    s = t.get("bytes_per_stage")
+    for k, v in (s or {}).get("filters", {}).items():
+      print(
+        f"| {name} ({s['steps']} steps) | {k} | {v['facts_kept_frac']:.3f} | "
+        f"{v['facts_visible_at_question_frac']:.3f} |"
+      )
+  print("\n| task | arm | accuracy on the long episodes | by recall distance (steps) |")
+  print("|---|---|---:|---|")
+  for name, t in r["tasks"].items():
+    la = (t.get("bytes_per_stage") or {}).get("long_accuracy")
+    for arm in ("compressed", "full_context_window") if la else ():
+      a = la[arm]
+      gaps = ", ".join(
+        f"{g}: {v['accuracy']:.2f} ({v['questions']})" for g, v in a["by_gap"].items()
+      )
+      print(f"| {name} | {arm} | {a['accuracy']:.3f} +- {a['stderr']:.3f} | {gaps} |")
   print(
     "\n| task | questions | chance | full context | compressed | compressed, float memory "
     "| relative loss (paired s.e.) |"

@@ -515,6 +515,9 @@ class FaultsConfig:
     )
 
 
+SALIENCE = ("none", "learned")
+
+
 @dataclasses.dataclass(frozen=True)
 class CompressionConfig:
   """Three-stage context compression for long-horizon tasks (see sao_jax.compression).
@@ -530,6 +533,14 @@ class CompressionConfig:
   dropped once the budget or the bank is used up. Evicted entries ship with the trajectory
   (its graveyard: one bank entry plus an eviction step each), so the learner still rebuilds
   exactly what the sampler saw at every step (`sao_jax.compression.memory`).
+
+  `salience` "learned" adds a learned salience score to stage 2
+  (`sao_jax.compression.salience`): a small head on each step's vectors, trained in the
+  supervised phase through a soft keep mask from the policy's answer loss (weight
+  `salience_coef`, with an L1 price `salience_price` on keeping). A step is then a keep
+  candidate when it surprises the LSTM (as before) or when its salience probability is >= 0.5,
+  and the budget and eviction rank the non-structural entries by salience instead of surprise.
+  "none": surprise alone (the LSTM rule above). Full-bank attention is `visible = capacity`.
   """
 
   enabled: bool = False
@@ -551,8 +562,23 @@ class CompressionConfig:
   evict: bool = False
   recon_coef: float = 1.0
   predict_coef: float = 1.0
+  salience: str = "none"
+  salience_hidden: int = 32
+  salience_coef: float = 1.0
+  salience_price: float = 0.05
+  salience_rows: int = 4  # rows per trajectory (graded first) in the soft-mask pass
 
   def __post_init__(self):
+    _check(
+      self.salience in SALIENCE,
+      f"compression.salience {self.salience!r} unknown; known: {', '.join(SALIENCE)}",
+    )
+    _check(
+      min(self.salience_hidden, self.salience_rows) > 0
+      and self.salience_coef >= 0
+      and self.salience_price >= 0,
+      "compression: salience sizes must be positive and its coefs >= 0",
+    )
     _check(
       min(
         self.step_len,

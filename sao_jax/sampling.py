@@ -134,12 +134,17 @@ def sequence_logits(
   memory_bmd=None,
   memory_valid_bm=None,
   with_values: bool = False,
+  memory_bias_bm=None,
 ):
   """Full-row forward: logits [B, L, V] predicting the token after each slot (and the value
-  head's outputs [B, L] with `with_values`)."""
+  head's outputs [B, L] with `with_values`). `memory_bias_bm`: optional additive attention
+  bias of the memory slots (0 on token slots)."""
   valid_bk = valid_bl
   if memory_bmd is not None:
     valid_bk = jnp.concatenate([memory_valid_bm, valid_bl], axis=1)
+  key_bias = None
+  if memory_bias_bm is not None:
+    key_bias = jnp.concatenate([memory_bias_bm, jnp.zeros(valid_bl.shape, jnp.float32)], axis=1)
   mask = causal_mask(valid_bk, jnp.arange(valid_bk.shape[1]))
   out = model.apply(
     {"params": params},
@@ -148,6 +153,7 @@ def sequence_logits(
     mask,
     memory_bmd=memory_bmd,
     with_values=with_values,
+    key_bias_bk=key_bias,
   )
   return (out[0], out[2]) if with_values else out[0]
 
@@ -173,6 +179,7 @@ def completion_logprobs(
   memory_valid_bm=None,
   with_entropy: bool = False,
   with_value: bool = False,
+  memory_bias_bm=None,
 ) -> LogProbs:
   """Per-token log-probs [B, T] of `tokens_bt` following each prompt (0 where invalid).
 
@@ -185,7 +192,14 @@ def completion_logprobs(
   tokens_bl = jnp.concatenate([prompt_bp, tokens_bt], axis=1)
   valid_bl = jnp.concatenate([prompt_valid_bp, valid_bt], axis=1)
   out = sequence_logits(
-    model, params, tokens_bl, valid_bl, memory_bmd, memory_valid_bm, with_values=with_value
+    model,
+    params,
+    tokens_bl,
+    valid_bl,
+    memory_bmd,
+    memory_valid_bm,
+    with_values=with_value,
+    memory_bias_bm=memory_bias_bm,
   )
   logits_blv = out[0] if with_value else out
   logits_btv = logits_blv[:, plen - 1 : -1] / temperature

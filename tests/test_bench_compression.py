@@ -46,8 +46,25 @@ def test_bench_compression_quick(tmp_path, repo_root):
     assert b["stage3_int8_with_graveyard"] == pytest.approx(
       b["stage3_int8"] + b["stage3_graveyard_exact_replay"]
     )
-    assert 0 <= s["first_come_rule"]["facts_kept_frac"] <= 1
+    f = s["filters"]
+    assert set(f) == {
+      "learned_salience_full_bank",
+      "learned_salience_last_16",
+      "surprise_full_bank",
+      "surprise_last_16",
+      "surprise_first_come_last_16",
+    }
+    for v in f.values():
+      assert 0 <= v["facts_kept_frac"] <= 1 and 0 <= v["facts_visible_at_question_frac"] <= 1
+    # The trained filter is the first row: the same numbers as the main measurement.
+    assert f["learned_salience_full_bank"]["facts_kept_frac"] == s["facts_kept_frac"]
+    assert f["surprise_first_come_last_16"]["evicted"] == 0
     assert {"fact", "question", "filler"} <= set(s["surprise_by_kind"])
+    assert set(s["salience_by_kind"]) == set(s["surprise_by_kind"])
+    la = s["long_accuracy"]
+    assert la["episodes"] == 2 and la["questions"] == 6  # 2 episodes x 3 facts
+    for arm in ("compressed", "full_context_window"):
+      assert sum(g["questions"] for g in la[arm]["by_gap"].values()) == 6
     assert t["chance"] == 0.1 and t["relative_loss_stderr_paired"] >= 0
     for arm in ("compressed", "full_context", "compressed_float_memory"):
       a = t["arms"][arm]

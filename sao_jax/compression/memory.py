@@ -49,6 +49,7 @@ import jax.numpy as jnp
 
 from sao_jax.compression import quant, temporal
 from sao_jax.compression.encoder import StepDecoder, StepEncoder
+from sao_jax.compression.salience import SalienceHead
 from sao_jax.config import CompressionConfig
 
 
@@ -74,7 +75,8 @@ class Stream:
   budget_used: jax.Array
   step: jax.Array
   dropped_full: jax.Array  # steps that should have been kept but the bank was full
-  # Sampler-side bookkeeping for eviction (not shipped): each entry's priority (its surprise;
+  # Sampler-side bookkeeping for eviction (not shipped): each entry's priority (its surprise,
+  # or its learned salience;
   # +inf for structural turning points, which are never evicted), and evictions so far.
   prio_c: jax.Array
   evicted: jax.Array
@@ -115,12 +117,17 @@ class Compressor:
     self.decoder = StepDecoder(cfg, vocab_size)
     self.flat = cfg.vectors_per_step * cfg.dim
     self.temporal = temporal.TemporalPredictor(cfg.lstm_hidden, self.flat)
+    self.salience = SalienceHead(cfg.salience_hidden) if cfg.salience == "learned" else None
 
   def init(self, rng: jax.Array) -> dict:
-    r1, r2, r3 = jax.random.split(rng, 3)
+    r1, r2, r3, r4 = jax.random.split(rng, 4)
     seg = jnp.zeros((1, self.cfg.step_len), jnp.int32)
     vec = jnp.zeros((1, self.cfg.vectors_per_step, self.cfg.dim))
+    extra = {}
+    if self.salience is not None:
+      extra["salience"] = self.salience.init(r4, vec.reshape(1, -1))["params"]
     return {
+      **extra,
       "encoder": self.encoder.init(r1, seg, seg > -1)["params"],
       "decoder": self.decoder.init(r2, vec)["params"],
       "temporal": self.temporal.init(r3, self.temporal.initial_carry(1), vec.reshape(1, -1))[
@@ -132,6 +139,14 @@ class Compressor:
   def encode(self, params, seg_nl, segv_nl) -> jax.Array:
     """[N, L] step tokens -> [N, m, dim] vectors."""
     return self.encoder.apply({"params": params["encoder"]}, seg_nl, segv_nl)
+
+  def salience_prob(self, params, v_d) -> jax.Array:
+    """Learned keep probability of step vectors [..., m*dim] (the encoder held fixed); zeros
+    without a salience head."""
+    if self.salience is None:
+      return jnp.zeros(v_d.shape[:-1])
+    logit = self.salience.apply({"params": params["salience"]}, jax.lax.stop_gradient(v_d))
+    return jax.nn.sigmoid(logit)
 
   # Stages 2 and 3, one step ----------------------------------------------------------------
   def empty_stream(self) -> Stream:
@@ -170,13 +185,21 @@ class Compressor:
     reward change, last step: never evicted) if it has a higher priority. Eviction removes the
     entry and shifts the later ones down, so the bank stays in step order.
 
-    Returns (stream, info) with info: surprise, keep, turning, pred_d (the prediction that
-    was compared against this step), evict (this step evicted an entry), and the evicted
-    entry as in `Stream.gone_*` (gone_step -1 if none).
+    With a learned salience head (`cfg.salience`), a step whose keep probability is >= 0.5 is
+    a candidate too, and the priority of a non-structural entry (what budget replacement and
+    eviction rank by) is that probability instead of the surprise.
+
+    Returns (stream, info) with info: surprise, salience (keep probability, 0 without a
+    head), keep, turning, pred_d (the prediction that was compared against this step), evict
+    (this step evicted an entry), and the evicted entry as in `Stream.gone_*` (gone_step -1
+    if none).
     """
     cfg = self.cfg
     v_d = v_ed.reshape(-1)
     surprise = temporal.relative_surprise(s.pred_d, v_d)
+    sal = self.salience_prob(params, v_d)
+    learned = self.salience is not None
+    salient = (sal >= 0.5) if learned else jnp.zeros((), bool)
     structural = (s.step == 0) | last | boundary | (reward != s.prev_reward)
     keep, is_turning, by_surprise = temporal.keep_step(
       surprise,
@@ -185,13 +208,14 @@ class Compressor:
       keep_threshold=cfg.keep_threshold,
       turning_surprise=cfg.turning_surprise,
       budget=cfg.budget,
+      salient=salient,
     )
     b = s.bank
     live_c = jnp.arange(cfg.capacity) < b.count
     room = b.count < cfg.capacity
-    new_prio = jnp.where(structural, jnp.inf, surprise)
-    # Over budget: may replace a budget entry (live, not a turning point) that surprised less.
-    over_budget = (surprise >= cfg.keep_threshold) & ~is_turning & ~keep
+    new_prio = jnp.where(structural, jnp.inf, sal if learned else surprise)
+    # Over budget: may replace a budget entry (live, not a turning point) of lower priority.
+    over_budget = ((surprise >= cfg.keep_threshold) | salient) & ~is_turning & ~keep
     pool_c = jnp.where(over_budget, live_c & ~b.turning_c, live_c)
     prio_c = jnp.where(pool_c, s.prio_c, jnp.inf)
     victim = jnp.argmin(prio_c)
@@ -248,6 +272,7 @@ class Compressor:
     )
     info = {
       "surprise": surprise,
+      "salience": sal,
       "keep": write,
       "turning": is_turning,
       "pred_d": s.pred_d,

@@ -17,7 +17,9 @@ Both update functions go through `sao_jax.learner.apply_gradients` (non-finite g
 `lr_scale`) like every other update. Losses (`make_memory_update`): the policy term
 (cross-entropy on scripted actions for "sft"; the decoupled PPO surrogate on graded steps
 for "rl") + `recon_coef` * the encoder's
-reconstruction loss + `predict_coef` * the LSTM's next-step prediction loss.
+reconstruction loss + `predict_coef` * the LSTM's next-step prediction loss; with a learned
+salience head, in the supervised phase, + `salience_coef` * the answer loss through the soft
+keep mask + `salience_price` * the mean keep probability (`sao_jax.compression.salience`).
 
 `make_full_context_sft_update` is the control: the same transformer without memory, trained
 on whole episodes as one causal sequence (identical to conditioning each step on its full
@@ -31,7 +33,7 @@ import jax.numpy as jnp
 
 from sao_jax import sampling
 from sao_jax.batches import MemoryBatch
-from sao_jax.compression import quant, temporal
+from sao_jax.compression import quant, salience, temporal
 from sao_jax.compression.encoder import reconstruction_loss
 from sao_jax.compression.memory import Compressor, Graveyard, Stream, graveyard
 from sao_jax.learner import apply_gradients
@@ -107,13 +109,22 @@ class MemoryPolicy:
     )
 
   # Learner -------------------------------------------------------------------------------
-  def row_logprobs(self, params, batch: MemoryBatch, *, stored: bool, temperature: float = 1.0):
+  def row_logprobs(
+    self,
+    params,
+    batch: MemoryBatch,
+    *,
+    stored: bool,
+    temperature: float = 1.0,
+    with_salience: bool = False,
+  ):
     """Log-probs [B, R, T] (and entropy, and the compressor's losses) of the batch's rows
     under the memory they saw.
 
     With `stored` the memory values are the shipped bank's and graveyard's (`batch.bank_*`,
     `batch.gone_*`); without, both are built in-graph by the same per-step logic from the
-    batch's segments.
+    batch's segments. `with_salience` (a learned salience head only) adds the head's loss
+    terms to aux (`salience_loss`).
     """
     comp = self.comp
     b, s = batch.step_valid_bs.shape
@@ -171,7 +182,11 @@ class MemoryPolicy:
     pred_w = (sv & (jnp.arange(s)[None] > 0)).astype(jnp.float32)
     predict = temporal.prediction_loss(info["pred_d"], v_bsed.reshape(b, s, -1), pred_w)
     kept = info["keep"] & sv
+    extra = {}
+    if with_salience:
+      extra = self.salience_loss(params, batch, v_bsed, temperature)
     aux = {
+      **extra,
       "recon": recon,
       "predict": predict,
       "kept_frac": jnp.sum(kept) / jnp.maximum(jnp.sum(sv), 1),
@@ -179,6 +194,41 @@ class MemoryPolicy:
     }
     shape = (b, r, -1)
     return logp.reshape(shape), ent.reshape(shape), aux
+
+  def salience_loss(self, params, batch: MemoryBatch, v_bsed, temperature: float) -> dict:
+    """The salience head's training terms (`sao_jax.compression.salience`): the weighted
+    answer NLL of the first `salience_rows` rows of each trajectory (graded rows come first)
+    when each reads every earlier step through the soft keep mask, with the policy and the
+    encoder held fixed; and the mean keep probability (its price)."""
+    comp = self.comp
+    b, s = batch.step_valid_bs.shape
+    k = min(comp.cfg.salience_rows, batch.row_step_br.shape[1])
+    v_bsed = jax.lax.stop_gradient(v_bsed)
+    p_bs = comp.salience_prob(params, v_bsed.reshape(b, s, -1))
+    rows = lambda x: x[:, :k].reshape((b * k,) + x.shape[2:])  # noqa: E731
+    mem, ok, bias = jax.vmap(
+      lambda v, p, sv, t_k: jax.vmap(lambda t: salience.soft_memory(v, p, sv, t))(t_k)
+    )(v_bsed, p_bs, batch.step_valid_bs, batch.row_step_br[:, :k])
+    flat = lambda x: x.reshape((b * k,) + x.shape[2:])  # noqa: E731
+    logp, _, _ = sampling.completion_logprobs(
+      self.model,
+      jax.lax.stop_gradient(params["policy"]),
+      rows(batch.prompt_brp),
+      rows(batch.prompt_valid_brp),
+      rows(batch.tokens_brt),
+      rows(batch.valid_brt),
+      temperature=temperature,
+      memory_bmd=flat(mem),
+      memory_valid_bm=flat(ok),
+      memory_bias_bm=flat(bias),
+    )
+    mask = rows(batch.valid_brt) & rows(batch.row_valid_br)[:, None]
+    w = rows(batch.row_weight_br * batch.row_valid_br)
+    nll = -jnp.sum(jnp.where(mask, logp, 0.0), -1) / jnp.maximum(jnp.sum(mask, -1), 1)
+    return {
+      "salience_nll": jnp.sum(nll * w) / jnp.maximum(jnp.sum(w), 1e-6),
+      "salience_keep": salience.price(p_bs, batch.step_valid_bs),
+    }
 
 
 def group_advantages(r_br: jax.Array, g_br: jax.Array, group_size: int) -> jax.Array:
@@ -220,6 +270,8 @@ def make_memory_update(
   if mode not in ("sft", "rl"):
     raise ValueError(f"mode {mode!r} unknown; known: rl, sft")
   ccfg = policy.comp.cfg
+  # The salience head learns from supervised answers (sao_jax.compression.salience).
+  learn_salience = mode == "sft" and policy.comp.salience is not None
 
   def update(state: TrainState, batch: MemoryBatch):
     sv = batch.row_valid_br
@@ -227,7 +279,7 @@ def make_memory_update(
 
     def loss_fn(params):
       logp, ent, aux = policy.row_logprobs(
-        params, batch, stored=mode == "rl", temperature=temperature
+        params, batch, stored=mode == "rl", temperature=temperature, with_salience=learn_salience
       )
       n_tok = jnp.maximum(jnp.sum(mask, -1), 1)
       extra = {}
@@ -251,6 +303,9 @@ def make_memory_update(
           "adv_abs": jnp.sum(jnp.abs(adv)) / jnp.maximum(jnp.sum(g), 1),
         }
       loss = pol + ccfg.recon_coef * aux["recon"] + ccfg.predict_coef * aux["predict"]
+      if learn_salience:
+        loss = loss + ccfg.salience_coef * aux["salience_nll"]
+        loss = loss + ccfg.salience_price * aux["salience_keep"]
       ent_mean = jnp.sum(jnp.where(mask, ent, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
       return loss, dict(aux, loss=loss, policy_loss=pol, entropy=ent_mean, **extra)
 

@@ -61,10 +61,13 @@ def keep_step(
   keep_threshold: float,
   turning_surprise: float,
   budget: int,
+  salient=False,
 ):
-  """Scalar keep decision. Returns (keep, is_turning_point, counts_against_budget)."""
+  """Scalar keep decision. `salient`: the learned salience also makes the step a candidate
+  (`sao_jax.compression.salience`). Returns (keep, is_turning_point, counts_against_budget)."""
   is_turning = turning | (surprise >= turning_surprise)
-  by_surprise = (surprise >= keep_threshold) & (budget_used < budget) & ~is_turning
+  candidate = (surprise >= keep_threshold) | salient
+  by_surprise = candidate & (budget_used < budget) & ~is_turning
   return is_turning | by_surprise, is_turning, by_surprise
 
 

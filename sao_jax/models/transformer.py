@@ -7,7 +7,9 @@ Layout of one row (all shapes fixed, so sampling and training compile once):
 Memory slots are prefix vectors (the compressed context of long-horizon tasks); they are
 projected to the model width and attended to like tokens. Which slots exist is given by
 `valid_bk`; a query attends to valid keys at or before its own slot. Token positions count
-valid tokens only, so left padding does not shift them.
+valid tokens only, so left padding does not shift them. An optional additive key bias
+(`key_bias_bk`, e.g. log keep probabilities of memory slots) scales each key's attention weight
+by exp(bias) before renormalisation.
 
 Parameters carry logical axis names (batch, embed, heads, kv, mlp, vocab); the mesh rules
 in the config map them to mesh axes.
@@ -66,7 +68,7 @@ class Attention(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_btd, mask_btk, cache_kv=None, index=None):
+  def __call__(self, x_btd, mask_btk, cache_kv=None, index=None, bias_bk=None):
     cfg = self.cfg
     dtype = jnp.dtype(cfg.dtype)
     head_dim = cfg.width // cfg.heads
@@ -82,6 +84,8 @@ class Attention(nn.Module):
       new_kv = (k_bthd, v_bthd)
     logits_bhtk = jnp.einsum("bthd,bkhd->bhtk", q_bthd, k_bthd).astype(jnp.float32)
     logits_bhtk = logits_bhtk / jnp.sqrt(head_dim).astype(jnp.float32)
+    if bias_bk is not None:
+      logits_bhtk = logits_bhtk + bias_bk[:, None, None, :].astype(jnp.float32)
     logits_bhtk = jnp.where(mask_btk[:, None], logits_bhtk, _NEG_INF)
     probs_bhtk = jax.nn.softmax(logits_bhtk, axis=-1).astype(dtype)
     out_bthd = jnp.einsum("bhtk,bkhd->bthd", probs_bhtk, v_bthd)
@@ -93,11 +97,11 @@ class Block(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_btd, mask_btk, cache_kv=None, index=None):
+  def __call__(self, x_btd, mask_btk, cache_kv=None, index=None, bias_bk=None):
     cfg = self.cfg
     dtype = jnp.dtype(cfg.dtype)
     h_btd, new_kv = Attention(cfg, name="attn")(
-      nn.RMSNorm(dtype=dtype, name="norm_attn")(x_btd), mask_btk, cache_kv, index
+      nn.RMSNorm(dtype=dtype, name="norm_attn")(x_btd), mask_btk, cache_kv, index, bias_bk
     )
     x_btd = x_btd + h_btd
     h_btd = nn.RMSNorm(dtype=dtype, name="norm_mlp")(x_btd)
@@ -119,6 +123,8 @@ class TransformerLM(nn.Module):
     cache: optional KVCache; new keys/values are written at slot `index` (a scalar, or [B]
       int32 for a different slot in every row).
     with_values: also return the value head's output [B, t] (model.value_head only).
+    key_bias_bk: optional float [B, K] added to every query's attention logits for key k
+      (no cache: K spans the full row, memory slots first).
   """
 
   cfg: ModelConfig
@@ -133,6 +139,7 @@ class TransformerLM(nn.Module):
     cache=None,
     index=0,
     with_values: bool = False,
+    key_bias_bk=None,
   ):
     cfg = self.cfg
     dtype = jnp.dtype(cfg.dtype)
@@ -165,7 +172,7 @@ class TransformerLM(nn.Module):
     new_k, new_v = [], []
     for i in range(cfg.depth):
       layer_kv = None if cache is None else (cache.k[i], cache.v[i])
-      x_btd, kv = Block(cfg, name=f"block_{i}")(x_btd, mask_btk, layer_kv, index)
+      x_btd, kv = Block(cfg, name=f"block_{i}")(x_btd, mask_btk, layer_kv, index, key_bias_bk)
       if kv is not None:
         new_k.append(kv[0])
         new_v.append(kv[1])
