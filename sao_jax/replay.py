@@ -163,6 +163,7 @@ def replay(
   import tqdm
 
   from sao_jax.runners.grpo import SyncGRPOLearner
+  from sao_jax.runners.memory_sao import MemorySAOLearner
   from sao_jax.runners.sao import SAOLearner
   from sao_jax.setup import make_setup
 
@@ -201,7 +202,11 @@ def replay(
         "needs the run's device count in one process (a multi-process run cannot be replayed)"
       )
   s = make_setup(cfg)
-  cls = SyncGRPOLearner if cfg.rl.algorithm == "grpo" else SAOLearner
+  cls = SAOLearner
+  if cfg.rl.algorithm == "grpo":
+    cls = SyncGRPOLearner
+  elif cfg.compression.enabled:
+    cls = MemorySAOLearner
   learner = cls.update_side(s)
   state = _start_state(s, learner, workdir)
   mngr = ckpt_lib.manager(
