@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 from conftest import subprocess_env
 
+from sao_jax import setup
 from sao_jax.buffer import Item, decode_trajectory
 from sao_jax.compression.rollout import LAYOUT, LongTrajectory, trajectories_to_batch
+from sao_jax.config import ConfigError
 from sao_jax.runners.memory_sao import LongRecordCheck, memory_sao_batch
 from sao_jax.transport import records
 
@@ -134,6 +136,22 @@ def test_foreign_or_misshapen_long_records_are_dropped_and_counted():
   text = records.encode(records.RecordKind.TRAJECTORY, 1, 0, {"tokens": np.zeros((1, T))}, {})
   assert decode_trajectory(text, learner, counts, CHECK) is None
   assert counts["bad_records"] == 6
+
+
+def test_config_validation_names_what_memory_sao_cannot_do(repo_root):
+  path = str(repo_root / "experiments/configs/longhorizon.py")
+  assert setup.load_config(path, "tiny", ["rl.algorithm=sao"]).rl.algorithm == "sao"
+  for override, key in [
+    ("sao.continuous=True", "sao.continuous"),
+    ("sao.baseline=value_head", "sao.baseline"),
+    ("rl.ppo_epochs=2", "rl.ppo_epochs"),
+    ("rl.kl_coef=0.1", "rl.kl_coef"),
+    ("faults.poison_records=1", "faults.poison_records"),
+  ]:
+    with pytest.raises(ConfigError, match=key):
+      setup.load_config(path, "tiny", ["rl.algorithm=sao", override])
+  with pytest.raises(ConfigError, match="rl.sampling='inline'"):
+    setup.load_config(path, "tiny", ["rl.sampling=samplers"])
 
 
 @pytest.mark.slow
