@@ -240,3 +240,19 @@ class MemoryBatch:
       suffix = f.name.rsplit("_", 1)[1]
       fields[f.name] = jax.ShapeDtypeStruct(tuple(dims[c] for c in suffix), dtype)
     return cls(**fields)
+
+
+@flax.struct.dataclass
+class MemorySAOBatch:
+  """SAO's batch of the policy with compressed memory: B whole long-horizon trajectories from
+  any policy versions (`memory`, with behaviour log-probs, bank and graveyard), and per
+  trajectory its tracker index task_b, its staleness_b (learner version - the version that
+  played it: a memory sampler keeps one policy for a whole episode), accuracy_b (its mean
+  reward over its graded steps) and poison_b (0, or NaN on an update chosen for fault
+  injection)."""
+
+  memory: MemoryBatch
+  task_b: jax.Array
+  accuracy_b: jax.Array
+  staleness_b: jax.Array
+  poison_b: jax.Array

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -36,6 +36,8 @@ class Item:
 
   @property
   def num_rows(self) -> int:
+    if self.rec.kind == records.RecordKind.LONG_TRAJECTORY:
+      return 1  # a row of the memory policy's batch is a whole trajectory (MemorySAOBatch)
     return len(self.rec.arrays["tokens"])
 
 
@@ -82,14 +84,22 @@ def check_trajectory(
 
 
 def decode_trajectory(
-  data: bytes, learner, counts: collections.Counter, expect: tuple | None = None
+  data: bytes,
+  learner,
+  counts: collections.Counter,
+  expect: tuple | Callable[[records.Record], None] | None = None,
 ) -> records.Record | None:
   """A trajectory record, or None for one that is malformed (counted in
   `counts['bad_records']`, sent to the learner end's dead-letter topic, and logged the first
   time) or of another kind. With `expect` (`(prompt_len, completion_len)`, number of tasks,
-  rows per batch) a record must also fit the learner's batch (`check_trajectory`)."""
+  rows per batch) a record must also fit the learner's batch (`check_trajectory`); a
+  callable `expect(rec)` replaces both checks, for records of another kind (it raises
+  `records.Malformed`; e.g. `runners.memory_sao.LongRecordCheck`)."""
   try:
     rec = records.decode(data)
+    if callable(expect):
+      expect(rec)
+      return rec
     if rec.kind != records.RecordKind.TRAJECTORY:
       raise records.Malformed(f"expected a trajectory record, got {rec.kind.name}")
     if expect is not None:

@@ -20,9 +20,9 @@ batch (`batch_STEP.npz`) for inspection, e.g. to look at what drove a collapse.
 
 What it cannot replay, it refuses by name: a run without the per-step record (run it with
 `recovery.keep_journal=True`), a journal whose early segments were pruned, synchronous
-in-process GRPO (deterministic from its seed: rerun it), the compressed-memory runners, a
-multi-process learner. A shadow rollback replaces the parameters from outside the update, so
-replay stops at the first one and says so.
+in-process GRPO (deterministic from its seed: rerun it; the compressed-memory policy's GRPO
+is one), a multi-process learner. A shadow rollback replaces the parameters from outside the
+update, so replay stops at the first one and says so.
 """
 
 from __future__ import annotations
@@ -102,14 +102,24 @@ class StepResult:
     return all(self.equal.values()) and self.snapshot_equal is not False
 
 
+def _batch_arrays(batch, prefix: str = "") -> dict[str, np.ndarray]:
+  """A batch's fields as arrays; a nested batch's (MemorySAOBatch.memory) as `memory.<field>`."""
+  out = {}
+  for f in dataclasses.fields(batch):
+    value = getattr(batch, f.name)
+    if dataclasses.is_dataclass(value):
+      out.update(_batch_arrays(value, f"{prefix}{f.name}."))
+    elif value is not None:
+      out[prefix + f.name] = np.asarray(value)
+  return out
+
+
 def load_run(workdir: pathlib.Path) -> tuple[config_lib.Config, list[dict]]:
   """The run's config and ledger rows, after checking replay can handle them."""
   path = workdir / "config.json"
   if not path.exists():
     raise ReplayError(f"{workdir} holds no config.json: not a `sao-jax train` workdir")
   cfg = config_lib.from_dict(json.loads(path.read_text()))
-  if cfg.compression.enabled:
-    raise ReplayError("replay of the compressed-memory runners is not supported")
   if not cfg.rl.uses_samplers:
     raise ReplayError(
       f"{workdir} is a synchronous in-process run (rl.algorithm={cfg.rl.algorithm!r}, "
@@ -158,6 +168,7 @@ def replay(
   import tqdm
 
   from sao_jax.runners.grpo import SyncGRPOLearner
+  from sao_jax.runners.memory_sao import MemorySAOLearner
   from sao_jax.runners.sao import SAOLearner
   from sao_jax.setup import make_setup
 
@@ -196,7 +207,11 @@ def replay(
         "needs the run's device count in one process (a multi-process run cannot be replayed)"
       )
   s = make_setup(cfg)
-  cls = SyncGRPOLearner if cfg.rl.algorithm == "grpo" else SAOLearner
+  cls = SAOLearner
+  if cfg.rl.algorithm == "grpo":
+    cls = SyncGRPOLearner
+  elif cfg.compression.enabled:
+    cls = MemorySAOLearner
   learner = cls.update_side(s)
   state = _start_state(s, learner, workdir)
   mngr = ckpt_lib.manager(
@@ -279,10 +294,7 @@ def replay(
     )
     save_mngr.wait_until_finished()
     save_mngr.close()
-    fields = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
-    np.savez(
-      out / f"batch_{at}.npz", **{k: np.asarray(v) for k, v in fields.items() if v is not None}
-    )
+    np.savez(out / f"batch_{at}.npz", **_batch_arrays(batch))
     report["state_at_until"] = {"step": at, "snapshot": str(save_dir / str(at))}
     report["batch_at_until"] = str(out / f"batch_{at}.npz")
   (out / "replay.json").write_text(json.dumps(report, indent=2))

@@ -72,30 +72,50 @@ def _check_hf_init(cfg: Config) -> None:
 
 
 def _check_memory_rl(cfg: Config) -> None:
-  """What the RL phase of the policy with compressed memory (`runners.memory`) honours: GRPO
-  sampled in the learner process, one epoch, group-normalised advantages, the clipped
-  surrogate with a token mean, no KL term."""
+  """What the RL phase of the policy with compressed memory honours: GRPO sampled in the
+  learner process (`runners.memory`: one epoch, group-normalised advantages, the clipped
+  surrogate with a token mean, no KL term), or SAO in sampler processes
+  (`runners.memory_sao`: whole episodes per sampler call, the tracker baseline, one epoch,
+  a token mean, no KL term, one learner process, no poisoned records)."""
   rl = cfg.rl
   if not (rl.steps or rl.max_seconds):
     return
-  if rl.uses_samplers:
+  if rl.algorithm == "grpo" and rl.uses_samplers:
     raise ConfigError(
-      f"compression.enabled with rl.algorithm={rl.algorithm!r}, rl.sampling={rl.sampling!r}: "
-      "the sampler processes (SAO) do not run the policy with compressed memory yet; use "
-      "rl.algorithm='grpo' with rl.sampling='inline'"
+      "compression.enabled with rl.algorithm='grpo', rl.sampling='samplers': synchronous "
+      "GRPO of the policy with compressed memory samples in the learner; use "
+      "rl.sampling='inline' (or rl.algorithm='sao' for sampler processes)"
     )
-  unsupported = {
-    "rl.advantage": (rl.advantage, "group_norm"),
-    "rl.loss": (rl.loss, "ppo_clip"),
-    "rl.loss_agg": (rl.loss_agg, "token_mean"),
-    "rl.ppo_epochs": (rl.ppo_epochs, 1),
-    "rl.kl_coef": (rl.kl_coef, 0.0),
-  }
-  for key, (value, only) in unsupported.items():
+  if rl.algorithm == "sao":
+    sao = cfg.sao
+    unsupported = {
+      "sao.continuous": (sao.continuous, False, "its samplers play whole episodes per call"),
+      "sao.baseline": (sao.baseline, "tracker", "the memory policy has no value head"),
+      "rl.ppo_epochs": (rl.ppo_epochs, 1, ""),
+      "rl.kl_coef": (rl.kl_coef, 0.0, ""),
+      "rl.loss_agg": (rl.loss_agg, "token_mean", ""),
+      "faults.poison_records": (cfg.faults.poison_records, 0, "no poisoner for its records"),
+    }
+    if cfg.distributed.num_processes > 1 or cfg.distributed.coordinator:
+      raise ConfigError(
+        "compression.enabled with rl.algorithm='sao': distributed.num_processes > 1 (or a "
+        "coordinator) is not supported; the SAO learner of the memory policy runs in one process"
+      )
+    what = "SAO learner of the policy with compressed memory"
+  else:
+    unsupported = {
+      "rl.advantage": (rl.advantage, "group_norm", ""),
+      "rl.loss": (rl.loss, "ppo_clip", ""),
+      "rl.loss_agg": (rl.loss_agg, "token_mean", ""),
+      "rl.ppo_epochs": (rl.ppo_epochs, 1, ""),
+      "rl.kl_coef": (rl.kl_coef, 0.0, ""),
+    }
+    what = "compressed-memory GRPO update"
+  for key, (value, only, why) in unsupported.items():
     if value != only:
       raise ConfigError(
-        f"compression.enabled: {key}={value!r} is not supported by the "
-        f"compressed-memory GRPO update (only {only!r})"
+        f"compression.enabled: {key}={value!r} is not supported by the {what} "
+        f"(only {only!r}{': ' + why if why else ''})"
       )
 
 

@@ -40,6 +40,7 @@ LAYERS: dict[str, int] = {
   "sao_jax.admission": 2,
   "sao_jax.compression.policy": 2,
   "sao_jax.compression.rollout": 2,
+  "sao_jax.compression.sao_update": 2,
   "sao_jax.models": 1,
   "sao_jax.rl": 1,
   "sao_jax.envs": 1,

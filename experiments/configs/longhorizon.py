@@ -12,6 +12,11 @@ with `--set task.options.kind=navigation`):
   sao-jax train --config experiments/configs/longhorizon.py:tiny --workdir /tmp/lh_tiny
   sao-jax train --config experiments/configs/longhorizon.py --workdir runs/lh
 (tiny: about two minutes on a 2-core CPU, mostly compilation.)
+SAO instead of GRPO after the warm start: sampler processes play one episode per task with
+the same compressed memory and ship it (bank and graveyard included) to the learner, which
+updates on `sao.batch_size` whole episodes at a time (`sao_jax.runners.memory_sao`):
+  sao-jax train --config experiments/configs/longhorizon.py:tiny --workdir /tmp/lh_sao \
+    --set rl.algorithm=sao
 
 `TASKS[variant]` are the held-out long-horizon specs the benchmark evaluates on (short
 enough to train in minutes), `TRAIN_TASKS[variant]` what it trains on, `LONG_TASKS` the
@@ -33,7 +38,9 @@ from sao_jax.config import (
   EvalConfig,
   ModelConfig,
   OptimConfig,
+  RecoveryConfig,
   RLConfig,
+  SAOConfig,
   SFTConfig,
   TaskConfig,
 )
@@ -132,13 +139,20 @@ def get_config(variant: str = "default") -> Config:
     max_new_tokens=4,
     optim=OptimConfig(lr=1e-4, warmup_steps=10),
   )
+  # rl.algorithm='sao': each update takes 32 whole episodes (GRPO's 4 tasks x 8), played
+  # one per task by 2 sampler processes of 16 slots; a memory sampler plays whole episodes
+  # per call (no continuous batching).
+  sao = SAOConfig(num_samplers=2, sampler_slots=16, batch_size=32, continuous=False)
+  recovery = RecoveryConfig()
   num_train, num_test = 4000, 256
   if variant == "tiny":
     comp = dataclasses.replace(comp, capacity=16, budget=4, visible=16)
     model = dataclasses.replace(model, width=32, heads=2, max_len=128, memory_slots=32)
     sft = dataclasses.replace(sft, batch_size=4)
     rl = dataclasses.replace(rl, steps=3, prompts_per_step=2, group_size=4)
+    sao = dataclasses.replace(sao, num_samplers=1, sampler_slots=4, batch_size=4, refill_rows=4)
     num_train, num_test = 64, 8
+    recovery = RecoveryConfig(val_problems=num_test)  # (SAO's shadows: the train tail)
   spec = TASKS[variant]["retention"]
   task = TaskConfig(
     family="longhorizon",
@@ -161,6 +175,8 @@ def get_config(variant: str = "default") -> Config:
     compression=comp,
     sft=sft,
     rl=rl,
+    sao=sao,
+    recovery=recovery,
     task=task,
     eval=EvalConfig(num_problems=num_test, batch_size=32),
   )

@@ -33,6 +33,22 @@ BANK_KEYS = ("vec_ced", "scale_ce", "step_c", "turning_c", "count")
 # A trajectory's graveyard as shipped, one row per eviction in eviction order: the entry's
 # vectors, scales and step, and the step that evicted it.
 GRAVE_KEYS = ("gone_vec_ged", "gone_scale_ge", "gone_step_g", "gone_at_g")
+# Version of the array layout of `LongTrajectory.arrays` (a record's meta carries it): a
+# reader refuses layouts it does not know.
+LAYOUT = 1
+# A trajectory's per-step arrays as shipped (rows are steps).
+STEP_KEYS = (
+  "prompt",
+  "prompt_valid",
+  "tokens",
+  "valid",
+  "logp",
+  "rewards",
+  "graded",
+  "boundary",
+  "seg",
+  "seg_valid",
+)
 
 
 @dataclasses.dataclass
@@ -56,6 +72,35 @@ class LongTrajectory:
   @property
   def accuracy(self) -> float:
     return float(self.rewards[self.graded].mean()) if self.graded.any() else 0.0
+
+  def arrays(self, policy_version: int) -> dict[str, np.ndarray]:
+    """What travels to the learner (a `LONG_TRAJECTORY` record, layout `LAYOUT`): the steps'
+    arrays under the names text trajectories use (prompt, tokens, valid, logp, rewards, and
+    `version`, the policy version of every valid token, -1 elsewhere), the step flags and
+    segments, the bank (`bank_` + `BANK_KEYS`) and the graveyard (`GRAVE_KEYS`). A sampled
+    trajectory only: the bank must be there."""
+    if self.bank is None:
+      raise ValueError("only a trajectory with its bank (the memory policy's) is shipped")
+    steps = {k: getattr(self, k) for k in STEP_KEYS}
+    version = np.where(self.valid, policy_version, -1).astype(np.int32)
+    bank = {f"bank_{k}": np.asarray(self.bank[k]) for k in BANK_KEYS}
+    grave = {k: np.asarray(self.bank[k]) for k in GRAVE_KEYS}
+    return dict(steps, version=version, **bank, **grave)
+
+  @classmethod
+  def from_arrays(cls, arrays: dict, task_id: int, tokens_total: int = 0) -> LongTrajectory:
+    """The trajectory `arrays` (its `arrays()`) describe; `bank["entries"]` and
+    `bank["evicted"]` follow from the bank's count and the graveyard's length."""
+    bank = {k: arrays[f"bank_{k}"] for k in BANK_KEYS}
+    bank.update({k: arrays[k] for k in GRAVE_KEYS})
+    bank["entries"] = int(bank["count"])
+    bank["evicted"] = len(bank["gone_at_g"])
+    return cls(
+      task_id=task_id,
+      **{k: arrays[k] for k in STEP_KEYS},
+      bank=bank,
+      tokens_total=tokens_total,
+    )
 
 
 def segment(obs: Sequence[int], action: Sequence[int], step_len: int) -> list[int]:

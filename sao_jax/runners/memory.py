@@ -74,7 +74,7 @@ def memory_programs(s: Setup, optim: OptimConfig, *, mode: str, group_size: int 
   learner = compile_learner(
     s.cfg, None, tx, update, with_ref=False, prompt_len=0, init_fn=s.memory.init_state_fn(tx)
   )
-  smp = _sampler(s.cfg, s.memory, s.tok.eos_id, s.tok.pad_id)
+  smp = memory_sampler(s.cfg, s.memory, s.tok.eos_id, s.tok.pad_id)
   return Programs(
     **{f.name: getattr(learner, f.name) for f in dataclasses.fields(learner)},
     sample=smp.sample,
@@ -85,7 +85,8 @@ def memory_programs(s: Setup, optim: OptimConfig, *, mode: str, group_size: int 
 
 
 @functools.lru_cache(maxsize=2)
-def _sampler(cfg: Config, policy: MemoryPolicy, eos_id: int, pad_id: int) -> SamplerPrograms:
+def memory_sampler(cfg: Config, policy: MemoryPolicy, eos_id: int, pad_id: int) -> SamplerPrograms:
+  """The memory policy's sampler programs, compiled once per run and shared by its phases."""
   return compile_memory_sampler(
     cfg,
     policy,

@@ -28,6 +28,7 @@ from sao_jax.runners.common import eval_fn, programs_for
 from sao_jax.runners.compiled import compile_memory_sampler, compile_sampler
 from sao_jax.runners.grpo import run_grpo, run_grpo_samplers
 from sao_jax.runners.memory import memory_eval_fn, memory_programs, run_memory_grpo, run_memory_sft
+from sao_jax.runners.memory_sao import run_memory_sao
 from sao_jax.runners.sao import run_sao
 from sao_jax.runners.sft import run_sft
 from sao_jax.setup import Setup, make_setup
@@ -42,6 +43,7 @@ RL_PHASES = {
   ("grpo", True, False): run_grpo_samplers,
   ("sao", True, False): run_sao,
   ("grpo", False, True): run_memory_grpo,
+  ("sao", True, True): run_memory_sao,
 }
 SFT_PHASES = {False: run_sft, True: run_memory_sft}
 

@@ -82,7 +82,7 @@ def _run(spec: SamplerSpec, end, stop, drain=None) -> None:
 
   from sao_jax import config as config_lib
   from sao_jax.config import MeshConfig
-  from sao_jax.runners.compiled import compile_sampler, compile_slots
+  from sao_jax.runners.compiled import compile_memory_sampler, compile_sampler, compile_slots
   from sao_jax.setup import make_setup
   from sao_jax.sharding import make_mesh
   from sao_jax.startup import enable_compile_cache
@@ -93,13 +93,15 @@ def _run(spec: SamplerSpec, end, stop, drain=None) -> None:
   s = make_setup(cfg, tasks=spec.tasks)
   mesh = make_mesh(MeshConfig(shape=(1, 1, 1)), jax.devices()[:1])
   kw = dict(
-    prompt_len=s.prompt_len,
     max_new_tokens=cfg.rl.max_new_tokens,
     temperature=cfg.rl.temperature,
     eos_id=s.tok.eos_id,
     pad_id=s.tok.pad_id,
   )
-  progs = compile_sampler(cfg, s.model, mesh=mesh, **kw)
+  if s.memory is not None:  # the policy with compressed memory: its params and programs
+    progs = compile_memory_sampler(cfg, s.memory, mesh=mesh, **kw)
+  else:
+    progs = compile_sampler(cfg, s.model, mesh=mesh, prompt_len=s.prompt_len, **kw)
   sub = ParamSubscriber(spec.param_dir)
   parent = multiprocessing.parent_process()
   poisoner = None
@@ -133,8 +135,12 @@ def _run(spec: SamplerSpec, end, stop, drain=None) -> None:
   def draining() -> bool:
     return drain is not None and drain.is_set() and learner_alive()
 
-  if cfg.sao.continuous:
-    progs = compile_slots(cfg, s.model, progs, slots=cfg.sao.sampler_slots, **kw)
+  if s.memory is not None:
+    _run_memory(spec, cfg, s, progs, poll, alive, end, out)
+  elif cfg.sao.continuous:
+    progs = compile_slots(
+      cfg, s.model, progs, slots=cfg.sao.sampler_slots, prompt_len=s.prompt_len, **kw
+    )
     _run_continuous(spec, cfg, s, progs, poll, alive, end, out, draining)
   else:
     _run_batches(spec, cfg, s, progs, poll, alive, end, out)
@@ -150,31 +156,52 @@ class _Outbox:
     self.counter = 0
     self.poisoner = poisoner  # fault injection (sao_jax.admission.Poisoner) or None
 
+  def _meta(self, **meta) -> dict:
+    return dict(meta, sampler=self.spec.sampler_id, pid=os.getpid(), host=socket.gethostname())
+
   def send(self, traj) -> None:
     from sao_jax.transport import records
 
-    meta = {
-      "task_index": traj.task_index,
-      "task_id": traj.task_id,
-      "reward": traj.total_reward,
-      "t_end": traj.t_end,
-      "sampler": self.spec.sampler_id,
-      "done": traj.done,
-      "reward_s": traj.reward_seconds,
-      "sandbox_runs": sum(info.get("sandbox_runs", 0) for info in traj.infos),
-      "pid": os.getpid(),
-      "host": socket.gethostname(),
-    }  # who, should it misbehave
+    meta = self._meta(
+      task_index=traj.task_index,
+      task_id=traj.task_id,
+      reward=traj.total_reward,
+      t_end=traj.t_end,
+      done=traj.done,
+      reward_s=traj.reward_seconds,
+      sandbox_runs=sum(info.get("sandbox_runs", 0) for info in traj.infos),
+    )  # who, should it misbehave
     out = [(traj.arrays(), meta, traj.policy_version)]
     if self.poisoner is not None:
       out = self.poisoner(*out[0])
     for arrays, m, version in out:
-      self.counter += 1
-      self.end.put_trajectory(
-        records.encode(
-          records.RecordKind.TRAJECTORY, self.id_prefix | self.counter, version, arrays, m
-        )
-      )
+      self._put(records.RecordKind.TRAJECTORY, version, arrays, m)
+
+  def send_long(self, traj, task_index: int, version: int, t_end: float) -> None:
+    """A `LongTrajectory` of the policy with compressed memory (bank and graveyard
+    included), as a LONG_TRAJECTORY record of its layout."""
+    from sao_jax.compression.rollout import LAYOUT
+    from sao_jax.transport import records
+
+    meta = self._meta(
+      layout=LAYOUT,
+      task_index=task_index,
+      task_id=traj.task_id,
+      reward=float(traj.rewards.sum()),
+      accuracy=traj.accuracy,
+      t_end=t_end,
+      done=True,
+      tokens_total=traj.tokens_total,
+    )
+    self._put(records.RecordKind.LONG_TRAJECTORY, version, traj.arrays(version), meta)
+
+  def _put(self, kind, version: int, arrays: dict, meta: dict) -> None:
+    from sao_jax.transport import records
+
+    self.counter += 1
+    self.end.put_trajectory(
+      records.encode(kind, self.id_prefix | self.counter, version, arrays, meta)
+    )
 
 
 def _run_batches(spec, cfg, s, progs, poll, alive, end, out) -> None:
@@ -216,6 +243,52 @@ def _run_batches(spec, cfg, s, progs, poll, alive, end, out) -> None:
       step_many=s.family.step_many,
     ):
       out.send(traj)
+    end.ack_tasks()
+
+
+def _run_memory(spec, cfg, s, progs, poll, alive, end, out) -> None:
+  """The policy with compressed memory: calls of up to `sampler_slots` tasks, each a whole
+  episode per slot played by `compression.rollout.sample_long_horizon` (the host loop of
+  inline GRPO) with one policy version throughout, then sent with its bank and graveyard."""
+  import jax
+
+  from sao_jax.compression.rollout import sample_long_horizon
+
+  c, slots = cfg.compression, cfg.sao.sampler_slots
+  streams = progs.empty_streams(slots)
+  params, version = None, -1
+  key = jax.random.key(spec.seed)
+  while alive():
+    got = poll()
+    if got is not None:
+      version, params = got
+    if params is None:
+      time.sleep(0.05)
+      continue
+    indices = end.get_tasks(slots, timeout=0.2)
+    if not indices:
+      continue
+    got = poll()  # a learner that publishes before handing out tasks is seen at once
+    if got is not None:
+      version, params = got
+    tasks = [s.train[i] for i in indices]
+    key, sub_key = jax.random.split(key)
+    trajs = sample_long_horizon(
+      progs.sample,
+      progs.compress,
+      streams,
+      params,
+      [s.family.make_env(s.tok) for _ in tasks],
+      tasks,
+      s.tok,
+      slots=slots,
+      window=c.window,
+      step_len=c.step_len,
+      rng=sub_key,
+    )
+    t_end = time.time()
+    for i, traj in zip(indices, trajs, strict=True):
+      out.send_long(traj, i, version, t_end)
     end.ack_tasks()
 
 

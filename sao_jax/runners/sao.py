@@ -172,10 +172,10 @@ class SAOLearner:
       rl.steps,
       rl.max_seconds if max_seconds is None else max_seconds,
       eval_every,
-      eval_fn(s, self.progs),
+      self.make_eval_fn(),
     )
     self.eval_every = eval_every
-    self.validate_fn = eval_fn(s, self.progs, tasks=self.val_tasks)
+    self.validate_fn = self.make_eval_fn(self.val_tasks)
     self.loop = LoopState(nonfinite_recent=collections.deque(maxlen=rcfg.nonfinite_window))
     self.state: TrainState | None = None
     self.pool: SamplerPool | None = None
@@ -204,6 +204,10 @@ class SAOLearner:
       num_tasks=len(self.s.train),
       with_ref=self.with_ref,
     )
+
+  def make_eval_fn(self, tasks=None):
+    """params -> held-out metrics on `tasks` (default: the test split's first problems)."""
+    return eval_fn(self.s, self.progs, tasks=tasks)
 
   def batch_rows(self) -> int:
     return self.cfg.sao.batch_size
@@ -466,8 +470,9 @@ class SAOLearner:
     loop.counts["consumed"] += len(items)
     loop.reward_s += sum(it.rec.meta.get("reward_s", 0.0) for it in items)
     loop.sandbox_runs += sum(it.rec.meta.get("sandbox_runs", 0) for it in items)
-    loop.counts["tokens"] += int(batch.valid_bt.sum())
-    loop.lengths.extend(int(it.rec.arrays["valid"].sum()) for it in items)
+    lengths = [int(it.rec.arrays["valid"].sum()) for it in items]  # sampled tokens
+    loop.counts["tokens"] += sum(lengths)
+    loop.lengths.extend(lengths)
     # (replayed records waited through the crash: not a transport delay)
     loop.delays.extend(t_done - it.rec.meta["t_end"] for it in items if not it.replayed)
     val_acc = None

@@ -12,7 +12,8 @@ Header (32 bytes, `HEADER`; enough on its own for routing and dedup, see `peek_h
 |-------:|-----:|--------|----------------|-----------------------------------------------------|
 |      0 |    4 | bytes  | magic          | `b"SAOR"`                                           |
 |      4 |    2 | uint16 | schema version | `SCHEMA_VERSION` (1); a reader rejects any other    |
-|      6 |    1 | uint8  | kind           | `RecordKind`: 1 trajectory, 2 task, 3 params, 4 ctl |
+|      6 |    1 | uint8  | kind           | `RecordKind`: 1 trajectory, 2 task, 3 params, 4 ctl,|
+|        |      |        |                |  5 long trajectory (compressed-memory policy)       |
 |      7 |    1 | uint8  | flags          | reserved: written 0, and a v1 reader rejects others |
 |      8 |    8 | uint64 | record id      | trajectory / record id                              |
 |     16 |    8 | int64  | policy version | version of the policy that produced the record      |
@@ -41,7 +42,11 @@ Meta is for scalars (task id, reward, timings); arrays are for anything bulky. O
 in `DTYPE_CODES` are accepted, so no object, string or structured data can ride along.
 
 Quantised data (the compressed memory's INT8 bank, `sao_jax.compression.quant`) travels as
-two plain arrays, the int8 values and their float32 scales.
+two plain arrays, the int8 values and their float32 scales. A long-horizon trajectory of the
+policy with compressed memory (`sao_jax.compression.rollout.LongTrajectory`: its steps, the
+final bank and the graveyard of evicted entries) has its own kind, so that a learner of the
+other policy drops it as malformed instead of batching it; its array layout carries a version
+of its own in the meta (`layout`).
 
 Decoded arrays are fresh, writable copies in native byte order: they never alias the
 message buffer, which a transport may reuse.
@@ -85,6 +90,7 @@ class RecordKind(enum.IntEnum):
   TASK = 2
   PARAMS = 3
   CONTROL = 4
+  LONG_TRAJECTORY = 5
 
 
 # One-byte codes rather than dtype strings: a fixed whitelist that cannot name object dtypes.

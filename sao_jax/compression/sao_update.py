@@ -1,0 +1,167 @@
+"""SAO's learner update for the policy with compressed memory.
+
+The update of `sao_jax.learner.make_sao_update` (single trajectories from any policy
+versions, group-free baseline, decoupled PPO with truncated importance weights, freshness,
+the SPO tracker), on the batches of `compression.policy.make_memory_update`: whole
+long-horizon trajectories whose rows (graded steps first) see the memory rebuilt from the
+shipped bank and graveyard (`MemoryPolicy.row_logprobs(stored=True)`), so that at the
+behaviour parameters the recomputed log-probs are the sampler's.
+
+Why not `make_memory_update(mode="rl")`: its advantage is a group normalisation, and SAO has
+one trajectory per task. With group_size 1 it would compare a trajectory's questions with
+each other (a trajectory answering all of them right, or all wrong, learns nothing); with 0
+the baseline is the batch mean, which punishes right answers to hard tasks in a batch of easy
+ones. SAO's baseline for text tasks is the per-task SPO tracker (`sao_jax.rl.trackers`); it
+is used here the same way, per question: see `make_memory_sao_update`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from sao_jax.batches import MemorySAOBatch
+from sao_jax.compression.policy import MemoryPolicy
+from sao_jax.config import RLConfig, SAOConfig
+from sao_jax.learner import apply_gradients
+from sao_jax.rl import losses as loss_lib
+from sao_jax.rl import trackers
+from sao_jax.rl.losses import masked_mean
+from sao_jax.state import TrainState
+
+
+def memory_sao_weights(batch: MemorySAOBatch, sao: SAOConfig) -> dict[str, jax.Array]:
+  """Per-row and per-token bookkeeping of a batch (B trajectories, R rows each, T tokens).
+
+  used_brt: the tokens that carry a training signal (valid tokens of graded valid rows);
+  share_br: each graded row's share of its trajectory (1/G_b for G_b graded rows), so that
+    every trajectory counts once in the batch statistics, as in `learner.sao_row_weights`;
+  fresh_brt: the freshness factor of the trajectory's staleness on its used tokens
+    (`losses.freshness_weights`: 2^(-s/half_life) or 1, 0 beyond max_staleness);
+  step_scale: the mean of fresh_brt over used tokens (the update's step size);
+  weight_brt: fresh_brt / step_scale (mean 1).
+  """
+  m = batch.memory
+  graded_br = m.graded_br & m.row_valid_br
+  used_brt = m.valid_brt & graded_br[..., None]
+  n_graded_b = jnp.sum(graded_br, -1, keepdims=True)
+  share_br = graded_br / jnp.maximum(n_graded_b, 1).astype(jnp.float32)
+  fresh_b = loss_lib.freshness_weights(
+    batch.staleness_b, sao.freshness_half_life, sao.max_staleness, sao.staleness_mode
+  )
+  fresh_brt = jnp.where(used_brt, fresh_b[:, None, None], 0.0)
+  step_scale = masked_mean(fresh_brt, used_brt)
+  return {
+    "graded_br": graded_br,
+    "used_brt": used_brt,
+    "share_br": share_br,
+    "fresh_brt": fresh_brt,
+    "step_scale": step_scale,
+    "weight_brt": fresh_brt / jnp.maximum(step_scale, 1e-12),
+  }
+
+
+def make_memory_sao_update(policy: MemoryPolicy, tx, rl: RLConfig, sao: SAOConfig):
+  """update(state, batch: MemorySAOBatch) -> (state, metrics), `state.tracker` a BetaTracker.
+
+  A row is one step of a trajectory b; a graded row (a question) has the step's reward r in
+  {0, 1}; ungraded rows carry no reward signal and get no policy loss.
+  1. Baseline: v_b, the tracker value of b's task read before this batch folds in. The
+     tracker is fed each trajectory's accuracy_b (its mean reward over graded steps, in [0, 1]),
+     so v_b estimates the chance of answering one of the task's questions right, the same
+     quantity as r. A = (r - v_b) / max(std, sao.adv_std_floor), the std over the batch's
+     graded rows with each trajectory weighted once (`trackers.spo_advantage` with weights
+     1/G_b; centred only with sao.adv_center).
+  2. Decoupled PPO (`losses.decoupled_ppo_loss`, sao.is_cap, sao.is_level) with pi_prox the
+     parameters of this forward pass (rl.ppo_epochs = 1: the trust-region ratio is 1), a token
+     mean over the graded rows' tokens, each token weighted by its freshness relative to the
+     batch mean; the step is scaled by that mean (`memory_sao_weights`).
+  3. + compression.recon_coef * the encoder's reconstruction loss + compression.predict_coef
+     * the LSTM's prediction loss, as in `make_memory_update`.
+  4. The tracker absorbs the accuracies with SPO's forgetting factor from the drift
+     D_b = mean |log pi_behav - log pi_prox| over b's valid row tokens.
+  """
+  ccfg = policy.comp.cfg
+
+  def update(state: TrainState, batch: MemorySAOBatch):
+    m = batch.memory
+    w = memory_sao_weights(batch, sao)
+    b, r = m.row_valid_br.shape
+    traj_valid_b = jnp.any(m.row_valid_br, -1)
+    n_traj = jnp.maximum(jnp.sum(traj_valid_b), 1)
+    per_traj = lambda x_b: jnp.sum(jnp.where(traj_valid_b, x_b, 0.0)) / n_traj  # noqa: E731
+    mask_brt = m.valid_brt & m.row_valid_br[..., None]
+    reward_br = jnp.take_along_axis(m.rewards_bs, m.row_step_br, axis=1)
+    values_b = trackers.tracker_value(state.tracker, batch.task_b)
+    adv_br = trackers.spo_advantage(
+      reward_br.reshape(-1),
+      jnp.broadcast_to(values_b[:, None], (b, r)).reshape(-1),
+      w["share_br"].reshape(-1),
+      sao.adv_std_floor,
+      sao.adv_center,
+    ).reshape(b, r)
+    rows = lambda x: x.reshape((b * r,) + x.shape[2:])  # noqa: E731
+
+    def loss_fn(params):
+      logp, ent, aux = policy.row_logprobs(params, m, stored=True, temperature=rl.temperature)
+      prox = jax.lax.stop_gradient(logp)
+      tok_loss, ppo = jax.vmap(
+        lambda lp, px, bh, a, mk: loss_lib.decoupled_ppo_loss(
+          lp, px, bh, a, mk, rl.clip_eps, sao.is_cap, sao.is_level
+        )
+      )(rows(logp), rows(prox), rows(m.logp_brt), rows(adv_br), rows(w["used_brt"]))
+      pol = masked_mean(tok_loss * rows(w["weight_brt"]), rows(w["used_brt"]))
+      loss = pol + ccfg.recon_coef * aux["recon"] + ccfg.predict_coef * aux["predict"]
+      out = dict(aux, prox_brt=prox, entropy=masked_mean(ent, mask_brt), ppo=ppo, pol=pol)
+      return loss, out
+
+    (loss, out), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    prox_brt = out.pop("prox_brt")
+    ppo = out.pop("ppo")
+    traj_r = jnp.repeat(jnp.arange(b), r)
+    drift_b = trackers.trajectory_drift(rows(m.logp_brt), rows(prox_brt), rows(mask_brt), traj_r)
+    drift_b = drift_b.reshape(b, r)[:, 0]
+    rho_b = trackers.forgetting_factor(
+      drift_b, sao.tracker_d_half, sao.tracker_rho_min, sao.tracker_rho_max
+    )
+    log_ratio_brt = prox_brt - m.logp_brt
+    used = rows(w["used_brt"])
+    metrics = {
+      "loss": loss,
+      "policy_loss": out.pop("pol"),
+      **out,
+      "reward": per_traj(batch.accuracy_b),
+      "graded_reward": masked_mean(reward_br, w["graded_br"]),
+      "adv_abs": jnp.sum(jnp.abs(adv_br) * w["share_br"]) / n_traj,
+      "adv_neg_frac": jnp.sum((adv_br < 0) * w["share_br"]) / n_traj,
+      "value_mean": per_traj(values_b),
+      # Off-policy deviation of the sampled tokens (every valid row, graded or not):
+      # |pi_prox / pi_behav - 1|, KL(behaviour || current) (k3), and the largest
+      # |log pi_prox - log pi_behav| (0 up to rounding for trajectories of the learner's own
+      # version: the memory each row saw is replayed exactly).
+      "is_dev": masked_mean(jnp.abs(jnp.exp(log_ratio_brt) - 1), mask_brt),
+      "kl_behaviour": masked_mean(loss_lib.kl_k3(m.logp_brt, prox_brt), mask_brt),
+      "logp_dev_max": jnp.max(jnp.where(mask_brt, jnp.abs(log_ratio_brt), 0.0)),
+      "drift": per_traj(drift_b),
+      "tracker_rho": per_traj(rho_b),
+      "is_truncated_frac": masked_mean(ppo["truncated_t"], used),
+      "clip_frac": masked_mean(ppo["clipped_t"], used),
+      "freshness_mean": masked_mean(w["fresh_brt"], w["used_brt"]),
+      "step_scale": w["step_scale"],
+      "tokens_used": jnp.sum(w["used_brt"]),
+      "trajectories": jnp.sum(traj_valid_b),
+    }
+    tracker = trackers.update_beta_tracker(
+      state.tracker, batch.task_b, batch.accuracy_b, rho_b, traj_valid_b
+    )
+    return apply_gradients(
+      state,
+      tx,
+      grads,
+      metrics,
+      step_scale=w["step_scale"],
+      poison_b=batch.poison_b,
+      tracker=tracker,
+    )
+
+  return update
