@@ -15,13 +15,13 @@ metrics.jsonl; prints a table. Held-out accuracy is greedy exact-match on the fi
 
 By default (`--setting default`) the SFT start is half-trained (300 steps), where continuing
 SFT on perfect demonstrations is hard to beat. Two settings test where RL should earn its
-keep (times estimated from recorded step times on a 2-core CPU: 0.27 s per SFT step of the
-default model, ~1 s per held-out evaluation; not measured at this size):
+keep (times measured on a 2-core CPU, 3 seeds; results/sft_grpo_arith_plateau/ and
+results/sft_grpo_arith_nodemos/):
 
-  # SFT trained to its plateau first (~16 min, 3 seeds)
-  python experiments/sft_grpo_arith.py --setting plateau --set sft.steps=600 \
+  # SFT trained to (nearly) its plateau first (25 min)
+  python experiments/sft_grpo_arith.py --setting plateau --set sft.steps=1500 \
       --set rl.max_seconds=60
-  # no demonstrations of the hard problems (~15 min, 3 seeds)
+  # no demonstrations of the hard problems (15 min)
   python experiments/sft_grpo_arith.py --setting no-demos --set rl.max_seconds=90
 
 `--setting plateau` evaluates SFT every `--sft-eval-every` K steps (default sft.steps // 12)
