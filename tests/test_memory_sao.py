@@ -169,6 +169,8 @@ def test_sao_trains_the_memory_policy_through_sampler_processes(tmp_path, repo_r
     "model.depth=1",
     "compression.enc_depth=1",
     "compression.capacity=6",  # fewer than the 12 steps the untrained filter keeps: evictions
+    "compression.visible=6",  # the whole bank, as the config reads it
+    "model.memory_slots=12",
   ]
   cmd = [
     sys.executable,
