@@ -142,9 +142,10 @@ def sequence_logits(
   valid_bk = valid_bl
   if memory_bmd is not None:
     valid_bk = jnp.concatenate([memory_valid_bm, valid_bl], axis=1)
-  key_bias = None
+  extra = {}  # only the GPT-style model takes a key bias; other architectures never get one
   if memory_bias_bm is not None:
-    key_bias = jnp.concatenate([memory_bias_bm, jnp.zeros(valid_bl.shape, jnp.float32)], axis=1)
+    zeros = jnp.zeros(valid_bl.shape, jnp.float32)
+    extra["key_bias_bk"] = jnp.concatenate([memory_bias_bm, zeros], axis=1)
   mask = causal_mask(valid_bk, jnp.arange(valid_bk.shape[1]))
   out = model.apply(
     {"params": params},
@@ -153,7 +154,7 @@ def sequence_logits(
     mask,
     memory_bmd=memory_bmd,
     with_values=with_values,
-    key_bias_bk=key_bias,
+    **extra,
   )
   return (out[0], out[2]) if with_values else out[0]
 
