@@ -78,8 +78,9 @@ def test_options_are_typed_overridable_and_checked():
 
 
 def test_compression_is_refused_where_the_runners_cannot_honour_it():
-  """GRPO with compressed memory runs (`runners.memory`); SAO and the other RL options the
-  memory update does not implement are refused by name, never run without compression."""
+  """GRPO (`runners.memory`) and SAO (`runners.memory_sao`, episodes per call) run with
+  compressed memory; the RL options neither update implements are refused by name, never run
+  without compression."""
   from sao_jax.config import CompressionConfig, ModelConfig, RLConfig
 
   cfg = RunConfig(
@@ -89,7 +90,7 @@ def test_compression_is_refused_where_the_runners_cannot_honour_it():
   )
   validate(cfg)
   for override, message in [
-    ("rl.algorithm=sao", "rl.algorithm='sao'.*compressed memory"),
+    ("rl.algorithm=sao", "sao.continuous=True is not supported"),
     ("rl.sampling=samplers", "rl.sampling='samplers'"),
     ("rl.kl_coef=0.1", "rl.kl_coef=0.1 is not supported"),
     ("rl.ppo_epochs=2", "rl.ppo_epochs=2 is not supported"),
@@ -97,6 +98,7 @@ def test_compression_is_refused_where_the_runners_cannot_honour_it():
     with pytest.raises(ConfigError, match=message):
       validate(apply_overrides(cfg, [override]))
   validate(apply_overrides(cfg, ["rl.algorithm=sao", "rl.steps=0"]))  # no RL phase
+  validate(apply_overrides(cfg, ["rl.algorithm=sao", "sao.continuous=False"]))
 
 
 def test_longhorizon_sft_rows_are_what_the_sampler_shows():
