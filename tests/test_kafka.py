@@ -50,6 +50,17 @@ def test_unreachable_broker_is_a_clear_error_within_seconds():
   assert time.time() - t0 < 10
 
 
+def test_ends_on_an_absent_broker_give_up_within_the_budget_not_the_clients_30_s():
+  """kafka-python waits 30 s to bootstrap by default; a run's clients wait `broker_timeout_s`
+  (the learner's closing announcement after a lost broker once took 30 s for it)."""
+  spec = KafkaSpec(bootstrap="127.0.0.1:1", run_id="absent", broker_timeout_s=1.0)
+  for make in (lambda: spec.announce({"status": "finished"}), spec.learner_end):
+    t0 = time.time()
+    with pytest.raises(Exception, match="127.0.0.1:1"):
+      make()
+    assert time.time() - t0 < 10
+
+
 def test_tasks_and_trajectories_round_trip(kafka_broker):
   spec = _spec(kafka_broker)
   learner, sampler = spec.learner_end(), spec.sampler_end()

@@ -24,7 +24,7 @@ from sao_jax import config as config_lib
 from sao_jax.procs import pin_process, stop_processes
 from sao_jax.runners.sampler_proc import SamplerError, SamplerSpec, sampler_main
 from sao_jax.transport.base import EmbeddedSpec
-from sao_jax.transport.broker import LocalBroker, wait_until_answers
+from sao_jax.transport.broker import BrokerError, LocalBroker, wait_until_answers
 from sao_jax.transport.kafka import KafkaSpec
 
 
@@ -275,7 +275,10 @@ class SamplerPool:
     return False
 
   def __exit__(self, exc_type, *exc):
-    if isinstance(self.transport, KafkaSpec):
+    broker_lost = exc_type is not None and issubclass(exc_type, BrokerError)
+    if isinstance(self.transport, KafkaSpec) and not broker_lost:
+      # (After a lost broker the announcement could not arrive, and trying costs the
+      # producer's whole blocking budget; remote samplers find the lost broker themselves.)
       with contextlib.suppress(Exception):
         self.transport.announce({"status": "finished"})  # remote samplers stop
     self.group.close()

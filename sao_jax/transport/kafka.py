@@ -136,7 +136,7 @@ class KafkaSpec:
       enable_auto_commit=False,
       auto_offset_reset="earliest",
       fetch_max_wait_ms=25,
-      **_CLIENT,
+      **_client(self),
     )
     try:
       consumer.assign([TopicPartition(self.topic("control"), 0)])
@@ -168,6 +168,12 @@ class KafkaSpec:
     pass
 
 
+def _client(spec: KafkaSpec) -> dict:
+  """Client settings for an end of this run: a broker that is not there at construction fails
+  within `broker_timeout_s` too (kafka-python's own bootstrap wait is 30 s)."""
+  return dict(_CLIENT, bootstrap_timeout_ms=int(spec.broker_timeout_s * 1000))
+
+
 def _producer(spec: KafkaSpec):
   from kafka import KafkaProducer
 
@@ -180,7 +186,7 @@ def _producer(spec: KafkaSpec):
     max_request_size=records.DEFAULT_MAX_BYTES + 4096,
     max_block_ms=budget_ms,
     delivery_timeout_ms=max(budget_ms, _CLIENT["request_timeout_ms"] + 1000),
-    **_CLIENT,
+    **_client(spec),
   )
 
 
@@ -329,7 +335,7 @@ class KafkaLearnerEnd:
       auto_offset_reset="earliest",
       fetch_max_wait_ms=25,
       max_partition_fetch_bytes=records.DEFAULT_MAX_BYTES + 4096,
-      **_CLIENT,
+      **_client(spec),
     )
     topic = spec.topic("trajectories")
     self.consumer.assign([TopicPartition(topic, p) for p in range(spec.partitions)])
@@ -431,7 +437,7 @@ class KafkaSamplerEnd:
       fetch_max_wait_ms=25,
       session_timeout_ms=6000,
       heartbeat_interval_ms=2000,
-      **_CLIENT,
+      **_client(spec),
     )
     self._watch = _BrokerWatch(spec, "sampler")
     self._pending: list = []  # send futures of trajectories not yet acknowledged
