@@ -698,6 +698,40 @@ def _accuracy(arm: dict) -> str:
   return s + (f", {arm['questions']} questions" if arm.get("questions") else "")
 
 
+def long_accuracy_rows(task: str, t: dict, by_gap: bool) -> list[Row]:
+  """The 1,000-step accuracy of a bench_compression task `t`: compressed vs the full-context
+  control on its trained window; with `by_gap`, also by recall distance (where each arm
+  stops recalling)."""
+  b = t.get("bytes_per_stage") or {}
+  la = b.get("long_accuracy")
+  if not la:
+    return []
+  trained = t.get("train_spec") or t.get("spec") or {}
+  rows = [
+    Row(
+      f"{task}: accuracy on {b['steps']}-step episodes, compressed vs full-context "
+      f"control on its last {la['control_context_tokens']} tokens",
+      "-",
+      f"{_accuracy(la['compressed'])} vs {_accuracy(la['full_context_window'])}",
+      f"{la['episodes']} episodes; trained on {trained.get('n_steps')}-step episodes with "
+      f"{trained.get('n_facts')} fact(s)",
+    )
+  ]
+  if by_gap:
+    for arm, label in (("compressed", "compressed"), ("full_context_window", "control")):
+      gaps = la[arm].get("by_gap", {})
+      if gaps:
+        rows.append(
+          Row(
+            f"{task}, {b['steps']} steps: {label} accuracy by turns since the fact",
+            "-",
+            ", ".join(f"{g}: {v['accuracy']:.0%} ({v['questions']})" for g, v in gaps.items()),
+            "(questions per bucket)",
+          )
+        )
+  return rows
+
+
 def claim_compression(root=None) -> Claim:
   """(c) Bytes per stage of a 1,000-step trajectory, accuracy loss, update memory."""
   name = "bench_compression.json"
@@ -743,15 +777,7 @@ def claim_compression(root=None) -> Claim:
       la = b.get("long_accuracy")
       if la:
         data.setdefault("long_accuracy", {})[task] = la
-        rows.append(
-          Row(
-            f"{task}: accuracy on {b['steps']}-step episodes, compressed vs full-context "
-            f"control on its last {la['control_context_tokens']} tokens",
-            "-",
-            f"{_accuracy(la['compressed'])} vs {_accuracy(la['full_context_window'])}",
-            f"{la['episodes']} episodes, trained on short episodes",
-          )
-        )
+        rows += long_accuracy_rows(task, t, by_gap=False)
     arms = t.get("arms", {})
     if arms:
       data["accuracy"][task] = {k: v.get("accuracy") for k, v in arms.items()}
@@ -901,6 +927,7 @@ def claim_retention(root=None) -> Claim:
           f"{b['episodes']} episodes",
         )
       )
+    rows += long_accuracy_rows(task, t, by_gap=True)
   comp = [a["accuracy"] for task in data.values() for k, a in task.items() if k == "compressed"]
   if comp:
     diffs.append(

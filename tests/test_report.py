@@ -80,6 +80,10 @@ def _sim_point(tps: float, busy: float) -> dict:
   }
 
 
+def _gap(acc: float, n: int) -> dict:
+  return {"accuracy": acc, "questions": n}
+
+
 def _compression_task(acc_full: float, acc_comp: float, n: int) -> dict:
   arm = lambda a: {
     "accuracy": a,
@@ -257,11 +261,20 @@ def write_tiny_results(root: pathlib.Path) -> pathlib.Path:
       "tasks": {"retention": _compression_task(1, 1, 8)},
     },
   )
-  _write(
-    root,
-    "bench_compression_retention4.json",
-    {"tasks": {"retention4": _compression_task(0.25, 0.75, 16)}},
-  )
+  r4 = _compression_task(0.25, 0.75, 16)
+  r4["train_spec"] = {"n_steps": 128, "n_facts": 4}
+  r4["bytes_per_stage"]["long_accuracy"] = {
+    "episodes": 2,
+    "questions": 16,
+    "control_context_tokens": 384,
+    "compressed": {"accuracy": 0.5, "questions": 16, "by_gap": {"32-64": _gap(0.5, 8)}},
+    "full_context_window": {
+      "accuracy": 0.25,
+      "questions": 16,
+      "by_gap": {"32-64": _gap(0.5, 8), "512-1000": _gap(0.0, 8)},
+    },
+  }
+  _write(root, "bench_compression_retention4.json", {"tasks": {"retention4": r4}})
   _write(
     root,
     "sft_grpo_arith/results.json",
@@ -409,6 +422,12 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   assert _row(
     d, "retention4 (1 fact(s), 36 steps, question >= 32 turns later): full"
   ).ours.startswith("25.0% ± 10.8%")
+  # ... and, at 1,000 steps, accuracy overall and by distance: where each arm stops recalling
+  long = _row(d, "retention4: accuracy on 1000-step episodes")
+  assert long.ours == "50.0%, 16 questions vs 25.0%, 16 questions"
+  assert long.note == "2 episodes; trained on 128-step episodes with 4 fact(s)"
+  by_gap = _row(d, "retention4, 1000 steps: control accuracy by turns since the fact")
+  assert by_gap.ours == "32-64: 50% (8), 512-1000: 0% (8)"
   # (e) saturation gains 10 and 20 points: 15 ± 5
   e = claims["e"]
   assert "(+15.0 ± 5.0 points)" in _row(e, "saturated sums: SFT -> SAO (not_centred)").ours
