@@ -732,6 +732,133 @@ def long_accuracy_rows(task: str, t: dict, by_gap: bool) -> list[Row]:
   return rows
 
 
+# bench_compression.py --seed N writes these; the same configuration, another init and order.
+COMPRESSION_SEED_FILES = [
+  ("bench_compression.json", COMPRESSION_CMD),
+  *[
+    (
+      f"bench_compression_seed{k}.json",
+      f"{COMPRESSION_CMD} --seed {k} --no-attention-cost "
+      f"--out results/bench_compression_seed{k}.json",
+    )
+    for k in (1, 2)
+  ],
+]
+
+
+def _rel_loss(control: float | None, compressed: float | None) -> float | None:
+  """(control - compressed) / control: the share of the control's accuracy that compression
+  loses (negative: compressed is better). None where the control is 0 or missing."""
+  if control is None or compressed is None or control <= 0:
+    return None
+  return (control - compressed) / control
+
+
+def compression_over_seeds(docs: list[dict]) -> tuple[dict, list[str]]:
+  """Per task, over bench_compression runs of one configuration with different seeds: each
+  arm's accuracy, and the relative loss (control - compressed) / control with its 95 %
+  t-interval (whose upper end bounds the loss), on the short episodes and at 1,000 steps.
+
+  Runs whose configuration (config file and name, steps, held-out episodes) differs from
+  the first, or that repeat a seed, are left out and named in the second return value."""
+  if not docs:
+    return {}, []
+  key = lambda d: (  # noqa: E731
+    str(d.get("config", "")).rsplit("experiments/", 1)[-1],
+    d.get("steps"),
+    d.get("num_test"),
+  )
+  kept, skipped, seeds = [], [], set()
+  for d in docs:
+    if key(d) != key(docs[0]) or d.get("seed") in seeds:
+      skipped.append(f"seed {d.get('seed')}: {key(d)} (first run: {key(docs[0])})")
+      continue
+    seeds.add(d.get("seed"))
+    kept.append(d)
+  out = {}
+  for task in kept[0].get("tasks", {}):
+    ts = [d["tasks"][task] for d in kept if task in d.get("tasks", {})]
+    acc = lambda t, arm: (t.get("arms", {}).get(arm) or {}).get("accuracy")  # noqa: E731
+    longs = [(t.get("bytes_per_stage") or {}).get("long_accuracy") for t in ts]
+    longs = [la for la in longs if la]
+    out[task] = {
+      "seeds": sorted(d.get("seed") for d in kept if task in d.get("tasks", {})),
+      "short": {
+        "full_context": stats.summarize(acc(t, "full_context") for t in ts),
+        "compressed": stats.summarize(acc(t, "compressed") for t in ts),
+        "relative_loss": stats.summarize(
+          _rel_loss(acc(t, "full_context"), acc(t, "compressed")) for t in ts
+        ),
+      },
+    }
+    if longs:
+      la_acc = lambda la, arm: la[arm]["accuracy"]  # noqa: E731
+      out[task]["long"] = {
+        "seeds": len(longs),
+        "control_context_tokens": longs[0]["control_context_tokens"],
+        "full_context_window": stats.summarize(la_acc(la, "full_context_window") for la in longs),
+        "compressed": stats.summarize(la_acc(la, "compressed") for la in longs),
+        "relative_loss": stats.summarize(
+          _rel_loss(la_acc(la, "full_context_window"), la_acc(la, "compressed")) for la in longs
+        ),
+      }
+  return out, skipped
+
+
+def _pct_ci(s: dict) -> str:
+  """'m ± se % (95 % CI lo..hi %)' of a summarize result, in percent."""
+  out = ms(s, "{:.1f}", 100, " %")
+  if s.get("ci95"):
+    out += f" (95 % CI {100 * s['ci95'][0]:.1f} .. {100 * s['ci95'][1]:.1f} %)"
+  return out
+
+
+def compression_seed_rows(over: dict) -> list[Row]:
+  """Rows of `compression_over_seeds`: accuracy per arm and relative loss, mean ± s.e."""
+  rows = []
+  for task, o in over.items():
+    n = len(o["seeds"])
+    if n < 2:
+      continue
+    sh = o["short"]
+    rows.append(
+      Row(
+        f"{task}: accuracy full context vs compressed, {n} seeds (short episodes)",
+        "-",
+        f"{_pct_ci(sh['full_context'])} vs {_pct_ci(sh['compressed'])}",
+        f"seeds {o['seeds']}",
+      )
+    )
+    rows.append(
+      Row(
+        f"{task}: relative loss (control - compressed) / control, {n} seeds (short episodes)",
+        f"< {SEED['performance_loss_max']:.1%}",
+        _pct_ci(sh["relative_loss"]),
+        "upper CI end: the loss bound",
+      )
+    )
+    lo = o.get("long")
+    if lo and lo["seeds"] >= 2:
+      rows.append(
+        Row(
+          f"{task}: 1,000-step accuracy, compressed vs control on its last "
+          f"{lo['control_context_tokens']} tokens, {lo['seeds']} seeds",
+          "-",
+          f"{_pct_ci(lo['compressed'])} vs {_pct_ci(lo['full_context_window'])}",
+          "",
+        )
+      )
+      rows.append(
+        Row(
+          f"{task}: 1,000-step relative loss vs that control, {lo['seeds']} seeds",
+          f"< {SEED['performance_loss_max']:.1%}",
+          _pct_ci(lo["relative_loss"]),
+          "upper CI end: the loss bound",
+        )
+      )
+  return rows
+
+
 def claim_compression(root=None) -> Claim:
   """(c) Bytes per stage of a 1,000-step trajectory, accuracy loss, update memory."""
   name = "bench_compression.json"
@@ -814,6 +941,19 @@ def claim_compression(root=None) -> Claim:
             "XLA memory analysis",
           )
         )
+  seed_docs, sources = [], [source(name, doc)]
+  for seed_name, seed_cmd in COMPRESSION_SEED_FILES[1:]:
+    d = load(seed_name, root)
+    sources.append(source(seed_name, d))
+    if d is None:
+      missing.append(_missing(seed_name, seed_cmd))
+    else:
+      seed_docs.append(d)
+  if doc is not None and seed_docs:
+    over, skipped = compression_over_seeds([doc, *seed_docs])
+    data["over_seeds"] = over
+    rows += compression_seed_rows(over)
+    diffs += [f"Left out of the seed statistics (another configuration): {x}" for x in skipped]
   cost = (doc or {}).get("attention_cost")
   if cost:
     r = cost["full_bank_over_window"]
@@ -850,9 +990,10 @@ def claim_compression(root=None) -> Claim:
       "episodes, bytes at 1,000 steps, where some facts are no longer in the "
       "bank (the 'facts kept' rows)."
     )
-  src = source(name, doc)
-  if doc is not None and src.command is None:
-    src = dataclasses.replace(src, command=COMPRESSION_CMD + " (not recorded in the JSON)")
+  if doc is not None and sources[0].command is None:
+    sources[0] = dataclasses.replace(
+      sources[0], command=COMPRESSION_CMD + " (not recorded in the JSON)"
+    )
   cond = (
     ""
     if doc is None
@@ -868,8 +1009,8 @@ def claim_compression(root=None) -> Claim:
     "1,000-step trajectory's context 2.4 GB -> 380 MB with < 1.2 % performance loss; "
     "per-trajectory memory 1/6 of group sampling.",
     rows,
-    [src],
-    [COMPRESSION_CMD],
+    sources,
+    [c for _, c in COMPRESSION_SEED_FILES],
     cond,
     diffs,
     missing,

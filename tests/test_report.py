@@ -259,8 +259,22 @@ def write_tiny_results(root: pathlib.Path) -> pathlib.Path:
       "seconds": 5.0,
       "machine": {"platform": "Linux-test"},
       "tasks": {"retention": _compression_task(1, 1, 8)},
+      "config": "/elsewhere/experiments/configs/longhorizon.py:default",
+      "seed": 0,
     },
   )
+  for seed, (full, comp) in ((1, (1.0, 0.9)), (2, (0.8, 0.8))):
+    _write(
+      root,
+      f"bench_compression_seed{seed}.json",
+      {
+        "steps": 10,
+        "num_test": 8,
+        "config": "experiments/configs/longhorizon.py:default",
+        "seed": seed,
+        "tasks": {"retention": _compression_task(full, comp, 8)},
+      },
+    )
   r4 = _compression_task(0.25, 0.75, 16)
   r4["train_spec"] = {"n_steps": 128, "n_facts": 4}
   r4["bytes_per_stage"]["long_accuracy"] = {
@@ -417,6 +431,12 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   assert (
     _row(claims["c"], "retention, 1000-step trajectory: + INT8").ours == "2 MB -> 2.5 kB (800x)"
   )
+  # ... over three seeds: relative losses 0, 0.1, 0 -> 3.3 ± 3.3 %, 95 % CI up to 17.7 %
+  over = claims["c"].data["over_seeds"]["retention"]
+  assert over["seeds"] == [0, 1, 2]
+  assert over["short"]["relative_loss"]["ci95"][1] == pytest.approx(0.1768, abs=1e-4)
+  loss = _row(claims["c"], "retention: relative loss (control - compressed) / control, 3 seeds")
+  assert loss.ours == "3.3 ± 3.3 % (95 % CI -11.0 .. 17.7 %)" and loss.seed == "< 1.2%"
   # (d) one row per arm and task, plus facts kept
   d = claims["d"]
   assert _row(
@@ -441,6 +461,21 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   g = claims["g"]
   assert _row(g, "sandbox executions/s, code, pool_2").ours == "20 ± 0.5"
   assert any("0.71x" in x for x in g.differences)
+
+
+def test_compression_seeds_of_another_configuration_are_left_out():
+  task = {"retention": _compression_task(1.0, 0.5, 8)}
+  docs = [
+    {"config": "a/experiments/c.py:x", "steps": 10, "num_test": 8, "seed": 0, "tasks": task},
+    {"config": "b/experiments/c.py:x", "steps": 10, "num_test": 8, "seed": 1, "tasks": task},
+    {"config": "b/experiments/c.py:x", "steps": 20, "num_test": 8, "seed": 2, "tasks": task},
+    {"config": "b/experiments/c.py:x", "steps": 10, "num_test": 8, "seed": 0, "tasks": task},
+  ]
+  over, skipped = report.compression_over_seeds(docs)
+  assert over["retention"]["seeds"] == [0, 1]
+  assert over["retention"]["short"]["relative_loss"]["values"] == [0.5, 0.5]
+  assert [x.split(":")[0] for x in skipped] == ["seed 2", "seed 0"]
+  assert report.compression_seed_rows({"retention": {**over["retention"], "seeds": [0]}}) == []
 
 
 def test_rl_gain_rows_per_arith_setting(tiny_results):
