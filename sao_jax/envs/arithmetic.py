@@ -25,8 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sao_jax.envs.base import StepResult, Task
-from sao_jax.tokenizer import Tokenizer
+from sao_jax.envs.base import SingleTurnEnv, StepResult, Task
 
 _ALL_OPS = "+-*"
 _MAX_OPS = 4
@@ -185,33 +184,16 @@ def make_split(
   )
 
 
-class ArithmeticEnv:
+class ArithmeticEnv(SingleTurnEnv):
   """Single-turn environment: show the prompt, reward 1.0 iff the '#' answer is exact."""
 
-  max_steps = 1
-
-  def __init__(self, tokenizer: Tokenizer):
-    self._tokenizer = tokenizer
-    self._task: Task | None = None
-    self._done = True
-
-  def reset(self, task: Task) -> np.ndarray:
-    self._task, self._done = task, False
-    return np.asarray(self._tokenizer.encode(task.prompt), dtype=np.int32)
-
-  def step(self, action_tokens: Sequence[int] | np.ndarray) -> StepResult:
-    if self._done:
-      raise RuntimeError(
-        "ArithmeticEnv.step() called with no episode in progress: episodes are one step "
-        "(max_steps=1); call reset(task) first"
-      )
-    self._done = True
+  def _grade(self, task: Task, action_tokens: Sequence[int] | np.ndarray) -> StepResult:
     predicted = extract_answer(self._tokenizer.decode(action_tokens))
     return StepResult(
       observation=np.zeros((0,), np.int32),
-      reward=float(predicted == self._task.answer),
+      reward=float(predicted == task.answer),
       done=True,
-      info={"answer": predicted, "target": self._task.answer, "format_ok": predicted is not None},
+      info={"answer": predicted, "target": task.answer, "format_ok": predicted is not None},
     )
 
 

@@ -14,6 +14,8 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from sao_jax.tokenizer import Tokenizer
+
 
 @dataclasses.dataclass(frozen=True)
 class Task:
@@ -70,3 +72,35 @@ class Env(Protocol):
   def step(self, action_tokens: Sequence[int] | np.ndarray) -> StepResult:
     """Applies the policy's generated tokens (EOS-terminated or not)."""
     ...
+
+
+class SingleTurnEnv:
+  """The one-step episode of a single-turn family: `reset` shows the task's prompt, `step`
+  grades one completion with :meth:`_grade` and ends the episode (`max_steps == 1`).
+
+  Subclasses implement `_grade`; `self._tokenizer` decodes the completion.
+  """
+
+  max_steps = 1
+
+  def __init__(self, tokenizer: Tokenizer):
+    self._tokenizer = tokenizer
+    self._task: Task | None = None
+    self._done = True
+
+  def reset(self, task: Task) -> np.ndarray:
+    self._task, self._done = task, False
+    return np.asarray(self._tokenizer.encode(task.prompt), dtype=np.int32)
+
+  def step(self, action_tokens: Sequence[int] | np.ndarray) -> StepResult:
+    if self._done:
+      raise RuntimeError(
+        f"{type(self).__name__}.step() called with no episode in progress: episodes are one "
+        "step (max_steps=1); call reset(task) first"
+      )
+    self._done = True
+    return self._grade(self._task, action_tokens)
+
+  def _grade(self, task: Task, action_tokens: Sequence[int] | np.ndarray) -> StepResult:
+    """The final StepResult (done=True, empty observation) of `action_tokens` on `task`."""
+    raise NotImplementedError(f"{type(self).__name__} must define _grade")

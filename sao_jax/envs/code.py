@@ -39,7 +39,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sao_jax.envs.base import StepResult, Task
+from sao_jax.envs.base import SingleTurnEnv, StepResult, Task
 from sao_jax.sandbox import Job, Limits, RunResult, SandboxPool
 from sao_jax.tokenizer import Tokenizer
 
@@ -330,7 +330,7 @@ def precheck(completion: str) -> str:
   return ""
 
 
-class CodeEnv:
+class CodeEnv(SingleTurnEnv):
   """Single-turn coding environment; reward = fraction of hidden tests passed.
 
   `reset`/`step` implement the `Env` protocol one episode at a time. Samplers that hold a
@@ -349,8 +349,6 @@ class CodeEnv:
   and closed by `close()` (or at exit).
   """
 
-  max_steps = 1
-
   def __init__(
     self,
     tokenizer: Tokenizer,
@@ -361,11 +359,9 @@ class CodeEnv:
   ):
     if not 0.0 <= format_weight < 1.0:
       raise ValueError(f"format_weight must be in [0, 1), got {format_weight!r}")
-    self._tokenizer = tokenizer
+    super().__init__(tokenizer)
     self._pool, self._owns_pool = pool, pool is None
     self._limits, self._format_weight = limits, format_weight
-    self._task: Task | None = None
-    self._done = True
     self._bg: concurrent.futures.ThreadPoolExecutor | None = None
 
   @property
@@ -374,18 +370,8 @@ class CodeEnv:
       self._pool = SandboxPool()
     return self._pool
 
-  def reset(self, task: Task) -> np.ndarray:
-    self._task, self._done = task, False
-    return np.asarray(self._tokenizer.encode(task.prompt), dtype=np.int32)
-
-  def step(self, action_tokens: Sequence[int] | np.ndarray) -> StepResult:
-    if self._done:
-      raise RuntimeError(
-        "CodeEnv.step() called with no episode in progress: episodes are one "
-        "step (max_steps=1); call reset(task) first"
-      )
-    self._done = True
-    return self.score_batch([self._task], [action_tokens])[0]
+  def _grade(self, task: Task, action_tokens: Sequence[int] | np.ndarray) -> StepResult:
+    return self.score_batch([task], [action_tokens])[0]
 
   @staticmethod
   def step_many(

@@ -22,8 +22,7 @@ from decimal import Decimal, InvalidOperation
 
 import numpy as np
 
-from sao_jax.envs.base import StepResult, Task
-from sao_jax.tokenizer import Tokenizer
+from sao_jax.envs.base import SingleTurnEnv, StepResult, Task
 
 PROMPT_TEMPLATE = "Question: {question}\nAnswer:"
 TRAIN_ID_OFFSET = 10**9
@@ -73,32 +72,15 @@ def parse_record(task_id: int, question: str, answer: str, template: str = PROMP
   )
 
 
-class GSM8KEnv:
+class GSM8KEnv(SingleTurnEnv):
   """Single-turn: show the question, reward 1.0 iff the extracted answer is the target."""
 
-  max_steps = 1
-
-  def __init__(self, tokenizer: Tokenizer):
-    self._tokenizer = tokenizer
-    self._task: Task | None = None
-    self._done = True
-
-  def reset(self, task: Task) -> np.ndarray:
-    self._task, self._done = task, False
-    return np.asarray(self._tokenizer.encode(task.prompt), dtype=np.int32)
-
-  def step(self, action_tokens: Sequence[int] | np.ndarray) -> StepResult:
-    if self._done:
-      raise RuntimeError(
-        "GSM8KEnv.step() called with no episode in progress: episodes are one "
-        "step (max_steps=1); call reset(task) first"
-      )
-    self._done = True
+  def _grade(self, task: Task, action_tokens: Sequence[int] | np.ndarray) -> StepResult:
     text = self._tokenizer.decode(action_tokens)
     predicted = extract_answer(text)
     return StepResult(
       observation=np.zeros((0,), np.int32),
-      reward=float(predicted is not None and predicted == self._task.answer),
+      reward=float(predicted is not None and predicted == task.answer),
       done=True,
-      info={"answer": predicted, "target": self._task.answer, "format_ok": "####" in text},
+      info={"answer": predicted, "target": task.answer, "format_ok": "####" in text},
     )
