@@ -76,3 +76,11 @@ def test_bench_compression_quick(tmp_path, repo_root):
     for pm in t["peak_memory"].values():
       assert pm["grpo_n8_full_context"]["peak"] > pm["single_trajectory_full_context"]["peak"]
       assert 0 < pm["ratio_sao_over_grpo"] < 1
+    # Long episodes: also GRPO(N=8) on the window the control was trained on, which is
+    # shorter than the whole episode and so needs less than full attention over it.
+    lm = t["peak_memory"]["long_episodes"]
+    assert lm["steps"] == 120 and lm["control_window_tokens"] == la["control_context_tokens"]
+    assert lm["grpo_n8_window_control"]["peak"] < lm["grpo_n8_full_context"]["peak"]
+    assert lm["ratio_sao_over_grpo_window"] == pytest.approx(
+      lm["sao_compressed"]["peak"] / lm["grpo_n8_window_control"]["peak"]
+    )
