@@ -264,6 +264,14 @@ def write_tiny_results(root: pathlib.Path) -> pathlib.Path:
     },
   )
   for seed, (full, comp) in ((1, (1.0, 0.9)), (2, (0.8, 0.8))):
+    task = _compression_task(full, comp, 8)
+    task["peak_memory"]["accuracy_episodes"].update(
+      steps=1000,
+      control_window_tokens=384,
+      ratio_sao_over_grpo_window=2.5,
+      sao_compressed={"peak": 500e6},
+      grpo_n8_window_control={"peak": 200e6},
+    )
     _write(
       root,
       f"bench_compression_seed{seed}.json",
@@ -272,7 +280,7 @@ def write_tiny_results(root: pathlib.Path) -> pathlib.Path:
         "num_test": 8,
         "config": "experiments/configs/longhorizon.py:default",
         "seed": seed,
-        "tasks": {"retention": _compression_task(full, comp, 8)},
+        "tasks": {"retention": task},
       },
     )
   r4 = _compression_task(0.25, 0.75, 16)
@@ -437,6 +445,9 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   assert over["short"]["relative_loss"]["ci95"][1] == pytest.approx(0.1768, abs=1e-4)
   loss = _row(claims["c"], "retention: relative loss (control - compressed) / control, 3 seeds")
   assert loss.ours == "3.3 ± 3.3 % (95 % CI -11.0 .. 17.7 %)" and loss.seed == "< 1.2%"
+  # ... peak memory against the windowed control, read from the first seed run that has it
+  w = _row(claims["c"], "retention: peak update memory SAO (compressed) / GRPO(N=8) on the")
+  assert w.ours == "2.5" and w.note == "500 MB vs 200 MB" and "last 384 tokens" in w.metric
   # (d) one row per arm and task, plus facts kept
   d = claims["d"]
   assert _row(
