@@ -20,7 +20,10 @@ from sao_jax.runners.common import (
   eval_fn,
   finish_phase,
   log_step,
+  phase_manager,
+  phase_meta,
   programs_for,
+  resume_phase,
   sft_batch,
 )
 from sao_jax.runners.compiled import Programs
@@ -66,27 +69,16 @@ def run_sft(
     steps, max_seconds, eval_every, held_out or eval_fn(s, progs), eval_every_steps
   )
   writer.progress(tag, steps or None)
-  mngr = ckpt_lib.manager(
-    workdir / "checkpoints" / tag,
-    every=cfg.checkpoint_every,
-    keep=cfg.recovery.keep,
-    keep_best=False,
-  )
+  mngr = phase_manager(cfg, workdir, tag)
   step, tokens = 0, 0
-  resumed = ckpt_lib.restore_latest_valid(mngr, state) if mngr.all_steps() else None
+  resumed = resume_phase(mngr, state, clock, rng, tag)
   if resumed is not None:  # a restart: same batches from here as the uninterrupted run
-    state, meta, step, _ = resumed
-    rng.bit_generator.state = meta["stream"]["rng"]
-    clock.resume_at(meta["stream"]["train_seconds"])
-    print(f"{tag}: resuming from snapshot step {step}", flush=True)
+    state, step, _ = resumed
   else:
     clock.maybe_eval(step, state.params, force=bool(eval_every or eval_every_steps))
 
   def meta():
-    return {
-      "phase": tag,
-      "stream": {"rng": rng.bit_generator.state, "train_seconds": clock.elapsed},
-    }
+    return phase_meta(tag, rng, clock)
 
   while clock.running(step):
     ts = time.time()
