@@ -16,7 +16,7 @@ from sao_jax.config import Config, OptimConfig
 from sao_jax.envs.base import Task
 from sao_jax.evaluation import evaluate
 from sao_jax.learner import make_optimizer
-from sao_jax.metrics import MetricsWriter
+from sao_jax.metrics import MetricsWriter, peak_memory_mb
 from sao_jax.models import lora
 from sao_jax.packing import left_pad, right_pad
 from sao_jax.runners.compiled import Programs, compile_programs
@@ -186,6 +186,24 @@ def resume_phase(
   clock.resume_at(meta["stream"]["train_seconds"])
   print(f"{name}: resuming from snapshot step {step}", flush=True)
   return state, step, key
+
+
+def supervised_row(
+  cfg: Config, step: int, metrics, ts: float, tokens: int, clock: PhaseClock
+) -> dict:
+  """The log row of a supervised step that started at `ts` (after `tokens` target tokens in
+  all): every `log_every` steps, else empty, as fetching the metrics waits for the step."""
+  if step % cfg.log_every != 0:
+    return {}
+  dt = time.time() - ts
+  return dict(
+    jax.device_get(metrics),
+    step_time=dt,
+    learner_time=dt,
+    train_seconds=clock.elapsed,
+    tokens_per_s=tokens / max(clock.elapsed, 1e-9),
+    peak_memory_mb=peak_memory_mb(),
+  )
 
 
 def log_step(

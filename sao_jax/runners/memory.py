@@ -46,6 +46,7 @@ from sao_jax.runners.common import (
   phase_manager,
   phase_meta,
   resume_phase,
+  supervised_row,
 )
 from sao_jax.runners.compiled import (
   Programs,
@@ -194,17 +195,7 @@ def run_memory_sft(
     step += 1
     tokens += int(batch.valid_brt.sum())
     ckpt_lib.save(mngr, state, cfg, meta())
-    row = {}
-    if step % cfg.log_every == 0:
-      dt = time.time() - ts
-      row = dict(
-        jax.device_get(metrics),
-        step_time=dt,
-        learner_time=dt,
-        train_seconds=clock.elapsed,
-        tokens_per_s=tokens / max(clock.elapsed, 1e-9),
-        peak_memory_mb=peak_memory_mb(),
-      )
+    row = supervised_row(cfg, step, metrics, ts, tokens, clock)
     log_step(writer, clock, cfg, step, state.params, row, tag)
   return state, progs, finish_phase(mngr, state, cfg, clock, step, tag, meta())
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from sao_jax import checkpoint as ckpt_lib
 from sao_jax.learner import make_sft_update
-from sao_jax.metrics import MetricsWriter, peak_memory_mb
+from sao_jax.metrics import MetricsWriter
 from sao_jax.packing import round_up
 from sao_jax.runners.common import (
   PhaseClock,
@@ -25,6 +25,7 @@ from sao_jax.runners.common import (
   programs_for,
   resume_phase,
   sft_batch,
+  supervised_row,
 )
 from sao_jax.runners.compiled import Programs
 from sao_jax.setup import Setup
@@ -88,16 +89,6 @@ def run_sft(
     step += 1
     tokens += int(batch.valid_bt.sum())
     ckpt_lib.save(mngr, state, cfg, meta())
-    row = {}
-    if step % cfg.log_every == 0:  # fetching metrics waits for the step: only when logged
-      dt = time.time() - ts
-      row = dict(
-        jax.device_get(metrics),
-        step_time=dt,
-        learner_time=dt,
-        train_seconds=clock.elapsed,
-        tokens_per_s=tokens / max(clock.elapsed, 1e-9),
-        peak_memory_mb=peak_memory_mb(),
-      )
+    row = supervised_row(cfg, step, metrics, ts, tokens, clock)
     log_step(writer, clock, cfg, step, state.params, row, tag)
   return state, progs, finish_phase(mngr, state, cfg, clock, step, tag, meta())
