@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from sao_jax.batches import RLBatch, SAOBatch, SFTBatch
+from sao_jax.batches import MemorySAOBatch, RLBatch, SAOBatch, SFTBatch
 from sao_jax.config import ModelConfig, OptimConfig, RLConfig, SAOConfig
 from sao_jax.models.transformer import TransformerLM
 from sao_jax.rl import advantages as adv_lib
@@ -208,6 +208,33 @@ def make_rl_update(
   return update
 
 
+def apply_sao_gradients(
+  state: TrainState,
+  tx,
+  grads,
+  metrics: Metrics,
+  batch: SAOBatch | MemorySAOBatch,
+  rewards_b: jax.Array,
+  rho_b: jax.Array,
+  valid_b: jax.Array,
+  step_scale: jax.Array,
+) -> tuple[TrainState, Metrics]:
+  """The end of every SAO update (`make_sao_update`, `compression.sao_update`): the task
+  tracker absorbs `rewards_b` of the trajectories where `valid_b` (tasks `batch.task_b`,
+  forgetting factors `rho_b`), then `apply_gradients` takes the step scaled by `step_scale`,
+  leaving the tracker as it was when it skips a non-finite step."""
+  tracker = trackers.update_beta_tracker(state.tracker, batch.task_b, rewards_b, rho_b, valid_b)
+  return apply_gradients(
+    state,
+    tx,
+    grads,
+    metrics,
+    step_scale=step_scale,
+    poison_b=batch.poison_b,
+    tracker=tracker,
+  )
+
+
 def sao_row_weights(batch: SAOBatch, sao: SAOConfig) -> dict[str, jax.Array]:
   """Per-row and per-token bookkeeping of an SAO batch, and the step scale.
 
@@ -375,17 +402,8 @@ def make_sao_update(
       metrics["kl_ref"] = first["kl_ref"]
     if rl.ppo_epochs > 1:
       metrics["first_loss"] = first_loss
-    tracker = trackers.update_beta_tracker(
-      state.tracker, batch.task_b, batch.rewards_b, rho_b, head_b
-    )
-    return apply_gradients(
-      state,
-      tx,
-      grads,
-      metrics,
-      step_scale=w["step_scale"],
-      poison_b=batch.poison_b,
-      tracker=tracker,
+    return apply_sao_gradients(
+      state, tx, grads, metrics, batch, batch.rewards_b, rho_b, head_b, w["step_scale"]
     )
 
   return update

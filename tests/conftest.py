@@ -7,6 +7,7 @@ import os
 import pathlib
 import subprocess
 import sys
+from collections.abc import Sequence
 
 # Sharding tests run on a fake 8-device CPU mesh, which must be requested before JAX is
 # imported by any test module.
@@ -38,6 +39,22 @@ def subprocess_env() -> dict[str, str]:
   return dict(os.environ, XLA_FLAGS=_USER_XLA_FLAGS)
 
 
+def train_cmd(config: str, workdir: pathlib.Path, overrides: Sequence[str] = ()) -> list[str]:
+  """`sao-jax train` of `config` ("path:name") into `workdir`, without the progress bar, with
+  each "key=value" of `overrides` as a `--set`."""
+  return [
+    sys.executable,
+    "-m",
+    "sao_jax.cli",
+    "train",
+    "--config",
+    config,
+    "--workdir",
+    str(workdir),
+    "--no-progress",
+  ] + [a for kv in overrides for a in ("--set", kv)]
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> pathlib.Path:
   return REPO_ROOT
@@ -51,17 +68,7 @@ def tiny_run_dir(tmp_path_factory) -> pathlib.Path:
   of the test process. Tests must not modify what the run wrote, except to add new files.
   """
   workdir = tmp_path_factory.mktemp("tiny_run") / "workdir"
-  cmd = [
-    sys.executable,
-    "-m",
-    "sao_jax.cli",
-    "train",
-    "--config",
-    f"{TINY_CONFIG}:tiny",
-    "--workdir",
-    str(workdir),
-    "--no-progress",
-  ]
+  cmd = train_cmd(f"{TINY_CONFIG}:tiny", workdir)
   proc = subprocess.run(
     cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=subprocess_env()
   )

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import subprocess_env
+from conftest import subprocess_env, train_cmd
 
 from sao_jax import checkpoint as ckpt
 from sao_jax import recovery
@@ -42,19 +42,7 @@ BASE = (
 
 
 def _cmd(workdir, *extra):
-  return [
-    sys.executable,
-    "-m",
-    "sao_jax.cli",
-    "train",
-    "--config",
-    CFG,
-    "--workdir",
-    str(workdir),
-    "--no-progress",
-    *BASE,
-    *extra,
-  ]
+  return train_cmd(CFG, workdir) + [*BASE, *extra]
 
 
 def _ledger_steps(workdir) -> int:
@@ -272,18 +260,7 @@ def test_synchronous_grpo_resumed_equals_uninterrupted(repo_root, tmp_path):
   extra = ["--set", "rl.steps=16", "--set", "checkpoint_every=4", "--set", "log_every=1"]
 
   def cmd(w):
-    return [
-      sys.executable,
-      "-m",
-      "sao_jax.cli",
-      "train",
-      "--config",
-      cfg,
-      "--workdir",
-      str(w),
-      "--no-progress",
-      *extra,
-    ]
+    return train_cmd(cfg, w) + extra
 
   a, b = tmp_path / "a", tmp_path / "b"
   subprocess.run(

@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 
 import pytest
-from conftest import subprocess_env
+from conftest import subprocess_env, train_cmd
 
 # One layer each (compilation dominates the run), a few steps, two held-out episodes.
 OVERRIDES = [
@@ -29,17 +28,7 @@ OVERRIDES = [
 @pytest.mark.slow
 def test_train_longhorizon_with_compression(tmp_path, repo_root):
   workdir = tmp_path / "run"
-  cmd = [
-    sys.executable,
-    "-m",
-    "sao_jax.cli",
-    "train",
-    "--config",
-    str(repo_root / "experiments/configs/longhorizon.py:tiny"),
-    "--workdir",
-    str(workdir),
-    "--no-progress",
-  ] + [a for kv in OVERRIDES for a in ("--set", kv)]
+  cmd = train_cmd(str(repo_root / "experiments/configs/longhorizon.py:tiny"), workdir, OVERRIDES)
   proc = subprocess.run(
     cmd, cwd=repo_root, capture_output=True, text=True, timeout=600, env=subprocess_env()
   )

@@ -9,11 +9,10 @@ import dataclasses
 import json
 import math
 import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import subprocess_env
+from conftest import subprocess_env, train_cmd
 
 from sao_jax import setup
 from sao_jax.buffer import Item, decode_trajectory
@@ -172,17 +171,7 @@ def test_sao_trains_the_memory_policy_through_sampler_processes(tmp_path, repo_r
     "compression.visible=6",  # the whole bank, as the config reads it
     "model.memory_slots=12",
   ]
-  cmd = [
-    sys.executable,
-    "-m",
-    "sao_jax.cli",
-    "train",
-    "--config",
-    str(repo_root / "experiments/configs/longhorizon.py:tiny"),
-    "--workdir",
-    str(workdir),
-    "--no-progress",
-  ] + [a for kv in overrides for a in ("--set", kv)]
+  cmd = train_cmd(str(repo_root / "experiments/configs/longhorizon.py:tiny"), workdir, overrides)
   proc = subprocess.run(
     cmd, cwd=repo_root, capture_output=True, text=True, timeout=900, env=subprocess_env()
   )

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import optax
 import pytest
-from conftest import REPO_ROOT, subprocess_env
+from conftest import REPO_ROOT, subprocess_env, train_cmd
 from test_sharding import (
   LOSS_RTOL,
   PARAM_ATOL,
@@ -213,18 +213,9 @@ def _sao_cmd(workdir, steps):
     "sao.num_samplers": SAMPLERS,
     "sao.sampler_slots": 16,
   }
-  return [
-    sys.executable,
-    "-m",
-    "sao_jax.cli",
-    "train",
-    "--config",
-    "experiments/configs/sao_arith.py:tiny",
-    "--workdir",
-    str(workdir),
-    "--no-progress",
-    *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")],
-  ]
+  return train_cmd(
+    "experiments/configs/sao_arith.py:tiny", workdir, [f"{k}={v}" for k, v in sets.items()]
+  )
 
 
 def _ledger_steps(workdir) -> int:

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from sao_jax.batches import MemorySAOBatch
 from sao_jax.compression.policy import MemoryPolicy
 from sao_jax.config import RLConfig, SAOConfig
-from sao_jax.learner import apply_gradients
+from sao_jax.learner import apply_sao_gradients
 from sao_jax.rl import losses as loss_lib
 from sao_jax.rl import trackers
 from sao_jax.rl.losses import masked_mean
@@ -151,17 +151,8 @@ def make_memory_sao_update(policy: MemoryPolicy, tx, rl: RLConfig, sao: SAOConfi
       "tokens_used": jnp.sum(w["used_brt"]),
       "trajectories": jnp.sum(traj_valid_b),
     }
-    tracker = trackers.update_beta_tracker(
-      state.tracker, batch.task_b, batch.accuracy_b, rho_b, traj_valid_b
-    )
-    return apply_gradients(
-      state,
-      tx,
-      grads,
-      metrics,
-      step_scale=w["step_scale"],
-      poison_b=batch.poison_b,
-      tracker=tracker,
+    return apply_sao_gradients(
+      state, tx, grads, metrics, batch, batch.accuracy_b, rho_b, traj_valid_b, w["step_scale"]
     )
 
   return update

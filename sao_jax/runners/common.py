@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pathlib
 import time
 from collections.abc import Callable
 
+import jax
 import numpy as np
 
 from sao_jax import checkpoint as ckpt_lib
@@ -14,7 +16,7 @@ from sao_jax.config import Config, OptimConfig
 from sao_jax.envs.base import Task
 from sao_jax.evaluation import evaluate
 from sao_jax.learner import make_optimizer
-from sao_jax.metrics import MetricsWriter
+from sao_jax.metrics import MetricsWriter, peak_memory_mb
 from sao_jax.models import lora
 from sao_jax.packing import left_pad, right_pad
 from sao_jax.runners.compiled import Programs, compile_programs
@@ -136,6 +138,71 @@ def sft_batch(
     tokens_bt=target,
     valid_bt=tvalid,
     weight_b=np.ones(rows, np.float32),
+  )
+
+
+def phase_manager(cfg: Config, workdir: pathlib.Path, name: str):
+  """The snapshots of a synchronous phase, in `workdir/checkpoints/<name>`: one every
+  `checkpoint_every` steps, the last `recovery.keep` kept."""
+  return ckpt_lib.manager(
+    workdir / "checkpoints" / name,
+    every=cfg.checkpoint_every,
+    keep=cfg.recovery.keep,
+    keep_best=False,
+  )
+
+
+def phase_meta(phase: str, rng: np.random.Generator, clock: PhaseClock, key=None) -> dict:
+  """What a synchronous phase stores with each snapshot besides its state: the numpy stream,
+  the jax key when it draws from one, and the training seconds so far (`resume_phase`)."""
+  stream = {"rng": rng.bit_generator.state}
+  if key is not None:
+    stream["key"] = np.asarray(jax.random.key_data(key)).tolist()
+  stream["train_seconds"] = clock.elapsed
+  return {"phase": phase, "stream": stream}
+
+
+def resume_phase(
+  mngr,
+  state: TrainState,
+  clock: PhaseClock,
+  rng: np.random.Generator,
+  name: str,
+  *,
+  with_key: bool = False,
+) -> tuple[TrainState, int, jax.Array | None] | None:
+  """Continues a synchronous phase from its newest valid snapshot, so that it draws the
+  batches the uninterrupted run would have: (state, step, and with `with_key` the jax key
+  saved by `phase_meta`, else None), with `rng` and `clock` set back in place; None when
+  there is nothing to resume."""
+  resumed = ckpt_lib.restore_latest_valid(mngr, state) if mngr.all_steps() else None
+  if resumed is None:
+    return None
+  state, meta, step, _ = resumed
+  rng.bit_generator.state = meta["stream"]["rng"]
+  key = None
+  if with_key:
+    key = jax.random.wrap_key_data(np.asarray(meta["stream"]["key"], np.uint32))
+  clock.resume_at(meta["stream"]["train_seconds"])
+  print(f"{name}: resuming from snapshot step {step}", flush=True)
+  return state, step, key
+
+
+def supervised_row(
+  cfg: Config, step: int, metrics, ts: float, tokens: int, clock: PhaseClock
+) -> dict:
+  """The log row of a supervised step that started at `ts` (after `tokens` target tokens in
+  all): every `log_every` steps, else empty, as fetching the metrics waits for the step."""
+  if step % cfg.log_every != 0:
+    return {}
+  dt = time.time() - ts
+  return dict(
+    jax.device_get(metrics),
+    step_time=dt,
+    learner_time=dt,
+    train_seconds=clock.elapsed,
+    tokens_per_s=tokens / max(clock.elapsed, 1e-9),
+    peak_memory_mb=peak_memory_mb(),
   )
 
 

@@ -21,7 +21,10 @@ from sao_jax.runners.common import (
   finish_phase,
   length_stats,
   log_step,
+  phase_manager,
+  phase_meta,
   programs_for,
+  resume_phase,
 )
 from sao_jax.runners.compiled import Programs
 from sao_jax.runners.sao import SAOLearner
@@ -55,35 +58,19 @@ def run_grpo(
     )
   rng = np.random.default_rng((cfg.seed, 2))
   key = jax.random.key(cfg.seed + 2)
-  mngr = ckpt_lib.manager(
-    workdir / "checkpoints" / "rl",
-    every=cfg.checkpoint_every,
-    keep=cfg.recovery.keep,
-    keep_best=False,
-  )
+  mngr = phase_manager(cfg, workdir, "rl")
   clock = PhaseClock(rl.steps, max_seconds, eval_every, eval_fn(s, progs))
   writer.progress("grpo", rl.steps or None)
   step, busy, tokens, delays, reward_s, lengths = 0, 0.0, 0, [], 0.0, []
   sandbox_runs = 0
-  resumed = ckpt_lib.restore_latest_valid(mngr, state) if mngr.all_steps() else None
+  resumed = resume_phase(mngr, state, clock, rng, "grpo", with_key=True)
   if resumed is not None:
-    state, meta, step, _ = resumed
-    rng.bit_generator.state = meta["stream"]["rng"]
-    key = jax.random.wrap_key_data(np.asarray(meta["stream"]["key"], np.uint32))
-    clock.resume_at(meta["stream"]["train_seconds"])
-    print(f"grpo: resuming from snapshot step {step}", flush=True)
+    state, step, key = resumed
   else:
     clock.maybe_eval(step, state.params, force=bool(eval_every))
 
   def meta():
-    return {
-      "phase": "rl",
-      "stream": {
-        "rng": rng.bit_generator.state,
-        "key": np.asarray(jax.random.key_data(key)).tolist(),
-        "train_seconds": clock.elapsed,
-      },
-    }
+    return phase_meta("rl", rng, clock, key)
 
   t_loop = time.time()
   while clock.running(step):

@@ -39,7 +39,15 @@ from sao_jax.evaluation import evaluate_memory
 from sao_jax.learner import make_optimizer
 from sao_jax.metrics import MetricsWriter, peak_memory_mb
 from sao_jax.packing import round_up
-from sao_jax.runners.common import PhaseClock, finish_phase, log_step
+from sao_jax.runners.common import (
+  PhaseClock,
+  finish_phase,
+  log_step,
+  phase_manager,
+  phase_meta,
+  resume_phase,
+  supervised_row,
+)
 from sao_jax.runners.compiled import (
   Programs,
   SamplerPrograms,
@@ -162,27 +170,16 @@ def run_memory_sft(
   rng = np.random.default_rng((cfg.seed, 1, zlib.crc32(tag.encode())))
   clock = PhaseClock(steps, max_seconds, eval_every, memory_eval_fn(s, progs))
   writer.progress(tag, steps or None)
-  mngr = ckpt_lib.manager(
-    workdir / "checkpoints" / tag,
-    every=cfg.checkpoint_every,
-    keep=cfg.recovery.keep,
-    keep_best=False,
-  )
+  mngr = phase_manager(cfg, workdir, tag)
   step, tokens = 0, 0
-  resumed = ckpt_lib.restore_latest_valid(mngr, state) if mngr.all_steps() else None
+  resumed = resume_phase(mngr, state, clock, rng, tag)
   if resumed is not None:
-    state, meta, step, _ = resumed
-    rng.bit_generator.state = meta["stream"]["rng"]
-    clock.resume_at(meta["stream"]["train_seconds"])
-    print(f"{tag}: resuming from snapshot step {step}", flush=True)
+    state, step, _ = resumed
   else:
     clock.maybe_eval(step, state.params, force=bool(eval_every))
 
   def meta():
-    return {
-      "phase": tag,
-      "stream": {"rng": rng.bit_generator.state, "train_seconds": clock.elapsed},
-    }
+    return phase_meta(tag, rng, clock)
 
   while clock.running(step):
     ts = time.time()
@@ -198,17 +195,7 @@ def run_memory_sft(
     step += 1
     tokens += int(batch.valid_brt.sum())
     ckpt_lib.save(mngr, state, cfg, meta())
-    row = {}
-    if step % cfg.log_every == 0:
-      dt = time.time() - ts
-      row = dict(
-        jax.device_get(metrics),
-        step_time=dt,
-        learner_time=dt,
-        train_seconds=clock.elapsed,
-        tokens_per_s=tokens / max(clock.elapsed, 1e-9),
-        peak_memory_mb=peak_memory_mb(),
-      )
+    row = supervised_row(cfg, step, metrics, ts, tokens, clock)
     log_step(writer, clock, cfg, step, state.params, row, tag)
   return state, progs, finish_phase(mngr, state, cfg, clock, step, tag, meta())
 
@@ -240,34 +227,18 @@ def run_memory_grpo(
   rows = max(ExpertEpisodes(s).max_graded(), 1)
   rng = np.random.default_rng((cfg.seed, 2))
   key = jax.random.key(cfg.seed + 2)
-  mngr = ckpt_lib.manager(
-    workdir / "checkpoints" / "rl",
-    every=cfg.checkpoint_every,
-    keep=cfg.recovery.keep,
-    keep_best=False,
-  )
+  mngr = phase_manager(cfg, workdir, "rl")
   clock = PhaseClock(rl.steps, max_seconds, eval_every, memory_eval_fn(s, progs))
   writer.progress("grpo", rl.steps or None)
   step, busy, trajectories = 0, 0.0, 0
-  resumed = ckpt_lib.restore_latest_valid(mngr, state) if mngr.all_steps() else None
+  resumed = resume_phase(mngr, state, clock, rng, "grpo", with_key=True)
   if resumed is not None:
-    state, meta, step, _ = resumed
-    rng.bit_generator.state = meta["stream"]["rng"]
-    key = jax.random.wrap_key_data(np.asarray(meta["stream"]["key"], np.uint32))
-    clock.resume_at(meta["stream"]["train_seconds"])
-    print(f"grpo: resuming from snapshot step {step}", flush=True)
+    state, step, key = resumed
   else:
     clock.maybe_eval(step, state.params, force=bool(eval_every))
 
   def meta():
-    return {
-      "phase": "rl",
-      "stream": {
-        "rng": rng.bit_generator.state,
-        "key": np.asarray(jax.random.key_data(key)).tolist(),
-        "train_seconds": clock.elapsed,
-      },
-    }
+    return phase_meta("rl", rng, clock, key)
 
   t_loop = time.time()
   while clock.running(step):

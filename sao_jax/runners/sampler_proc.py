@@ -204,14 +204,11 @@ class _Outbox:
     )
 
 
-def _run_batches(spec, cfg, s, progs, poll, alive, end, out) -> None:
-  """Calls of `sampler_slots` tasks, each decoded until its slowest slot is done."""
-  import jax
-
-  from sao_jax.rollout import sao_sampling
-
+def _calls(slots: int, poll, alive, end):
+  """The calls of a batch sampler, as (version, params, task indices): up to `slots` tasks
+  each, taken once parameters have arrived, with the newest parameters published by then.
+  The caller acknowledges each call's tasks before asking for the next."""
   params, version = None, -1
-  key = jax.random.key(spec.seed)
   while alive():
     got = poll()
     if got is not None:
@@ -219,12 +216,23 @@ def _run_batches(spec, cfg, s, progs, poll, alive, end, out) -> None:
     if params is None:
       time.sleep(0.05)
       continue
-    indices = end.get_tasks(cfg.sao.sampler_slots, timeout=0.2)
+    indices = end.get_tasks(slots, timeout=0.2)
     if not indices:
       continue
     got = poll()  # a learner that publishes before handing out tasks is seen at once
     if got is not None:
       version, params = got
+    yield version, params, indices
+
+
+def _run_batches(spec, cfg, s, progs, poll, alive, end, out) -> None:
+  """Calls of `sampler_slots` tasks, each decoded until its slowest slot is done."""
+  import jax
+
+  from sao_jax.rollout import sao_sampling
+
+  key = jax.random.key(spec.seed)
+  for version, params, indices in _calls(cfg.sao.sampler_slots, poll, alive, end):
     tasks = [s.train[i] for i in indices]
     envs = [s.family.make_env(s.tok) for _ in tasks]
     key, sub_key = jax.random.split(key)
@@ -256,21 +264,8 @@ def _run_memory(spec, cfg, s, progs, poll, alive, end, out) -> None:
 
   c, slots = cfg.compression, cfg.sao.sampler_slots
   streams = progs.empty_streams(slots)
-  params, version = None, -1
   key = jax.random.key(spec.seed)
-  while alive():
-    got = poll()
-    if got is not None:
-      version, params = got
-    if params is None:
-      time.sleep(0.05)
-      continue
-    indices = end.get_tasks(slots, timeout=0.2)
-    if not indices:
-      continue
-    got = poll()  # a learner that publishes before handing out tasks is seen at once
-    if got is not None:
-      version, params = got
+  for version, params, indices in _calls(slots, poll, alive, end):
     tasks = [s.train[i] for i in indices]
     key, sub_key = jax.random.split(key)
     trajs = sample_long_horizon(

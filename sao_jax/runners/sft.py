@@ -13,15 +13,19 @@ import numpy as np
 
 from sao_jax import checkpoint as ckpt_lib
 from sao_jax.learner import make_sft_update
-from sao_jax.metrics import MetricsWriter, peak_memory_mb
+from sao_jax.metrics import MetricsWriter
 from sao_jax.packing import round_up
 from sao_jax.runners.common import (
   PhaseClock,
   eval_fn,
   finish_phase,
   log_step,
+  phase_manager,
+  phase_meta,
   programs_for,
+  resume_phase,
   sft_batch,
+  supervised_row,
 )
 from sao_jax.runners.compiled import Programs
 from sao_jax.setup import Setup
@@ -66,27 +70,16 @@ def run_sft(
     steps, max_seconds, eval_every, held_out or eval_fn(s, progs), eval_every_steps
   )
   writer.progress(tag, steps or None)
-  mngr = ckpt_lib.manager(
-    workdir / "checkpoints" / tag,
-    every=cfg.checkpoint_every,
-    keep=cfg.recovery.keep,
-    keep_best=False,
-  )
+  mngr = phase_manager(cfg, workdir, tag)
   step, tokens = 0, 0
-  resumed = ckpt_lib.restore_latest_valid(mngr, state) if mngr.all_steps() else None
+  resumed = resume_phase(mngr, state, clock, rng, tag)
   if resumed is not None:  # a restart: same batches from here as the uninterrupted run
-    state, meta, step, _ = resumed
-    rng.bit_generator.state = meta["stream"]["rng"]
-    clock.resume_at(meta["stream"]["train_seconds"])
-    print(f"{tag}: resuming from snapshot step {step}", flush=True)
+    state, step, _ = resumed
   else:
     clock.maybe_eval(step, state.params, force=bool(eval_every or eval_every_steps))
 
   def meta():
-    return {
-      "phase": tag,
-      "stream": {"rng": rng.bit_generator.state, "train_seconds": clock.elapsed},
-    }
+    return phase_meta(tag, rng, clock)
 
   while clock.running(step):
     ts = time.time()
@@ -96,16 +89,6 @@ def run_sft(
     step += 1
     tokens += int(batch.valid_bt.sum())
     ckpt_lib.save(mngr, state, cfg, meta())
-    row = {}
-    if step % cfg.log_every == 0:  # fetching metrics waits for the step: only when logged
-      dt = time.time() - ts
-      row = dict(
-        jax.device_get(metrics),
-        step_time=dt,
-        learner_time=dt,
-        train_seconds=clock.elapsed,
-        tokens_per_s=tokens / max(clock.elapsed, 1e-9),
-        peak_memory_mb=peak_memory_mb(),
-      )
+    row = supervised_row(cfg, step, metrics, ts, tokens, clock)
     log_step(writer, clock, cfg, step, state.params, row, tag)
   return state, progs, finish_phase(mngr, state, cfg, clock, step, tag, meta())
