@@ -1055,6 +1055,12 @@ RETENTION_FILES = [
     COMPRESSION_CMD + " --tasks retention4 --accuracy-only --num-test 128 "
     "--out results/bench_compression_retention4.json",
   ),
+  (
+    "bench_compression_retention8.json",
+    "retention8",
+    COMPRESSION_CMD + " --tasks retention8 --num-test 128 --no-attention-cost "
+    "--out results/bench_compression_retention8.json",
+  ),
 ]
 
 

@@ -299,6 +299,11 @@ def write_tiny_results(root: pathlib.Path) -> pathlib.Path:
   _write(root, "bench_compression_retention4.json", {"tasks": {"retention4": r4}})
   _write(
     root,
+    "bench_compression_retention8.json",
+    {"tasks": {"retention8": _compression_task(0.5, 0.75, 16)}},
+  )
+  _write(
+    root,
     "sft_grpo_arith/results.json",
     {
       "summary": {
