@@ -36,13 +36,13 @@ import os
 import pathlib
 import platform
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
 
 import numpy as np
 
+from sao_jax.procs import train_argv
 from sao_jax.provenance import provenance, write_result
 from sao_jax.transport import records
 from sao_jax.transport.base import EmbeddedSpec
@@ -132,18 +132,7 @@ def _spec(name: str, ctx, broker):
 
 def _train(config: str, workdir: pathlib.Path, sets: list[str]) -> dict:
   """One `sao-jax train` subprocess; its summary.json."""
-  cmd = [
-    sys.executable,
-    "-m",
-    "sao_jax.cli",
-    "train",
-    "--config",
-    config,
-    "--workdir",
-    str(workdir),
-    "--no-progress",
-    *[a for kv in sets for a in ("--set", kv)],
-  ]
+  cmd = train_argv(config, workdir, sets)
   t0 = time.monotonic()
   proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
   if proc.returncode != 0:

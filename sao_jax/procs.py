@@ -8,7 +8,26 @@ import os
 import pathlib
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Sequence
+
+
+def train_argv(config: str, workdir, overrides: Sequence[str] = ()) -> list[str]:
+  """The command line of a `sao-jax train` subprocess of `config` ("path:name") into
+  `workdir`, without the progress bar, with each "key=value" of `overrides` as a `--set`
+  (this interpreter, so the subprocess runs the same installation)."""
+  return [
+    sys.executable,
+    "-m",
+    "sao_jax.cli",
+    "train",
+    "--config",
+    config,
+    "--workdir",
+    str(workdir),
+    "--no-progress",
+  ] + [a for kv in overrides for a in ("--set", kv)]
 
 
 def descendants(pid: int) -> list[int]:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 import pathlib
 import subprocess
-import sys
-from collections.abc import Sequence
 
 # Sharding tests run on a fake 8-device CPU mesh, which must be requested before JAX is
 # imported by any test module.
@@ -19,6 +17,8 @@ import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
 import pytest  # noqa: E402
+
+from sao_jax import procs  # noqa: E402  (no JAX: a foundation module)
 
 # One persistent compilation cache for the whole session (runs started by tests, in this
 # process or in subprocesses, share compiled programs), never the user's own.
@@ -39,20 +39,8 @@ def subprocess_env() -> dict[str, str]:
   return dict(os.environ, XLA_FLAGS=_USER_XLA_FLAGS)
 
 
-def train_cmd(config: str, workdir: pathlib.Path, overrides: Sequence[str] = ()) -> list[str]:
-  """`sao-jax train` of `config` ("path:name") into `workdir`, without the progress bar, with
-  each "key=value" of `overrides` as a `--set`."""
-  return [
-    sys.executable,
-    "-m",
-    "sao_jax.cli",
-    "train",
-    "--config",
-    config,
-    "--workdir",
-    str(workdir),
-    "--no-progress",
-  ] + [a for kv in overrides for a in ("--set", kv)]
+# `sao-jax train` of config ("path:name") into workdir, with "key=value" overrides as --set.
+train_cmd = procs.train_argv
 
 
 @pytest.fixture(scope="session")
