@@ -20,6 +20,7 @@ import pathlib
 from collections.abc import Callable
 
 import numpy as np
+from scipy import stats as sp_stats
 
 from sao_jax import stats
 from sao_jax.metrics import read_jsonl
@@ -781,8 +782,19 @@ def compression_over_seeds(docs: list[dict]) -> tuple[dict, list[str]]:
     acc = lambda t, arm: (t.get("arms", {}).get(arm) or {}).get("accuracy")  # noqa: E731
     longs = [(t.get("bytes_per_stage") or {}).get("long_accuracy") for t in ts]
     longs = [la for la in longs if la]
+    # Pooled over seeds: questions the control got right and the compressed arm wrong, with
+    # the exact one-sided 95 % upper bound on that rate (Clopper-Pearson). Unlike the
+    # relative loss it stays meaningful when a seed's control fails to learn.
+    lost = [(t.get("questions_discordant") or {}).get("full_right_compressed_wrong") for t in ts]
+    asked = [(t.get("arms", {}).get("compressed") or {}).get("questions") for t in ts]
+    pooled = None
+    if ts and None not in lost and None not in asked:
+      k, n = sum(lost), sum(asked)
+      upper = 1.0 if k >= n else float(sp_stats.beta.ppf(0.95, k + 1, n - k))
+      pooled = {"lost": k, "questions": n, "upper95": upper}
     out[task] = {
       "seeds": sorted(d.get("seed") for d in kept if task in d.get("tasks", {})),
+      "lost_pooled": pooled,
       "short": {
         "full_context": stats.summarize(acc(t, "full_context") for t in ts),
         "compressed": stats.summarize(acc(t, "compressed") for t in ts),
@@ -805,9 +817,14 @@ def compression_over_seeds(docs: list[dict]) -> tuple[dict, list[str]]:
   return out, skipped
 
 
+def _pct(s: dict) -> str:
+  """'m ± se %' of a summarize result, in percent."""
+  return ms(s, "{:.1f}", 100, " %")
+
+
 def _pct_ci(s: dict) -> str:
   """'m ± se % (95 % CI lo..hi %)' of a summarize result, in percent."""
-  out = ms(s, "{:.1f}", 100, " %")
+  out = _pct(s)
   if s.get("ci95"):
     out += f" (95 % CI {100 * s['ci95'][0]:.1f} .. {100 * s['ci95'][1]:.1f} %)"
   return out
@@ -825,7 +842,7 @@ def compression_seed_rows(over: dict) -> list[Row]:
       Row(
         f"{task}: accuracy full context vs compressed, {n} seeds (short episodes)",
         "-",
-        f"{_pct_ci(sh['full_context'])} vs {_pct_ci(sh['compressed'])}",
+        f"{_pct(sh['full_context'])} vs {_pct(sh['compressed'])}",
         f"seeds {o['seeds']}",
       )
     )
@@ -837,6 +854,16 @@ def compression_seed_rows(over: dict) -> list[Row]:
         "upper CI end: the loss bound",
       )
     )
+    lp = o.get("lost_pooled")
+    if lp:
+      rows.append(
+        Row(
+          f"{task}: questions the control answers and compressed misses, {n} seeds pooled",
+          f"< {SEED['performance_loss_max']:.1%}",
+          f"{lp['lost']} / {lp['questions']} (95 % upper bound {lp['upper95']:.2%})",
+          "exact binomial, one-sided",
+        )
+      )
     lo = o.get("long")
     if lo and lo["seeds"] >= 2:
       rows.append(
@@ -844,7 +871,7 @@ def compression_seed_rows(over: dict) -> list[Row]:
           f"{task}: 1,000-step accuracy, compressed vs control on its last "
           f"{lo['control_context_tokens']} tokens, {lo['seeds']} seeds",
           "-",
-          f"{_pct_ci(lo['compressed'])} vs {_pct_ci(lo['full_context_window'])}",
+          f"{_pct(lo['compressed'])} vs {_pct(lo['full_context_window'])}",
           "",
         )
       )

@@ -101,6 +101,10 @@ def _compression_task(acc_full: float, acc_comp: float, n: int) -> dict:
     },
     "relative_loss": 0.0,
     "relative_loss_stderr_paired": 0.0,
+    "questions_discordant": {
+      "full_right_compressed_wrong": round(n * max(0.0, acc_full - acc_comp)),
+      "compressed_right_full_wrong": round(n * max(0.0, acc_comp - acc_full)),
+    },
     "bytes_per_stage": {
       "episodes": 2,
       "steps": 1000,
@@ -450,6 +454,9 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   assert over["short"]["relative_loss"]["ci95"][1] == pytest.approx(0.1768, abs=1e-4)
   loss = _row(claims["c"], "retention: relative loss (control - compressed) / control, 3 seeds")
   assert loss.ours == "3.3 ± 3.3 % (95 % CI -11.0 .. 17.7 %)" and loss.seed == "< 1.2%"
+  # ... and pooled: 1 of 24 questions lost (seed 1: 8 x (1.0 - 0.9)), exact upper bound
+  pooled = _row(claims["c"], "retention: questions the control answers and compressed misses")
+  assert pooled.ours == "1 / 24 (95 % upper bound 18.29%)"
   # ... peak memory against the windowed control, read from the first seed run that has it
   w = _row(claims["c"], "retention: peak update memory SAO (compressed) / GRPO(N=8) on the")
   assert w.ours == "2.5" and w.note == "500 MB vs 200 MB" and "last 384 tokens" in w.metric
