@@ -1034,10 +1034,10 @@ def claim_compression(root=None) -> Claim:
       f"{task} {la['compressed']['accuracy']:.1%}" for task, la in data["long_accuracy"].items()
     )
     diffs.append(
-      "The loss claim holds only on the short episodes the policy was trained on. At 1,000 "
-      f"steps the same compressed policy answers {acc} (chance 10 %), although the facts are "
-      "kept and visible: trained on one-fact short episodes, it does not bind a question to "
-      "the right one of many entries. A full-context control cannot be trained there."
+      "At 1,000 steps the compressed policy trained on one-fact short episodes answers "
+      f"{acc} (seed 0; chance 10 %), although the facts are kept and visible: it does not bind "
+      "a question to the right one of many entries. A full-context control over the whole "
+      "episode cannot be trained there; the control is the same model on its trained window."
     )
   elif doc is not None:
     diffs.append(
@@ -1045,6 +1045,15 @@ def claim_compression(root=None) -> Claim:
       "episodes, bytes at 1,000 steps, where some facts are no longer in the "
       "bank (the 'facts kept' rows)."
     )
+  for task, o in data.get("over_seeds", {}).items():
+    lp = o.get("lost_pooled")
+    if lp and len(o["seeds"]) >= 2:
+      verdict = "within" if lp["upper95"] < SEED["performance_loss_max"] else "above"
+      diffs.append(
+        f"{task}, short episodes over seeds {o['seeds']}: compression lost {lp['lost']} of "
+        f"{lp['questions']} questions the control answered; the 95 % bound on that rate, "
+        f"{lp['upper95']:.2%}, is {verdict} the seed's {SEED['performance_loss_max']:.1%}."
+      )
   if doc is not None and sources[0].command is None:
     sources[0] = dataclasses.replace(
       sources[0], command=COMPRESSION_CMD + " (not recorded in the JSON)"
