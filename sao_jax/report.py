@@ -758,7 +758,8 @@ def _rel_loss(control: float | None, compressed: float | None) -> float | None:
 def compression_over_seeds(docs: list[dict]) -> tuple[dict, list[str]]:
   """Per task, over bench_compression runs of one configuration with different seeds: each
   arm's accuracy, and the relative loss (control - compressed) / control with its 95 %
-  t-interval (whose upper end bounds the loss), on the short episodes and at 1,000 steps.
+  t-interval (whose upper end bounds the loss), on the short episodes and at 1,000 steps;
+  and, pooled over seeds, the short-episode questions compression lost (`lost_pooled`).
 
   Runs whose configuration (config file and name, steps, held-out episodes) differs from
   the first, or that repeat a seed, are left out and named in the second return value."""
