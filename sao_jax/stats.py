@@ -99,8 +99,9 @@ def summarize(values: Iterable[float | None], confidence: float = 0.95) -> dict:
 
 
 def fmt(s: dict, spec: str = "{:.3g}", scale: float = 1.0) -> str:
-  """'mean ± se' of a `summarize` result ('-' when empty)."""
+  """'mean ± se' of a `summarize` result ('-' when empty). A signed `spec` ('{:+.1f}') signs
+  the mean only: a standard error has no sign."""
   if s.get("mean") is None:
     return "-"
   m = spec.format(s["mean"] * scale)
-  return m if s.get("se") is None else f"{m} ± {spec.format(s['se'] * scale)}"
+  return m if s.get("se") is None else f"{m} ± {spec.replace('+', '').format(s['se'] * scale)}"

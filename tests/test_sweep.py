@@ -75,6 +75,9 @@ def test_seed_stats_values():
   assert "n=3" in str(s) and "95%" in str(s)
   with pytest.raises(ValueError, match="finite"):
     stats.seed_stats([1.0, float("nan")])
+  # A signed format signs the mean, never the standard error.
+  assert stats.fmt(stats.summarize([-1.0, 1.0, 3.0]), "{:+.1f}") == "+1.0 ± 1.2"
+  assert stats.fmt(stats.summarize([])) == "-"
 
 
 # -- the sweep file ------------------------------------------------------------------------------
