@@ -170,6 +170,14 @@ def ms(s: dict | None, spec: str = "{:.3g}", scale: float = 1.0, unit: str = "")
   return text + unit
 
 
+def _ci(s: dict | None, spec: str = "{:+.1f}", scale: float = 1.0, unit: str = "") -> str:
+  """' (95 % CI lo .. hi unit)' of a `stats.summarize` dict ('' without an interval)."""
+  ci = (s or {}).get("ci95")
+  if not ci:
+    return ""
+  return f" (95 % CI {spec.format(ci[0] * scale)} .. {spec.format(ci[1] * scale)}{unit})"
+
+
 def num(x: float | None, spec: str = "{:.3g}", scale: float = 1.0, unit: str = "") -> str:
   return "-" if x is None or not math.isfinite(x) else spec.format(x * scale) + unit
 
@@ -777,10 +785,11 @@ def compression_over_seeds(docs: list[dict]) -> tuple[dict, list[str]]:
       continue
     seeds.add(d.get("seed"))
     kept.append(d)
+  acc = lambda t, arm: (t.get("arms", {}).get(arm) or {}).get("accuracy")  # noqa: E731
   out = {}
   for task in kept[0].get("tasks", {}):
-    ts = [d["tasks"][task] for d in kept if task in d.get("tasks", {})]
-    acc = lambda t, arm: (t.get("arms", {}).get(arm) or {}).get("accuracy")  # noqa: E731
+    runs = [d for d in kept if task in d.get("tasks", {})]
+    ts = [d["tasks"][task] for d in runs]
     longs = [(t.get("bytes_per_stage") or {}).get("long_accuracy") for t in ts]
     longs = [la for la in longs if la]
     # Pooled over seeds: questions the control got right and the compressed arm wrong, with
@@ -794,7 +803,7 @@ def compression_over_seeds(docs: list[dict]) -> tuple[dict, list[str]]:
       upper = 1.0 if k >= n else float(sp_stats.beta.ppf(0.95, k + 1, n - k))
       pooled = {"lost": k, "questions": n, "upper95": upper}
     out[task] = {
-      "seeds": sorted(d.get("seed") for d in kept if task in d.get("tasks", {})),
+      "seeds": sorted(d.get("seed") for d in runs),
       "lost_pooled": pooled,
       "short": {
         "full_context": stats.summarize(acc(t, "full_context") for t in ts),
@@ -824,11 +833,8 @@ def _pct(s: dict) -> str:
 
 
 def _pct_ci(s: dict) -> str:
-  """'m ± se % (95 % CI lo..hi %)' of a summarize result, in percent."""
-  out = _pct(s)
-  if s.get("ci95"):
-    out += f" (95 % CI {100 * s['ci95'][0]:.1f} .. {100 * s['ci95'][1]:.1f} %)"
-  return out
+  """'m ± se % (95 % CI lo .. hi %)' of a summarize result, in percent."""
+  return _pct(s) + _ci(s, "{:.1f}", 100, " %")
 
 
 def compression_seed_rows(over: dict) -> list[Row]:
@@ -980,20 +986,10 @@ def claim_compression(root=None) -> Claim:
     # Against the control that trains at this length (GRPO on its trained window); runs
     # before it was measured lack it, so the first seed's run that has it is read.
     for kind, m in mem.items():
-      w = next(
-        (
-          x
-          for x in [
-            m,
-            *(
-              d.get("tasks", {}).get(task, {}).get("peak_memory", {}).get(kind, {})
-              for d in seed_docs
-            ),
-          ]
-          if "ratio_sao_over_grpo_window" in x
-        ),
-        None,
-      )
+      runs = [m] + [
+        d.get("tasks", {}).get(task, {}).get("peak_memory", {}).get(kind, {}) for d in seed_docs
+      ]
+      w = next((x for x in runs if "ratio_sao_over_grpo_window" in x), None)
       if w:
         rows.append(
           Row(
@@ -1176,11 +1172,6 @@ ARITH_SETTINGS = {
     NODEMOS_CMD,
   ),
 }
-
-
-def _ci(s: dict | None) -> str:
-  ci = (s or {}).get("ci95")
-  return f" (95 % CI {ci[0]:+.1f} .. {ci[1]:+.1f})" if ci else ""
 
 
 def _ops(task: dict) -> str:
