@@ -409,11 +409,11 @@ def peak_memory(cfg: Config, tasks, *, group: int = 8, window: int | None = None
   tx = make_optimizer(cfg.sft.optim)
   mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1), cfg.mesh.axes)
 
-  def full_context_update(n, ctx):
+  def full_context_update(n, tokens):
     # GRPO(N=n): every graded step of each of the n trajectories is a row whose prompt is the
-    # context up to that step (its last `ctx` tokens, left-padded to the longest).
+    # context up to that step (its last `tokens` tokens, left-padded to the longest).
     model_cfg = dataclasses.replace(
-      L.model_cfg(cfg, False, ctx + L.MAX_NEW), max_len=ctx + L.MAX_NEW
+      L.model_cfg(cfg, False, tokens + L.MAX_NEW), max_len=tokens + L.MAX_NEW
     )
     grpo_cfg = dataclasses.replace(
       cfg, model=model_cfg, compression=dataclasses.replace(c, enabled=False)
@@ -426,7 +426,7 @@ def peak_memory(cfg: Config, tasks, *, group: int = 8, window: int | None = None
       tx,
       make_rl_update(model, tx, rl),
       with_ref=False,
-      prompt_len=ctx,
+      prompt_len=tokens,
       max_new_tokens=L.MAX_NEW,
       temperature=1.0,
       eos_id=L.TOK.eos_id,
@@ -434,7 +434,7 @@ def peak_memory(cfg: Config, tasks, *, group: int = 8, window: int | None = None
       mesh=mesh,
     )
     rows = len(tasks) * graded * n
-    gbatch = RLBatch.abstract(rows, ctx, L.MAX_NEW)
+    gbatch = RLBatch.abstract(rows, tokens, L.MAX_NEW)
     return _memory(gp.update.lower(jax.eval_shape(gp.init, jax.random.key(0)), gbatch).compile())
 
   grpo = full_context_update(group, ctx)
