@@ -301,11 +301,35 @@ def write_tiny_results(root: pathlib.Path) -> pathlib.Path:
     },
   }
   _write(root, "bench_compression_retention4.json", {"tasks": {"retention4": r4}})
-  _write(
-    root,
-    "bench_compression_retention8.json",
-    {"tasks": {"retention8": _compression_task(0.5, 0.75, 16)}},
-  )
+  for seed, (full, comp, long_comp) in enumerate(
+    ((0.5, 0.75, 0.5), (0.25, 0.5, 0.75), (0.75, 1.0, 1.0))
+  ):
+    r8 = _compression_task(full, comp, 16)
+    r8["bytes_per_stage"]["bytes"]["stage3_int8"] = 2_000.0 * (seed + 1)  # 1000x, 500x, 333x
+    r8["bytes_per_stage"]["long_accuracy"] = {
+      "episodes": 2,
+      "questions": 16,
+      "control_context_tokens": 384,
+      "compressed": {
+        "accuracy": long_comp,
+        "questions": 16,
+        "by_gap": {"32-64": _gap(long_comp, 8), "512-1000": _gap(long_comp / 2, 8)},
+      },
+      "full_context_window": {
+        "accuracy": 0.25,
+        "questions": 16,
+        "by_gap": {"32-64": _gap(0.25, 16)},
+      },
+    }
+    _write(
+      root,
+      f"bench_compression_retention8{f'_seed{seed}' if seed else ''}.json",
+      {
+        "config": "experiments/configs/longhorizon.py:default",
+        "seed": seed,
+        "tasks": {"retention8": r8},
+      },
+    )
   _write(
     root,
     "sft_grpo_arith/results.json",
@@ -471,6 +495,19 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   assert long.note == "2 episodes; trained on 128-step episodes with 4 fact(s)"
   by_gap = _row(d, "retention4, 1000 steps: control accuracy by turns since the fact")
   assert by_gap.ours == "32-64: 50% (8), 512-1000: 0% (8)"
+  # ... retention8 over its three seeds: 1,000-step recall 50/75/100 % -> 75 ± 14 %, by distance
+  r8 = d.data["retention8_over_seeds"]["retention8"]
+  assert r8["seeds"] == [0, 1, 2] and r8["long"]["compressed"]["mean"] == pytest.approx(0.75)
+  long8 = _row(d, "retention8: 1,000-step accuracy, compressed vs control on its last 384 tokens")
+  assert long8.ours == "75.0 ± 14.4 % vs 25.0 ± 0.0 %"
+  gap8 = _row(d, "retention8, 1,000 steps: compressed accuracy by turns since the fact, 3 seeds")
+  assert gap8.ours == "32-64: 75 ± 14 %, 512-1000: 38 ± 7 %"
+  bank8 = _row(d, "retention8, 1000-step trajectories, 3 seeds")
+  assert bank8.ours == "333-1000x; 75.0 ± 0.0 % / 50.0 ± 0.0 %"
+  assert any(
+    "retention8 over 3 seeds: compressed recalls 75.0 ± 14.4 %" in x for x in d.differences
+  )
+  assert "bench_compression_retention8_seed2.json" in " ".join(d.commands)
   # (e) saturation gains 10 and 20 points: 15 ± 5
   e = claims["e"]
   assert "(+15.0 ± 5.0 points)" in _row(e, "saturated sums: SFT -> SAO (not_centred)").ours
