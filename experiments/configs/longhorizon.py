@@ -63,11 +63,15 @@ TASKS = {
 # digit seen. A prototype (64 episodes, 400 steps) gave full context 0.27, compressed 0.94.
 # retention8: eight facts in 128-step dialogues, the bank closer to what 1,000 steps fill (the
 # one-fact 36-step policy recalled 25 % at 1,000 steps): recall at 32-128 turns, then the
-# same 1,000-step measurements as retention (LONG_TASKS).
+# same 1,000-step measurements as retention (LONG_TASKS). navigation8: the same for corridor
+# keys (eight keys in 128 steps, stairs every 12).
 EXTRA_TASKS = {
   "default": {
     "retention4": LongHorizonSpec("retention", n_steps=44, n_facts=4, min_gap=32, p_noise=0.1),
     "retention8": LongHorizonSpec("retention", n_steps=128, n_facts=8, min_gap=32, p_noise=0.1),
+    "navigation8": LongHorizonSpec(
+      "navigation", n_steps=128, n_facts=8, min_gap=32, p_noise=0.1, period=12
+    ),
   },
   "tiny": {},
 }
@@ -92,6 +96,7 @@ LONG_TASKS = {
     "navigation", n_steps=1000, n_facts=8, min_gap=32, p_noise=0.1, period=100
   ),
 }
+LONG_TASKS["navigation8"] = LONG_TASKS["navigation"]
 
 
 def get_config(variant: str = "default") -> Config:
