@@ -318,38 +318,25 @@ def test_a_live_run_rejects_every_injected_poison_and_trains(repo_root, tmp_path
   import json
   import math
   import subprocess
-  import sys
 
-  from conftest import subprocess_env
+  from conftest import subprocess_env, train_cmd
 
   from sao_jax.metrics import read_jsonl
 
   kinds = config.POISON_KINDS
-  cmd = [
-    sys.executable,
-    "-m",
-    "sao_jax.cli",
-    "train",
-    "--config",
+  cmd = train_cmd(
     "experiments/configs/sao_arith.py:tiny",
-    "--workdir",
-    str(tmp_path / "w"),
-    "--no-progress",
-    "--set",
-    "rl.steps=6",
-    "--set",
-    f"faults.poison_kinds={kinds!r}",
-    "--set",
-    "faults.poison_records=1",
-    "--set",
-    "log_every=1",
-    "--set",
-    "sft.steps=2",
-    "--set",
-    "eval.num_problems=16",
-    "--set",
-    "sao.num_samplers=1",
-  ]
+    tmp_path / "w",
+    [
+      "rl.steps=6",
+      f"faults.poison_kinds={kinds!r}",
+      "faults.poison_records=1",
+      "log_every=1",
+      "sft.steps=2",
+      "eval.num_problems=16",
+      "sao.num_samplers=1",
+    ],
+  )
   proc = subprocess.run(
     cmd, cwd=repo_root, env=subprocess_env(), capture_output=True, text=True, timeout=600
   )

@@ -10,7 +10,7 @@ import uuid
 
 import numpy as np
 import pytest
-from conftest import subprocess_env
+from conftest import subprocess_env, train_cmd
 from test_sao_pipeline import _tagged_pids, _wait_for_rl_rows
 
 from sao_jax.buffer import decode_trajectory
@@ -352,20 +352,9 @@ def test_sao_run_over_kafka_with_local_broker_learns(repo_root, tmp_path):
   run, trains with 2 sampler processes over it, the training reward rises, and everything
   stops (broker included)."""
   proc = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "sao_jax.cli",
-      "train",
-      "--config",
-      "experiments/configs/sao_arith.py:tiny",
-      "--workdir",
-      str(tmp_path / "w"),
-      "--no-progress",
-      "--set",
-      "transport.kind=kafka",
-      *[a for kv in LEARN for a in ("--set", kv)],
-    ],
+    train_cmd(
+      "experiments/configs/sao_arith.py:tiny", tmp_path / "w", ["transport.kind=kafka", *LEARN]
+    ),
     cwd=repo_root,
     env=subprocess_env(),
     capture_output=True,
@@ -455,22 +444,8 @@ def _start_run(repo_root, workdir, *sets):
   process it starts can be found afterwards."""
   tag = uuid.uuid4().hex
   env = dict(subprocess_env(), SAO_JAX_TEST_TAG=tag)
-  args = [a for kv in sets for a in ("--set", kv)]
   proc = subprocess.Popen(
-    [
-      sys.executable,
-      "-m",
-      "sao_jax.cli",
-      "train",
-      "--config",
-      "experiments/configs/sao_arith.py:tiny",
-      "--workdir",
-      str(workdir),
-      "--no-progress",
-      "--set",
-      "transport.kind=kafka",
-      *args,
-    ],
+    train_cmd("experiments/configs/sao_arith.py:tiny", workdir, ["transport.kind=kafka", *sets]),
     cwd=repo_root,
     env=env,
     stdout=subprocess.PIPE,

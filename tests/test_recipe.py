@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, subprocess_env
+from conftest import REPO_ROOT, subprocess_env, train_cmd
 from safetensors.numpy import load_file
 from test_gsm8k import TEST, TRAIN, _write
 
@@ -96,23 +95,15 @@ def test_tiny_recipe_end_to_end(tmp_path):
   estimates are printed and written."""
   manual = _write(tmp_path / "gsm8k", train=TRAIN, test=TEST)
   workdir = tmp_path / "run"
-  cmd = [
-    sys.executable,
-    "-m",
-    "sao_jax.cli",
-    "train",
-    "--config",
+  cmd = train_cmd(
     f"{RECIPE}:tiny",
-    "--set",
-    f"task.options.manual_dir={manual}",
-    "--set",
-    f"task.data_dir={tmp_path / 'tfds'}",
-    "--set",
-    "recovery.keep_journal=True",
-    "--workdir",
-    str(workdir),
-    "--no-progress",
-  ]
+    workdir,
+    [
+      f"task.options.manual_dir={manual}",
+      f"task.data_dir={tmp_path / 'tfds'}",
+      "recovery.keep_journal=True",
+    ],
+  )
   proc = subprocess.run(
     cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=subprocess_env()
   )

@@ -6,12 +6,11 @@ import os
 import pathlib
 import signal
 import subprocess
-import sys
 import time
 import uuid
 
 import pytest
-from conftest import subprocess_env
+from conftest import subprocess_env, train_cmd
 
 CFG = "experiments/configs/sao_arith.py:tiny"
 LONG = ("--set", "rl.max_seconds=300", "--set", "rl.steps=0")  # runs until stopped
@@ -35,18 +34,7 @@ def _start(repo_root, workdir, *extra):
   tag = f"SAO_JAX_TEST_TAG={uuid.uuid4().hex}"
   env = dict(subprocess_env(), SAO_JAX_TEST_TAG=tag.split("=")[1])
   proc = subprocess.Popen(
-    [
-      sys.executable,
-      "-m",
-      "sao_jax.cli",
-      "train",
-      "--config",
-      CFG,
-      "--workdir",
-      str(workdir),
-      "--no-progress",
-      *extra,
-    ],
+    train_cmd(CFG, workdir) + list(extra),
     cwd=repo_root,
     env=env,
     stdout=subprocess.PIPE,

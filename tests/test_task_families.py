@@ -4,7 +4,6 @@ and a family defined in this file trained by `sao-jax train` with no edit to the
 import json
 import pathlib
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -134,31 +133,22 @@ def test_longhorizon_sft_rows_are_what_the_sampler_shows():
 
 @pytest.mark.slow
 def test_a_family_from_this_file_trains_through_the_cli(repo_root, tmp_path):
-  from conftest import subprocess_env  # here: the run imports this file without pytest's path
+  # imported here: the run imports this file without pytest's path
+  from conftest import subprocess_env, train_cmd
 
   workdir = tmp_path / "w"
   proc = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "sao_jax.cli",
-      "train",
-      "--config",
+    train_cmd(
       "experiments/configs/reverse.py:tiny",
-      "--workdir",
-      str(workdir),
-      "--no-progress",
-      "--set",
-      f"task.family={HERE}:Echo",
-      "--set",
-      "task.num_train=50",
-      "--set",
-      "task.num_test=40",
-      "--set",
-      "eval.num_problems=40",
-      "--set",
-      "recovery.val_problems=10",
-    ],
+      workdir,
+      [
+        f"task.family={HERE}:Echo",
+        "task.num_train=50",
+        "task.num_test=40",
+        "eval.num_problems=40",
+        "recovery.val_problems=10",
+      ],
+    ),
     cwd=repo_root,
     env=subprocess_env(),
     capture_output=True,
