@@ -22,7 +22,10 @@
    >= 32 turns after its fact: its accuracy is the retention at 32 turns. The memory policy is
    also evaluated with float memory (stage 3 off) to isolate the quantiser's loss. Each
    accuracy comes with its binomial s.e., a 95 % Wilson interval and chance (0.1, a digit);
-   the relative loss with the s.e. of the paired per-question difference.
+   the relative loss with the s.e. of the paired per-question difference. Each question the
+   compressed arm misses is attributed (`compressed_errors`): was its fact among the
+   entries the policy saw when asked (it misread its memory) or not (the filter dropped or
+   evicted it); likewise for the questions it lost against the control, with their distance.
 3. Peak memory of one learner update, from XLA's compiled memory analysis
    (`progs.update.lower(...).compile().memory_analysis()`: arguments + outputs + temporaries
    - aliased), for GRPO(N=8) with full context (`sao_jax.learner.make_rl_update`, 8 rows per
@@ -152,14 +155,10 @@ def bytes_per_stage(cfg: Config, progs, policy, params, tasks, *, detail: bool =
   fact_kept, fact_visible = [], []
   for i, t in enumerate(tasks):
     steps = bank.step_c[i, : bank.count[i]]
-    # Every entry the bank held, with the first step it was no longer seen at (memory.py):
-    # what the policy saw at step q is the last `visible` with step < q < until.
-    log = sorted(
-      [(int(k), n_steps + 1) for k in steps] + [(e[0], at + 1) for at, e in graves[i].items()]
-    )
+    log = memory_log(steps, graves[i], n_steps)
     for q, f in question_facts(t):
       fact_kept.append(f in steps)
-      fact_visible.append(f in [k for k, until in log if k < q < until][-c.visible :])
+      fact_visible.append(f in seen_at(log, q, c.visible))
   per_stage = {
     "full_context_fp32_embeddings": tokens * width * 4,
     "stage1_semantic_fp32": np.full(n, n_steps * m * d * 4.0),
@@ -192,6 +191,21 @@ def bytes_per_stage(cfg: Config, progs, policy, params, tasks, *, detail: bool =
   }
 
 
+def memory_log(kept_steps, grave: dict, n_steps: int) -> list[tuple[int, int]]:
+  """Every entry a bank held, as (its step, the first step it was no longer seen at), sorted:
+  the kept ones (`kept_steps`) to the end, the evicted ones (a `bury` graveyard, keyed by
+  the step that evicted them) to the step after their eviction (memory.py)."""
+  return sorted(
+    [(int(k), n_steps + 1) for k in kept_steps] + [(e[0], at + 1) for at, e in grave.items()]
+  )
+
+
+def seen_at(log: list[tuple[int, int]], q: int, visible: int) -> list[int]:
+  """Steps of the entries the policy saw when it acted at step q: the last `visible` of
+  those the bank held then."""
+  return [k for k, until in log if k < q < until][-visible:]
+
+
 def question_facts(task) -> list[tuple[int, int]]:
   """(question step, step of the fact it asks about) of each graded step, in step order:
   "Ann's pin?" <- "Ann's pin: 7", "door 2?" <- "key 2 ..."."""
@@ -202,6 +216,38 @@ def question_facts(task) -> list[tuple[int, int]]:
     f = next(k for k, o in enumerate(obs) if o.startswith(key + " ") or o.startswith(key + ":"))
     out.append((q, f))
   return out
+
+
+def error_attribution(cfg: Config, trajs, tasks, control_rewards: np.ndarray) -> dict:
+  """Why the compressed arm missed the questions it missed, on its own greedy rollouts
+  (`trajs` of `tasks`, their graded steps in order; `control_rewards` the control's on the
+  same questions): was the fact among the entries the policy saw when asked (then the
+  policy misread its memory) or not (the filter dropped or evicted it first)? For every
+  miss, and for the `lost` ones (the control right); with each lost question's distance."""
+  seen, gaps = [], []
+  for traj, task in zip(trajs, tasks, strict=True):
+    b = traj.bank
+    grave = {int(at): (int(k),) for k, at in zip(b["gone_step_g"], b["gone_at_g"], strict=True)}
+    log = memory_log(b["step_c"][: b["entries"]], grave, len(traj.rewards))
+    qf = question_facts(task)
+    if len(qf) != int(traj.graded.sum()):
+      raise RuntimeError(f"{task.task_id}: {len(qf)} questions, {traj.graded.sum()} graded")
+    for q, f in qf:
+      seen.append(f in seen_at(log, q, cfg.compression.visible))
+      gaps.append(q - f)
+  seen, gaps = np.asarray(seen), np.asarray(gaps)
+  right = _rewards(trajs) > 0.5
+  lost = ~right & (control_rewards > 0.5)
+
+  def count(sel):
+    return {"n": int(sel.sum()), "fact_seen": int((sel & seen).sum())}
+
+  return {
+    "questions": len(seen),
+    "fact_seen_frac": float(seen.mean()),
+    "missed": count(~right),
+    "lost": dict(count(lost), gaps=sorted(int(g) for g in gaps[lost])),
+  }
 
 
 # Recall distance buckets (question step - fact step) of the 1,000-step accuracy.
@@ -529,6 +575,7 @@ def main(argv=None) -> dict:
         arm["episodes_with_evictions"] = int(sum(t.bank["evicted"] > 0 for t in trajs))
         mem_params = state.params
         mem_rewards = _rewards(trajs)
+        mem_trajs = trajs
         mem_arm = (progs, pol, state.params, True)
       else:
         full_rewards = _rewards(trajs)
@@ -558,6 +605,12 @@ def main(argv=None) -> dict:
       f"  float memory: {acc_f:.3f}; relative loss vs full context {100 * rel_loss:.1f}% "
       f"+- {100 * rel_se:.1f}%"
     )
+    errors = error_attribution(cfg, mem_trajs, test, full_rewards)
+    log(
+      f"  compressed missed {errors['missed']['n']} (fact seen when asked: "
+      f"{errors['missed']['fact_seen']}); lost vs the control {errors['lost']['n']} (fact seen: "
+      f"{errors['lost']['fact_seen']})"
+    )
     result["tasks"][name] = {
       "spec": dataclasses.asdict(spec),
       "train_spec": dataclasses.asdict(mod.TRAIN_TASKS[variant][name]),
@@ -569,6 +622,7 @@ def main(argv=None) -> dict:
         "full_right_compressed_wrong": int(np.sum(diff > 0)),
         "compressed_right_full_wrong": int(np.sum(diff < 0)),
       },
+      "compressed_errors": errors,
     }
     if args.accuracy_only or name not in long_specs:
       continue

@@ -802,9 +802,17 @@ def compression_over_seeds(docs: list[dict]) -> tuple[dict, list[str]]:
       k, n = sum(lost), sum(asked)
       upper = 1.0 if k >= n else float(sp_stats.beta.ppf(0.95, k + 1, n - k))
       pooled = {"lost": k, "questions": n, "upper95": upper}
+    # Why compression missed (bench runs that attribute it): pooled over those seeds.
+    errs = [t["compressed_errors"] for t in ts if t.get("compressed_errors")]
+    errors = None
+    if errs:
+      errors = {"seeds": len(errs)}
+      for k in ("missed", "lost"):
+        errors[k] = {f: sum(e[k][f] for e in errs) for f in ("n", "fact_seen")}
     out[task] = {
       "seeds": sorted(d.get("seed") for d in runs),
       "lost_pooled": pooled,
+      "errors_pooled": errors,
       "short": {
         "full_context": stats.summarize(acc(t, "full_context") for t in ts),
         "compressed": stats.summarize(acc(t, "compressed") for t in ts),
@@ -886,6 +894,20 @@ def compression_seed_rows(over: dict) -> list[Row]:
           f"< {SEED['performance_loss_max']:.1%}",
           f"{lp['lost']} / {lp['questions']} (95 % upper bound {lp['upper95']:.2%})",
           "exact binomial, one-sided",
+        )
+      )
+    ep = o.get("errors_pooled")
+    if ep:
+      rows.append(
+        Row(
+          f"{task}: questions compressed misses (lost vs the control), with the fact among "
+          "the entries seen when asked / not",
+          "-",
+          f"{ep['missed']['n']} ({ep['lost']['n']}): {ep['missed']['fact_seen']} "
+          f"({ep['lost']['fact_seen']}) / {ep['missed']['n'] - ep['missed']['fact_seen']} "
+          f"({ep['lost']['n'] - ep['lost']['fact_seen']})",
+          f"seen: the policy misread its memory; not: the filter dropped it; "
+          f"{ep['seeds']} of {n} seeds pooled",
         )
       )
     bk = o.get("bank")

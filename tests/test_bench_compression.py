@@ -73,6 +73,16 @@ def test_bench_compression_quick(tmp_path, repo_root):
       assert a["wilson95"][0] <= a["accuracy"] <= a["wilson95"][1]
       assert a["wilson95"][1] - a["wilson95"][0] > 0.1  # never a zero-width interval
     assert t["arms"]["compressed"]["episodes_with_evictions"] >= 0
+    # Every miss of the compressed arm is attributed: fact seen when asked, or not; the lost
+    # ones (control right) are the discordant questions, each with its distance.
+    e, acc = t["compressed_errors"], t["arms"]["compressed"]["accuracy"]
+    assert e["questions"] == 16 and e["missed"]["n"] == round(16 * (1 - acc))
+    assert e["lost"]["n"] == t["questions_discordant"]["full_right_compressed_wrong"]
+    assert len(e["lost"]["gaps"]) == e["lost"]["n"]
+    assert all(g >= t["spec"]["min_gap"] for g in e["lost"]["gaps"])
+    for k in ("missed", "lost"):
+      assert 0 <= e[k]["fact_seen"] <= e[k]["n"]
+    assert 0 <= e["fact_seen_frac"] <= 1
     for pm in t["peak_memory"].values():
       assert pm["grpo_n8_full_context"]["peak"] > pm["single_trajectory_full_context"]["peak"]
       assert 0 < pm["ratio_sao_over_grpo"] < 1

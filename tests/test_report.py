@@ -269,6 +269,10 @@ def write_tiny_results(root: pathlib.Path) -> pathlib.Path:
   )
   for seed, (full, comp) in ((1, (1.0, 0.9)), (2, (0.8, 0.8))):
     task = _compression_task(full, comp, 8)
+    task["compressed_errors"] = {
+      "missed": {"n": 3 - seed, "fact_seen": 1},
+      "lost": {"n": 2 - seed, "fact_seen": 2 - seed},
+    }
     task["peak_memory"]["accuracy_episodes"].update(
       steps=1000,
       control_window_tokens=384,
@@ -481,6 +485,10 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   # ... and pooled: 1 of 24 questions lost (seed 1: 8 x (1.0 - 0.9)), exact upper bound
   pooled = _row(claims["c"], "retention: questions the control answers and compressed misses")
   assert pooled.ours == "1 / 24 (95 % upper bound 18.29%)"
+  # ... why compression missed, pooled over the two seeds that say: 2 + 1 misses, 2 with the
+  # fact seen; the 1 + 0 lost ones all seen
+  why = _row(claims["c"], "retention: questions compressed misses (lost vs the control)")
+  assert why.ours == "3 (1): 2 (1) / 1 (0)" and why.note.endswith("2 of 3 seeds pooled")
   # ... peak memory against the windowed control, read from the first seed run that has it
   w = _row(claims["c"], "retention: peak update memory SAO (compressed) / GRPO(N=8) on the")
   assert w.ours == "2.5" and w.note == "500 MB vs 200 MB" and "last 384 tokens" in w.metric
