@@ -707,6 +707,19 @@ def _accuracy(arm: dict) -> str:
   return s + (f", {arm['questions']} questions" if arm.get("questions") else "")
 
 
+def _gap_rows(metric: str, by_arm: dict, cell, note: str) -> list[Row]:
+  """One row per arm of the 1,000-step accuracy by recall distance: `metric` with the arm's
+  label in its {}, `by_arm[arm]` the buckets ({"32-64": v, ...}), `cell(v)` a bucket's text."""
+  rows = []
+  for arm, label in (("compressed", "compressed"), ("full_context_window", "control")):
+    gaps = by_arm.get(arm)
+    if gaps:
+      rows.append(
+        Row(metric.format(label), "-", ", ".join(f"{g}: {cell(v)}" for g, v in gaps.items()), note)
+      )
+  return rows
+
+
 def long_accuracy_rows(task: str, t: dict, by_gap: bool) -> list[Row]:
   """The 1,000-step accuracy of a bench_compression task `t`: compressed vs the full-context
   control on its trained window; with `by_gap`, also by recall distance (where each arm
@@ -727,17 +740,12 @@ def long_accuracy_rows(task: str, t: dict, by_gap: bool) -> list[Row]:
     )
   ]
   if by_gap:
-    for arm, label in (("compressed", "compressed"), ("full_context_window", "control")):
-      gaps = la[arm].get("by_gap", {})
-      if gaps:
-        rows.append(
-          Row(
-            f"{task}, {b['steps']} steps: {label} accuracy by turns since the fact",
-            "-",
-            ", ".join(f"{g}: {v['accuracy']:.0%} ({v['questions']})" for g, v in gaps.items()),
-            "(questions per bucket)",
-          )
-        )
+    rows += _gap_rows(
+      f"{task}, {b['steps']} steps: {{}} accuracy by turns since the fact",
+      {arm: la[arm].get("by_gap") for arm in ("compressed", "full_context_window")},
+      lambda v: f"{v['accuracy']:.0%} ({v['questions']})",
+      "(questions per bucket)",
+    )
   return rows
 
 
@@ -941,17 +949,12 @@ def compression_seed_rows(over: dict) -> list[Row]:
           "upper CI end: the loss bound",
         )
       )
-      for arm, label in (("compressed", "compressed"), ("full_context_window", "control")):
-        gaps = lo.get("by_gap", {}).get(arm)
-        if gaps:
-          rows.append(
-            Row(
-              f"{task}, 1,000 steps: {label} accuracy by turns since the fact, {lo['seeds']} seeds",
-              "-",
-              ", ".join(f"{g}: {ms(v, '{:.0f}', 100, ' %')}" for g, v in gaps.items()),
-              "mean ± s.e. over seeds",
-            )
-          )
+      rows += _gap_rows(
+        f"{task}, 1,000 steps: {{}} accuracy by turns since the fact, {lo['seeds']} seeds",
+        lo.get("by_gap", {}),
+        lambda v: ms(v, "{:.0f}", 100, " %"),
+        "mean ± s.e. over seeds",
+      )
   return rows
 
 
