@@ -68,7 +68,7 @@ from sao_jax.compression.rollout import (  # noqa: E402
   script,
   segment,
 )
-from sao_jax.config import Config, RLConfig, load_config  # noqa: E402
+from sao_jax.config import Config, ConfigError, RLConfig, load_config  # noqa: E402
 from sao_jax.envs.longhorizon import BOUNDARIES, SEP, graded_steps, make_split  # noqa: E402
 from sao_jax.learner import make_optimizer, make_rl_update  # noqa: E402
 from sao_jax.models.transformer import TransformerLM  # noqa: E402
@@ -101,6 +101,13 @@ def _parser():
   )
   p.add_argument(
     "--no-attention-cost", action="store_true", help="skip timing the whole bank vs a window"
+  )
+  p.add_argument(
+    "--set",
+    action="append",
+    default=[],
+    metavar="KEY=VALUE",
+    help="config override, as for sao-jax train (e.g. sft.optim.lr=3e-4); recorded in the JSON",
   )
   p.add_argument("--out", default=str(ROOT / "results/bench_compression.json"))
   return p
@@ -527,7 +534,10 @@ def main(argv=None) -> dict:
   args = _parser().parse_args(argv)
   variant = "tiny" if args.quick and ":" not in args.config else "default"
   cfg_path = args.config if ":" in args.config else f"{args.config}:{variant}"
-  cfg = load_config(cfg_path)
+  try:
+    cfg = load_config(cfg_path, overrides=args.set)
+  except ConfigError as e:
+    _parser().error(str(e))
   mod = _config_module(args.config)
   variant = cfg_path.rsplit(":", 1)[1]
   names = (
@@ -548,6 +558,7 @@ def main(argv=None) -> dict:
   result = {
     "provenance": provenance(),
     "config": cfg_path,
+    "overrides": list(args.set),
     "quick": args.quick,
     "steps": steps,
     "num_test": num_test,

@@ -777,7 +777,7 @@ def compression_over_seeds(docs: list[dict]) -> tuple[dict, list[str]]:
   t-interval (whose upper end bounds the loss), on the short episodes and at 1,000 steps;
   and, pooled over seeds, the short-episode questions compression lost (`lost_pooled`).
 
-  Runs whose configuration (config file and name, steps, held-out episodes) differs from
+  Runs whose configuration (config file and name, steps, held-out episodes, overrides) differs from
   the first, or that repeat a seed, are left out and named in the second return value."""
   if not docs:
     return {}, []
@@ -785,6 +785,7 @@ def compression_over_seeds(docs: list[dict]) -> tuple[dict, list[str]]:
     str(d.get("config", "")).rsplit("experiments/", 1)[-1],
     d.get("steps"),
     d.get("num_test"),
+    tuple(d.get("overrides") or ()),
   )
   kept, skipped, seeds = [], [], set()
   for d in docs:

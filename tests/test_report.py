@@ -538,11 +538,19 @@ def test_compression_seeds_of_another_configuration_are_left_out():
     {"config": "b/experiments/c.py:x", "steps": 10, "num_test": 8, "seed": 1, "tasks": task},
     {"config": "b/experiments/c.py:x", "steps": 20, "num_test": 8, "seed": 2, "tasks": task},
     {"config": "b/experiments/c.py:x", "steps": 10, "num_test": 8, "seed": 0, "tasks": task},
+    {
+      "config": "a/experiments/c.py:x",
+      "steps": 10,
+      "num_test": 8,
+      "seed": 3,
+      "overrides": ["sft.optim.lr=3e-4"],
+      "tasks": task,
+    },
   ]
   over, skipped = report.compression_over_seeds(docs)
   assert over["retention"]["seeds"] == [0, 1]
   assert over["retention"]["short"]["relative_loss"]["values"] == [0.5, 0.5]
-  assert [x.split(":")[0] for x in skipped] == ["seed 2", "seed 0"]
+  assert [x.split(":")[0] for x in skipped] == ["seed 2", "seed 0", "seed 3"]
   assert report.compression_seed_rows({"retention": {**over["retention"], "seeds": [0]}}) == []
 
 
