@@ -749,18 +749,36 @@ def long_accuracy_rows(task: str, t: dict, by_gap: bool) -> list[Row]:
   return rows
 
 
+def _seed_files(stem: str, seed0_cmd: str, cmd: str, flags: str = "") -> list[tuple[str, str]]:
+  """(results file, command) of seeds 0, 1, 2 of one bench_compression configuration: seed 0
+  writes `stem`.json (by `seed0_cmd`), seed k `stem`_seedk.json (`cmd --seed k flags --out`)."""
+  return [
+    (f"{stem}.json", seed0_cmd),
+    *[
+      (f"{stem}_seed{k}.json", f"{cmd} --seed {k}{flags} --out results/{stem}_seed{k}.json")
+      for k in (1, 2)
+    ],
+  ]
+
+
+def _load_seeds(files, root, sources: list, missing: list) -> list[dict]:
+  """The results of `files` ((name, command) pairs) that exist; each is named in `sources`,
+  each absent one in `missing` with its command."""
+  docs = []
+  for name, cmd in files:
+    d = load(name, root)
+    sources.append(source(name, d))
+    if d is None:
+      missing.append(_missing(name, cmd))
+    else:
+      docs.append(d)
+  return docs
+
+
 # bench_compression.py --seed N writes these; the same configuration, another init and order.
-COMPRESSION_SEED_FILES = [
-  ("bench_compression.json", COMPRESSION_CMD),
-  *[
-    (
-      f"bench_compression_seed{k}.json",
-      f"{COMPRESSION_CMD} --seed {k} --no-attention-cost "
-      f"--out results/bench_compression_seed{k}.json",
-    )
-    for k in (1, 2)
-  ],
-]
+COMPRESSION_SEED_FILES = _seed_files(
+  "bench_compression", COMPRESSION_CMD, COMPRESSION_CMD, " --no-attention-cost"
+)
 
 
 def _rel_loss(control: float | None, compressed: float | None) -> float | None:
@@ -966,14 +984,8 @@ def claim_compression(root=None) -> Claim:
   rows, diffs, missing, data = [], [], [], {"bytes": {}, "accuracy": {}}
   if doc is None:
     missing.append(_missing(name, COMPRESSION_CMD))
-  seed_docs, sources = [], [source(name, doc)]
-  for seed_name, seed_cmd in COMPRESSION_SEED_FILES[1:]:
-    d = load(seed_name, root)
-    sources.append(source(seed_name, d))
-    if d is None:
-      missing.append(_missing(seed_name, seed_cmd))
-    else:
-      seed_docs.append(d)
+  sources = [source(name, doc)]
+  seed_docs = _load_seeds(COMPRESSION_SEED_FILES[1:], root, sources, missing)
   for task, t in (doc or {}).get("tasks", {}).items():
     b = t.get("bytes_per_stage")
     if b:
@@ -1148,15 +1160,11 @@ def claim_compression(root=None) -> Claim:
 # (d) Retention over 32+ turns -----------------------------------------------------------------
 # Eight facts per dialogue, one run per seed (--seed N; seed 0 has no suffix).
 RETENTION8_CMD = COMPRESSION_CMD + " --tasks retention8 --num-test 128 --no-attention-cost"
-RETENTION8_SEED_FILES = [
-  (
-    f"bench_compression_retention8{f'_seed{k}' if k else ''}.json",
-    RETENTION8_CMD
-    + (f" --seed {k}" if k else "")
-    + f" --out results/bench_compression_retention8{f'_seed{k}' if k else ''}.json",
-  )
-  for k in (0, 1, 2)
-]
+RETENTION8_SEED_FILES = _seed_files(
+  "bench_compression_retention8",
+  RETENTION8_CMD + " --out results/bench_compression_retention8.json",
+  RETENTION8_CMD,
+)
 RETENTION_FILES = [
   ("bench_compression.json", "retention", COMPRESSION_CMD),
   (
@@ -1172,8 +1180,9 @@ RETENTION_FILES = [
 def claim_retention(root=None) -> Claim:
   """(d) Held-out recall of facts asked about 32+ turns after they were given."""
   rows, diffs, missing, sources, data = [], [], [], [], {}
+  docs = {}
   for name, task, cmd in RETENTION_FILES:
-    doc = load(name, root)
+    doc = docs[name] = load(name, root)
     src = source(name, doc)
     if doc is not None and src.command is None:
       src = dataclasses.replace(src, command=cmd + " (not recorded in the JSON)")
@@ -1217,16 +1226,9 @@ def claim_retention(root=None) -> Claim:
       "measure of 'retention' is not defined, so the numbers are not the same "
       "quantity."
     )
-  # retention8 over its seeds
-  seed_docs = []
-  for i, (name, cmd) in enumerate(RETENTION8_SEED_FILES):
-    d = load(name, root)
-    if i:  # seed 0 is read above
-      sources.append(source(name, d))
-      if d is None:
-        missing.append(_missing(name, cmd))
-    if d is not None:
-      seed_docs.append(d)
+  # retention8 over its seeds (seed 0 read above)
+  seed_docs = [d for d in [docs[RETENTION8_SEED_FILES[0][0]]] if d is not None]
+  seed_docs += _load_seeds(RETENTION8_SEED_FILES[1:], root, sources, missing)
   if len(seed_docs) >= 2:
     over, skipped = compression_over_seeds(seed_docs)
     data["retention8_over_seeds"] = over
