@@ -148,13 +148,8 @@ def bytes_per_stage(cfg: Config, progs, policy, params, tasks, *, detail: bool =
   evicted = np.asarray(jax.device_get(streams.evicted))
   if [len(g) for g in graves] != evicted.tolist():
     raise RuntimeError(f"graveyard sizes {[len(g) for g in graves]} != evictions {evicted}")
-  grave_bytes = np.asarray(
-    [
-      graveyard_nbytes(graveyard_arrays(g, bank.vec_ced[i, 0])["gone_vec_ged"])
-      for i, g in enumerate(graves)
-    ],
-    np.float64,
-  )
+  gone = [graveyard_arrays(g, bank.vec_ced[i, 0]) for i, g in enumerate(graves)]
+  grave_bytes = np.asarray([graveyard_nbytes(x["gone_vec_ged"]) for x in gone], np.float64)
   width = cfg.model.width
   m, d = c.vectors_per_step, c.dim
   tokens = np.asarray([episode_tokens(t, L.TOK) for t in tasks], np.float64)
@@ -162,7 +157,7 @@ def bytes_per_stage(cfg: Config, progs, policy, params, tasks, *, detail: bool =
   fact_kept, fact_visible = [], []
   for i, t in enumerate(tasks):
     steps = bank.step_c[i, : bank.count[i]]
-    log = memory_log(steps, graves[i], n_steps)
+    log = memory_log(steps, gone[i], n_steps)
     for q, f in question_facts(t):
       fact_kept.append(f in steps)
       fact_visible.append(f in seen_at(log, q, c.visible))
@@ -198,12 +193,13 @@ def bytes_per_stage(cfg: Config, progs, policy, params, tasks, *, detail: bool =
   }
 
 
-def memory_log(kept_steps, grave: dict, n_steps: int) -> list[tuple[int, int]]:
+def memory_log(kept_steps, gone: dict, n_steps: int) -> list[tuple[int, int]]:
   """Every entry a bank held, as (its step, the first step it was no longer seen at), sorted:
-  the kept ones (`kept_steps`) to the end, the evicted ones (a `bury` graveyard, keyed by
-  the step that evicted them) to the step after their eviction (memory.py)."""
+  the kept ones (`kept_steps`) to the end, the evicted ones (`gone`, a trajectory's graveyard
+  arrays: `gone_step_g` evicted at `gone_at_g`) to the step after their eviction (memory.py)."""
+  evicted = zip(gone["gone_step_g"], gone["gone_at_g"], strict=True)
   return sorted(
-    [(int(k), n_steps + 1) for k in kept_steps] + [(e[0], at + 1) for at, e in grave.items()]
+    [(int(k), n_steps + 1) for k in kept_steps] + [(int(k), int(at) + 1) for k, at in evicted]
   )
 
 
@@ -234,8 +230,7 @@ def error_attribution(cfg: Config, trajs, tasks, control_rewards: np.ndarray) ->
   seen, gaps = [], []
   for traj, task in zip(trajs, tasks, strict=True):
     b = traj.bank
-    grave = {int(at): (int(k),) for k, at in zip(b["gone_step_g"], b["gone_at_g"], strict=True)}
-    log = memory_log(b["step_c"][: b["entries"]], grave, len(traj.rewards))
+    log = memory_log(b["step_c"][: b["entries"]], b, len(traj.rewards))
     qf = question_facts(task)
     if len(qf) != int(traj.graded.sum()):
       raise RuntimeError(f"{task.task_id}: {len(qf)} questions, {traj.graded.sum()} graded")
