@@ -779,6 +779,13 @@ def _load_seeds(files, root, sources: list, missing: list) -> list[dict]:
 COMPRESSION_SEED_FILES = _seed_files(
   "bench_compression", COMPRESSION_CMD, COMPRESSION_CMD, " --no-attention-cost"
 )
+# Eight corridor keys per 128-step episode (the twin of retention8), one run per seed.
+NAVIGATION8_CMD = COMPRESSION_CMD + " --tasks navigation8 --num-test 128 --no-attention-cost"
+NAVIGATION8_SEED_FILES = _seed_files(
+  "bench_compression_navigation8",
+  NAVIGATION8_CMD + " --out results/bench_compression_navigation8.json",
+  NAVIGATION8_CMD,
+)
 
 
 def _rel_loss(control: float | None, compressed: float | None) -> float | None:
@@ -977,6 +984,61 @@ def compression_seed_rows(over: dict) -> list[Row]:
   return rows
 
 
+def window_memory_rows(task: str, docs: list[dict]) -> list[Row]:
+  """Peak update memory SAO (compressed) / GRPO(N=8) against the control that trains at this
+  length (GRPO on its trained window), per episode kind; runs from before it was measured lack
+  it, so the first of `docs` (seed runs) that has it is read."""
+  rows = []
+  mems = [d.get("tasks", {}).get(task, {}).get("peak_memory", {}) for d in docs]
+  for kind in mems[0] if mems else {}:
+    w = next((m[kind] for m in mems if "ratio_sao_over_grpo_window" in m.get(kind, {})), None)
+    if w:
+      rows.append(
+        Row(
+          f"{task}: peak update memory SAO (compressed) / GRPO(N=8) on the control's last "
+          f"{w['control_window_tokens']} tokens, {w.get('steps')}-step episodes",
+          f"{SEED['per_trajectory_memory_ratio']:.2f} (1/6)",
+          f"{w['ratio_sao_over_grpo_window']:.3g}",
+          f"{nbytes(w['sao_compressed']['peak'])} vs "
+          f"{nbytes(w['grpo_n8_window_control']['peak'])}",
+        )
+      )
+  return rows
+
+
+def many_facts_over_seeds(task: str, docs: list[dict], what: str) -> tuple[list[Row], list[str], dict]:
+  """Rows, differences and data of a many-fact task (retention8, navigation8) run once per
+  seed: its statistics over the seeds when there are two or more, else seed 0's 1,000-step
+  rows. `what` names what the compressed arm does ('recalls', 'finds')."""
+  if not docs:
+    return [], [], {}
+  if len(docs) < 2:
+    t = docs[0].get("tasks", {}).get(task)
+    return (long_accuracy_rows(task, t, by_gap=True) if t else []), [], {}
+  over, skipped = compression_over_seeds(docs)
+  rows = compression_seed_rows(over) + window_memory_rows(task, docs)
+  diffs = [f"Left out of the {task} seed statistics: {x}" for x in skipped]
+  o = over.get(task, {})
+  if o.get("long"):
+    lo, sh = o["long"], o["short"]
+    control = sh["full_context"].get("mean")
+    spec = docs[0]["tasks"][task].get("spec", {})
+    diffs.append(
+      f"{task} over {len(o['seeds'])} seeds: compressed {what} "
+      f"{_pct(sh['compressed'])} at {spec.get('min_gap', 32)}+ turns and "
+      f"{_pct(lo['compressed'])} at 1,000 steps "
+      f"(seed: {SEED['retention']:.0%}); the full-context control, same budget, "
+      f"{_pct(sh['full_context'])} on the {spec.get('n_steps')}-step episodes it trained on."
+      + (
+        " A relative loss against a control that has not learned the task bounds "
+        "nothing: the compressed arm's absolute accuracy is the measurement here."
+        if control is not None and control < 0.5
+        else ""
+      )
+    )
+  return rows, diffs, over
+
+
 def claim_compression(root=None) -> Claim:
   """(c) Bytes per stage of a 1,000-step trajectory, accuracy loss, update memory."""
   name = "bench_compression.json"
@@ -1061,24 +1123,7 @@ def claim_compression(root=None) -> Claim:
             "XLA memory analysis",
           )
         )
-    # Against the control that trains at this length (GRPO on its trained window); runs
-    # before it was measured lack it, so the first seed's run that has it is read.
-    for kind, m in mem.items():
-      runs = [m] + [
-        d.get("tasks", {}).get(task, {}).get("peak_memory", {}).get(kind, {}) for d in seed_docs
-      ]
-      w = next((x for x in runs if "ratio_sao_over_grpo_window" in x), None)
-      if w:
-        rows.append(
-          Row(
-            f"{task}: peak update memory SAO (compressed) / GRPO(N=8) on the control's last "
-            f"{w['control_window_tokens']} tokens, {w.get('steps')}-step episodes",
-            f"{SEED['per_trajectory_memory_ratio']:.2f} (1/6)",
-            f"{w['ratio_sao_over_grpo_window']:.3g}",
-            f"{nbytes(w['sao_compressed']['peak'])} vs "
-            f"{nbytes(w['grpo_n8_window_control']['peak'])}",
-          )
-        )
+    rows += window_memory_rows(task, [doc, *seed_docs])
   if doc is not None and seed_docs:
     over, skipped = compression_over_seeds([doc, *seed_docs])
     data["over_seeds"] = over
@@ -1129,6 +1174,13 @@ def claim_compression(root=None) -> Claim:
         f"{lp['questions']} questions the control answered; the 95 % bound on that rate, "
         f"{lp['upper95']:.2%}, is {verdict} the seed's {SEED['performance_loss_max']:.1%}."
       )
+  # navigation with eight keys per episode, over its seeds
+  nav8 = _load_seeds(NAVIGATION8_SEED_FILES, root, sources, missing)
+  n8_rows, n8_diffs, over8 = many_facts_over_seeds("navigation8", nav8, "finds")
+  rows += n8_rows
+  diffs += n8_diffs
+  if over8:
+    data["navigation8_over_seeds"] = over8
   if doc is not None and sources[0].command is None:
     sources[0] = dataclasses.replace(
       sources[0], command=COMPRESSION_CMD + " (not recorded in the JSON)"
@@ -1149,7 +1201,7 @@ def claim_compression(root=None) -> Claim:
     "per-trajectory memory 1/6 of group sampling.",
     rows,
     sources,
-    [c for _, c in COMPRESSION_SEED_FILES],
+    [c for _, c in COMPRESSION_SEED_FILES + NAVIGATION8_SEED_FILES],
     cond,
     diffs,
     missing,
@@ -1230,26 +1282,10 @@ def claim_retention(root=None) -> Claim:
   seed_docs = [d for d in [docs[RETENTION8_SEED_FILES[0][0]]] if d is not None]
   seed_docs += _load_seeds(RETENTION8_SEED_FILES[1:], root, sources, missing)
   if len(seed_docs) >= 2:
-    over, skipped = compression_over_seeds(seed_docs)
+    r8_rows, r8_diffs, over = many_facts_over_seeds("retention8", seed_docs, "recalls")
+    rows += r8_rows
+    diffs += r8_diffs
     data["retention8_over_seeds"] = over
-    rows += compression_seed_rows(over)
-    diffs += [f"Left out of the retention8 seed statistics: {x}" for x in skipped]
-    o = over.get("retention8", {})
-    if o.get("long"):
-      lo, sh = o["long"], o["short"]
-      control = sh["full_context"].get("mean")
-      diffs.append(
-        f"retention8 over {len(o['seeds'])} seeds: compressed recalls "
-        f"{_pct(sh['compressed'])} at 32+ turns and {_pct(lo['compressed'])} at 1,000 steps "
-        f"(seed: {SEED['retention']:.0%}); the full-context control, same budget, "
-        f"{_pct(sh['full_context'])} on the 128-step dialogues it trained on."
-        + (
-          " A relative loss against a control that has not learned the task bounds "
-          "nothing: the compressed arm's absolute recall is the measurement here."
-          if control is not None and control < 0.5
-          else ""
-        )
-      )
   return Claim(
     "d",
     "Retention over 32+ turns",

@@ -305,8 +305,9 @@ def write_tiny_results(root: pathlib.Path) -> pathlib.Path:
     },
   }
   _write(root, "bench_compression_retention4.json", {"tasks": {"retention4": r4}})
-  for seed, (full, comp, long_comp) in enumerate(
-    ((0.5, 0.75, 0.5), (0.25, 0.5, 0.75), (0.75, 1.0, 1.0))
+  for (task, seed), (full, comp, long_comp) in zip(
+    [(t, s) for t in ("retention8", "navigation8") for s in range(3)],
+    [(0.5, 0.75, 0.5), (0.25, 0.5, 0.75), (0.75, 1.0, 1.0)] * 2,
   ):
     r8 = _compression_task(full, comp, 16)
     r8["bytes_per_stage"]["bytes"]["stage3_int8"] = 2_000.0 * (seed + 1)  # 1000x, 500x, 333x
@@ -325,13 +326,21 @@ def write_tiny_results(root: pathlib.Path) -> pathlib.Path:
         "by_gap": {"32-64": _gap(0.25, 16)},
       },
     }
+    if task == "navigation8" and seed:
+      r8["peak_memory"]["accuracy_episodes"].update(
+        steps=1000,
+        control_window_tokens=384,
+        ratio_sao_over_grpo_window=0.04,
+        sao_compressed={"peak": 40e6},
+        grpo_n8_window_control={"peak": 1e9},
+      )
     _write(
       root,
-      f"bench_compression_retention8{f'_seed{seed}' if seed else ''}.json",
+      f"bench_compression_{task}{f'_seed{seed}' if seed else ''}.json",
       {
         "config": "experiments/configs/longhorizon.py:default",
         "seed": seed,
-        "tasks": {"retention8": r8},
+        "tasks": {task: r8},
       },
     )
   _write(
@@ -492,6 +501,20 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   # ... peak memory against the windowed control, read from the first seed run that has it
   w = _row(claims["c"], "retention: peak update memory SAO (compressed) / GRPO(N=8) on the")
   assert w.ours == "2.5" and w.note == "500 MB vs 200 MB" and "last 384 tokens" in w.metric
+  # ... navigation8 over its three seeds (the same numbers as retention8's below), and its
+  # window memory from seed 1, the first that measured it
+  n8 = claims["c"].data["navigation8_over_seeds"]["navigation8"]
+  assert n8["seeds"] == [0, 1, 2] and n8["long"]["compressed"]["mean"] == pytest.approx(0.75)
+  assert _row(claims["c"], "navigation8: 1,000-step accuracy, compressed vs control").ours == (
+    "75.0 ± 14.4 % vs 25.0 ± 0.0 %"
+  )
+  w8 = _row(claims["c"], "navigation8: peak update memory SAO (compressed) / GRPO(N=8) on the")
+  assert w8.ours == "0.04" and w8.note == "40 MB vs 1 GB"
+  assert any(
+    "navigation8 over 3 seeds: compressed finds 75.0 ± 14.4 %" in x
+    for x in claims["c"].differences
+  )
+  assert "bench_compression_navigation8_seed2.json" in " ".join(claims["c"].commands)
   # (d) one row per arm and task, plus facts kept
   d = claims["d"]
   assert _row(
