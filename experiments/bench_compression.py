@@ -26,6 +26,11 @@
    compressed arm misses is attributed (`compressed_errors`): was its fact among the
    entries the policy saw when asked (it misread its memory) or not (the filter dropped or
    evicted it); likewise for the questions it lost against the control, with their distance.
+   With --uncompressed-control, a third arm: the same memory policy keeping every step's
+   stage-1 vectors in float32 (no temporal filter, no INT8; its bank holds the whole
+   episode), trained the same way; at 1,000 steps it reads all 1,000 steps. Against it the
+   relative loss measures what stages 2 and 3 lose, with a control that trains at this
+   budget (the token-level control does not learn many-fact recall here).
 3. Peak memory of one learner update, from XLA's compiled memory analysis
    (`progs.update.lower(...).compile().memory_analysis()`: arguments + outputs + temporaries
    - aliased), for GRPO(N=8) with full context (`sao_jax.learner.make_rl_update`, 8 rows per
@@ -101,6 +106,12 @@ def _parser():
   )
   p.add_argument(
     "--no-attention-cost", action="store_true", help="skip timing the whole bank vs a window"
+  )
+  p.add_argument(
+    "--uncompressed-control",
+    action="store_true",
+    help="also train and evaluate the memory policy with every step kept in float32 "
+    "(stage 1 only): the control for stages 2 and 3",
   )
   p.add_argument(
     "--set",
@@ -256,25 +267,28 @@ def error_attribution(cfg: Config, trajs, tasks, control_rewards: np.ndarray) ->
 GAP_EDGES = (32, 64, 128, 256, 512, 1000)
 
 
-def long_accuracy(cfg: Config, arms: dict, tasks, *, length: int) -> dict:
+def long_accuracy(arms: dict, tasks, *, length: int) -> dict:
   """Greedy accuracy on 1,000-step episodes, overall and by recall distance.
 
-  arms: name -> (programs, policy or model, params, memory: bool). The full-context control
+  arms: name -> (config, programs, policy or model, params, memory: bool). The full-context control
   trained on the short episodes reads the last `length` tokens (its trained context; the
   whole 1,000-step episode is ~10^4 tokens, past its position table and this machine's
   memory for training): what a control trained at this budget can do at this length."""
   gaps = np.asarray([q - f for t in tasks for q, f in question_facts(t)])
   out = {"episodes": len(tasks), "questions": len(gaps), "control_context_tokens": length}
-  for name, (progs, pol, params, memory) in arms.items():
+  rewards = {}
+  for name, (cfg, progs, pol, params, memory) in arms.items():
     t0 = time.time()
     _, trajs = L.evaluate(cfg, progs, pol, params, tasks, memory, length=length)
-    r = _rewards(trajs)
+    r = rewards[name] = _rewards(trajs)
     by_gap = {}
     for lo, hi in zip(GAP_EDGES[:-1], GAP_EDGES[1:], strict=True):
       sel = (gaps >= lo) & (gaps < hi)
       if sel.any():
         by_gap[f"{lo}-{hi}"] = {"questions": int(sel.sum()), "accuracy": float(r[sel].mean())}
     out[name] = dict(_accuracy_stats(trajs), by_gap=by_gap, seconds=time.time() - t0)
+  if "uncompressed_memory" in rewards and "compressed" in rewards:
+    out["vs_uncompressed"] = _paired(rewards["uncompressed_memory"], rewards["compressed"])
   return out
 
 
@@ -283,6 +297,37 @@ def _variant(cfg: Config, **comp) -> Config:
   c = dataclasses.replace(cfg.compression, **comp)
   model = dataclasses.replace(cfg.model, memory_slots=c.visible * c.vectors_per_step)
   return dataclasses.replace(cfg, compression=c, model=model)
+
+
+def uncompressed_cfg(cfg: Config, n_steps: int) -> Config:
+  """The memory policy's configuration with stage 1 only: every step of an `n_steps` episode
+  kept (keep threshold 0, budget = capacity = visible = n_steps, no eviction, no learned
+  salience) in float32 (no INT8). The trained parameters do not depend on n_steps, so one
+  trained policy runs at any episode length with the matching `n_steps`."""
+  return _variant(
+    cfg,
+    keep_threshold=0.0,
+    budget=n_steps,
+    capacity=n_steps,
+    visible=n_steps,
+    evict=False,
+    quantize=False,
+    salience="none",
+  )
+
+
+def _paired(control: np.ndarray, other: np.ndarray) -> dict:
+  """Relative loss (control - other) / control over the same questions, the s.e. of the
+  paired per-question difference over the control's accuracy, and the discordant counts."""
+  acc = float(control.mean())
+  diff = control - other
+  se = float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else float("nan")
+  return {
+    "relative_loss": (acc - float(other.mean())) / max(acc, 1e-9),
+    "relative_loss_stderr_paired": se / max(acc, 1e-9),
+    "control_right_other_wrong": int(np.sum(diff > 0)),
+    "other_right_control_wrong": int(np.sum(diff < 0)),
+  }
 
 
 def filter_ablations(cfg: Config, params, tasks, *, window: int = 16) -> dict:
@@ -582,14 +627,34 @@ def main(argv=None) -> dict:
         mem_params = state.params
         mem_rewards = _rewards(trajs)
         mem_trajs = trajs
-        mem_arm = (progs, pol, state.params, True)
+        mem_arm = (cfg, progs, pol, state.params, True)
       else:
         full_rewards = _rewards(trajs)
-        full_arm = (progs, pol, state.params, False)
+        full_arm = (cfg, progs, pol, state.params, False)
       arms["compressed" if memory else "full_context"] = arm
       log(
         f"  {'compressed' if memory else 'full context'}: accuracy {acc:.3f} "
         f"+- {arm['stderr']:.3f} ({secs:.0f} s training)"
+      )
+    if args.uncompressed_control:
+      ucfg = uncompressed_cfg(cfg, max(spec.n_steps, mod.TRAIN_TASKS[variant][name].n_steps))
+      uprogs, upol = L.build(ucfg, True, mode="sft")
+      state, secs, metrics = L.train(
+        ucfg, uprogs, True, train, steps=steps, length=length, seed=args.seed, log=log
+      )
+      acc_u, utrajs = L.evaluate(ucfg, uprogs, upol, state.params, test, True, length=length)
+      arms["uncompressed_memory"] = dict(
+        _accuracy_stats(utrajs),
+        train_seconds=secs,
+        final_metrics=metrics,
+        kept_steps_mean=float(np.mean([t.bank["entries"] for t in utrajs])),
+        bank_capacity=ucfg.compression.capacity,
+      )
+      unc_params = state.params
+      vs_unc = _paired(_rewards(utrajs), mem_rewards)
+      log(
+        f"  uncompressed memory (stage 1 only): accuracy {acc_u:.3f} ({secs:.0f} s training); "
+        f"relative loss of compressed vs it {100 * vs_unc['relative_loss']:.1f}%"
       )
     # Stage 3 ablation: the same trained parameters with float memory.
     fcfg = dataclasses.replace(
@@ -598,17 +663,11 @@ def main(argv=None) -> dict:
     fprogs, fpol = L.build(fcfg, True)
     acc_f, ftrajs = L.evaluate(fcfg, fprogs, fpol, mem_params, test, True, length=length)
     arms["compressed_float_memory"] = _accuracy_stats(ftrajs)
-    full_acc = arms["full_context"]["accuracy"]
-    rel_loss = (full_acc - arms["compressed"]["accuracy"]) / max(full_acc, 1e-9)
     # Paired over the same held-out questions: s.e. of the mean per-question difference.
-    diff = full_rewards - mem_rewards
-    rel_se = (
-      float(diff.std(ddof=1) / np.sqrt(len(diff))) / max(full_acc, 1e-9)
-      if len(diff) > 1
-      else float("nan")
-    )
+    vs_full = _paired(full_rewards, mem_rewards)
+    rel, rel_se = vs_full["relative_loss"], vs_full["relative_loss_stderr_paired"]
     log(
-      f"  float memory: {acc_f:.3f}; relative loss vs full context {100 * rel_loss:.1f}% "
+      f"  float memory: {acc_f:.3f}; relative loss vs full context {100 * rel:.1f}% "
       f"+- {100 * rel_se:.1f}%"
     )
     errors = error_attribution(cfg, mem_trajs, test, full_rewards)
@@ -622,14 +681,17 @@ def main(argv=None) -> dict:
       "train_spec": dataclasses.asdict(mod.TRAIN_TASKS[variant][name]),
       "chance": 0.1,  # a uniform guess of the answer digit
       "arms": arms,
-      "relative_loss": rel_loss,
-      "relative_loss_stderr_paired": rel_se,
+      "relative_loss": vs_full["relative_loss"],
+      "relative_loss_stderr_paired": vs_full["relative_loss_stderr_paired"],
       "questions_discordant": {
-        "full_right_compressed_wrong": int(np.sum(diff > 0)),
-        "compressed_right_full_wrong": int(np.sum(diff < 0)),
+        "full_right_compressed_wrong": vs_full["control_right_other_wrong"],
+        "compressed_right_full_wrong": vs_full["other_right_control_wrong"],
       },
       "compressed_errors": errors,
     }
+    if args.uncompressed_control:
+      # Against the stage-1-only memory: what the temporal filter and INT8 lose.
+      result["tasks"][name]["vs_uncompressed"] = vs_unc
     if args.accuracy_only or name not in long_specs:
       continue
     long_tasks = make_split(long_specs[name], "test", args.long_episodes, 1)
@@ -652,14 +714,22 @@ def main(argv=None) -> dict:
       )
     if long_eval:
       evals = make_split(long_specs[name], "test", long_eval, 2)
-      stages["long_accuracy"] = long_accuracy(
-        cfg, {"compressed": mem_arm, "full_context_window": full_arm}, evals, length=length
-      )
+      long_arms = {"compressed": mem_arm, "full_context_window": full_arm}
+      if args.uncompressed_control:
+        lcfg = uncompressed_cfg(cfg, long_specs[name].n_steps)
+        lprogs, lpol = L.build(lcfg, True, mode="sft")
+        long_arms["uncompressed_memory"] = (lcfg, lprogs, lpol, unc_params, True)
+      stages["long_accuracy"] = long_accuracy(long_arms, evals, length=length)
       la = stages["long_accuracy"]
       log(
         f"  {long_specs[name].n_steps}-step accuracy ({la['questions']} questions): compressed "
         f"{la['compressed']['accuracy']:.3f}, full-context control on its last {length} tokens "
         f"{la['full_context_window']['accuracy']:.3f}"
+        + (
+          f", uncompressed memory {la['uncompressed_memory']['accuracy']:.3f}"
+          if "uncompressed_memory" in la
+          else ""
+        )
       )
     memory = {
       "accuracy_episodes": peak_memory(cfg, test[:1]),

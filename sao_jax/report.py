@@ -711,7 +711,11 @@ def _gap_rows(metric: str, by_arm: dict, cell, note: str) -> list[Row]:
   """One row per arm of the 1,000-step accuracy by recall distance: `metric` with the arm's
   label in its {}, `by_arm[arm]` the buckets ({"32-64": v, ...}), `cell(v)` a bucket's text."""
   rows = []
-  for arm, label in (("compressed", "compressed"), ("full_context_window", "control")):
+  for arm, label in (
+    ("compressed", "compressed"),
+    ("full_context_window", "control"),
+    ("uncompressed_memory", "uncompressed-memory"),
+  ):
     gaps = by_arm.get(arm)
     if gaps:
       rows.append(
@@ -796,6 +800,17 @@ def _rel_loss(control: float | None, compressed: float | None) -> float | None:
   return (control - compressed) / control
 
 
+def _pooled_lost(lost: list, asked: list) -> dict | None:
+  """Questions a control got right and the compressed arm wrong, pooled over seeds, with the
+  exact one-sided 95 % upper bound on that rate (Clopper-Pearson). Unlike the relative loss
+  it stays meaningful when a seed's control fails to learn. None if any count is missing."""
+  if not lost or None in lost or None in asked:
+    return None
+  k, n = sum(lost), sum(asked)
+  upper = 1.0 if k >= n else float(sp_stats.beta.ppf(0.95, k + 1, n - k))
+  return {"lost": k, "questions": n, "upper95": upper}
+
+
 def compression_over_seeds(docs: list[dict]) -> tuple[dict, list[str]]:
   """Per task, over bench_compression runs of one configuration with different seeds: each
   arm's accuracy, and the relative loss (control - compressed) / control with its 95 %
@@ -820,22 +835,17 @@ def compression_over_seeds(docs: list[dict]) -> tuple[dict, list[str]]:
     seeds.add(d.get("seed"))
     kept.append(d)
   acc = lambda t, arm: (t.get("arms", {}).get(arm) or {}).get("accuracy")  # noqa: E731
+  acc_n = lambda t, arm: (t.get("arms", {}).get(arm) or {}).get("questions")  # noqa: E731
   out = {}
   for task in kept[0].get("tasks", {}):
     runs = [d for d in kept if task in d.get("tasks", {})]
     ts = [d["tasks"][task] for d in runs]
     longs = [(t.get("bytes_per_stage") or {}).get("long_accuracy") for t in ts]
     longs = [la for la in longs if la]
-    # Pooled over seeds: questions the control got right and the compressed arm wrong, with
-    # the exact one-sided 95 % upper bound on that rate (Clopper-Pearson). Unlike the
-    # relative loss it stays meaningful when a seed's control fails to learn.
+    # Pooled over seeds: questions the control got right and the compressed arm wrong.
     lost = [(t.get("questions_discordant") or {}).get("full_right_compressed_wrong") for t in ts]
     asked = [(t.get("arms", {}).get("compressed") or {}).get("questions") for t in ts]
-    pooled = None
-    if ts and None not in lost and None not in asked:
-      k, n = sum(lost), sum(asked)
-      upper = 1.0 if k >= n else float(sp_stats.beta.ppf(0.95, k + 1, n - k))
-      pooled = {"lost": k, "questions": n, "upper95": upper}
+    pooled = _pooled_lost(lost, asked)
     # Why compression missed (bench runs that attribute it): pooled over those seeds.
     errs = [t["compressed_errors"] for t in ts if t.get("compressed_errors")]
     errors = None
@@ -855,6 +865,21 @@ def compression_over_seeds(docs: list[dict]) -> tuple[dict, list[str]]:
         ),
       },
     }
+    # Against the stage-1-only memory (runs with --uncompressed-control): what the temporal
+    # filter and INT8 lose, against a control that trains at this budget.
+    unc = [t for t in ts if t.get("vs_uncompressed")]
+    if unc:
+      out[task]["short"]["uncompressed_memory"] = stats.summarize(
+        acc(t, "uncompressed_memory") for t in unc
+      )
+      out[task]["short"]["relative_loss_vs_uncompressed"] = stats.summarize(
+        t["vs_uncompressed"]["relative_loss"] for t in unc
+      )
+      out[task]["lost_pooled_vs_uncompressed"] = _pooled_lost(
+        [t["vs_uncompressed"]["control_right_other_wrong"] for t in unc],
+        [acc_n(t, "compressed") for t in unc],
+      )
+      out[task]["seeds_uncompressed"] = len(unc)
     if longs:
       la_acc = lambda la, arm: la[arm]["accuracy"]  # noqa: E731
       out[task]["long"] = {
@@ -871,9 +896,23 @@ def compression_over_seeds(docs: list[dict]) -> tuple[dict, list[str]]:
             g: stats.summarize(la[arm].get("by_gap", {}).get(g, {}).get("accuracy") for la in longs)
             for g in longs[0][arm].get("by_gap", {})
           }
-          for arm in ("compressed", "full_context_window")
+          for arm in ("compressed", "full_context_window", "uncompressed_memory")
+          if all(arm in la for la in longs)
         },
       }
+      lu = [la for la in longs if la.get("vs_uncompressed")]
+      if lu:
+        out[task]["long"].update(
+          seeds_uncompressed=len(lu),
+          uncompressed_memory=stats.summarize(la_acc(la, "uncompressed_memory") for la in lu),
+          relative_loss_vs_uncompressed=stats.summarize(
+            la["vs_uncompressed"]["relative_loss"] for la in lu
+          ),
+          lost_pooled_vs_uncompressed=_pooled_lost(
+            [la["vs_uncompressed"]["control_right_other_wrong"] for la in lu],
+            [la["compressed"]["questions"] for la in lu],
+          ),
+        )
     banks = [t["bytes_per_stage"] for t in ts if t.get("bytes_per_stage")]
     if banks:
       out[task]["bank"] = {
@@ -894,6 +933,42 @@ def _pct(s: dict) -> str:
 def _pct_ci(s: dict) -> str:
   """'m ± se % (95 % CI lo .. hi %)' of a summarize result, in percent."""
   return _pct(s) + _ci(s, "{:.1f}", 100, " %")
+
+
+def _vs_uncompressed_rows(task: str, part: dict, lost: dict | None, where: str) -> list[Row]:
+  """Rows of the compressed arm against the stage-1-only memory (every step kept in float32):
+  accuracies, relative loss and the pooled lost questions, for one part ("short" or "long")
+  of `compression_over_seeds`; none where that arm was not run."""
+  if "uncompressed_memory" not in part:
+    return []
+  n = part["uncompressed_memory"]["n"]
+  rows = [
+    Row(
+      f"{task}: accuracy uncompressed memory (stage 1 only, every step in float32) vs "
+      f"compressed, {n} seed(s) ({where})",
+      "-",
+      f"{_pct(part['uncompressed_memory'])} vs {_pct(part['compressed'])}",
+      "same policy, budget and steps; no temporal filter, no INT8",
+    ),
+    Row(
+      f"{task}: relative loss of stages 2+3 (uncompressed - compressed) / uncompressed, "
+      f"{n} seed(s) ({where})",
+      f"< {SEED['performance_loss_max']:.1%}",
+      _pct_ci(part["relative_loss_vs_uncompressed"]),
+      "upper CI end: the loss bound",
+    ),
+  ]
+  if lost:
+    rows.append(
+      Row(
+        f"{task}: questions uncompressed memory answers and compressed misses, {n} seed(s) "
+        f"pooled ({where})",
+        f"< {SEED['performance_loss_max']:.1%}",
+        f"{lost['lost']} / {lost['questions']} (95 % upper bound {lost['upper95']:.2%})",
+        "exact binomial, one-sided",
+      )
+    )
+  return rows
 
 
 def compression_seed_rows(over: dict) -> list[Row]:
@@ -930,6 +1005,7 @@ def compression_seed_rows(over: dict) -> list[Row]:
           "exact binomial, one-sided",
         )
       )
+    rows += _vs_uncompressed_rows(task, sh, o.get("lost_pooled_vs_uncompressed"), "short episodes")
     ep = o.get("errors_pooled")
     if ep:
       rows.append(
@@ -981,6 +1057,10 @@ def compression_seed_rows(over: dict) -> list[Row]:
         lambda v: ms(v, "{:.0f}", 100, " %"),
         "mean ± s.e. over seeds",
       )
+    if lo:
+      rows += _vs_uncompressed_rows(
+        task, lo, lo.get("lost_pooled_vs_uncompressed"), "1,000-step episodes"
+      )
   return rows
 
 
@@ -999,14 +1079,15 @@ def window_memory_rows(task: str, docs: list[dict]) -> list[Row]:
           f"{w['control_window_tokens']} tokens, {w.get('steps')}-step episodes",
           f"{SEED['per_trajectory_memory_ratio']:.2f} (1/6)",
           f"{w['ratio_sao_over_grpo_window']:.3g}",
-          f"{nbytes(w['sao_compressed']['peak'])} vs "
-          f"{nbytes(w['grpo_n8_window_control']['peak'])}",
+          f"{nbytes(w['sao_compressed']['peak'])} vs {nbytes(w['grpo_n8_window_control']['peak'])}",
         )
       )
   return rows
 
 
-def many_facts_over_seeds(task: str, docs: list[dict], what: str) -> tuple[list[Row], list[str], dict]:
+def many_facts_over_seeds(
+  task: str, docs: list[dict], what: str
+) -> tuple[list[Row], list[str], dict]:
   """Rows, differences and data of a many-fact task (retention8, navigation8) run once per
   seed: its statistics over the seeds when there are two or more, else seed 0's 1,000-step
   rows. `what` names what the compressed arm does ('recalls', 'finds')."""

@@ -17,6 +17,7 @@ def test_bench_compression_quick(tmp_path, repo_root):
     sys.executable,
     str(repo_root / "experiments" / "bench_compression.py"),
     "--quick",
+    "--uncompressed-control",
     "--out",
     str(out),
   ]
@@ -83,6 +84,19 @@ def test_bench_compression_quick(tmp_path, repo_root):
     for k in ("missed", "lost"):
       assert 0 <= e[k]["fact_seen"] <= e[k]["n"]
     assert 0 <= e["fact_seen_frac"] <= 1
+    # The stage-1-only control keeps every step of its 12-step episodes; its paired counts
+    # against the compressed arm match the two accuracies, short and at the long episodes.
+    u = t["arms"]["uncompressed_memory"]
+    assert u["bank_capacity"] == 12 and u["kept_steps_mean"] == 12 and u["questions"] == 16
+    vu = t["vs_uncompressed"]
+    assert vu["control_right_other_wrong"] - vu["other_right_control_wrong"] == round(
+      16 * (u["accuracy"] - t["arms"]["compressed"]["accuracy"])
+    )
+    lu = la["vs_uncompressed"]
+    assert sum(g["questions"] for g in la["uncompressed_memory"]["by_gap"].values()) == 6
+    assert lu["control_right_other_wrong"] - lu["other_right_control_wrong"] == round(
+      6 * (la["uncompressed_memory"]["accuracy"] - la["compressed"]["accuracy"])
+    )
     for pm in t["peak_memory"].values():
       assert pm["grpo_n8_full_context"]["peak"] > pm["single_trajectory_full_context"]["peak"]
       assert 0 < pm["ratio_sao_over_grpo"] < 1

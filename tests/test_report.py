@@ -308,6 +308,7 @@ def write_tiny_results(root: pathlib.Path) -> pathlib.Path:
   for (task, seed), (full, comp, long_comp) in zip(
     [(t, s) for t in ("retention8", "navigation8") for s in range(3)],
     [(0.5, 0.75, 0.5), (0.25, 0.5, 0.75), (0.75, 1.0, 1.0)] * 2,
+    strict=True,
   ):
     r8 = _compression_task(full, comp, 16)
     r8["bytes_per_stage"]["bytes"]["stage3_int8"] = 2_000.0 * (seed + 1)  # 1000x, 500x, 333x
@@ -326,6 +327,23 @@ def write_tiny_results(root: pathlib.Path) -> pathlib.Path:
         "by_gap": {"32-64": _gap(0.25, 16)},
       },
     }
+    if task == "navigation8":
+      # the stage-1-only memory arm: always right, so compression loses 1 - comp (long_comp)
+      r8["arms"]["uncompressed_memory"] = {"accuracy": 1.0, "questions": 16}
+      r8["vs_uncompressed"] = {
+        "relative_loss": 1.0 - comp,
+        "control_right_other_wrong": round(16 * (1 - comp)),
+      }
+      la = r8["bytes_per_stage"]["long_accuracy"]
+      la["uncompressed_memory"] = {
+        "accuracy": 1.0,
+        "questions": 16,
+        "by_gap": {"32-64": _gap(1.0, 8), "512-1000": _gap(1.0, 8)},
+      }
+      la["vs_uncompressed"] = {
+        "relative_loss": 1.0 - long_comp,
+        "control_right_other_wrong": round(16 * (1 - long_comp)),
+      }
     if task == "navigation8" and seed:
       r8["peak_memory"]["accuracy_episodes"].update(
         steps=1000,
@@ -454,9 +472,11 @@ def tiny_results(tmp_path) -> pathlib.Path:
   return write_tiny_results(tmp_path / "results")
 
 
-def _row(claim: report.Claim, metric_start: str) -> report.Row:
-  rows = [r for r in claim.rows if r.metric.startswith(metric_start)]
-  assert rows, (metric_start, [r.metric for r in claim.rows])
+def _row(claim: report.Claim, metric_start: str, metric_end: str = "") -> report.Row:
+  rows = [
+    r for r in claim.rows if r.metric.startswith(metric_start) and r.metric.endswith(metric_end)
+  ]
+  assert rows, (metric_start, metric_end, [r.metric for r in claim.rows])
   return rows[0]
 
 
@@ -511,10 +531,20 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   w8 = _row(claims["c"], "navigation8: peak update memory SAO (compressed) / GRPO(N=8) on the")
   assert w8.ours == "0.04" and w8.note == "40 MB vs 1 GB"
   assert any(
-    "navigation8 over 3 seeds: compressed finds 75.0 ± 14.4 %" in x
-    for x in claims["c"].differences
+    "navigation8 over 3 seeds: compressed finds 75.0 ± 14.4 %" in x for x in claims["c"].differences
   )
   assert "bench_compression_navigation8_seed2.json" in " ".join(claims["c"].commands)
+  # ... against the stage-1-only memory: losses 25/50/0 % (short), 50/25/0 % (1,000 steps),
+  # 4 + 8 + 0 questions lost of 48 either way
+  for where in ("(short episodes)", "(1,000-step episodes)"):
+    acc_u = _row(claims["c"], "navigation8: accuracy uncompressed memory (stage 1 only", where)
+    assert acc_u.ours == "100.0 ± 0.0 % vs 75.0 ± 14.4 %"
+    rel_u = _row(claims["c"], "navigation8: relative loss of stages 2+3", where)
+    assert rel_u.ours.startswith("25.0 ± 14.4 %") and rel_u.seed == "< 1.2%"
+    lost_u = _row(claims["c"], "navigation8: questions uncompressed memory answers", where)
+    assert lost_u.ours.startswith("12 / 48 (95 % upper bound")
+  gap_u = _row(claims["c"], "navigation8, 1,000 steps: uncompressed-memory accuracy by turns")
+  assert gap_u.ours == "32-64: 100 ± 0 %, 512-1000: 100 ± 0 %"
   # (d) one row per arm and task, plus facts kept
   d = claims["d"]
   assert _row(
