@@ -84,6 +84,17 @@ def _gap(acc: float, n: int) -> dict:
   return {"accuracy": acc, "questions": n}
 
 
+def _window_memory(sao: float, grpo: float) -> dict:
+  """Peak memory fields of SAO against GRPO(N=8) on a 384-token control window, 1,000 steps."""
+  return {
+    "steps": 1000,
+    "control_window_tokens": 384,
+    "ratio_sao_over_grpo_window": sao / grpo,
+    "sao_compressed": {"peak": sao},
+    "grpo_n8_window_control": {"peak": grpo},
+  }
+
+
 def _compression_task(acc_full: float, acc_comp: float, n: int) -> dict:
   arm = lambda a: {
     "accuracy": a,
@@ -273,13 +284,7 @@ def write_tiny_results(root: pathlib.Path) -> pathlib.Path:
       "missed": {"n": 3 - seed, "fact_seen": 1},
       "lost": {"n": 2 - seed, "fact_seen": 2 - seed},
     }
-    task["peak_memory"]["accuracy_episodes"].update(
-      steps=1000,
-      control_window_tokens=384,
-      ratio_sao_over_grpo_window=2.5,
-      sao_compressed={"peak": 500e6},
-      grpo_n8_window_control={"peak": 200e6},
-    )
+    task["peak_memory"]["accuracy_episodes"].update(_window_memory(500e6, 200e6))
     _write(
       root,
       f"bench_compression_seed{seed}.json",
@@ -345,13 +350,7 @@ def write_tiny_results(root: pathlib.Path) -> pathlib.Path:
         "control_right_other_wrong": round(16 * (1 - long_comp)),
       }
     if task == "navigation8" and seed:
-      r8["peak_memory"]["accuracy_episodes"].update(
-        steps=1000,
-        control_window_tokens=384,
-        ratio_sao_over_grpo_window=0.04,
-        sao_compressed={"peak": 40e6},
-        grpo_n8_window_control={"peak": 1e9},
-      )
+      r8["peak_memory"]["accuracy_episodes"].update(_window_memory(40e6, 1e9))
     _write(
       root,
       f"bench_compression_{task}{f'_seed{seed}' if seed else ''}.json",
