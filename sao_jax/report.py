@@ -811,6 +811,24 @@ def _pooled_lost(lost: list, asked: list) -> dict | None:
   return {"lost": k, "questions": n, "upper95": upper}
 
 
+def _vs_uncompressed_stats(runs: list[tuple[dict, dict]]) -> dict:
+  """Over the seed runs that have the stage-1-only memory arm (--uncompressed-control): its
+  accuracy, the compressed arm's relative loss against it and the questions lost, pooled.
+  `runs`: (arms by name, the dict holding `vs_uncompressed`) per seed; {} if none has it."""
+  unc = [(arms, r["vs_uncompressed"]) for arms, r in runs if r.get("vs_uncompressed")]
+  if not unc:
+    return {}
+  return {
+    "seeds_uncompressed": len(unc),
+    "uncompressed_memory": stats.summarize(a["uncompressed_memory"]["accuracy"] for a, _ in unc),
+    "relative_loss_vs_uncompressed": stats.summarize(v["relative_loss"] for _, v in unc),
+    "lost_pooled_vs_uncompressed": _pooled_lost(
+      [v["control_right_other_wrong"] for _, v in unc],
+      [a["compressed"]["questions"] for a, _ in unc],
+    ),
+  }
+
+
 def compression_over_seeds(docs: list[dict]) -> tuple[dict, list[str]]:
   """Per task, over bench_compression runs of one configuration with different seeds: each
   arm's accuracy, and the relative loss (control - compressed) / control with its 95 %
@@ -835,7 +853,6 @@ def compression_over_seeds(docs: list[dict]) -> tuple[dict, list[str]]:
     seeds.add(d.get("seed"))
     kept.append(d)
   acc = lambda t, arm: (t.get("arms", {}).get(arm) or {}).get("accuracy")  # noqa: E731
-  acc_n = lambda t, arm: (t.get("arms", {}).get(arm) or {}).get("questions")  # noqa: E731
   out = {}
   for task in kept[0].get("tasks", {}):
     runs = [d for d in kept if task in d.get("tasks", {})]
@@ -867,19 +884,7 @@ def compression_over_seeds(docs: list[dict]) -> tuple[dict, list[str]]:
     }
     # Against the stage-1-only memory (runs with --uncompressed-control): what the temporal
     # filter and INT8 lose, against a control that trains at this budget.
-    unc = [t for t in ts if t.get("vs_uncompressed")]
-    if unc:
-      out[task]["short"]["uncompressed_memory"] = stats.summarize(
-        acc(t, "uncompressed_memory") for t in unc
-      )
-      out[task]["short"]["relative_loss_vs_uncompressed"] = stats.summarize(
-        t["vs_uncompressed"]["relative_loss"] for t in unc
-      )
-      out[task]["lost_pooled_vs_uncompressed"] = _pooled_lost(
-        [t["vs_uncompressed"]["control_right_other_wrong"] for t in unc],
-        [acc_n(t, "compressed") for t in unc],
-      )
-      out[task]["seeds_uncompressed"] = len(unc)
+    out[task]["short"].update(_vs_uncompressed_stats([(t.get("arms", {}), t) for t in ts]))
     if longs:
       la_acc = lambda la, arm: la[arm]["accuracy"]  # noqa: E731
       out[task]["long"] = {
@@ -900,19 +905,7 @@ def compression_over_seeds(docs: list[dict]) -> tuple[dict, list[str]]:
           if all(arm in la for la in longs)
         },
       }
-      lu = [la for la in longs if la.get("vs_uncompressed")]
-      if lu:
-        out[task]["long"].update(
-          seeds_uncompressed=len(lu),
-          uncompressed_memory=stats.summarize(la_acc(la, "uncompressed_memory") for la in lu),
-          relative_loss_vs_uncompressed=stats.summarize(
-            la["vs_uncompressed"]["relative_loss"] for la in lu
-          ),
-          lost_pooled_vs_uncompressed=_pooled_lost(
-            [la["vs_uncompressed"]["control_right_other_wrong"] for la in lu],
-            [la["compressed"]["questions"] for la in lu],
-          ),
-        )
+      out[task]["long"].update(_vs_uncompressed_stats([(la, la) for la in longs]))
     banks = [t["bytes_per_stage"] for t in ts if t.get("bytes_per_stage")]
     if banks:
       out[task]["bank"] = {
@@ -935,12 +928,13 @@ def _pct_ci(s: dict) -> str:
   return _pct(s) + _ci(s, "{:.1f}", 100, " %")
 
 
-def _vs_uncompressed_rows(task: str, part: dict, lost: dict | None, where: str) -> list[Row]:
+def _vs_uncompressed_rows(task: str, part: dict, where: str) -> list[Row]:
   """Rows of the compressed arm against the stage-1-only memory (every step kept in float32):
   accuracies, relative loss and the pooled lost questions, for one part ("short" or "long")
   of `compression_over_seeds`; none where that arm was not run."""
   if "uncompressed_memory" not in part:
     return []
+  lost = part["lost_pooled_vs_uncompressed"]
   n = part["uncompressed_memory"]["n"]
   rows = [
     Row(
@@ -1005,7 +999,7 @@ def compression_seed_rows(over: dict) -> list[Row]:
           "exact binomial, one-sided",
         )
       )
-    rows += _vs_uncompressed_rows(task, sh, o.get("lost_pooled_vs_uncompressed"), "short episodes")
+    rows += _vs_uncompressed_rows(task, sh, "short episodes")
     ep = o.get("errors_pooled")
     if ep:
       rows.append(
@@ -1058,9 +1052,7 @@ def compression_seed_rows(over: dict) -> list[Row]:
         "mean ± s.e. over seeds",
       )
     if lo:
-      rows += _vs_uncompressed_rows(
-        task, lo, lo.get("lost_pooled_vs_uncompressed"), "1,000-step episodes"
-      )
+      rows += _vs_uncompressed_rows(task, lo, "1,000-step episodes")
   return rows
 
 
