@@ -30,7 +30,10 @@
    stage-1 vectors in float32 (no temporal filter, no INT8; its bank holds the whole
    episode), trained the same way; at 1,000 steps it reads all 1,000 steps. Against it the
    relative loss measures what stages 2 and 3 lose, with a control that trains at this
-   budget (the token-level control does not learn many-fact recall here).
+   budget (the token-level control does not learn many-fact recall here). With
+   --no-token-control the token-level control is skipped (e.g. to add this arm to seeds whose
+   control is already measured: the compressed arm is the same run, same seed), and so are
+   the results that pair with it.
 3. Peak memory of one learner update, from XLA's compiled memory analysis
    (`progs.update.lower(...).compile().memory_analysis()`: arguments + outputs + temporaries
    - aliased), for GRPO(N=8) with full context (`sao_jax.learner.make_rl_update`, 8 rows per
@@ -112,6 +115,12 @@ def _parser():
     action="store_true",
     help="also train and evaluate the memory policy with every step kept in float32 "
     "(stage 1 only): the control for stages 2 and 3",
+  )
+  p.add_argument(
+    "--no-token-control",
+    action="store_true",
+    help="skip the token-level full-context control and what pairs with it (the compressed "
+    "arm and, with --uncompressed-control, the stage-1-only arm still train)",
   )
   p.add_argument(
     "--set",
@@ -232,11 +241,11 @@ def question_facts(task) -> list[tuple[int, int]]:
   return out
 
 
-def error_attribution(cfg: Config, trajs, tasks, control_rewards: np.ndarray) -> dict:
+def error_attribution(cfg: Config, trajs, tasks, control_rewards: np.ndarray | None) -> dict:
   """Why the compressed arm missed the questions it missed, on its own greedy rollouts
   (`trajs` of `tasks`, their graded steps in order; `control_rewards` the control's on the
-  same questions): was the fact among the entries the policy saw when asked (then the
-  policy misread its memory) or not (the filter dropped or evicted it first)? For every
+  same questions, or None): was the fact among the entries the policy saw when asked (then
+  the policy misread its memory) or not (the filter dropped or evicted it first)? For every
   miss, and for the `lost` ones (the control right); with each lost question's distance."""
   seen, gaps = [], []
   for traj, task in zip(trajs, tasks, strict=True):
@@ -250,18 +259,23 @@ def error_attribution(cfg: Config, trajs, tasks, control_rewards: np.ndarray) ->
       gaps.append(q - f)
   seen, gaps = np.asarray(seen), np.asarray(gaps)
   right = _rewards(trajs) > 0.5
-  lost = ~right & (control_rewards > 0.5)
 
   def count(sel):
     return {"n": int(sel.sum()), "fact_seen": int((sel & seen).sum())}
 
-  return {
-    "questions": len(seen),
-    "fact_seen_frac": float(seen.mean()),
-    "missed": count(~right),
-    "lost": dict(count(lost), gaps=sorted(int(g) for g in gaps[lost])),
-  }
+  out = {"questions": len(seen), "fact_seen_frac": float(seen.mean()), "missed": count(~right)}
+  if control_rewards is not None:
+    lost = ~right & (control_rewards > 0.5)
+    out["lost"] = dict(count(lost), gaps=sorted(int(g) for g in gaps[lost]))
+  return out
 
+
+# What the 1,000-step log line calls each arm.
+LONG_ARM_NAMES = {
+  "compressed": "compressed",
+  "full_context_window": "full-context control on its last {length} tokens",
+  "uncompressed_memory": "uncompressed memory",
+}
 
 # Recall distance buckets (question step - fact step) of the 1,000-step accuracy.
 GAP_EDGES = (32, 64, 128, 256, 512, 1000)
@@ -613,7 +627,8 @@ def main(argv=None) -> dict:
     length = L.full_len(train + test)
     arms = {}
     mem_progs = L.build(cfg, True, mode="sft")
-    for memory in (True, False):
+    full_rewards = full_arm = None
+    for memory in (True,) if args.no_token_control else (True, False):
       progs, pol = mem_progs if memory else L.build(cfg, False, full_len=length)
       state, secs, metrics = L.train(
         cfg, progs, memory, train, steps=steps, length=length, seed=args.seed, log=log
@@ -663,32 +678,39 @@ def main(argv=None) -> dict:
     fprogs, fpol = L.build(fcfg, True)
     acc_f, ftrajs = L.evaluate(fcfg, fprogs, fpol, mem_params, test, True, length=length)
     arms["compressed_float_memory"] = _accuracy_stats(ftrajs)
-    # Paired over the same held-out questions: s.e. of the mean per-question difference.
-    vs_full = _paired(full_rewards, mem_rewards)
-    rel, rel_se = vs_full["relative_loss"], vs_full["relative_loss_stderr_paired"]
-    log(
-      f"  float memory: {acc_f:.3f}; relative loss vs full context {100 * rel:.1f}% "
-      f"+- {100 * rel_se:.1f}%"
-    )
+    log(f"  float memory: {acc_f:.3f}")
     errors = error_attribution(cfg, mem_trajs, test, full_rewards)
     log(
       f"  compressed missed {errors['missed']['n']} (fact seen when asked: "
-      f"{errors['missed']['fact_seen']}); lost vs the control {errors['lost']['n']} (fact seen: "
-      f"{errors['lost']['fact_seen']})"
+      f"{errors['missed']['fact_seen']})"
+      + (
+        f"; lost vs the control {errors['lost']['n']} (fact seen: {errors['lost']['fact_seen']})"
+        if "lost" in errors
+        else ""
+      )
     )
     result["tasks"][name] = {
       "spec": dataclasses.asdict(spec),
       "train_spec": dataclasses.asdict(mod.TRAIN_TASKS[variant][name]),
       "chance": 0.1,  # a uniform guess of the answer digit
       "arms": arms,
-      "relative_loss": vs_full["relative_loss"],
-      "relative_loss_stderr_paired": vs_full["relative_loss_stderr_paired"],
-      "questions_discordant": {
-        "full_right_compressed_wrong": vs_full["control_right_other_wrong"],
-        "compressed_right_full_wrong": vs_full["other_right_control_wrong"],
-      },
       "compressed_errors": errors,
     }
+    if full_rewards is not None:
+      # Paired over the same held-out questions: s.e. of the mean per-question difference.
+      vs_full = _paired(full_rewards, mem_rewards)
+      log(
+        f"  relative loss vs full context {100 * vs_full['relative_loss']:.1f}% "
+        f"+- {100 * vs_full['relative_loss_stderr_paired']:.1f}%"
+      )
+      result["tasks"][name].update(
+        relative_loss=vs_full["relative_loss"],
+        relative_loss_stderr_paired=vs_full["relative_loss_stderr_paired"],
+        questions_discordant={
+          "full_right_compressed_wrong": vs_full["control_right_other_wrong"],
+          "compressed_right_full_wrong": vs_full["other_right_control_wrong"],
+        },
+      )
     if args.uncompressed_control:
       # Against the stage-1-only memory: what the temporal filter and INT8 lose.
       result["tasks"][name]["vs_uncompressed"] = vs_unc
@@ -714,7 +736,9 @@ def main(argv=None) -> dict:
       )
     if long_eval:
       evals = make_split(long_specs[name], "test", long_eval, 2)
-      long_arms = {"compressed": mem_arm, "full_context_window": full_arm}
+      long_arms = {"compressed": mem_arm}
+      if full_arm is not None:
+        long_arms["full_context_window"] = full_arm
       if args.uncompressed_control:
         lcfg = uncompressed_cfg(cfg, long_specs[name].n_steps)
         lprogs, lpol = L.build(lcfg, True, mode="sft")
@@ -722,13 +746,9 @@ def main(argv=None) -> dict:
       stages["long_accuracy"] = long_accuracy(long_arms, evals, length=length)
       la = stages["long_accuracy"]
       log(
-        f"  {long_specs[name].n_steps}-step accuracy ({la['questions']} questions): compressed "
-        f"{la['compressed']['accuracy']:.3f}, full-context control on its last {length} tokens "
-        f"{la['full_context_window']['accuracy']:.3f}"
-        + (
-          f", uncompressed memory {la['uncompressed_memory']['accuracy']:.3f}"
-          if "uncompressed_memory" in la
-          else ""
+        f"  {long_specs[name].n_steps}-step accuracy ({la['questions']} questions): "
+        + ", ".join(
+          f"{LONG_ARM_NAMES[k].format(length=length)} {la[k]['accuracy']:.3f}" for k in long_arms
         )
       )
     memory = {
@@ -785,31 +805,34 @@ def _table(r: dict):
   print("|---|---|---:|---|")
   for name, t in r["tasks"].items():
     la = (t.get("bytes_per_stage") or {}).get("long_accuracy")
-    for arm in ("compressed", "full_context_window") if la else ():
+    for arm in [k for k in LONG_ARM_NAMES if k in la] if la else ():
       a = la[arm]
       gaps = ", ".join(
         f"{g}: {v['accuracy']:.2f} ({v['questions']})" for g, v in a["by_gap"].items()
       )
       print(f"| {name} | {arm} | {a['accuracy']:.3f} +- {a['stderr']:.3f} | {gaps} |")
-  print(
-    "\n| task | questions | chance | full context | compressed | compressed, float memory "
-    "| relative loss (paired s.e.) |"
-  )
-  print("|---|---:|---:|---:|---:|---:|---:|")
-
-  def acc(a):
-    return (
-      f"{a['accuracy']:.3f} +- {a['stderr']:.3f} [{a['wilson95'][0]:.3f}, {a['wilson95'][1]:.3f}]"
-    )
-
+  print("\n| task | arm | questions | chance | accuracy +- s.e. [Wilson 95 %] |")
+  print("|---|---|---:|---:|---:|")
   for name, t in r["tasks"].items():
-    a = t["arms"]
-    print(
-      f"| {name} | {a['full_context']['questions']} | {t['chance']:.2f} | "
-      f"{acc(a['full_context'])} | {acc(a['compressed'])} | "
-      f"{acc(a['compressed_float_memory'])} | {100 * t['relative_loss']:.1f}% "
-      f"(+- {100 * t['relative_loss_stderr_paired']:.1f}%) |"
-    )
+    for arm, a in t["arms"].items():
+      print(
+        f"| {name} | {arm} | {a['questions']} | {t['chance']:.2f} | {a['accuracy']:.3f} +- "
+        f"{a['stderr']:.3f} [{a['wilson95'][0]:.3f}, {a['wilson95'][1]:.3f}] |"
+      )
+  print("\n| task | compressed against | relative loss (paired s.e.) |")
+  print("|---|---|---:|")
+  for name, t in r["tasks"].items():
+    if "relative_loss" in t:
+      print(
+        f"| {name} | full context | {100 * t['relative_loss']:.1f}% "
+        f"(+- {100 * t['relative_loss_stderr_paired']:.1f}%) |"
+      )
+    if "vs_uncompressed" in t:
+      v = t["vs_uncompressed"]
+      print(
+        f"| {name} | uncompressed memory | {100 * v['relative_loss']:.1f}% "
+        f"(+- {100 * v['relative_loss_stderr_paired']:.1f}%) |"
+      )
   print("\n| task | episodes | GRPO(N=8) full context | SAO compressed | SAO / GRPO |")
   print("|---|---|---:|---:|---:|")
   for name, t in r["tasks"].items():

@@ -108,3 +108,30 @@ def test_bench_compression_quick(tmp_path, repo_root):
     assert lm["ratio_sao_over_grpo_window"] == pytest.approx(
       lm["sao_compressed"]["peak"] / lm["grpo_n8_window_control"]["peak"]
     )
+
+
+@pytest.mark.slow
+def test_bench_compression_no_token_control(tmp_path, repo_root):
+  """--no-token-control trains the compressed arm only and leaves out every result that pairs
+  with the token-level control, rather than writing one against a missing arm."""
+  out = tmp_path / "bench.json"
+  cmd = [
+    sys.executable,
+    str(repo_root / "experiments" / "bench_compression.py"),
+    "--quick",
+    "--no-token-control",
+    "--accuracy-only",
+    "--out",
+    str(out),
+  ]
+  proc = subprocess.run(
+    cmd, cwd=repo_root, capture_output=True, text=True, timeout=600, env=subprocess_env()
+  )
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  t = json.loads(out.read_text())["tasks"]["retention"]
+  assert set(t["arms"]) == {"compressed", "compressed_float_memory"}
+  assert not {"relative_loss", "questions_discordant", "vs_uncompressed"} & set(t)
+  e = t["compressed_errors"]
+  assert "lost" not in e and e["questions"] == 16
+  assert e["missed"]["n"] == round(16 * (1 - t["arms"]["compressed"]["accuracy"]))
+  assert "| retention | compressed | 16 |" in proc.stdout
