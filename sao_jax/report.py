@@ -868,8 +868,10 @@ def compression_over_seeds(docs: list[dict]) -> tuple[dict, list[str]]:
     errors = None
     if errs:
       errors = {"seeds": len(errs)}
+      # "lost" needs the token-level control (runs with --no-token-control have none)
       for k in ("missed", "lost"):
-        errors[k] = {f: sum(e[k][f] for e in errs) for f in ("n", "fact_seen")}
+        if all(k in e for e in errs):
+          errors[k] = {f: sum(e[k][f] for e in errs) for f in ("n", "fact_seen")}
     out[task] = {
       "seeds": sorted(d.get("seed") for d in runs),
       "lost_pooled": pooled,
@@ -886,7 +888,7 @@ def compression_over_seeds(docs: list[dict]) -> tuple[dict, list[str]]:
     # filter and INT8 lose, against a control that trains at this budget.
     out[task]["short"].update(_vs_uncompressed_stats([(t.get("arms", {}), t) for t in ts]))
     if longs:
-      la_acc = lambda la, arm: la[arm]["accuracy"]  # noqa: E731
+      la_acc = lambda la, arm: la.get(arm, {}).get("accuracy")  # noqa: E731
       out[task]["long"] = {
         "seeds": len(longs),
         "control_context_tokens": longs[0]["control_context_tokens"],
@@ -973,22 +975,24 @@ def compression_seed_rows(over: dict) -> list[Row]:
     if n < 2:
       continue
     sh = o["short"]
-    rows.append(
-      Row(
-        f"{task}: accuracy full context vs compressed, {n} seeds (short episodes)",
-        "-",
-        f"{_pct(sh['full_context'])} vs {_pct(sh['compressed'])}",
-        f"seeds {o['seeds']}",
+    # runs with --no-token-control have no token-level control: no rows against it
+    if sh["full_context"]["n"]:
+      rows.append(
+        Row(
+          f"{task}: accuracy full context vs compressed, {n} seeds (short episodes)",
+          "-",
+          f"{_pct(sh['full_context'])} vs {_pct(sh['compressed'])}",
+          f"seeds {o['seeds']}",
+        )
       )
-    )
-    rows.append(
-      Row(
-        f"{task}: relative loss (control - compressed) / control, {n} seeds (short episodes)",
-        f"< {SEED['performance_loss_max']:.1%}",
-        _pct_ci(sh["relative_loss"]),
-        "upper CI end: the loss bound",
+      rows.append(
+        Row(
+          f"{task}: relative loss (control - compressed) / control, {n} seeds (short episodes)",
+          f"< {SEED['performance_loss_max']:.1%}",
+          _pct_ci(sh["relative_loss"]),
+          "upper CI end: the loss bound",
+        )
       )
-    )
     lp = o.get("lost_pooled")
     if lp:
       rows.append(
@@ -1001,7 +1005,7 @@ def compression_seed_rows(over: dict) -> list[Row]:
       )
     rows += _vs_uncompressed_rows(task, sh, "short episodes")
     ep = o.get("errors_pooled")
-    if ep:
+    if ep and "lost" in ep:
       rows.append(
         Row(
           f"{task}: questions compressed misses (lost vs the control), with the fact among "
@@ -1028,23 +1032,24 @@ def compression_seed_rows(over: dict) -> list[Row]:
       )
     lo = o.get("long")
     if lo and lo["seeds"] >= 2:
-      rows.append(
-        Row(
-          f"{task}: 1,000-step accuracy, compressed vs control on its last "
-          f"{lo['control_context_tokens']} tokens, {lo['seeds']} seeds",
-          "-",
-          f"{_pct(lo['compressed'])} vs {_pct(lo['full_context_window'])}",
-          "",
+      if lo["full_context_window"]["n"]:
+        rows.append(
+          Row(
+            f"{task}: 1,000-step accuracy, compressed vs control on its last "
+            f"{lo['control_context_tokens']} tokens, {lo['seeds']} seeds",
+            "-",
+            f"{_pct(lo['compressed'])} vs {_pct(lo['full_context_window'])}",
+            "",
+          )
         )
-      )
-      rows.append(
-        Row(
-          f"{task}: 1,000-step relative loss vs that control, {lo['seeds']} seeds",
-          f"< {SEED['performance_loss_max']:.1%}",
-          _pct_ci(lo["relative_loss"]),
-          "upper CI end: the loss bound",
+        rows.append(
+          Row(
+            f"{task}: 1,000-step relative loss vs that control, {lo['seeds']} seeds",
+            f"< {SEED['performance_loss_max']:.1%}",
+            _pct_ci(lo["relative_loss"]),
+            "upper CI end: the loss bound",
+          )
         )
-      )
       rows += _gap_rows(
         f"{task}, 1,000 steps: {{}} accuracy by turns since the fact, {lo['seeds']} seeds",
         lo.get("by_gap", {}),
@@ -1292,6 +1297,14 @@ RETENTION8_SEED_FILES = _seed_files(
   RETENTION8_CMD + " --out results/bench_compression_retention8.json",
   RETENTION8_CMD,
 )
+# The stage-1-only memory control beside retention8's seed runs (their token-level control is
+# measured there): the compressed arm is rerun with it, so the pairing is within one run.
+RETENTION8_UNC_CMD = RETENTION8_CMD + " --uncompressed-control --no-token-control"
+RETENTION8_UNC_SEED_FILES = _seed_files(
+  "bench_compression_retention8_unc",
+  RETENTION8_UNC_CMD + " --out results/bench_compression_retention8_unc.json",
+  RETENTION8_UNC_CMD,
+)
 RETENTION_FILES = [
   ("bench_compression.json", "retention", COMPRESSION_CMD),
   (
@@ -1302,6 +1315,55 @@ RETENTION_FILES = [
   ),
   (RETENTION8_SEED_FILES[0][0], "retention8", RETENTION8_SEED_FILES[0][1]),
 ]
+
+
+def stage1_control_rows(
+  task: str, docs: list[dict], seed_docs: list[dict]
+) -> tuple[list[Row], list[str], dict]:
+  """Rows, differences and data of `task` against the stage-1-only memory, from seed runs that
+  add it beside seed runs already measured (`docs`, --uncompressed-control --no-token-control):
+  what stages 2+3 lose, on the short and the 1,000-step episodes, the stage-1 arm's accuracy
+  by distance, and whether each rerun compressed arm matches the one of its seed in
+  `seed_docs` (same seed and data; they differ only if the code in between changed it)."""
+  over, skipped = compression_over_seeds(docs)
+  diffs = [f"Left out of the {task} stage-1-control statistics: {x}" for x in skipped]
+  o = over.get(task)
+  if not o or len(o["seeds"]) < 2:
+    return [], diffs, over
+  rows = _vs_uncompressed_rows(task, o["short"], "short episodes")
+  lo = o.get("long")
+  if lo:
+    rows += _vs_uncompressed_rows(task, lo, "1,000-step episodes")
+    rows += _gap_rows(
+      f"{task}, 1,000 steps: {{}} accuracy by turns since the fact, {lo['seeds']} seeds",
+      {"uncompressed_memory": lo.get("by_gap", {}).get("uncompressed_memory")},
+      lambda v: ms(v, "{:.0f}", 100, " %"),
+      "mean ± s.e. over seeds",
+    )
+  acc = lambda d: d["tasks"][task]["arms"]["compressed"]["accuracy"]  # noqa: E731
+  ref = {d.get("seed"): d for d in seed_docs if task in d.get("tasks", {})}
+  pairs = [(d.get("seed"), acc(d), acc(ref[d.get("seed")])) for d in docs if d.get("seed") in ref]
+  if pairs:
+    rows.append(
+      Row(
+        f"{task}: compressed arm rerun beside the stage-1 control vs its seed run (short episodes)",
+        "-",
+        f"{sum(a == b for _, a, b in pairs)} of {len(pairs)} seeds identical",
+        "; ".join(f"seed {k}: {100 * a:.1f} vs {100 * b:.1f} %" for k, a, b in pairs),
+      )
+    )
+  sh = o["short"]
+  if lo and "uncompressed_memory" in sh and "uncompressed_memory" in lo:
+    diffs.append(
+      f"{task} against the stage-1-only memory (every step kept in float32, same budget), "
+      f"{len(o['seeds'])} seeds: accuracy {_pct(sh['uncompressed_memory'])} vs compressed "
+      f"{_pct(sh['compressed'])} on the short episodes, {_pct(lo['uncompressed_memory'])} vs "
+      f"{_pct(lo['compressed'])} at 1,000 steps; relative loss of stages 2+3 "
+      f"{_pct_ci(sh['relative_loss_vs_uncompressed'])} and "
+      f"{_pct_ci(lo['relative_loss_vs_uncompressed'])} (seed: < "
+      f"{SEED['performance_loss_max']:.1%})."
+    )
+  return rows, diffs, over
 
 
 def claim_retention(root=None) -> Claim:
@@ -1361,13 +1423,20 @@ def claim_retention(root=None) -> Claim:
     rows += r8_rows
     diffs += r8_diffs
     data["retention8_over_seeds"] = over
+  unc_docs = _load_seeds(RETENTION8_UNC_SEED_FILES, root, sources, missing)
+  if len(unc_docs) >= 2:
+    u_rows, u_diffs, u_over = stage1_control_rows("retention8", unc_docs, seed_docs)
+    rows += u_rows
+    diffs += u_diffs
+    data["retention8_stage1_control"] = u_over
   return Claim(
     "d",
     "Retention over 32+ turns",
     "Multi-turn dialogue: supports 32+ coherent interactions with 92 % context retention.",
     rows,
     sources,
-    [c for _, _, c in RETENTION_FILES] + [c for _, c in RETENTION8_SEED_FILES[1:]],
+    [c for _, _, c in RETENTION_FILES]
+    + [c for _, c in RETENTION8_SEED_FILES[1:] + RETENTION8_UNC_SEED_FILES],
     "held-out greedy answers; one question per fact, asked 32+ turns after it",
     diffs,
     missing,

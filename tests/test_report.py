@@ -132,6 +132,21 @@ def _compression_task(acc_full: float, acc_comp: float, n: int) -> dict:
   }
 
 
+def _add_uncompressed(t: dict) -> None:
+  """Adds the stage-1-only memory arm to a bench_compression task `t` (its short and
+  1,000-step accuracy): always right, so compression loses 1 - its accuracy."""
+  for where in (t, t["bytes_per_stage"]["long_accuracy"]):
+    arms = t["arms"] if where is t else where
+    comp = arms["compressed"]["accuracy"]
+    arms["uncompressed_memory"] = {"accuracy": 1.0, "questions": 16}
+    if where is not t:
+      arms["uncompressed_memory"]["by_gap"] = {"32-64": _gap(1.0, 8), "512-1000": _gap(1.0, 8)}
+    where["vs_uncompressed"] = {
+      "relative_loss": 1.0 - comp,
+      "control_right_other_wrong": round(16 * (1 - comp)),
+    }
+
+
 def _deviation_rows() -> list[dict]:
   """Six updates: staleness 0 -> deviation 0, 1 -> 0.4 %, 2 -> 0.8 % (exactly linear)."""
   return [
@@ -333,22 +348,7 @@ def write_tiny_results(root: pathlib.Path) -> pathlib.Path:
       },
     }
     if task == "navigation8":
-      # the stage-1-only memory arm: always right, so compression loses 1 - comp (long_comp)
-      r8["arms"]["uncompressed_memory"] = {"accuracy": 1.0, "questions": 16}
-      r8["vs_uncompressed"] = {
-        "relative_loss": 1.0 - comp,
-        "control_right_other_wrong": round(16 * (1 - comp)),
-      }
-      la = r8["bytes_per_stage"]["long_accuracy"]
-      la["uncompressed_memory"] = {
-        "accuracy": 1.0,
-        "questions": 16,
-        "by_gap": {"32-64": _gap(1.0, 8), "512-1000": _gap(1.0, 8)},
-      }
-      la["vs_uncompressed"] = {
-        "relative_loss": 1.0 - long_comp,
-        "control_right_other_wrong": round(16 * (1 - long_comp)),
-      }
+      _add_uncompressed(r8)
     if task == "navigation8" and seed:
       r8["peak_memory"]["accuracy_episodes"].update(_window_memory(40e6, 1e9))
     _write(
@@ -360,6 +360,27 @@ def write_tiny_results(root: pathlib.Path) -> pathlib.Path:
         "tasks": {task: r8},
       },
     )
+    if task == "retention8":
+      # the stage-1-only arm beside retention8's seeds, token-level control skipped; seed 2's
+      # rerun compressed arm differs from its seed run (1.0): 87.5 %
+      r8u = _compression_task(full, 0.875 if seed == 2 else comp, 16)
+      for k in ("relative_loss", "relative_loss_stderr_paired", "questions_discordant"):
+        del r8u[k]
+      del r8u["arms"]["full_context"]
+      r8u["compressed_errors"] = {"questions": 16, "missed": {"n": 2, "fact_seen": 2}}
+      r8u["bytes_per_stage"]["long_accuracy"] = {
+        k: v for k, v in r8["bytes_per_stage"]["long_accuracy"].items() if "full" not in k
+      }
+      _add_uncompressed(r8u)
+      _write(
+        root,
+        f"bench_compression_retention8_unc{f'_seed{seed}' if seed else ''}.json",
+        {
+          "config": "experiments/configs/longhorizon.py:default",
+          "seed": seed,
+          "tasks": {task: r8u},
+        },
+      )
   _write(
     root,
     "sft_grpo_arith/results.json",
@@ -568,6 +589,24 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
     "retention8 over 3 seeds: compressed recalls 75.0 ± 14.4 %" in x for x in d.differences
   )
   assert "bench_compression_retention8_seed2.json" in " ".join(d.commands)
+  # ... and against the stage-1-only memory (its own seed runs, no token-level control): losses
+  # 25/50/12.5 % (short; 4 + 8 + 2 of 48 lost), 50/25/0 % at 1,000 steps (12 of 48)
+  rel = _row(d, "retention8: relative loss of stages 2+3", "(short episodes)")
+  assert rel.ours.startswith("29.2 ± 11.0 %")
+  lost = _row(d, "retention8: questions uncompressed memory answers", "(short episodes)")
+  assert lost.ours.startswith("14 / 48 (95 % upper bound")
+  lost = _row(d, "retention8: questions uncompressed memory answers", "(1,000-step episodes)")
+  assert lost.ours.startswith("12 / 48 (95 % upper bound")
+  assert _row(d, "retention8, 1,000 steps: uncompressed-memory accuracy by turns").ours == (
+    "32-64: 100 ± 0 %, 512-1000: 100 ± 0 %"
+  )
+  rerun = _row(d, "retention8: compressed arm rerun beside the stage-1 control")
+  assert rerun.ours == "2 of 3 seeds identical"
+  assert rerun.note.endswith("seed 2: 87.5 vs 100.0 %")
+  assert any("retention8 against the stage-1-only memory" in x for x in d.differences)
+  assert "bench_compression_retention8_unc_seed2.json" in " ".join(d.commands)
+  # no row against a token-level control those runs do not have (one: the seed runs')
+  assert len([r for r in d.rows if "full context vs compressed" in r.metric]) == 1
   # (e) saturation gains 10 and 20 points: 15 ± 5
   e = claims["e"]
   assert "(+15.0 ± 5.0 points)" in _row(e, "saturated sums: SFT -> SAO (not_centred)").ours
