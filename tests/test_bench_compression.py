@@ -10,23 +10,26 @@ import pytest
 from conftest import subprocess_env
 
 
-@pytest.mark.slow
-def test_bench_compression_quick(tmp_path, repo_root):
+def _bench(tmp_path, repo_root, *flags) -> tuple[dict, str]:
+  """Runs bench_compression.py --quick with `flags`: (its JSON, its stdout)."""
   out = tmp_path / "bench.json"
-  cmd = [
-    sys.executable,
-    str(repo_root / "experiments" / "bench_compression.py"),
-    "--quick",
-    "--uncompressed-control",
-    "--out",
-    str(out),
-  ]
+  cmd = [sys.executable, str(repo_root / "experiments" / "bench_compression.py"), "--quick"]
   proc = subprocess.run(
-    cmd, cwd=repo_root, capture_output=True, text=True, timeout=600, env=subprocess_env()
+    [*cmd, *flags, "--out", str(out)],
+    cwd=repo_root,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    env=subprocess_env(),
   )
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  assert "SAO / GRPO" in proc.stdout
-  r = json.loads(out.read_text())
+  return json.loads(out.read_text()), proc.stdout
+
+
+@pytest.mark.slow
+def test_bench_compression_quick(tmp_path, repo_root):
+  r, stdout = _bench(tmp_path, repo_root, "--uncompressed-control")
+  assert "SAO / GRPO" in stdout
   assert r["quick"] and r["tasks"]
   for t in r["tasks"].values():
     b = t["bytes_per_stage"]["bytes"]
@@ -114,24 +117,11 @@ def test_bench_compression_quick(tmp_path, repo_root):
 def test_bench_compression_no_token_control(tmp_path, repo_root):
   """--no-token-control trains the compressed arm only and leaves out every result that pairs
   with the token-level control, rather than writing one against a missing arm."""
-  out = tmp_path / "bench.json"
-  cmd = [
-    sys.executable,
-    str(repo_root / "experiments" / "bench_compression.py"),
-    "--quick",
-    "--no-token-control",
-    "--accuracy-only",
-    "--out",
-    str(out),
-  ]
-  proc = subprocess.run(
-    cmd, cwd=repo_root, capture_output=True, text=True, timeout=600, env=subprocess_env()
-  )
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  t = json.loads(out.read_text())["tasks"]["retention"]
+  r, stdout = _bench(tmp_path, repo_root, "--no-token-control", "--accuracy-only")
+  t = r["tasks"]["retention"]
   assert set(t["arms"]) == {"compressed", "compressed_float_memory"}
   assert not {"relative_loss", "questions_discordant", "vs_uncompressed"} & set(t)
   e = t["compressed_errors"]
   assert "lost" not in e and e["questions"] == 16
   assert e["missed"]["n"] == round(16 * (1 - t["arms"]["compressed"]["accuracy"]))
-  assert "| retention | compressed | 16 |" in proc.stdout
+  assert "| retention | compressed | 16 |" in stdout
