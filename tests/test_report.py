@@ -607,6 +607,12 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   assert "bench_compression_retention8_unc_seed2.json" in " ".join(d.commands)
   # no row against a token-level control those runs do not have (one: the seed runs')
   assert len([r for r in d.rows if "full context vs compressed" in r.metric]) == 1
+  # without any of those runs, (d) neither names them nor reads as missing
+  for k in ("", "_seed1", "_seed2"):
+    (tiny_results / f"bench_compression_retention8_unc{k}.json").unlink()
+  d = report.claim_retention(tiny_results)
+  assert not d.missing and "retention8_unc" not in " ".join(d.commands)
+  assert not [s for s in d.sources if "retention8_unc" in s.path]
   # (e) saturation gains 10 and 20 points: 15 ± 5
   e = claims["e"]
   assert "(+15.0 ± 5.0 points)" in _row(e, "saturated sums: SFT -> SAO (not_centred)").ours
