@@ -23,6 +23,28 @@ def _git(*args: str) -> str | None:
   return out.stdout.strip() if out.returncode == 0 else None
 
 
+# Instruction-set extensions XLA's CPU code generator may use: two hosts that differ in them
+# compile different float code, so the same seeded run can train to a different result.
+SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "neon", "asimd")
+
+
+def cpu(cpuinfo: str | None = None) -> dict:
+  """The CPU's model name and which of SIMD_FLAGS it has, from /proc/cpuinfo (or `cpuinfo`,
+  its text); {"model": platform.processor()} where that file cannot be read."""
+  if cpuinfo is None:
+    try:
+      cpuinfo = pathlib.Path("/proc/cpuinfo").read_text()
+    except OSError:
+      return {"model": platform.processor() or platform.machine()}
+  fields = {}
+  for line in cpuinfo.splitlines():
+    key, _, value = line.partition(":")
+    fields.setdefault(key.strip(), value.strip())  # the first processor's
+  flags = set((fields.get("flags") or fields.get("Features") or "").split())
+  model = fields.get("model name") or fields.get("Model") or platform.processor()
+  return {"model": model or platform.machine(), "simd": [f for f in SIMD_FLAGS if f in flags]}
+
+
 def machine(devices: bool = True) -> dict:
   """The host, and with `devices` JAX's devices (which starts a JAX backend: a process that
   runs no JAX itself, like the sweep driver, passes False)."""
@@ -31,6 +53,7 @@ def machine(devices: bool = True) -> dict:
     "python": platform.python_version(),
     "cpus": os.cpu_count(),
     "cpus_usable": len(os.sched_getaffinity(0)),
+    "cpu": cpu(),
   }
   if devices:
     import jax

@@ -951,7 +951,7 @@ def _vs_uncompressed_rows(task: str, part: dict, where: str) -> list[Row]:
       f"{n} seed(s) ({where})",
       f"< {SEED['performance_loss_max']:.1%}",
       _pct_ci(part["relative_loss_vs_uncompressed"]),
-      "upper CI end: the loss bound",
+      "upper CI end: the loss bound" if n > 1 else "one seed, no CI: see the lost questions",
     ),
   ]
   if lost:
@@ -1317,6 +1317,14 @@ RETENTION_FILES = [
 ]
 
 
+def _cpu_name(doc: dict) -> str:
+  """'model (simd, ...)' of the CPU a result's provenance recorded, or 'not recorded'."""
+  c = ((doc.get("provenance") or {}).get("machine") or {}).get("cpu")
+  if not c:
+    return "not recorded"
+  return f"{c.get('model')} ({', '.join(c.get('simd') or []) or 'no SIMD flags'})"
+
+
 def stage1_control_rows(
   task: str, docs: list[dict], seed_docs: list[dict]
 ) -> tuple[list[Row], list[str], dict]:
@@ -1328,7 +1336,7 @@ def stage1_control_rows(
   over, skipped = compression_over_seeds(docs)
   diffs = [f"Left out of the {task} stage-1-control statistics: {x}" for x in skipped]
   o = over.get(task)
-  if not o or len(o["seeds"]) < 2:
+  if not o:  # one seed still gives its paired, per-question bound (pooled lost questions)
     return [], diffs, over
   rows = _vs_uncompressed_rows(task, o["short"], "short episodes")
   lo = o.get("long")
@@ -1342,14 +1350,23 @@ def stage1_control_rows(
     )
   acc = lambda d: d["tasks"][task]["arms"]["compressed"]["accuracy"]  # noqa: E731
   ref = {d.get("seed"): d for d in seed_docs if task in d.get("tasks", {})}
-  pairs = [(d.get("seed"), acc(d), acc(ref[d.get("seed")])) for d in docs if d.get("seed") in ref]
+  pairs = [(d, ref[d.get("seed")]) for d in docs if d.get("seed") in ref]
   if pairs:
+
+    def pair(d, r):
+      k, a, b = d.get("seed"), acc(d), acc(r)
+      note = f"seed {k}: {100 * a:.1f} vs {100 * b:.1f} %"
+      # Same code and seed on another CPU: XLA compiles other float code (SIMD), so training
+      # can go elsewhere. Say so where the two runs' CPUs differ or one did not record its CPU.
+      cpus = [_cpu_name(x) for x in (d, r)]
+      return note + (f" (CPU {cpus[0]} vs {cpus[1]})" if a != b and cpus[0] != cpus[1] else "")
+
     rows.append(
       Row(
         f"{task}: compressed arm rerun beside the stage-1 control vs its seed run (short episodes)",
         "-",
-        f"{sum(a == b for _, a, b in pairs)} of {len(pairs)} seeds identical",
-        "; ".join(f"seed {k}: {100 * a:.1f} vs {100 * b:.1f} %" for k, a, b in pairs),
+        f"{sum(acc(d) == acc(r) for d, r in pairs)} of {len(pairs)} seeds identical",
+        "; ".join(pair(d, r) for d, r in pairs),
       )
     )
   sh = o["short"]
@@ -1430,7 +1447,7 @@ def claim_retention(root=None) -> Claim:
   if unc_docs:
     sources += u_sources
     missing += u_missing
-  if len(unc_docs) >= 2:
+  if unc_docs:
     u_rows, u_diffs, u_over = stage1_control_rows("retention8", unc_docs, seed_docs)
     rows += u_rows
     diffs += u_diffs

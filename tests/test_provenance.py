@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from sao_jax.provenance import write_result
+from sao_jax.provenance import cpu, machine, write_result
 
 
 def test_write_result_puts_provenance_first_and_creates_the_directory(tmp_path):
@@ -29,3 +29,15 @@ def test_write_result_keeps_a_provenance_block_where_the_caller_put_it(tmp_path)
   written = json.loads((tmp_path / "r.json").read_text())
   assert list(written) == ["arms", "provenance", "value"] and written["provenance"] == block
   assert written["value"] == 0.5
+
+
+def test_cpu_reads_model_and_simd_flags_of_the_first_processor():
+  info = (
+    "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse4_2 avx avx2 fma\n\n"
+    "processor\t: 1\nmodel name\t: Other\nflags\t\t: avx512f\n"
+  )
+  assert cpu(info) == {"model": "AMD EPYC", "simd": ["sse4_2", "avx", "avx2", "fma"]}
+  arm = "processor\t: 0\nFeatures\t: fp asimd evtstrm\nModel\t: Raspberry Pi 4\n"
+  assert cpu(arm) == {"model": "Raspberry Pi 4", "simd": ["asimd"]}
+  here = machine(devices=False)["cpu"]
+  assert here["model"] and isinstance(here.get("simd", []), list)

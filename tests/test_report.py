@@ -607,9 +607,27 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   assert "bench_compression_retention8_unc_seed2.json" in " ".join(d.commands)
   # no row against a token-level control those runs do not have (one: the seed runs')
   assert len([r for r in d.rows if "full context vs compressed" in r.metric]) == 1
-  # without any of those runs, (d) neither names them nor reads as missing
-  for k in ("", "_seed1", "_seed2"):
+  # a rerun on another CPU says so (XLA's float code follows the CPU's SIMD)
+  unc2 = tiny_results / "bench_compression_retention8_unc_seed2.json"
+  doc = json.loads(unc2.read_text())
+  doc["provenance"] = {"machine": {"cpu": {"model": "AMD EPYC", "simd": ["avx", "avx2"]}}}
+  unc2.write_text(json.dumps(doc))
+  rerun = _row(report.claim_retention(tiny_results), "retention8: compressed arm rerun")
+  assert rerun.note.endswith("seed 2: 87.5 vs 100.0 % (CPU AMD EPYC (avx, avx2) vs not recorded)")
+  # with one seed run only: its rows (the pooled lost questions bound it) and the other two
+  # named as missing
+  for k in ("_seed1", "_seed2"):
     (tiny_results / f"bench_compression_retention8_unc{k}.json").unlink()
+  d = report.claim_retention(tiny_results)
+  lost = _row(d, "retention8: questions uncompressed memory answers", "(short episodes)")
+  assert "1 seed(s)" in lost.metric and lost.ours.startswith("4 / 16 (95 % upper bound")
+  assert _row(d, "retention8: relative loss of stages 2+3", "(short episodes)").note.startswith(
+    "one seed, no CI"
+  )
+  assert _row(d, "retention8: compressed arm rerun").ours == "1 of 1 seeds identical"
+  assert len(d.missing) == 2 and "retention8_unc_seed2" in " ".join(d.missing)
+  # without any of those runs, (d) neither names them nor reads as missing
+  (tiny_results / "bench_compression_retention8_unc.json").unlink()
   d = report.claim_retention(tiny_results)
   assert not d.missing and "retention8_unc" not in " ".join(d.commands)
   assert not [s for s in d.sources if "retention8_unc" in s.path]
