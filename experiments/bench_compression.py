@@ -41,6 +41,9 @@
    trajectory per task), on the accuracy episodes and on the 1,000-step episodes. Plus the
    stored context bytes of the 8 vs 1 trajectories.
 
+The JSON is written as each part finishes ("complete": false and "done": the last part
+finished, until the end), so a run stopped part-way keeps what it measured.
+
 Run (default, ~30 min on a shared 2-core CPU; writes results/bench_compression.json):
   python experiments/bench_compression.py
 Smoke run (one to two minutes, mostly compilation):
@@ -609,6 +612,15 @@ def main(argv=None) -> dict:
   num_test = args.num_test or (8 if args.quick else 256)
   log = print
   t_start = time.time()
+  out = pathlib.Path(args.out)
+
+  def save(done: str, complete: bool = False):
+    """Writes what is measured so far (a long run stopped part-way keeps its finished parts):
+    `complete` false until the end, `done` the last part finished."""
+    result.update(complete=complete, done=done, seconds=time.time() - t_start)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, default=float))
+
   result = {
     "provenance": provenance(),
     "config": cfg_path,
@@ -714,6 +726,7 @@ def main(argv=None) -> dict:
     if args.uncompressed_control:
       # Against the stage-1-only memory: what the temporal filter and INT8 lose.
       result["tasks"][name]["vs_uncompressed"] = vs_unc
+    save(f"{name}: short episodes")
     if args.accuracy_only or name not in long_specs:
       continue
     long_tasks = make_split(long_specs[name], "test", args.long_episodes, 1)
@@ -734,6 +747,10 @@ def main(argv=None) -> dict:
         f"  {k}: facts kept {v['facts_kept_frac']:.3f}, visible at their question "
         f"{v['facts_visible_at_question_frac']:.3f}"
       )
+    result["tasks"][name].update(
+      long_spec=dataclasses.asdict(long_specs[name]), bytes_per_stage=stages
+    )
+    save(f"{name}: bytes per stage and filters")
     if long_eval:
       evals = make_split(long_specs[name], "test", long_eval, 2)
       long_arms = {"compressed": mem_arm}
@@ -744,6 +761,7 @@ def main(argv=None) -> dict:
         lprogs, lpol = L.build(lcfg, True, mode="sft")
         long_arms["uncompressed_memory"] = (lcfg, lprogs, lpol, unc_params, True)
       stages["long_accuracy"] = long_accuracy(long_arms, evals, length=length)
+      save(f"{name}: {long_specs[name].n_steps}-step accuracy")
       la = stages["long_accuracy"]
       log(
         f"  {long_specs[name].n_steps}-step accuracy ({la['questions']} questions): "
@@ -766,17 +784,12 @@ def main(argv=None) -> dict:
           f"{v['grpo_n8_window_control']['peak'] / 1e6:.1f} MB, ratio SAO / that "
           f"{v['ratio_sao_over_grpo_window']:.3f}"
         )
-    result["tasks"][name].update(
-      long_spec=dataclasses.asdict(long_specs[name]), bytes_per_stage=stages, peak_memory=memory
-    )
+    result["tasks"][name]["peak_memory"] = memory
     if not (args.no_attention_cost or args.quick) and "attention_cost" not in result:
       result["attention_cost"] = attention_cost(cfg, train, test, length=length)
       log(f"  whole bank vs last 16 entries: {result['attention_cost']['full_bank_over_window']}")
-  result["seconds"] = time.time() - t_start
+  save("all", complete=True)
   _table(result)
-  out = pathlib.Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(result, indent=2, default=float))
   print(f"wrote {out} ({result['seconds']:.0f} s)")
   return result
 

@@ -42,7 +42,12 @@ def cpu(cpuinfo: str | None = None) -> dict:
     fields.setdefault(key.strip(), value.strip())  # the first processor's
   flags = set((fields.get("flags") or fields.get("Features") or "").split())
   model = fields.get("model name") or fields.get("Model") or platform.processor()
-  return {"model": model or platform.machine(), "simd": [f for f in SIMD_FLAGS if f in flags]}
+  out = {"model": model or platform.machine(), "simd": [f for f in SIMD_FLAGS if f in flags]}
+  # a virtual CPU's name can be as vague as "AMD EPYC": family/model/stepping tell them apart
+  ids = [fields.get(k) for k in ("cpu family", "model", "stepping")]
+  if all(ids):
+    out["family_model_stepping"] = "/".join(ids)
+  return out
 
 
 def machine(devices: bool = True) -> dict:

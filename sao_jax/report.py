@@ -1322,7 +1322,8 @@ def _cpu_name(doc: dict) -> str:
   c = ((doc.get("provenance") or {}).get("machine") or {}).get("cpu")
   if not c:
     return "not recorded"
-  return f"{c.get('model')} ({', '.join(c.get('simd') or []) or 'no SIMD flags'})"
+  fms = f" {c['family_model_stepping']}" if c.get("family_model_stepping") else ""
+  return f"{c.get('model')}{fms} ({', '.join(c.get('simd') or []) or 'no SIMD flags'})"
 
 
 def stage1_control_rows(

@@ -31,6 +31,7 @@ def test_bench_compression_quick(tmp_path, repo_root):
   r, stdout = _bench(tmp_path, repo_root, "--uncompressed-control")
   assert "SAO / GRPO" in stdout
   assert r["quick"] and r["tasks"]
+  assert r["complete"] and r["done"] == "all"  # partial writes along the way say otherwise
   for t in r["tasks"].values():
     b = t["bytes_per_stage"]["bytes"]
     # Each stage shrinks what the previous one kept.
@@ -119,6 +120,7 @@ def test_bench_compression_no_token_control(tmp_path, repo_root):
   with the token-level control, rather than writing one against a missing arm."""
   r, stdout = _bench(tmp_path, repo_root, "--no-token-control", "--accuracy-only")
   t = r["tasks"]["retention"]
+  assert r["complete"] and r["done"] == "all"
   assert set(t["arms"]) == {"compressed", "compressed_float_memory"}
   assert not {"relative_loss", "questions_discordant", "vs_uncompressed"} & set(t)
   e = t["compressed_errors"]

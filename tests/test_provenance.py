@@ -33,10 +33,15 @@ def test_write_result_keeps_a_provenance_block_where_the_caller_put_it(tmp_path)
 
 def test_cpu_reads_model_and_simd_flags_of_the_first_processor():
   info = (
-    "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse4_2 avx avx2 fma\n\n"
+    "processor\t: 0\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\nstepping\t: 1\n"
+    "flags\t\t: fpu sse4_2 avx avx2 fma\n\n"
     "processor\t: 1\nmodel name\t: Other\nflags\t\t: avx512f\n"
   )
-  assert cpu(info) == {"model": "AMD EPYC", "simd": ["sse4_2", "avx", "avx2", "fma"]}
+  assert cpu(info) == {
+    "model": "AMD EPYC",
+    "simd": ["sse4_2", "avx", "avx2", "fma"],
+    "family_model_stepping": "25/1/1",
+  }
   arm = "processor\t: 0\nFeatures\t: fp asimd evtstrm\nModel\t: Raspberry Pi 4\n"
   assert cpu(arm) == {"model": "Raspberry Pi 4", "simd": ["asimd"]}
   here = machine(devices=False)["cpu"]
