@@ -56,7 +56,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
-import json
 import pathlib
 import platform
 import sys
@@ -84,7 +83,7 @@ from sao_jax.envs.longhorizon import BOUNDARIES, SEP, graded_steps, make_split  
 from sao_jax.learner import make_optimizer, make_rl_update  # noqa: E402
 from sao_jax.models.transformer import TransformerLM  # noqa: E402
 from sao_jax.packing import right_pad  # noqa: E402
-from sao_jax.provenance import provenance  # noqa: E402
+from sao_jax.provenance import provenance, write_result  # noqa: E402
 from sao_jax.runners.compiled import compile_programs  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -618,8 +617,7 @@ def main(argv=None) -> dict:
     """Writes what is measured so far (a long run stopped part-way keeps its finished parts):
     `complete` false until the end, `done` the last part finished."""
     result.update(complete=complete, done=done, seconds=time.time() - t_start)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2, default=float))
+    write_result(out, result, default=float)  # keeps the provenance read at the start
 
   result = {
     "provenance": provenance(),

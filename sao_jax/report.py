@@ -1448,7 +1448,6 @@ def claim_retention(root=None) -> Claim:
   if unc_docs:
     sources += u_sources
     missing += u_missing
-  if unc_docs:
     u_rows, u_diffs, u_over = stage1_control_rows("retention8", unc_docs, seed_docs)
     rows += u_rows
     diffs += u_diffs
