@@ -42,7 +42,11 @@
    stored context bytes of the 8 vs 1 trajectories.
 
 The JSON is written as each part finishes ("complete": false and "done": the last part
-finished, until the end), so a run stopped part-way keeps what it measured.
+finished, until the end), so a run stopped part-way keeps what it measured. With
+--params-dir DIR each arm's trained parameters are saved there (Orbax, with checksums) and a
+later run with the same settings and DIR restores them instead of training again: a multi-hour
+run stopped in its evaluation resumes without retraining (the arm records where its
+parameters came from and the CPU they were trained on).
 
 Run (default, ~30 min on a shared 2-core CPU; writes results/bench_compression.json):
   python experiments/bench_compression.py
@@ -68,6 +72,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import lh_common as L  # noqa: E402
 
+from sao_jax import checkpoint as ckpt  # noqa: E402
 from sao_jax.batches import MemoryBatch, RLBatch  # noqa: E402
 from sao_jax.compression.memory import graveyard_nbytes  # noqa: E402
 from sao_jax.compression.rollout import (  # noqa: E402
@@ -83,7 +88,7 @@ from sao_jax.envs.longhorizon import BOUNDARIES, SEP, graded_steps, make_split  
 from sao_jax.learner import make_optimizer, make_rl_update  # noqa: E402
 from sao_jax.models.transformer import TransformerLM  # noqa: E402
 from sao_jax.packing import right_pad  # noqa: E402
-from sao_jax.provenance import provenance, write_result  # noqa: E402
+from sao_jax.provenance import cpu, provenance, write_result  # noqa: E402
 from sao_jax.runners.compiled import compile_programs  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -130,6 +135,12 @@ def _parser():
     default=[],
     metavar="KEY=VALUE",
     help="config override, as for sao-jax train (e.g. sft.optim.lr=3e-4); recorded in the JSON",
+  )
+  p.add_argument(
+    "--params-dir",
+    default="",
+    help="save each arm's trained parameters here; a rerun with the same settings restores "
+    "them instead of training (resumes a stopped run)",
   )
   p.add_argument("--out", default=str(ROOT / "results/bench_compression.json"))
   return p
@@ -586,6 +597,43 @@ def peak_memory(cfg: Config, tasks, *, group: int = 8, window: int | None = None
   return out
 
 
+def train_arm(params_dir: str, key: dict, cfg: Config, progs, memory: bool, train, **kw):
+  """`L.train` for one arm (`kw`: steps, length, seed, log), returning (params, seconds, last
+  metrics, origin). With `params_dir` the trained parameters are saved under
+  params_dir/<task>/<arm> as an Orbax snapshot whose metadata holds `key` (everything that
+  determines the training); when that snapshot is already there (a stopped run), its
+  parameters are restored instead, checksums verified, with the seconds and metrics of the
+  run that trained them, and `origin` says where they came from and on which CPU. A snapshot
+  saved with another `key` is an error, not a silent reuse."""
+  if not params_dir:
+    state, secs, metrics = L.train(cfg, progs, memory, train, **kw)
+    return state.params, secs, metrics, None
+  where = pathlib.Path(params_dir) / key["task"] / key["arm"]
+  try:
+    _, meta = ckpt.read_meta(where)
+  except FileNotFoundError:
+    meta = None
+  if meta is not None:
+    if meta.get("bench_key") != key:
+      raise SystemExit(
+        f"{where} holds parameters trained with {meta.get('bench_key')}, not {key}: "
+        "pass another --params-dir"
+      )
+    like = progs.init(jax.random.key(kw.get("seed", 0))).params
+    params, step, meta = ckpt.restore_params(where, like)
+    origin = {"restored_from": str(where), "step": step, "trained_on_cpu": meta.get("cpu")}
+    if kw.get("log"):
+      kw["log"](f"  {key['arm']}: parameters restored from {where} (not retrained)")
+    return params, meta["train_seconds"], meta["final_metrics"], origin
+  state, secs, metrics = L.train(cfg, progs, memory, train, **kw)
+  mngr = ckpt.manager(where, every=1, keep=1, keep_best=False)
+  meta = {"bench_key": key, "train_seconds": secs, "final_metrics": metrics, "cpu": cpu()}
+  ckpt.save(mngr, state, cfg, meta, force=True)
+  mngr.wait_until_finished()
+  mngr.close()
+  return state.params, secs, metrics, None
+
+
 def main(argv=None) -> dict:
   args = _parser().parse_args(argv)
   variant = "tiny" if args.quick and ":" not in args.config else "default"
@@ -637,26 +685,39 @@ def main(argv=None) -> dict:
     length = L.full_len(train + test)
     arms = {}
     mem_progs = L.build(cfg, True, mode="sft")
+    train_kw = dict(steps=steps, length=length, seed=args.seed, log=log)
+    # What determines an arm's trained parameters (checked before --params-dir reuses them).
+    key = dict(
+      task=name,
+      train_spec=dataclasses.asdict(mod.TRAIN_TASKS[variant][name]),
+      config=cfg_path,
+      overrides=list(args.set),
+      num_test=num_test,
+      **{k: v for k, v in train_kw.items() if k != "log"},
+    )
     full_rewards = full_arm = None
     for memory in (True,) if args.no_token_control else (True, False):
       progs, pol = mem_progs if memory else L.build(cfg, False, full_len=length)
-      state, secs, metrics = L.train(
-        cfg, progs, memory, train, steps=steps, length=length, seed=args.seed, log=log
+      arm_name = "compressed" if memory else "full_context"
+      params, secs, metrics, origin = train_arm(
+        args.params_dir, dict(key, arm=arm_name), cfg, progs, memory, train, **train_kw
       )
-      acc, trajs = L.evaluate(cfg, progs, pol, state.params, test, memory, length=length)
+      acc, trajs = L.evaluate(cfg, progs, pol, params, test, memory, length=length)
       arm = dict(_accuracy_stats(trajs), train_seconds=secs, final_metrics=metrics)
+      if origin:
+        arm["params"] = origin
       if memory:
         arm["kept_steps_mean"] = float(np.mean([t.bank["entries"] for t in trajs]))
         # Episodes whose learner replay needs the graveyard (memory.py).
         arm["episodes_with_evictions"] = int(sum(t.bank["evicted"] > 0 for t in trajs))
-        mem_params = state.params
+        mem_params = params
         mem_rewards = _rewards(trajs)
         mem_trajs = trajs
-        mem_arm = (cfg, progs, pol, state.params, True)
+        mem_arm = (cfg, progs, pol, params, True)
       else:
         full_rewards = _rewards(trajs)
-        full_arm = (cfg, progs, pol, state.params, False)
-      arms["compressed" if memory else "full_context"] = arm
+        full_arm = (cfg, progs, pol, params, False)
+      arms[arm_name] = arm
       log(
         f"  {'compressed' if memory else 'full context'}: accuracy {acc:.3f} "
         f"+- {arm['stderr']:.3f} ({secs:.0f} s training)"
@@ -664,10 +725,16 @@ def main(argv=None) -> dict:
     if args.uncompressed_control:
       ucfg = uncompressed_cfg(cfg, max(spec.n_steps, mod.TRAIN_TASKS[variant][name].n_steps))
       uprogs, upol = L.build(ucfg, True, mode="sft")
-      state, secs, metrics = L.train(
-        ucfg, uprogs, True, train, steps=steps, length=length, seed=args.seed, log=log
+      unc_params, secs, metrics, origin = train_arm(
+        args.params_dir,
+        dict(key, arm="uncompressed_memory"),
+        ucfg,
+        uprogs,
+        True,
+        train,
+        **train_kw,
       )
-      acc_u, utrajs = L.evaluate(ucfg, uprogs, upol, state.params, test, True, length=length)
+      acc_u, utrajs = L.evaluate(ucfg, uprogs, upol, unc_params, test, True, length=length)
       arms["uncompressed_memory"] = dict(
         _accuracy_stats(utrajs),
         train_seconds=secs,
@@ -675,7 +742,8 @@ def main(argv=None) -> dict:
         kept_steps_mean=float(np.mean([t.bank["entries"] for t in utrajs])),
         bank_capacity=ucfg.compression.capacity,
       )
-      unc_params = state.params
+      if origin:
+        arms["uncompressed_memory"]["params"] = origin
       vs_unc = _paired(_rewards(utrajs), mem_rewards)
       log(
         f"  uncompressed memory (stage 1 only): accuracy {acc_u:.3f} ({secs:.0f} s training); "
