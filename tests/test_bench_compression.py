@@ -118,9 +118,27 @@ def test_bench_compression_quick(tmp_path, repo_root):
 def test_bench_compression_no_token_control(tmp_path, repo_root):
   """--no-token-control trains the compressed arm only and leaves out every result that pairs
   with the token-level control, rather than writing one against a missing arm."""
-  r, stdout = _bench(tmp_path, repo_root, "--no-token-control", "--accuracy-only")
+  params_dir = tmp_path / "params"
+  flags = ("--no-token-control", "--accuracy-only", "--params-dir", str(params_dir))
+  r, stdout = _bench(tmp_path, repo_root, *flags)
   t = r["tasks"]["retention"]
   assert r["complete"] and r["done"] == "all"
+  assert "params" not in t["arms"]["compressed"]  # trained here
+  # --params-dir: a rerun restores the saved parameters instead of training (a stopped run
+  # resumes): same accuracy and training record, and it says where they came from.
+  r2, _ = _bench(tmp_path, repo_root, *flags)
+  a, a2 = t["arms"]["compressed"], r2["tasks"]["retention"]["arms"]["compressed"]
+  assert a2["params"]["restored_from"] == str(params_dir / "retention" / "compressed")
+  assert a2["params"]["trained_on_cpu"] == r["provenance"]["machine"]["cpu"]
+  assert (a2["accuracy"], a2["train_seconds"]) == (a["accuracy"], a["train_seconds"])
+  # Parameters saved under other settings are refused, not silently reused.
+  sys.path.insert(0, str(repo_root / "experiments"))
+  import bench_compression
+
+  with pytest.raises(SystemExit, match="pass another --params-dir"):
+    bench_compression.train_arm(
+      str(params_dir), {"task": "retention", "arm": "compressed", "steps": 3}, None, None, True, []
+    )
   assert set(t["arms"]) == {"compressed", "compressed_float_memory"}
   assert not {"relative_loss", "questions_discordant", "vs_uncompressed"} & set(t)
   e = t["compressed_errors"]
