@@ -65,6 +65,9 @@ class Source:
   commit: str | None = None
   machine: str | None = None
   time: str | None = None
+  # A run that wrote its JSON part by part and stopped before the end (`complete: false`):
+  # the last part it finished (`done`), so a reader knows the file is not the whole run.
+  partial: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +158,7 @@ def source(name: str, doc: dict | None) -> Source:
     commit=p.get("commit") or doc.get("commit") or doc.get("git_commit"),
     machine=machine_str(p.get("machine") or doc.get("machine"), doc.get("cpus")),
     time=p.get("time"),
+    partial=(doc.get("done") or "not recorded") if doc.get("complete") is False else None,
   )
 
 
@@ -2033,6 +2037,8 @@ def to_markdown(c: Claim, level: int = 2) -> str:
     ]
     if s.time:
       bits.append(s.time)
+    if s.partial:
+      bits.insert(0, f"**partial: the run stopped after {s.partial}**")
     out.append(f"- `{s.path}`: " + "; ".join(bits))
   out += ["", "Reproduce: " + ", ".join(f"`{cmd}`" for cmd in c.commands), ""]
   return "\n".join(out)

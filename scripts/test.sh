@@ -5,4 +5,4 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 ruff check sao_jax experiments tests scripts
 ruff format --check sao_jax experiments tests scripts  # the house style, 2-space indent
-python -m pytest -q "$@"
+python -m pytest -q --durations=25 "$@"  # the slowest, to keep the suite in budget

@@ -766,6 +766,19 @@ def test_backfilled_provenance_is_marked():
   assert report.source("x.json", {"provenance": recorded}).command == "python x.py"
 
 
+def test_partial_run_is_marked_in_sources():
+  """A result written part by part whose run stopped (`complete: false`) says so, with the
+  last part it finished, wherever a claim cites it; a finished or older file does not."""
+  doc = {"provenance": {"command": "python b.py"}, "complete": False, "done": "t: short episodes"}
+  assert report.source("b.json", doc).partial == "t: short episodes"
+  assert report.source("b.json", dict(doc, complete=True, done="all")).partial is None
+  assert report.source("b.json", {"provenance": {"command": "python b.py"}}).partial is None
+  src = report.source("b.json", doc)
+  claim = report.Claim("z", "title", "seed", [], [src], [], "", [], [], {})
+  md = report.to_markdown(claim)
+  assert "- `b.json`: **partial: the run stopped after t: short episodes**; command" in md
+
+
 def test_env_var_points_at_results(tiny_results, monkeypatch):
   monkeypatch.setenv("SAO_JAX_RESULTS", str(tiny_results))
   assert report.results_dir() == tiny_results
