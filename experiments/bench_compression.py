@@ -137,6 +137,12 @@ def _parser():
     help="config override, as for sao-jax train (e.g. sft.optim.lr=3e-4); recorded in the JSON",
   )
   p.add_argument(
+    "--peak-memory-only",
+    action="store_true",
+    help="only part 3, the compiled peak memory of one update (no training; minutes): with "
+    "--uncompressed-control also GRPO(N=8) and SAO with the stage-1 memory",
+  )
+  p.add_argument(
     "--params-dir",
     default="",
     help="save each arm's trained parameters here; a rerun with the same settings restores "
@@ -516,12 +522,17 @@ def _memory(compiled) -> dict:
   }
 
 
-def peak_memory(cfg: Config, tasks, *, group: int = 8, window: int | None = None) -> dict:
+def peak_memory(
+  cfg: Config, tasks, *, group: int = 8, window: int | None = None, stage1: bool = False
+) -> dict:
   """Compiled memory of one learner update on `tasks` (one trajectory each for SAO).
 
   window: the full-context control's trained context (tokens). Where the episodes are longer,
   GRPO(N=8) with full attention over that window is measured too: the control that trains
-  at this length."""
+  at this length. stage1: also the memory policy with stage 1 only (every step kept in
+  float32, `uncompressed_cfg`, the control that trains at 1,000 steps), as a GRPO(N=8)-shaped
+  update (8 trajectories per task; group-relative advantages are computed before the update
+  and cost it nothing) and as SAO (one)."""
   c = cfg.compression
   n_steps = len(tasks[0].prompt.split(SEP))
   graded = len(tasks[0].answer.split(","))
@@ -560,23 +571,28 @@ def peak_memory(cfg: Config, tasks, *, group: int = 8, window: int | None = None
   grpo = full_context_update(group, ctx)
   # Decomposition: one trajectory per task with full context (the group factor alone).
   single_full = full_context_update(1, ctx)
-  # SAO: one trajectory per task; rows = its graded steps; per-step segments for the
-  # encoder and LSTM; the shipped INT8 bank.
-  mprogs, _ = L.build(cfg, True, mode="rl")
-  sbatch = MemoryBatch.abstract(
-    len(tasks),
-    n_steps,
-    graded,
-    c.window,
-    L.MAX_NEW,
-    step_len=c.step_len,
-    capacity=c.capacity,
-    vectors=c.vectors_per_step,
-    dim=c.dim,
-    sampled=True,
-  )
-  sstate = jax.eval_shape(mprogs.init, jax.random.key(0))
-  sao = _memory(mprogs.update.lower(sstate, sbatch).compile())
+
+  def memory_update(mcfg, n):
+    # n trajectories per task; rows = each one's graded steps; per-step segments for the
+    # encoder and LSTM; the shipped bank (INT8 unless the config turns stage 3 off).
+    mc = mcfg.compression
+    mprogs, _ = L.build(mcfg, True, mode="rl")
+    sbatch = MemoryBatch.abstract(
+      len(tasks) * n,
+      n_steps,
+      graded,
+      mc.window,
+      L.MAX_NEW,
+      step_len=mc.step_len,
+      capacity=mc.capacity,
+      vectors=mc.vectors_per_step,
+      dim=mc.dim,
+      sampled=True,
+    )
+    sstate = jax.eval_shape(mprogs.init, jax.random.key(0))
+    return _memory(mprogs.update.lower(sstate, sbatch).compile())
+
+  sao = memory_update(cfg, 1)
   out = {
     "tasks": len(tasks),
     "steps": n_steps,
@@ -594,7 +610,42 @@ def peak_memory(cfg: Config, tasks, *, group: int = 8, window: int | None = None
       grpo_n8_window_control=windowed,
       ratio_sao_over_grpo_window=sao["peak"] / windowed["peak"],
     )
+  if stage1:
+    ucfg = uncompressed_cfg(cfg, n_steps)
+    g1 = memory_update(ucfg, group)
+    out.update(
+      grpo_n8_stage1_memory=g1,
+      sao_stage1_memory=memory_update(ucfg, 1),
+      ratio_sao_over_grpo_stage1=sao["peak"] / g1["peak"],
+    )
   return out
+
+
+def peak_memories(cfg: Config, test, long_tasks, length: int, stage1: bool, log) -> dict:
+  """`peak_memory` on the accuracy episodes and on the 1,000-step ones (with the control's
+  trained window, and with `stage1` the stage-1 memory), logged."""
+  memory = {
+    "accuracy_episodes": peak_memory(cfg, test[:1]),
+    "long_episodes": peak_memory(cfg, long_tasks[:1], window=length, stage1=stage1),
+  }
+  for k, v in memory.items():
+    log(
+      f"  peak memory ({k}): GRPO(N=8) {v['grpo_n8_full_context']['peak'] / 1e6:.1f} MB, "
+      f"SAO {v['sao_compressed']['peak'] / 1e6:.1f} MB, ratio {v['ratio_sao_over_grpo']:.4f}"
+    )
+    if "grpo_n8_stage1_memory" in v:
+      log(
+        f"  ... GRPO(N=8) with stage-1 memory (every step, float32) "
+        f"{v['grpo_n8_stage1_memory']['peak'] / 1e6:.1f} MB, ratio SAO / that "
+        f"{v['ratio_sao_over_grpo_stage1']:.4f}"
+      )
+    if "grpo_n8_window_control" in v:
+      log(
+        f"  ... GRPO(N=8) on the control's last {v['control_window_tokens']} tokens "
+        f"{v['grpo_n8_window_control']['peak'] / 1e6:.1f} MB, ratio SAO / that "
+        f"{v['ratio_sao_over_grpo_window']:.3f}"
+      )
+  return memory
 
 
 def train_arm(params_dir: str, key: dict, cfg: Config, progs, memory: bool, train, **kw):
@@ -654,6 +705,11 @@ def main(argv=None) -> dict:
   long_specs = dict(mod.LONG_TASKS)
   if args.quick:
     long_specs = {k: dataclasses.replace(v, n_steps=120, n_facts=3) for k, v in long_specs.items()}
+  if args.peak_memory_only and set(specs) - set(long_specs):
+    _parser().error(
+      f"--peak-memory-only measures 1,000-step episodes; no long episodes for "
+      f"{sorted(set(specs) - set(long_specs))} (have {sorted(long_specs)})"
+    )
   steps = args.steps or (cfg.sft.steps if not args.quick else 10)
   long_eval = args.long_eval_episodes if not args.quick else min(args.long_eval_episodes, 2)
   num_test = args.num_test or (8 if args.quick else 256)
@@ -683,6 +739,15 @@ def main(argv=None) -> dict:
     train = make_split(mod.TRAIN_TASKS[variant][name], "train", 4000, 0, num_test=num_test)
     test = make_split(spec, "test", num_test, 0)
     length = L.full_len(train + test)
+    if args.peak_memory_only:
+      long_tasks = make_split(long_specs[name], "test", 1, 1)
+      result["tasks"][name] = {
+        "spec": dataclasses.asdict(spec),
+        "long_spec": dataclasses.asdict(long_specs[name]),
+        "peak_memory": peak_memories(cfg, test, long_tasks, length, args.uncompressed_control, log),
+      }
+      save(f"{name}: peak memory")
+      continue
     arms = {}
     mem_progs = L.build(cfg, True, mode="sft")
     train_kw = dict(steps=steps, length=length, seed=args.seed, log=log)
@@ -835,22 +900,9 @@ def main(argv=None) -> dict:
           f"{LONG_ARM_NAMES[k].format(length=length)} {la[k]['accuracy']:.3f}" for k in long_arms
         )
       )
-    memory = {
-      "accuracy_episodes": peak_memory(cfg, test[:1]),
-      "long_episodes": peak_memory(cfg, long_tasks[:1], window=length),
-    }
-    for k, v in memory.items():
-      log(
-        f"  peak memory ({k}): GRPO(N=8) {v['grpo_n8_full_context']['peak'] / 1e6:.1f} MB, "
-        f"SAO {v['sao_compressed']['peak'] / 1e6:.1f} MB, ratio {v['ratio_sao_over_grpo']:.4f}"
-      )
-      if "grpo_n8_window_control" in v:
-        log(
-          f"  ... GRPO(N=8) on the control's last {v['control_window_tokens']} tokens "
-          f"{v['grpo_n8_window_control']['peak'] / 1e6:.1f} MB, ratio SAO / that "
-          f"{v['ratio_sao_over_grpo_window']:.3f}"
-        )
-    result["tasks"][name]["peak_memory"] = memory
+    result["tasks"][name]["peak_memory"] = peak_memories(
+      cfg, test, long_tasks, length, args.uncompressed_control, log
+    )
     if not (args.no_attention_cost or args.quick) and "attention_cost" not in result:
       result["attention_cost"] = attention_cost(cfg, train, test, length=length)
       log(f"  whole bank vs last 16 entries: {result['attention_cost']['full_bank_over_window']}")
@@ -893,7 +945,7 @@ def _table(r: dict):
   print("\n| task | arm | questions | chance | accuracy +- s.e. [Wilson 95 %] |")
   print("|---|---|---:|---:|---:|")
   for name, t in r["tasks"].items():
-    for arm, a in t["arms"].items():
+    for arm, a in t.get("arms", {}).items():
       print(
         f"| {name} | {arm} | {a['questions']} | {t['chance']:.2f} | {a['accuracy']:.3f} +- "
         f"{a['stderr']:.3f} [{a['wilson95'][0]:.3f}, {a['wilson95'][1]:.3f}] |"

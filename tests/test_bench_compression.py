@@ -112,6 +112,11 @@ def test_bench_compression_quick(tmp_path, repo_root):
     assert lm["ratio_sao_over_grpo_window"] == pytest.approx(
       lm["sao_compressed"]["peak"] / lm["grpo_n8_window_control"]["peak"]
     )
+    # With the stage-1 control: its memory (every step, float32) costs more than the
+    # compressed bank, and eight trajectories a task more than one.
+    g1, s1 = lm["grpo_n8_stage1_memory"]["peak"], lm["sao_stage1_memory"]["peak"]
+    assert g1 > s1 > lm["sao_compressed"]["peak"]
+    assert lm["ratio_sao_over_grpo_stage1"] == pytest.approx(lm["sao_compressed"]["peak"] / g1)
 
 
 @pytest.mark.slow
