@@ -325,6 +325,23 @@ def write_tiny_results(root: pathlib.Path) -> pathlib.Path:
     },
   }
   _write(root, "bench_compression_retention4.json", {"tasks": {"retention4": r4}})
+  # --peak-memory-only --uncompressed-control: update memory only, no arms
+  stage1_mem = {
+    "steps": 1000,
+    "sao_compressed": {"peak": 400e6},
+    "grpo_n8_stage1_memory": {"peak": 32e9},
+    "sao_stage1_memory": {"peak": 4e9},
+    "ratio_sao_over_grpo_stage1": 0.0125,
+  }
+  _write(
+    root,
+    "bench_compression_peak_memory.json",
+    {
+      "complete": True,
+      "done": "all",
+      "tasks": {"retention8": {"peak_memory": {"long_episodes": stage1_mem}}},
+    },
+  )
   for (task, seed), (full, comp, long_comp) in zip(
     [(t, s) for t in ("retention8", "navigation8") for s in range(3)],
     [(0.5, 0.75, 0.5), (0.25, 0.5, 0.75), (0.75, 1.0, 1.0)] * 2,
@@ -554,6 +571,10 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
     "navigation8 over 3 seeds: compressed finds 75.0 ± 14.4 %" in x for x in claims["c"].differences
   )
   assert "bench_compression_navigation8_seed2.json" in " ".join(claims["c"].commands)
+  # ... and against GRPO(N=8) with the stage-1 memory, the control that trains at 1,000 steps
+  s1 = _row(claims["c"], "retention8: peak update memory SAO (compressed) / GRPO(N=8) with the")
+  assert s1.ours == "0.0125" and "1000-step" in s1.metric
+  assert s1.note.startswith("400 MB vs 32 GB (SAO with the stage-1 memory: 4 GB)")
   # ... against the stage-1-only memory: losses 25/50/0 % (short), 50/25/0 % (1,000 steps),
   # 4 + 8 + 0 questions lost of 48 either way
   for where in ("(short episodes)", "(1,000-step episodes)"):
