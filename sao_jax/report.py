@@ -131,6 +131,11 @@ def machine_str(m, cpus: int | None = None) -> str | None:
   parts = [m.get("platform")]
   cpus = m.get("cpus", cpus)
   parts.append(f"{cpus} CPUs" if cpus else None)
+  c = m.get("cpu")
+  if isinstance(c, dict) and c.get("model"):
+    # results depend on the host CPU (a seeded run retrained on another one went elsewhere)
+    fms = c.get("family_model_stepping")
+    parts.append(c["model"] + (f" {fms}" if fms else "") + f" [{' '.join(c.get('simd') or [])}]")
   devices = m.get("devices")
   if devices:
     parts.append(", ".join(devices) if isinstance(devices, list) else str(devices))
