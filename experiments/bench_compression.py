@@ -60,6 +60,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import json
 import pathlib
 import platform
 import sys
@@ -73,6 +74,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import lh_common as L  # noqa: E402
 
 from sao_jax import checkpoint as ckpt  # noqa: E402
+from sao_jax import config as config_lib  # noqa: E402
 from sao_jax.batches import MemoryBatch, RLBatch  # noqa: E402
 from sao_jax.compression.memory import graveyard_nbytes  # noqa: E402
 from sao_jax.compression.rollout import (  # noqa: E402
@@ -670,15 +672,34 @@ def train_arm(params_dir: str, key: dict, cfg: Config, progs, memory: bool, trai
         f"{where} holds parameters trained with {meta.get('bench_key')}, not {key}: "
         "pass another --params-dir"
       )
+    # The resolved configuration too (a config file edited since, under the same path).
+    resolved = json.loads(json.dumps(config_lib.to_dict(cfg)))
+    if meta.get("config") != resolved:
+      changed = sorted(k for k in resolved if resolved[k] != (meta.get("config") or {}).get(k))
+      raise SystemExit(
+        f"{where} holds parameters trained under another configuration (differs in "
+        f"{changed}): pass another --params-dir"
+      )
     like = progs.init(jax.random.key(kw.get("seed", 0))).params
     params, step, meta = ckpt.restore_params(where, like)
-    origin = {"restored_from": str(where), "step": step, "trained_on_cpu": meta.get("cpu")}
+    origin = {
+      "restored_from": str(where),
+      "step": step,
+      "trained_on_cpu": meta.get("cpu"),
+      "trained_at_commit": meta.get("commit"),
+    }
     if kw.get("log"):
       kw["log"](f"  {key['arm']}: parameters restored from {where} (not retrained)")
     return params, meta["train_seconds"], meta["final_metrics"], origin
   state, secs, metrics = L.train(cfg, progs, memory, train, **kw)
   mngr = ckpt.manager(where, every=1, keep=1, keep_best=False)
-  meta = {"bench_key": key, "train_seconds": secs, "final_metrics": metrics, "cpu": cpu()}
+  meta = {
+    "bench_key": key,
+    "train_seconds": secs,
+    "final_metrics": metrics,
+    "cpu": cpu(),
+    "commit": provenance(devices=False)["commit"],
+  }
   ckpt.save(mngr, state, cfg, meta, force=True)
   mngr.wait_until_finished()
   mngr.close()

@@ -136,6 +136,7 @@ def test_bench_compression_no_token_control(tmp_path, repo_root):
   assert a2["params"]["restored_from"] == str(params_dir / "retention" / "compressed")
   assert a2["params"]["trained_on_cpu"] == r["provenance"]["machine"]["cpu"]
   assert (a2["accuracy"], a2["train_seconds"]) == (a["accuracy"], a["train_seconds"])
+  assert a2["params"]["trained_at_commit"] == r["provenance"]["commit"]
   # Parameters saved under other settings are refused, not silently reused.
   sys.path.insert(0, str(repo_root / "experiments"))
   import bench_compression
@@ -144,6 +145,15 @@ def test_bench_compression_no_token_control(tmp_path, repo_root):
     bench_compression.train_arm(
       str(params_dir), {"task": "retention", "arm": "compressed", "steps": 3}, None, None, True, []
     )
+  # ... and so are those trained under another resolved configuration (a config file edited
+  # since, under the same path and settings).
+  from sao_jax.checkpoint import read_meta
+  from sao_jax.config import load_config
+
+  key = read_meta(params_dir / "retention" / "compressed")[1]["bench_key"]
+  cfg = load_config("experiments/configs/longhorizon.py:tiny", overrides=["sft.optim.lr=0.5"])
+  with pytest.raises(SystemExit, match=r"another configuration \(differs in \['sft'\]\)"):
+    bench_compression.train_arm(str(params_dir), key, cfg, None, True, [])
   assert set(t["arms"]) == {"compressed", "compressed_float_memory"}
   assert not {"relative_loss", "questions_discordant", "vs_uncompressed"} & set(t)
   e = t["compressed_errors"]
