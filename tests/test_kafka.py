@@ -2,6 +2,7 @@
 
 import collections
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -285,6 +286,25 @@ def test_lost_broker_is_retried_with_backoff_then_a_clear_error():
   assert time.time() - t0 < 15  # undeliverable records are dropped, not waited for
 
 
+def test_broker_cleans_its_own_log_folder(tmp_path):
+  """A clean stop removes the temporary log folder the broker made; a folder given by the
+  caller keeps its log, and so does a broker that exited on its own (the log says why)."""
+  broker = LocalBroker().start()
+  made = broker.log_path.parent
+  assert made.name.startswith("sao-broker-") and broker.log_path.exists()
+  broker.stop()
+  assert not made.exists()
+  given = LocalBroker(log_dir=str(tmp_path / "logs")).start()
+  given.stop()
+  assert given.log_path.exists()
+  died = LocalBroker().start()
+  died.proc.kill()
+  died.proc.wait()
+  died.stop()
+  assert died.log_path.exists()
+  shutil.rmtree(died.log_path.parent)
+
+
 def test_broker_back_within_the_budget_costs_a_pause_not_the_run():
   broker = LocalBroker().start()
   spec = KafkaSpec(
@@ -375,13 +395,15 @@ def test_sao_run_over_kafka_with_local_broker_learns(repo_root, tmp_path):
   assert f"127.0.0.1:{port}" not in leftover.stdout
 
 
-def test_broker_dies_with_its_owner_after_kill_9():
+def test_broker_dies_with_its_owner_after_kill_9(tmp_path):
   import os
   import signal
 
+  # The log in tmp_path: an owner killed with -9 cannot remove a folder of its own.
   code = (
     "from sao_jax.transport.broker import LocalBroker; import time; "
-    "b = LocalBroker().start(); print(b.proc.pid, flush=True); time.sleep(120)"
+    f"b = LocalBroker(log_dir={str(tmp_path)!r}).start(); print(b.proc.pid, flush=True); "
+    "time.sleep(120)"
   )
   owner = subprocess.Popen(
     [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=subprocess_env()
@@ -403,13 +425,14 @@ def test_broker_dies_with_its_owner_after_kill_9():
   assert state in ("Z", "X", "gone"), state
 
 
-def test_broker_started_from_a_thread_outlives_the_thread_and_dies_with_the_process():
+def test_broker_started_from_a_thread_outlives_the_thread_and_dies_with_the_process(tmp_path):
   import os
   import signal
 
   code = (
     "import threading, time; from sao_jax.transport.broker import LocalBroker, probe; "
-    "box = []; t = threading.Thread(target=lambda: box.append(LocalBroker().start())); "
+    f"box = []; start = lambda: box.append(LocalBroker(log_dir={str(tmp_path)!r}).start()); "
+    "t = threading.Thread(target=start); "
     "t.start(); t.join(); time.sleep(1.0); b = box[0]; "
     "print(b.proc.pid, probe(b.bootstrap), flush=True); time.sleep(120)"
   )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -142,11 +143,19 @@ class LocalBroker:
     self.log_path: pathlib.Path | None = None
     self._lifeline: int | None = None  # write end of the watchdog's pipe
     self._watchdog: subprocess.Popen | None = None
+    # A log folder this object made (no log_dir given) goes at a clean stop; it stays, named
+    # in the errors, when the broker failed to start or exited on its own.
+    self._own_dir: pathlib.Path | None = None
+    self._keep_log = False
 
   def start(self, timeout: float = 15.0) -> LocalBroker:
     url = f"tcp://{self.host}:{self.port}"
-    log_dir = pathlib.Path(self._log_dir or tempfile.mkdtemp(prefix="sao-broker-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
+    if self._log_dir:
+      log_dir = pathlib.Path(self._log_dir)
+      log_dir.mkdir(parents=True, exist_ok=True)
+    else:
+      log_dir = self._own_dir = pathlib.Path(tempfile.mkdtemp(prefix="sao-broker-"))
+    self._keep_log = False
     self.log_path = log_dir / f"tansu-{self.port}.log"
     cmd = [
       broker_binary(),
@@ -174,6 +183,7 @@ class LocalBroker:
     try:
       wait_until_answers(self.bootstrap, timeout, self.proc, self.log_path)
     except BaseException:
+      self._keep_log = True
       self.stop()
       raise
     return self
@@ -195,7 +205,12 @@ class LocalBroker:
       except subprocess.TimeoutExpired:
         self.proc.kill()
         self.proc.wait()
+    else:
+      self._keep_log = True  # it exited before we stopped it: its log says why
     self.proc = None
+    if self._own_dir is not None and not self._keep_log:
+      shutil.rmtree(self._own_dir, ignore_errors=True)
+      self._own_dir = None
 
   def __enter__(self) -> LocalBroker:
     return self.start()
