@@ -647,6 +647,18 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   )
   assert _row(d, "retention8: compressed arm rerun").ours == "1 of 1 seeds identical"
   assert len(d.missing) == 2 and "retention8_unc_seed2" in " ".join(d.missing)
+  assert not [x for x in d.differences if "has not learned" in x]
+  # a stage-1 control that has not learned the task (25 %) is called out as bounding little
+  unc0 = tiny_results / "bench_compression_retention8_unc.json"
+  doc = json.loads(unc0.read_text())
+  doc["tasks"]["retention8"]["arms"]["uncompressed_memory"]["accuracy"] = 0.25
+  unc0.write_text(json.dumps(doc))
+  d = report.claim_retention(tiny_results)
+  assert any(
+    x.startswith("retention8: the stage-1-only control has not learned the task at this budget")
+    and "chance 10 %" in x
+    for x in d.differences
+  )
   # without any of those runs, (d) neither names them nor reads as missing
   (tiny_results / "bench_compression_retention8_unc.json").unlink()
   d = report.claim_retention(tiny_results)
