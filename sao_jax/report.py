@@ -122,6 +122,12 @@ def load(name: str, root: str | pathlib.Path | None = None) -> dict | None:
   return doc
 
 
+def cpu_str(c: dict) -> str:
+  """'model family/model/stepping (simd, ...)' of a recorded CPU (`provenance.cpu`)."""
+  fms = f" {c['family_model_stepping']}" if c.get("family_model_stepping") else ""
+  return f"{c.get('model')}{fms} ({', '.join(c.get('simd') or []) or 'no SIMD flags'})"
+
+
 def machine_str(m, cpus: int | None = None) -> str | None:
   """A one-line description of a result's machine (its `machine` entry, dict or string)."""
   if m is None:
@@ -134,8 +140,7 @@ def machine_str(m, cpus: int | None = None) -> str | None:
   c = m.get("cpu")
   if isinstance(c, dict) and c.get("model"):
     # results depend on the host CPU (a seeded run retrained on another one went elsewhere)
-    fms = c.get("family_model_stepping")
-    parts.append(c["model"] + (f" {fms}" if fms else "") + f" [{' '.join(c.get('simd') or [])}]")
+    parts.append(cpu_str(c))
   devices = m.get("devices")
   if devices:
     parts.append(", ".join(devices) if isinstance(devices, list) else str(devices))
@@ -1363,10 +1368,7 @@ RETENTION_FILES = [
 def _cpu_name(doc: dict) -> str:
   """'model (simd, ...)' of the CPU a result's provenance recorded, or 'not recorded'."""
   c = ((doc.get("provenance") or {}).get("machine") or {}).get("cpu")
-  if not c:
-    return "not recorded"
-  fms = f" {c['family_model_stepping']}" if c.get("family_model_stepping") else ""
-  return f"{c.get('model')}{fms} ({', '.join(c.get('simd') or []) or 'no SIMD flags'})"
+  return cpu_str(c) if c else "not recorded"
 
 
 def stage1_control_rows(

@@ -802,7 +802,7 @@ def test_backfilled_provenance_is_marked():
 def test_machine_names_the_cpu():
   cpu = {"model": "AMD EPYC", "family_model_stepping": "25/1/1", "simd": ["avx2", "fma"]}
   m = {"platform": "Linux-x", "cpus": 2, "cpu": cpu, "jax": "0.10.2"}
-  assert report.machine_str(m) == "Linux-x, 2 CPUs, AMD EPYC 25/1/1 [avx2 fma], jax 0.10.2"
+  assert report.machine_str(m) == "Linux-x, 2 CPUs, AMD EPYC 25/1/1 (avx2, fma), jax 0.10.2"
 
 
 def test_partial_run_is_marked_in_sources():
