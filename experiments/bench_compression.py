@@ -650,6 +650,18 @@ def peak_memories(cfg: Config, test, long_tasks, length: int, stage1: bool, log)
   return memory
 
 
+def _portable(cfg_path: str) -> str:
+  """A config path relative to the checkout when it lies inside it."""
+  try:
+    return str(pathlib.Path(cfg_path).resolve().relative_to(ROOT))
+  except ValueError:
+    return cfg_path
+
+
+def _without_path(key) -> dict:
+  return {k: v for k, v in (key or {}).items() if k != "config"}
+
+
 def train_arm(params_dir: str, key: dict, cfg: Config, progs, memory: bool, train, **kw):
   """`L.train` for one arm (`kw`: steps, length, seed, log), returning (params, seconds, last
   metrics, origin). With `params_dir` the trained parameters are saved under
@@ -667,7 +679,9 @@ def train_arm(params_dir: str, key: dict, cfg: Config, progs, memory: bool, trai
   except FileNotFoundError:
     meta = None
   if meta is not None:
-    if meta.get("bench_key") != key:
+    # The config file's path is not compared (a frozen copy of the checkout elsewhere holds
+    # the same file); the resolved configuration below is.
+    if _without_path(meta.get("bench_key")) != _without_path(key):
       raise SystemExit(
         f"{where} holds parameters trained with {meta.get('bench_key')}, not {key}: "
         "pass another --params-dir"
@@ -776,7 +790,7 @@ def main(argv=None) -> dict:
     key = dict(
       task=name,
       train_spec=dataclasses.asdict(mod.TRAIN_TASKS[variant][name]),
-      config=cfg_path,
+      config=_portable(cfg_path),
       overrides=list(args.set),
       num_test=num_test,
       **{k: v for k, v in train_kw.items() if k != "log"},

@@ -151,9 +151,15 @@ def test_bench_compression_no_token_control(tmp_path, repo_root):
   from sao_jax.config import load_config
 
   key = read_meta(params_dir / "retention" / "compressed")[1]["bench_key"]
+  assert key["config"] == "experiments/configs/longhorizon.py:tiny"  # not where it lay
   cfg = load_config("experiments/configs/longhorizon.py:tiny", overrides=["sft.optim.lr=0.5"])
   with pytest.raises(SystemExit, match=r"another configuration \(differs in \['sft'\]\)"):
     bench_compression.train_arm(str(params_dir), key, cfg, None, True, [])
+  # The same file in a copy of the checkout elsewhere passes the settings check (it is the
+  # resolved configuration that is compared, and here refused).
+  moved = dict(key, config="/elsewhere/experiments/configs/longhorizon.py:tiny")
+  with pytest.raises(SystemExit, match="another configuration"):
+    bench_compression.train_arm(str(params_dir), moved, cfg, None, True, [])
   assert set(t["arms"]) == {"compressed", "compressed_float_memory"}
   assert not {"relative_loss", "questions_discordant", "vs_uncompressed"} & set(t)
   e = t["compressed_errors"]
