@@ -101,6 +101,14 @@ def _parser():
   p.add_argument("--config", default=str(ROOT / "experiments/configs/longhorizon.py"))
   p.add_argument("--quick", action="store_true", help="smoke run: few steps, short episodes")
   p.add_argument("--steps", type=int, default=0, help="training steps per arm (0: config)")
+  p.add_argument(
+    "--control-steps",
+    type=int,
+    default=0,
+    help="training steps for the stage-1-only control alone (0: --steps); more than the "
+    "compressed arm's gives the control the larger budget (with --params-dir a snapshot at "
+    "fewer steps is trained on, not retrained)",
+  )
   p.add_argument("--num-test", type=int, default=0, help="held-out episodes (0: 256, quick 8)")
   p.add_argument("--long-episodes", type=int, default=4)
   p.add_argument(
@@ -658,30 +666,34 @@ def _portable(cfg_path: str) -> str:
     return cfg_path
 
 
-def _without_path(key) -> dict:
-  return {k: v for k, v in (key or {}).items() if k != "config"}
+def _settings(key) -> dict:
+  """What must match for a snapshot to be reused or continued: the key less the config file's
+  path (a frozen copy of the checkout elsewhere holds the same file; the resolved
+  configuration is compared instead) and the step count (a snapshot at fewer steps is
+  continued, not refused)."""
+  return {k: v for k, v in (key or {}).items() if k not in ("config", "steps")}
 
 
 def train_arm(params_dir: str, key: dict, cfg: Config, progs, memory: bool, train, **kw):
   """`L.train` for one arm (`kw`: steps, length, seed, log), returning (params, seconds, last
-  metrics, origin). With `params_dir` the trained parameters are saved under
-  params_dir/<task>/<arm> as an Orbax snapshot whose metadata holds `key` (everything that
-  determines the training); when that snapshot is already there (a stopped run), its
-  parameters are restored instead, checksums verified, with the seconds and metrics of the
-  run that trained them, and `origin` says where they came from and on which CPU. A snapshot
-  saved with another `key` is an error, not a silent reuse."""
+  metrics, origin). With `params_dir` the trained state is saved under params_dir/<task>/<arm>
+  as an Orbax snapshot at its step count, whose metadata holds `key` (everything that
+  determines the training). A rerun with the same settings restores the snapshot at `steps`
+  (checksums verified) with the seconds and metrics of the run that trained it; when the
+  folder only has one at fewer steps (k), that state (optimizer and RNG included) is restored
+  and trained on to `steps` with the batches a single run would have had, and saved beside
+  it. `origin` says where the parameters came from and on which CPU. A snapshot saved with
+  other settings or under another resolved configuration is an error, not a silent reuse."""
   if not params_dir:
     state, secs, metrics = L.train(cfg, progs, memory, train, **kw)
     return state.params, secs, metrics, None
   where = pathlib.Path(params_dir) / key["task"] / key["arm"]
-  try:
-    _, meta = ckpt.read_meta(where)
-  except FileNotFoundError:
-    meta = None
-  if meta is not None:
-    # The config file's path is not compared (a frozen copy of the checkout elsewhere holds
-    # the same file); the resolved configuration below is.
-    if _without_path(meta.get("bench_key")) != _without_path(key):
+  steps = kw.get("steps")
+  mngr = ckpt.manager(where, every=1, keep=1_000_000, keep_best=False)
+  metas = {s: ckpt.read_meta(where, s)[1] for s in mngr.all_steps()}
+  for meta in metas.values():
+    if _settings(meta.get("bench_key")) != _settings(key):
+      mngr.close()
       raise SystemExit(
         f"{where} holds parameters trained with {meta.get('bench_key')}, not {key}: "
         "pass another --params-dir"
@@ -689,35 +701,53 @@ def train_arm(params_dir: str, key: dict, cfg: Config, progs, memory: bool, trai
     # The resolved configuration too (a config file edited since, under the same path).
     resolved = json.loads(json.dumps(config_lib.to_dict(cfg)))
     if meta.get("config") != resolved:
+      mngr.close()
       changed = sorted(k for k in resolved if resolved[k] != (meta.get("config") or {}).get(k))
       raise SystemExit(
         f"{where} holds parameters trained under another configuration (differs in "
         f"{changed}): pass another --params-dir"
       )
-    like = progs.init(jax.random.key(kw.get("seed", 0))).params
-    params, step, meta = ckpt.restore_params(where, like)
+  log = kw.get("log") or (lambda _: None)
+  like = progs.init(jax.random.key(kw.get("seed", 0)))
+  if steps in metas:
+    mngr.close()
+    params, step, meta = ckpt.restore_params(where, like.params, steps)
+    log(f"  {key['arm']}: parameters restored from {where} step {step} (not retrained)")
     origin = {
       "restored_from": str(where),
       "step": step,
       "trained_on_cpu": meta.get("cpu"),
       "trained_at_commit": meta.get("commit"),
     }
-    if kw.get("log"):
-      kw["log"](f"  {key['arm']}: parameters restored from {where} (not retrained)")
+    if meta.get("continued"):
+      origin["continued"] = meta["continued"]
     return params, meta["train_seconds"], meta["final_metrics"], origin
-  state, secs, metrics = L.train(cfg, progs, memory, train, **kw)
-  mngr = ckpt.manager(where, every=1, keep=1, keep_best=False)
+  earlier = max((s for s in metas if s < steps), default=None)
+  state, before, origin, parts = None, 0.0, None, []
+  if earlier is not None:
+    state, _ = ckpt.restore_state(mngr, like, earlier)
+    prev = metas[earlier]
+    before = prev["train_seconds"]
+    parts = prev.get("continued") or [
+      {"steps": earlier, "seconds": before, "cpu": prev.get("cpu"), "commit": prev.get("commit")}
+    ]
+    log(f"  {key['arm']}: continuing from {where} step {earlier} to step {steps}")
+  state, secs, metrics = L.train(cfg, progs, memory, train, state=state, **kw)
   meta = {
     "bench_key": key,
-    "train_seconds": secs,
+    "train_seconds": before + secs,
     "final_metrics": metrics,
     "cpu": cpu(),
     "commit": provenance(devices=False)["commit"],
   }
+  if earlier is not None:
+    last = {"steps": steps, "seconds": secs, "cpu": meta["cpu"], "commit": meta["commit"]}
+    meta["continued"] = [*parts, last]
+    origin = {"continued_from": str(where), "from_step": earlier, "continued": meta["continued"]}
   ckpt.save(mngr, state, cfg, meta, force=True)
   mngr.wait_until_finished()
   mngr.close()
-  return state.params, secs, metrics, None
+  return state.params, before + secs, metrics, origin
 
 
 def main(argv=None) -> dict:
@@ -746,6 +776,9 @@ def main(argv=None) -> dict:
       f"{sorted(set(specs) - set(long_specs))} (have {sorted(long_specs)})"
     )
   steps = args.steps or (cfg.sft.steps if not args.quick else 10)
+  control_steps = args.control_steps or steps
+  if args.control_steps and not args.uncompressed_control:
+    _parser().error("--control-steps sets the stage-1 control's steps: add --uncompressed-control")
   long_eval = args.long_eval_episodes if not args.quick else min(args.long_eval_episodes, 2)
   num_test = args.num_test or (8 if args.quick else 256)
   log = print
@@ -764,6 +797,7 @@ def main(argv=None) -> dict:
     "overrides": list(args.set),
     "quick": args.quick,
     "steps": steps,
+    "control_steps": control_steps,
     "num_test": num_test,
     "seed": args.seed,
     "machine": {"platform": platform.platform(), "devices": str(jax.devices())},
@@ -827,12 +861,12 @@ def main(argv=None) -> dict:
       uprogs, upol = L.build(ucfg, True, mode="sft")
       unc_params, secs, metrics, origin = train_arm(
         args.params_dir,
-        dict(key, arm="uncompressed_memory"),
+        dict(key, arm="uncompressed_memory", steps=control_steps),
         ucfg,
         uprogs,
         True,
         train,
-        **train_kw,
+        **dict(train_kw, steps=control_steps),
       )
       acc_u, utrajs = L.evaluate(ucfg, uprogs, upol, unc_params, test, True, length=length)
       arms["uncompressed_memory"] = dict(
@@ -841,12 +875,14 @@ def main(argv=None) -> dict:
         final_metrics=metrics,
         kept_steps_mean=float(np.mean([t.bank["entries"] for t in utrajs])),
         bank_capacity=ucfg.compression.capacity,
+        steps=control_steps,
       )
       if origin:
         arms["uncompressed_memory"]["params"] = origin
       vs_unc = _paired(_rewards(utrajs), mem_rewards)
       log(
-        f"  uncompressed memory (stage 1 only): accuracy {acc_u:.3f} ({secs:.0f} s training); "
+        f"  uncompressed memory (stage 1 only): accuracy {acc_u:.3f} ({control_steps} steps, "
+        f"{secs:.0f} s training); "
         f"relative loss of compressed vs it {100 * vs_unc['relative_loss']:.1f}%"
       )
     # Stage 3 ablation: the same trained parameters with float memory.

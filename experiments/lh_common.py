@@ -85,13 +85,31 @@ def full_len(tasks) -> int:
 
 
 def train(
-  cfg: Config, progs, memory: bool, train_tasks, *, steps: int, length: int, seed: int = 0, log=None
+  cfg: Config,
+  progs,
+  memory: bool,
+  train_tasks,
+  *,
+  steps: int,
+  length: int,
+  seed: int = 0,
+  log=None,
+  state=None,
 ):
   """Supervised (teacher-forced) training on expert scripts; the same tasks in the same order
-  and the same number of steps for both arms. Returns (state, seconds, last metrics)."""
-  state = progs.init(jax.random.key(seed))
+  and the same number of steps for both arms. Returns (state, seconds, last metrics).
+
+  `state`: a restored training state of the same run at step k < `steps` (optimizer, RNG and
+  step included): training continues from step k with the batches steps k.. would have had,
+  so k steps then the rest equal `steps` steps in one go."""
+  start = 0 if state is None else int(jax.device_get(state.step))
+  if start > steps:
+    raise ValueError(f"the state is at step {start}, past the {steps} steps asked for")
+  state = progs.init(jax.random.key(seed)) if state is None else state
   rng = np.random.default_rng(seed)
   bs = cfg.sft.batch_size
+  for _ in range(start):  # the batches already trained on
+    rng.integers(len(train_tasks), size=bs)
   c = cfg.compression
   n_steps = max(len(t.prompt.split("\n")) for t in train_tasks)
   # Rows the memory policy trains on per episode: every graded step and 4 filler steps.
@@ -112,7 +130,7 @@ def train(
     return cache[task.task_id]
 
   t0, metrics = time.time(), {}
-  for i in range(steps):
+  for i in range(start, steps):
     batch_tasks = [train_tasks[j] for j in rng.integers(len(train_tasks), size=bs)]
     if memory:
       trajs = [expert(t) for t in batch_tasks]

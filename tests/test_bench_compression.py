@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 
+import chex
 import pytest
 from conftest import subprocess_env
 
@@ -166,3 +168,44 @@ def test_bench_compression_no_token_control(tmp_path, repo_root):
   assert "lost" not in e and e["questions"] == 16
   assert e["missed"]["n"] == round(16 * (1 - t["arms"]["compressed"]["accuracy"]))
   assert "| retention | compressed | 16 |" in stdout
+
+
+@pytest.mark.slow
+def test_train_arm_continues_a_shorter_snapshot_exactly(tmp_path, repo_root):
+  """--params-dir with more steps than a saved snapshot: the snapshot's state (optimizer and
+  RNG included) is trained on with the batches a single run would have had, so 2 steps then 2
+  more give the parameters of 4 steps in one go; both snapshots stay and restore."""
+  sys.path.insert(0, str(repo_root / "experiments"))
+  import bench_compression as B
+  import lh_common as L
+
+  from sao_jax.config import load_config
+  from sao_jax.envs.longhorizon import make_split
+
+  mod = B._config_module(str(repo_root / "experiments/configs/longhorizon.py"))
+  cfg = load_config(str(repo_root / "experiments/configs/longhorizon.py:tiny"))
+  cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, batch_size=8))  # 8 devices
+  train = make_split(mod.TRAIN_TASKS["tiny"]["retention"], "train", 16, 0, num_test=8)
+  length = L.full_len(train)
+  progs, _ = L.build(cfg, True, full_len=length)
+  key = {"task": "retention", "arm": "compressed", "seed": 0}
+  kw = dict(length=length, seed=0)
+
+  def arm(steps):
+    k = dict(key, steps=steps)
+    return B.train_arm(str(tmp_path), k, cfg, progs, True, train, steps=steps, **kw)
+
+  _, secs2, _, origin = arm(2)
+  assert origin is None  # trained from the start
+  p4, secs4, metrics4, origin = arm(4)
+  assert origin["from_step"] == 2 and [p["steps"] for p in origin["continued"]] == [2, 4]
+  assert secs4 > secs2
+  direct, _, metrics = L.train(cfg, progs, True, train, steps=4, **kw)
+  chex.assert_trees_all_close(p4, direct.params, rtol=1e-6, atol=1e-7)
+  assert metrics4 == pytest.approx(metrics, rel=1e-5)
+  # Both stay: each step count restores its own parameters, not retrained.
+  p4b, secs4b, _, o4 = arm(4)
+  assert o4["step"] == 4 and secs4b == secs4 and len(o4["continued"]) == 2
+  chex.assert_trees_all_equal(p4b, p4)
+  _, _, _, o2 = arm(2)
+  assert o2["step"] == 2 and "continued" not in o2
