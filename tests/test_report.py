@@ -659,6 +659,26 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
     and "chance 10 %" in x
     for x in d.differences
   )
+  # the stage-1 control given more steps than the compressed arm (--control-steps): rows of
+  # its own, one seed, and never pooled with equal-budget seed runs
+  doc = json.loads(unc0.read_text())
+  doc.update(steps=400, control_steps=800, seed=0)
+  doc["tasks"]["retention8"]["arms"]["uncompressed_memory"]["accuracy"] = 0.9375
+  longer = tiny_results / "bench_compression_retention8_unc_ctl800.json"
+  longer.write_text(json.dumps(doc))
+  d = report.claim_retention(tiny_results)
+  what = "retention8, seed 0, stage-1 control trained 800 steps, compressed 400"
+  assert _row(d, what + ": accuracy control vs compressed").ours.startswith("93.8%, 16 q")
+  assert _row(d, what + ": questions the control answers").ours.startswith("4 / 16 (95 %")
+  assert any(
+    "given 800 steps (2.0x the compressed arm's 400), the stage-1-only control has learned" in x
+    for x in d.differences
+  )
+  assert any(s.path.endswith("retention8_unc_ctl800.json") for s in d.sources)
+  equal = dict(doc, control_steps=400, seed=1)
+  _, skipped = report.compression_over_seeds([equal, doc])
+  assert len(skipped) == 1 and skipped[0].startswith("seed 0")
+  longer.unlink()
   # without any of those runs, (d) neither names them nor reads as missing
   (tiny_results / "bench_compression_retention8_unc.json").unlink()
   d = report.claim_retention(tiny_results)
