@@ -674,7 +674,9 @@ def _settings(key) -> dict:
   return {k: v for k, v in (key or {}).items() if k not in ("config", "steps")}
 
 
-def train_arm(params_dir: str, key: dict, cfg: Config, progs, memory: bool, train, **kw):
+def train_arm(
+  params_dir: str, key: dict, cfg: Config, progs, memory: bool, train, every: int = 100, **kw
+):
   """`L.train` for one arm (`kw`: steps, length, seed, log), returning (params, seconds, last
   metrics, origin). With `params_dir` the trained state is saved under params_dir/<task>/<arm>
   as an Orbax snapshot at its step count, whose metadata holds `key` (everything that
@@ -682,8 +684,10 @@ def train_arm(params_dir: str, key: dict, cfg: Config, progs, memory: bool, trai
   (checksums verified) with the seconds and metrics of the run that trained it; when the
   folder only has one at fewer steps (k), that state (optimizer and RNG included) is restored
   and trained on to `steps` with the batches a single run would have had, and saved beside
-  it. `origin` says where the parameters came from and on which CPU. A snapshot saved with
-  other settings or under another resolved configuration is an error, not a silent reuse."""
+  it. Snapshots are also saved every `every` steps, so a run stopped in its training trains
+  on from the last of them. `origin` says where the parameters came from and on which CPU. A
+  snapshot saved with other settings or under another resolved configuration is an error,
+  not a silent reuse."""
   if not params_dir:
     state, secs, metrics = L.train(cfg, progs, memory, train, **kw)
     return state.params, secs, metrics, None
@@ -732,21 +736,30 @@ def train_arm(params_dir: str, key: dict, cfg: Config, progs, memory: bool, trai
       {"steps": earlier, "seconds": before, "cpu": prev.get("cpu"), "commit": prev.get("commit")}
     ]
     log(f"  {key['arm']}: continuing from {where} step {earlier} to step {steps}")
-  state, secs, metrics = L.train(cfg, progs, memory, train, state=state, **kw)
-  meta = {
-    "bench_key": key,
-    "train_seconds": before + secs,
-    "final_metrics": metrics,
-    "cpu": cpu(),
-    "commit": provenance(devices=False)["commit"],
-  }
+  here = {"cpu": cpu(), "commit": provenance(devices=False)["commit"]}
+
+  def snapshot(state, step: int, secs: float, metrics: dict) -> dict:
+    meta = {
+      "bench_key": dict(key, steps=step),
+      "train_seconds": before + secs,
+      "final_metrics": metrics,
+      **here,
+    }
+    if earlier is not None:
+      meta["continued"] = [*parts, {"steps": step, "seconds": secs, **here}]
+    ckpt.save(mngr, state, cfg, meta, force=True)
+    return meta
+
+  try:
+    state, secs, metrics = L.train(
+      cfg, progs, memory, train, state=state, every=every, on_snapshot=snapshot, **kw
+    )
+    meta = snapshot(state, steps, secs, metrics)
+    mngr.wait_until_finished()
+  finally:
+    mngr.close()
   if earlier is not None:
-    last = {"steps": steps, "seconds": secs, "cpu": meta["cpu"], "commit": meta["commit"]}
-    meta["continued"] = [*parts, last]
     origin = {"continued_from": str(where), "from_step": earlier, "continued": meta["continued"]}
-  ckpt.save(mngr, state, cfg, meta, force=True)
-  mngr.wait_until_finished()
-  mngr.close()
   return state.params, before + secs, metrics, origin
 
 

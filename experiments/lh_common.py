@@ -95,13 +95,16 @@ def train(
   seed: int = 0,
   log=None,
   state=None,
+  every: int = 0,
+  on_snapshot=None,
 ):
   """Supervised (teacher-forced) training on expert scripts; the same tasks in the same order
   and the same number of steps for both arms. Returns (state, seconds, last metrics).
 
   `state`: a restored training state of the same run at step k < `steps` (optimizer, RNG and
   step included): training continues from step k with the batches steps k.. would have had,
-  so k steps then the rest equal `steps` steps in one go."""
+  so k steps then the rest equal `steps` steps in one go. `on_snapshot(state, step, seconds,
+  metrics)` is called every `every` steps before the last (to save a snapshot)."""
   start = 0 if state is None else int(jax.device_get(state.step))
   if start > steps:
     raise ValueError(f"the state is at step {start}, past the {steps} steps asked for")
@@ -139,6 +142,9 @@ def train(
     else:
       batch = scripted_full_batch(batch_tasks, TOK, length=length, graded_weight=GRADED_WEIGHT)
     state, metrics = progs.update(state, batch)
+    if on_snapshot and every and (i + 1) % every == 0 and i + 1 < steps:
+      m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+      on_snapshot(state, i + 1, time.time() - t0, m)
     if log and (i % 50 == 0 or i == steps - 1):
       log(
         f"  step {i} " + " ".join(f"{k}={float(v):.3f}" for k, v in jax.device_get(metrics).items())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 
@@ -174,7 +175,8 @@ def test_bench_compression_no_token_control(tmp_path, repo_root):
 def test_train_arm_continues_a_shorter_snapshot_exactly(tmp_path, repo_root):
   """--params-dir with more steps than a saved snapshot: the snapshot's state (optimizer and
   RNG included) is trained on with the batches a single run would have had, so 2 steps then 2
-  more give the parameters of 4 steps in one go; both snapshots stay and restore."""
+  more give the parameters of 4 steps in one go; both snapshots stay and restore; and a run
+  stopped in its training resumes from its last periodic snapshot."""
   sys.path.insert(0, str(repo_root / "experiments"))
   import bench_compression as B
   import lh_common as L
@@ -209,3 +211,12 @@ def test_train_arm_continues_a_shorter_snapshot_exactly(tmp_path, repo_root):
   chex.assert_trees_all_equal(p4b, p4)
   _, _, _, o2 = arm(2)
   assert o2["step"] == 2 and "continued" not in o2
+  # Snapshots every `every` steps too: a run stopped after step 3 trains on from there.
+  stopped, k = tmp_path / "stopped", dict(key, steps=4)
+  B.train_arm(str(stopped), k, cfg, progs, True, train, every=3, steps=4, **kw)
+  where = stopped / "retention" / "compressed"
+  assert sorted(int(p.name) for p in where.iterdir() if p.name.isdigit()) == [3, 4]
+  shutil.rmtree(where / "4")
+  p4c, _, _, o = B.train_arm(str(stopped), k, cfg, progs, True, train, every=3, steps=4, **kw)
+  assert o["from_step"] == 3 and [x["steps"] for x in o["continued"]] == [3, 4]
+  chex.assert_trees_all_close(p4c, p4, rtol=1e-6, atol=1e-7)
