@@ -1486,7 +1486,15 @@ def longer_control_rows(task: str, docs: list[dict]) -> tuple[list[Row], list[st
     diffs.append(
       f"{task}, seed {d.get('seed')}: given {cs} steps ({cs / steps:.1f}x the compressed arm's "
       f"{steps}), the stage-1-only control {learned} the task: {u['accuracy']:.1%} against "
-      f"compressed {c['accuracy']:.1%} on the short episodes."
+      f"compressed {c['accuracy']:.1%} on the short episodes"
+      + (
+        f"; compression lost {lost['lost']} of its {lost['questions']} questions to it "
+        f"(one-sided 95 % bound {lost['upper95']:.2%}; seed: < "
+        f"{SEED['performance_loss_max']:.1%}), one seed, against a control with the larger "
+        "budget."
+        if lost
+        else "."
+      )
     )
   return rows, diffs
 

@@ -672,6 +672,7 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   assert _row(d, what + ": questions the control answers").ours.startswith("4 / 16 (95 %")
   assert any(
     "given 800 steps (2.0x the compressed arm's 400), the stage-1-only control has learned" in x
+    and "compression lost 4 of its 16 questions to it (one-sided 95 % bound" in x
     for x in d.differences
   )
   assert any(s.path.endswith("retention8_unc_ctl800.json") for s in d.sources)
