@@ -1354,14 +1354,21 @@ RETENTION8_UNC_SEED_FILES = _seed_files(
   RETENTION8_UNC_CMD + " --out results/bench_compression_retention8_unc.json",
   RETENTION8_UNC_CMD,
 )
-# The stage-1 control given more steps than the compressed arm (its loss still falling at
-# 400): seed 0, trained on from the 400-step snapshot. Named only once it exists (a probe).
-RETENTION8_UNC_LONGER_FILES = [
+# The stage-1 control at other budgets than the seed runs' 400 steps (its loss still falling
+# at 400), seed 0, each arm trained on from its 400-step snapshot: the control alone to 800
+# steps, then both arms to 800 (equal steps). Named only once they exist (probes).
+_PROBE_CMD = (
+  RETENTION8_UNC_CMD + " --seed 0 --params-dir DIR --accuracy-only --long-eval-episodes 0"
+)
+RETENTION8_UNC_PROBE_FILES = [
   (
     "bench_compression_retention8_unc_ctl800.json",
-    RETENTION8_UNC_CMD + " --seed 0 --params-dir DIR --control-steps 800 --accuracy-only "
-    "--long-eval-episodes 0 --out results/bench_compression_retention8_unc_ctl800.json",
-  )
+    _PROBE_CMD + " --control-steps 800 --out results/bench_compression_retention8_unc_ctl800.json",
+  ),
+  (
+    "bench_compression_retention8_unc_800.json",
+    _PROBE_CMD + " --steps 800 --out results/bench_compression_retention8_unc_800.json",
+  ),
 ]
 RETENTION_FILES = [
   ("bench_compression.json", "retention", COMPRESSION_CMD),
@@ -1451,10 +1458,10 @@ def stage1_control_rows(
   return rows, diffs, over
 
 
-def longer_control_rows(task: str, docs: list[dict]) -> tuple[list[Row], list[str]]:
-  """Rows and differences of runs whose stage-1-only control trained for more steps than the
-  compressed arm (--control-steps): both accuracies, the questions the control answers and
-  compressed misses with their exact bound, per run (one seed each)."""
+def probe_control_rows(task: str, docs: list[dict]) -> tuple[list[Row], list[str]]:
+  """Rows and differences of single-seed runs of the stage-1-only control at another budget
+  than the seed runs' (--steps, or --control-steps for the control alone): both accuracies,
+  the questions the control answers and compressed misses with their exact bound, per run."""
   rows, diffs = [], []
   for d in docs:
     t = d.get("tasks", {}).get(task) or {}
@@ -1464,12 +1471,19 @@ def longer_control_rows(task: str, docs: list[dict]) -> tuple[list[Row], list[st
     u, c = arms["uncompressed_memory"], arms["compressed"]
     steps, cs = d.get("steps"), d.get("control_steps", d.get("steps"))
     what = f"{task}, seed {d.get('seed')}, stage-1 control trained {cs} steps, compressed {steps}"
+    budget = (
+      "the control given the larger budget"
+      if cs > steps
+      else "equal steps"
+      if cs == steps
+      else "the control given the smaller budget"
+    )
     rows.append(
       Row(
         f"{what}: accuracy control vs compressed (short episodes)",
         "-",
         f"{_accuracy(u)} vs {_accuracy(c)}",
-        "the control given the larger budget",
+        budget,
       )
     )
     lost = _pooled_lost([v["control_right_other_wrong"]], [c.get("questions")])
@@ -1490,8 +1504,7 @@ def longer_control_rows(task: str, docs: list[dict]) -> tuple[list[Row], list[st
       + (
         f"; compression lost {lost['lost']} of its {lost['questions']} questions to it "
         f"(one-sided 95 % bound {lost['upper95']:.2%}; seed: < "
-        f"{SEED['performance_loss_max']:.1%}), one seed, against a control with the larger "
-        "budget."
+        f"{SEED['performance_loss_max']:.1%}), one seed, {budget}."
         if lost
         else "."
       )
@@ -1567,11 +1580,11 @@ def claim_retention(root=None) -> Claim:
     rows += u_rows
     diffs += u_diffs
     data["retention8_stage1_control"] = u_over
-  longer = [(n, load(n, root)) for n, _ in RETENTION8_UNC_LONGER_FILES]
-  longer = [(n, d) for n, d in longer if d is not None]
-  if longer:
-    sources += [source(n, d) for n, d in longer]
-    l_rows, l_diffs = longer_control_rows("retention8", [d for _, d in longer])
+  probes = [(n, load(n, root)) for n, _ in RETENTION8_UNC_PROBE_FILES]
+  probes = [(n, d) for n, d in probes if d is not None]
+  if probes:
+    sources += [source(n, d) for n, d in probes]
+    l_rows, l_diffs = probe_control_rows("retention8", [d for _, d in probes])
     rows += l_rows
     diffs += l_diffs
   return Claim(

@@ -676,10 +676,19 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
     for x in d.differences
   )
   assert any(s.path.endswith("retention8_unc_ctl800.json") for s in d.sources)
+  assert _row(d, what).note == "the control given the larger budget"
   equal = dict(doc, control_steps=400, seed=1)
   _, skipped = report.compression_over_seeds([equal, doc])
   assert len(skipped) == 1 and skipped[0].startswith("seed 0")
+  # ... and both arms trained on to 800 steps: equal steps, its own rows beside
+  both = tiny_results / "bench_compression_retention8_unc_800.json"
+  both.write_text(json.dumps(dict(doc, steps=800)))
+  d = report.claim_retention(tiny_results)
+  assert _row(d, what).note == "the control given the larger budget"
+  eq = _row(d, "retention8, seed 0, stage-1 control trained 800 steps, compressed 800")
+  assert eq.note == "equal steps"
   longer.unlink()
+  both.unlink()
   # without any of those runs, (d) neither names them nor reads as missing
   (tiny_results / "bench_compression_retention8_unc.json").unlink()
   d = report.claim_retention(tiny_results)
