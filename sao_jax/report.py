@@ -1346,28 +1346,31 @@ RETENTION8_SEED_FILES = _seed_files(
   RETENTION8_CMD + " --out results/bench_compression_retention8.json",
   RETENTION8_CMD,
 )
-# The stage-1-only memory control beside retention8's seed runs (their token-level control is
-# measured there): the compressed arm is rerun with it, so the pairing is within one run.
+# The stage-1-only memory control, its own seed runs (--uncompressed-control
+# --no-token-control): both arms 800 steps, since at the seed runs' 400 steps the control had
+# not learned the task (21 %, its loss still falling). Arms are trained on from their 100-step
+# snapshots under --params-dir (seed 0: from its 400-step arms), so a stopped run resumes.
 RETENTION8_UNC_CMD = RETENTION8_CMD + " --uncompressed-control --no-token-control"
 RETENTION8_UNC_SEED_FILES = _seed_files(
-  "bench_compression_retention8_unc",
-  RETENTION8_UNC_CMD + " --out results/bench_compression_retention8_unc.json",
-  RETENTION8_UNC_CMD,
+  "bench_compression_retention8_unc_800",
+  RETENTION8_UNC_CMD + " --steps 800 --seed 0 --params-dir DIR"
+  " --out results/bench_compression_retention8_unc_800.json",
+  RETENTION8_UNC_CMD + " --steps 800 --params-dir DIR",
 )
-# The stage-1 control at other budgets than the seed runs' 400 steps (its loss still falling
-# at 400), seed 0, each arm trained on from its 400-step snapshot: the control alone to 800
-# steps, then both arms to 800 (equal steps). Named only once they exist (probes).
+# Single-seed runs of the stage-1 control at other budgets (seed 0): both arms at 400 steps
+# (the control has not learned), and the control alone trained on to 800. Named only once they
+# exist (probes).
 _PROBE_CMD = (
   RETENTION8_UNC_CMD + " --seed 0 --params-dir DIR --accuracy-only --long-eval-episodes 0"
 )
 RETENTION8_UNC_PROBE_FILES = [
   (
-    "bench_compression_retention8_unc_ctl800.json",
-    _PROBE_CMD + " --control-steps 800 --out results/bench_compression_retention8_unc_ctl800.json",
+    "bench_compression_retention8_unc.json",
+    RETENTION8_UNC_CMD + " --out results/bench_compression_retention8_unc.json",
   ),
   (
-    "bench_compression_retention8_unc_800.json",
-    _PROBE_CMD + " --steps 800 --out results/bench_compression_retention8_unc_800.json",
+    "bench_compression_retention8_unc_ctl800.json",
+    _PROBE_CMD + " --control-steps 800 --out results/bench_compression_retention8_unc_ctl800.json",
   ),
 ]
 RETENTION_FILES = [
@@ -1395,25 +1398,33 @@ def stage1_control_rows(
   add it beside seed runs already measured (`docs`, --uncompressed-control --no-token-control):
   what stages 2+3 lose, on the short and the 1,000-step episodes, the stage-1 arm's accuracy
   by distance, and whether each rerun compressed arm matches the one of its seed in
-  `seed_docs` (same seed and data; they differ only if the code in between changed it)."""
+  `seed_docs` (same seed, data and steps; they differ only if the code in between changed it).
+  Rows name the steps of each arm where the runs record them."""
   over, skipped = compression_over_seeds(docs)
   diffs = [f"Left out of the {task} stage-1-control statistics: {x}" for x in skipped]
   o = over.get(task)
   if not o:  # one seed still gives its paired, per-question bound (pooled lost questions)
     return [], diffs, over
-  rows = _vs_uncompressed_rows(task, o["short"], "short episodes")
+  steps = docs[0].get("steps")  # the training steps of each arm (the statistics keep one)
+  label = f"{task} ({steps} steps each)" if steps else task
+  rows = _vs_uncompressed_rows(label, o["short"], "short episodes")
   lo = o.get("long")
   if lo:
-    rows += _vs_uncompressed_rows(task, lo, "1,000-step episodes")
+    rows += _vs_uncompressed_rows(label, lo, "1,000-step episodes")
     rows += _gap_rows(
-      f"{task}, 1,000 steps: {{}} accuracy by turns since the fact, {lo['seeds']} seeds",
+      f"{label}, 1,000 steps: {{}} accuracy by turns since the fact, {lo['seeds']} seeds",
       {"uncompressed_memory": lo.get("by_gap", {}).get("uncompressed_memory")},
       lambda v: ms(v, "{:.0f}", 100, " %"),
       "mean ± s.e. over seeds",
     )
   acc = lambda d: d["tasks"][task]["arms"]["compressed"]["accuracy"]  # noqa: E731
   ref = {d.get("seed"): d for d in seed_docs if task in d.get("tasks", {})}
-  pairs = [(d, ref[d.get("seed")]) for d in docs if d.get("seed") in ref]
+  # Only a rerun with the seed run's training steps can reproduce its compressed arm.
+  pairs = [
+    (d, ref[d.get("seed")])
+    for d in docs
+    if d.get("seed") in ref and d.get("steps") == ref[d.get("seed")].get("steps")
+  ]
   if pairs:
 
     def pair(d, r):
@@ -1426,7 +1437,8 @@ def stage1_control_rows(
 
     rows.append(
       Row(
-        f"{task}: compressed arm rerun beside the stage-1 control vs its seed run (short episodes)",
+        f"{label}: compressed arm rerun beside the stage-1 control vs its seed run "
+        "(short episodes)",
         "-",
         f"{sum(acc(d) == acc(r) for d, r in pairs)} of {len(pairs)} seeds identical",
         "; ".join(pair(d, r) for d, r in pairs),
@@ -1447,7 +1459,7 @@ def stage1_control_rows(
     )
   if lo and "uncompressed_memory" in sh and "uncompressed_memory" in lo:
     diffs.append(
-      f"{task} against the stage-1-only memory (every step kept in float32, same budget), "
+      f"{label} against the stage-1-only memory (every step kept in float32, same budget), "
       f"{len(o['seeds'])} seeds: accuracy {_pct(sh['uncompressed_memory'])} vs compressed "
       f"{_pct(sh['compressed'])} on the short episodes, {_pct(lo['uncompressed_memory'])} vs "
       f"{_pct(lo['compressed'])} at 1,000 steps; relative loss of stages 2+3 "
@@ -1496,7 +1508,7 @@ def probe_control_rows(task: str, docs: list[dict]) -> tuple[list[Row], list[str
           "exact binomial, one-sided; one seed",
         )
       )
-    learned = "has still not learned" if u["accuracy"] < 0.5 else "has learned"
+    learned = "has not learned" if u["accuracy"] < 0.5 else "has learned"
     diffs.append(
       f"{task}, seed {d.get('seed')}: given {cs} steps ({cs / steps:.1f}x the compressed arm's "
       f"{steps}), the stage-1-only control {learned} the task: {u['accuracy']:.1%} against "

@@ -391,7 +391,7 @@ def write_tiny_results(root: pathlib.Path) -> pathlib.Path:
       _add_uncompressed(r8u)
       _write(
         root,
-        f"bench_compression_retention8_unc{f'_seed{seed}' if seed else ''}.json",
+        f"bench_compression_retention8_unc_800{f'_seed{seed}' if seed else ''}.json",
         {
           "config": "experiments/configs/longhorizon.py:default",
           "seed": seed,
@@ -625,11 +625,11 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   assert rerun.ours == "2 of 3 seeds identical"
   assert rerun.note.endswith("seed 2: 87.5 vs 100.0 %")
   assert any("retention8 against the stage-1-only memory" in x for x in d.differences)
-  assert "bench_compression_retention8_unc_seed2.json" in " ".join(d.commands)
+  assert "bench_compression_retention8_unc_800_seed2.json" in " ".join(d.commands)
   # no row against a token-level control those runs do not have (one: the seed runs')
   assert len([r for r in d.rows if "full context vs compressed" in r.metric]) == 1
   # a rerun on another CPU says so (XLA's float code follows the CPU's SIMD)
-  unc2 = tiny_results / "bench_compression_retention8_unc_seed2.json"
+  unc2 = tiny_results / "bench_compression_retention8_unc_800_seed2.json"
   doc = json.loads(unc2.read_text())
   doc["provenance"] = {"machine": {"cpu": {"model": "AMD EPYC", "simd": ["avx", "avx2"]}}}
   unc2.write_text(json.dumps(doc))
@@ -638,7 +638,7 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   # with one seed run only: its rows (the pooled lost questions bound it) and the other two
   # named as missing
   for k in ("_seed1", "_seed2"):
-    (tiny_results / f"bench_compression_retention8_unc{k}.json").unlink()
+    (tiny_results / f"bench_compression_retention8_unc_800{k}.json").unlink()
   d = report.claim_retention(tiny_results)
   lost = _row(d, "retention8: questions uncompressed memory answers", "(short episodes)")
   assert "1 seed(s)" in lost.metric and lost.ours.startswith("4 / 16 (95 % upper bound")
@@ -646,10 +646,10 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
     "one seed, no CI"
   )
   assert _row(d, "retention8: compressed arm rerun").ours == "1 of 1 seeds identical"
-  assert len(d.missing) == 2 and "retention8_unc_seed2" in " ".join(d.missing)
+  assert len(d.missing) == 2 and "retention8_unc_800_seed2" in " ".join(d.missing)
   assert not [x for x in d.differences if "has not learned" in x]
   # a stage-1 control that has not learned the task (25 %) is called out as bounding little
-  unc0 = tiny_results / "bench_compression_retention8_unc.json"
+  unc0 = tiny_results / "bench_compression_retention8_unc_800.json"
   doc = json.loads(unc0.read_text())
   doc["tasks"]["retention8"]["arms"]["uncompressed_memory"]["accuracy"] = 0.25
   unc0.write_text(json.dumps(doc))
@@ -680,17 +680,22 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   equal = dict(doc, control_steps=400, seed=1)
   _, skipped = report.compression_over_seeds([equal, doc])
   assert len(skipped) == 1 and skipped[0].startswith("seed 0")
-  # ... and both arms trained on to 800 steps: equal steps, its own rows beside
-  both = tiny_results / "bench_compression_retention8_unc_800.json"
-  both.write_text(json.dumps(dict(doc, steps=800)))
+  # ... and both arms at 400 steps (where the control had not learned): equal steps, its own
+  # rows beside; the seed runs' rows name their steps
+  short = tiny_results / "bench_compression_retention8_unc.json"
+  short.write_text(json.dumps(dict(doc, control_steps=400)))
+  unc0.write_text(json.dumps(dict(doc, steps=800, control_steps=800)))
   d = report.claim_retention(tiny_results)
   assert _row(d, what).note == "the control given the larger budget"
-  eq = _row(d, "retention8, seed 0, stage-1 control trained 800 steps, compressed 800")
+  eq = _row(d, "retention8, seed 0, stage-1 control trained 400 steps, compressed 400")
   assert eq.note == "equal steps"
+  assert _row(d, "retention8 (800 steps each): relative loss of stages 2+3", "(short episodes)")
+  # a seed run at other steps than the compressed arm's seed run is not compared with it
+  assert not [r for r in d.rows if "compressed arm rerun" in r.metric]
   longer.unlink()
-  both.unlink()
+  short.unlink()
   # without any of those runs, (d) neither names them nor reads as missing
-  (tiny_results / "bench_compression_retention8_unc.json").unlink()
+  unc0.unlink()
   d = report.claim_retention(tiny_results)
   assert not d.missing and "retention8_unc" not in " ".join(d.commands)
   assert not [s for s in d.sources if "retention8_unc" in s.path]
