@@ -694,7 +694,8 @@ def train_arm(
   where = pathlib.Path(params_dir) / key["task"] / key["arm"]
   steps = kw.get("steps")
   mngr = ckpt.manager(where, every=1, keep=1_000_000, keep_best=False)
-  metas = {s: ckpt.read_meta(where, s)[1] for s in mngr.all_steps()}
+  metas = {s: ckpt.read_meta(where, s, mngr)[1] for s in mngr.all_steps()}
+  resolved = None
   for meta in metas.values():
     if _settings(meta.get("bench_key")) != _settings(key):
       mngr.close()
@@ -702,8 +703,10 @@ def train_arm(
         f"{where} holds parameters trained with {meta.get('bench_key')}, not {key}: "
         "pass another --params-dir"
       )
-    # The resolved configuration too (a config file edited since, under the same path).
-    resolved = json.loads(json.dumps(config_lib.to_dict(cfg)))
+    # The resolved configuration too (a config file edited since, under the same path);
+    # resolved only once the settings match (`cfg` may be None in a settings mismatch).
+    if resolved is None:
+      resolved = json.loads(json.dumps(config_lib.to_dict(cfg)))
     if meta.get("config") != resolved:
       mngr.close()
       changed = sorted(k for k in resolved if resolved[k] != (meta.get("config") or {}).get(k))

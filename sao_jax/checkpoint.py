@@ -204,13 +204,22 @@ def _move_aside(mngr: ocp.CheckpointManager, step: int) -> pathlib.Path:
   return dst
 
 
-def read_meta(directory: str | pathlib.Path, step: int | None = None) -> tuple[int, dict]:
-  mngr = manager(directory)
-  step = mngr.latest_step() if step is None else step
-  if step is None:
-    raise FileNotFoundError(f"no complete checkpoint in {directory}")
-  meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-  mngr.close()
+def read_meta(
+  directory: str | pathlib.Path, step: int | None = None, mngr=None
+) -> tuple[int, dict]:
+  """(step, metadata) of the snapshot at `step` (default: the latest). `mngr`: a manager
+  already open on `directory`, used and left open (reading many steps opens one, not one
+  each)."""
+  own = mngr is None
+  mngr = manager(directory) if own else mngr
+  try:
+    step = mngr.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no complete checkpoint in {directory}")
+    meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+  finally:
+    if own:
+      mngr.close()
   return step, dict(meta)
 
 
