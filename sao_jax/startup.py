@@ -26,9 +26,10 @@ MIN_COMPILE_S = 0.2
 MAX_CACHE_BYTES = 2 << 30  # least recently used entries go first beyond this
 
 
-def mark(name: str) -> float:
-  """Seconds since the process loaded sao_jax, recorded under `name` the first time."""
-  return MARKS.setdefault(name, time.time() - sao_jax.PROCESS_T0)
+def mark(name: str, at: float | None = None) -> float:
+  """Seconds since the process loaded sao_jax (until now, or until the time `at` when the
+  stage ended earlier), recorded under `name` the first time."""
+  return MARKS.setdefault(name, (time.time() if at is None else at) - sao_jax.PROCESS_T0)
 
 
 def breakdown(names: list[str]) -> dict[str, float]:

@@ -12,6 +12,13 @@ def test_breakdown_is_durations_between_marks_in_order(monkeypatch):
   assert startup.breakdown(["a", "b", "missing", "c"]) == {"a": 1.0, "b": 2.0, "c": 1.5}
   first = startup.mark("a")  # recorded once: the first time a stage finished
   assert first == 1.0 and startup.MARKS["a"] == 1.0
+  # A stage that ended before it is marked (the first update, before its ledger write) is
+  # marked at its end, so the stages add up to the time measured to that end.
+  import sao_jax
+
+  end = sao_jax.PROCESS_T0 + 7.25
+  assert startup.mark("d", at=end) == pytest.approx(7.25)
+  assert startup.breakdown(["a", "b", "c", "d"])["d"] == pytest.approx(7.25 - 4.5)
 
 
 def test_cache_dir_settings(monkeypatch, tmp_path):

@@ -38,7 +38,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import sao_jax
 from sao_jax import admission, distributed, recovery, startup
 from sao_jax import checkpoint as ckpt_lib
 from sao_jax import config as config_lib
@@ -451,8 +450,9 @@ class SAOLearner:
         check=check,
       )
     if loop.resume_info is not None and "recovery_s" not in loop.resume_info:
-      loop.resume_info["recovery_s"] = t_done - sao_jax.PROCESS_T0
-      startup.mark("first_update")
+      # The first update ended at t_done (before the ledger write): the restart's time and
+      # its last stage both end there, so the stages add up to it whatever the ledger took.
+      loop.resume_info["recovery_s"] = startup.mark("first_update", at=t_done)
       loop.resume_info["breakdown_s"] = startup.breakdown(STARTUP_STAGES)
       loop.resume_info["compile_cache"] = self.compile_cache
       loop.counts["recovery_ms_total"] += int(1000 * loop.resume_info["recovery_s"])
