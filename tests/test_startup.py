@@ -4,6 +4,7 @@ import pathlib
 
 import pytest
 
+import sao_jax
 from sao_jax import startup
 
 
@@ -14,8 +15,6 @@ def test_breakdown_is_durations_between_marks_in_order(monkeypatch):
   assert first == 1.0 and startup.MARKS["a"] == 1.0
   # A stage that ended before it is marked (the first update, before its ledger write) is
   # marked at its end, so the stages add up to the time measured to that end.
-  import sao_jax
-
   end = sao_jax.PROCESS_T0 + 7.25
   assert startup.mark("d", at=end) == pytest.approx(7.25)
   assert startup.breakdown(["a", "b", "c", "d"])["d"] == pytest.approx(7.25 - 4.5)
