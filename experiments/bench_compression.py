@@ -159,6 +159,13 @@ def _parser():
     "them instead of training (resumes a stopped run)",
   )
   p.add_argument("--out", default=str(ROOT / "results/bench_compression.json"))
+  p.add_argument(
+    "--resume",
+    action="store_true",
+    help="keep the parts --out already holds from a stopped run with the same settings "
+    "(needs --params-dir, so that the arms are restored, not retrained): a task's short "
+    "episodes, its bytes and filters, each arm's 1,000-step accuracy, its peak memory",
+  )
   return p
 
 
@@ -310,28 +317,41 @@ LONG_ARM_NAMES = {
 GAP_EDGES = (32, 64, 128, 256, 512, 1000)
 
 
-def long_accuracy(arms: dict, tasks, *, length: int) -> dict:
+def long_accuracy(arms: dict, tasks, *, length: int, done: dict | None = None, on_arm=None) -> dict:
   """Greedy accuracy on 1,000-step episodes, overall and by recall distance.
 
   arms: name -> (config, programs, policy or model, params, memory: bool). The full-context control
   trained on the short episodes reads the last `length` tokens (its trained context; the
   whole 1,000-step episode is ~10^4 tokens, past its position table and this machine's
-  memory for training): what a control trained at this budget can do at this length."""
+  memory for training): what a control trained at this budget can do at this length.
+  Each arm records its per-question rewards (`correct`, in question order), so `done` (this
+  dict from a stopped run on the same episodes) keeps its finished arms, and the paired
+  comparison still covers them; `on_arm(out)` is called after each arm (to save it)."""
   gaps = np.asarray([q - f for t in tasks for q, f in question_facts(t)])
   out = {"episodes": len(tasks), "questions": len(gaps), "control_context_tokens": length}
-  rewards = {}
+  done = done or {}
+  if (done.get("episodes"), done.get("questions")) == (out["episodes"], out["questions"]):
+    out.update({k: done[k] for k in arms if "correct" in done.get(k, {})})
   for name, (cfg, progs, pol, params, memory) in arms.items():
+    if name in out:
+      continue
     t0 = time.time()
     _, trajs = L.evaluate(cfg, progs, pol, params, tasks, memory, length=length)
-    r = rewards[name] = _rewards(trajs)
+    r = _rewards(trajs)
     by_gap = {}
     for lo, hi in zip(GAP_EDGES[:-1], GAP_EDGES[1:], strict=True):
       sel = (gaps >= lo) & (gaps < hi)
       if sel.any():
         by_gap[f"{lo}-{hi}"] = {"questions": int(sel.sum()), "accuracy": float(r[sel].mean())}
-    out[name] = dict(_accuracy_stats(trajs), by_gap=by_gap, seconds=time.time() - t0)
-  if "uncompressed_memory" in rewards and "compressed" in rewards:
-    out["vs_uncompressed"] = _paired(rewards["uncompressed_memory"], rewards["compressed"])
+    out[name] = dict(
+      _accuracy_stats(trajs), by_gap=by_gap, seconds=time.time() - t0, correct=r.tolist()
+    )
+    if "uncompressed_memory" in out and "compressed" in out:
+      out["vs_uncompressed"] = _paired(
+        np.asarray(out["uncompressed_memory"]["correct"]), np.asarray(out["compressed"]["correct"])
+      )
+    if on_arm:
+      on_arm(out)
   return out
 
 
@@ -658,6 +678,117 @@ def peak_memories(cfg: Config, test, long_tasks, length: int, stage1: bool, log)
   return memory
 
 
+def short_episodes(arms: dict, trained: dict, spec, train_spec, test, length, control_steps, log):
+  """Part 2 on the held-out short episodes: each arm's greedy accuracy with its training
+  record (`trained`: name -> (seconds, last metrics, origin)), the compressed arm with float
+  memory (stage 3 off), its misses attributed, and its paired loss against each control."""
+  stats, rewards = {}, {}
+  for name, (acfg, progs, pol, params, memory) in arms.items():
+    secs, metrics, origin = trained[name]
+    acc, trajs = L.evaluate(acfg, progs, pol, params, test, memory, length=length)
+    a = stats[name] = dict(_accuracy_stats(trajs), train_seconds=secs, final_metrics=metrics)
+    rewards[name] = _rewards(trajs)
+    if memory:
+      a["kept_steps_mean"] = float(np.mean([t.bank["entries"] for t in trajs]))
+    if name == "compressed":
+      # Episodes whose learner replay needs the graveyard (memory.py).
+      a["episodes_with_evictions"] = int(sum(t.bank["evicted"] > 0 for t in trajs))
+      mem_trajs = trajs
+      log(f"  compressed: accuracy {acc:.3f} +- {a['stderr']:.3f} ({secs:.0f} s training)")
+    elif name == "full_context":
+      log(f"  full context: accuracy {acc:.3f} +- {a['stderr']:.3f} ({secs:.0f} s training)")
+    else:
+      a.update(bank_capacity=acfg.compression.capacity, steps=control_steps)
+      vs_unc = _paired(rewards[name], rewards["compressed"])
+      log(
+        f"  uncompressed memory (stage 1 only): accuracy {acc:.3f} ({control_steps} steps, "
+        f"{secs:.0f} s training); "
+        f"relative loss of compressed vs it {100 * vs_unc['relative_loss']:.1f}%"
+      )
+    if origin:
+      a["params"] = origin
+  # Stage 3 ablation: the same trained parameters with float memory.
+  cfg, _, _, mem_params, _ = arms["compressed"]
+  fcfg = dataclasses.replace(cfg, compression=dataclasses.replace(cfg.compression, quantize=False))
+  fprogs, fpol = L.build(fcfg, True)
+  acc_f, ftrajs = L.evaluate(fcfg, fprogs, fpol, mem_params, test, True, length=length)
+  stats["compressed_float_memory"] = _accuracy_stats(ftrajs)
+  log(f"  float memory: {acc_f:.3f}")
+  errors = error_attribution(cfg, mem_trajs, test, rewards.get("full_context"))
+  log(
+    f"  compressed missed {errors['missed']['n']} (fact seen when asked: "
+    f"{errors['missed']['fact_seen']})"
+    + (
+      f"; lost vs the control {errors['lost']['n']} (fact seen: {errors['lost']['fact_seen']})"
+      if "lost" in errors
+      else ""
+    )
+  )
+  task = {
+    "spec": dataclasses.asdict(spec),
+    "train_spec": dataclasses.asdict(train_spec),
+    "chance": 0.1,  # a uniform guess of the answer digit
+    "arms": stats,
+    "compressed_errors": errors,
+  }
+  if "full_context" in rewards:
+    # Paired over the same held-out questions: s.e. of the mean per-question difference.
+    vs_full = _paired(rewards["full_context"], rewards["compressed"])
+    log(
+      f"  relative loss vs full context {100 * vs_full['relative_loss']:.1f}% "
+      f"+- {100 * vs_full['relative_loss_stderr_paired']:.1f}%"
+    )
+    task.update(
+      relative_loss=vs_full["relative_loss"],
+      relative_loss_stderr_paired=vs_full["relative_loss_stderr_paired"],
+      questions_discordant={
+        "full_right_compressed_wrong": vs_full["control_right_other_wrong"],
+        "compressed_right_full_wrong": vs_full["other_right_control_wrong"],
+      },
+    )
+  if "uncompressed_memory" in rewards:
+    # Against the stage-1-only memory: what the temporal filter and INT8 lose.
+    task["vs_uncompressed"] = _paired(rewards["uncompressed_memory"], rewards["compressed"])
+  return task
+
+
+# What a stopped run must share with its rerun for --resume to keep its measurements.
+RESUME_KEYS = ("overrides", "quick", "steps", "control_steps", "num_test", "seed")
+
+
+def _config_id(path: str) -> str:
+  """A config path as the checkout names it, wherever the checkout lay (a frozen copy
+  elsewhere holds the same file)."""
+  p = _portable(path)
+  return p[p.index("experiments/") :] if "experiments/" in p else p
+
+
+def _resumable(out: pathlib.Path, result: dict, parser) -> dict:
+  """With --resume: the tasks of the stopped run's JSON at `out` (none if there is no file),
+  after checking that it ran with this run's settings; `result` records what was kept."""
+  if not out.exists():
+    return {}
+  try:
+    prev = json.loads(out.read_text())
+  except (OSError, ValueError) as e:
+    parser.error(f"--resume: cannot read {out}: {e}")
+  differ = [k for k in RESUME_KEYS if prev.get(k) != result[k]]
+  if _config_id(prev.get("config", "")) != _config_id(result["config"]):
+    differ.insert(0, "config")
+  if differ:
+    parser.error(
+      f"--resume: {out} was written with other settings ("
+      + ", ".join(f"{k}: {prev.get(k)!r} there, {result[k]!r} here" for k in differ)
+      + "): pass another --out, or drop --resume to measure again"
+    )
+  result["resumed_from"] = {
+    "commit": (prev.get("provenance") or {}).get("commit"),
+    "done": prev.get("done"),
+    "seconds": prev.get("seconds"),
+  }
+  return prev.get("tasks") or {}
+
+
 def _portable(cfg_path: str) -> str:
   """A config path relative to the checkout when it lies inside it."""
   try:
@@ -807,6 +938,8 @@ def main(argv=None) -> dict:
     result.update(complete=complete, done=done, seconds=time.time() - t_start)
     write_result(out, result, default=float)  # keeps the provenance read at the start
 
+  if args.resume and not args.params_dir:
+    _parser().error("--resume keeps measurements of restored arms: add --params-dir")
   result = {
     "provenance": provenance(),
     "config": cfg_path,
@@ -819,6 +952,7 @@ def main(argv=None) -> dict:
     "machine": {"platform": platform.platform(), "devices": str(jax.devices())},
     "tasks": {},
   }
+  kept_tasks = _resumable(out, result, _parser()) if args.resume else {}
   for name, spec in specs.items():
     log(f"== {name}: {spec}")
     train = make_split(mod.TRAIN_TASKS[variant][name], "train", 4000, 0, num_test=num_test)
@@ -833,7 +967,6 @@ def main(argv=None) -> dict:
       }
       save(f"{name}: peak memory")
       continue
-    arms = {}
     mem_progs = L.build(cfg, True, mode="sft")
     train_kw = dict(steps=steps, length=length, seed=args.seed, log=log)
     # What determines an arm's trained parameters (checked before --params-dir reuses them).
@@ -845,37 +978,20 @@ def main(argv=None) -> dict:
       num_test=num_test,
       **{k: v for k, v in train_kw.items() if k != "log"},
     )
-    full_rewards = full_arm = None
+    # Each arm's parameters (trained, or restored with --params-dir): name -> (config,
+    # programs, policy or model, params, memory) and its training record.
+    arms, trained = {}, {}
     for memory in (True,) if args.no_token_control else (True, False):
       progs, pol = mem_progs if memory else L.build(cfg, False, full_len=length)
       arm_name = "compressed" if memory else "full_context"
-      params, secs, metrics, origin = train_arm(
+      params, *record = train_arm(
         args.params_dir, dict(key, arm=arm_name), cfg, progs, memory, train, **train_kw
       )
-      acc, trajs = L.evaluate(cfg, progs, pol, params, test, memory, length=length)
-      arm = dict(_accuracy_stats(trajs), train_seconds=secs, final_metrics=metrics)
-      if origin:
-        arm["params"] = origin
-      if memory:
-        arm["kept_steps_mean"] = float(np.mean([t.bank["entries"] for t in trajs]))
-        # Episodes whose learner replay needs the graveyard (memory.py).
-        arm["episodes_with_evictions"] = int(sum(t.bank["evicted"] > 0 for t in trajs))
-        mem_params = params
-        mem_rewards = _rewards(trajs)
-        mem_trajs = trajs
-        mem_arm = (cfg, progs, pol, params, True)
-      else:
-        full_rewards = _rewards(trajs)
-        full_arm = (cfg, progs, pol, params, False)
-      arms[arm_name] = arm
-      log(
-        f"  {'compressed' if memory else 'full context'}: accuracy {acc:.3f} "
-        f"+- {arm['stderr']:.3f} ({secs:.0f} s training)"
-      )
+      arms[arm_name], trained[arm_name] = (cfg, progs, pol, params, memory), record
     if args.uncompressed_control:
       ucfg = uncompressed_cfg(cfg, max(spec.n_steps, mod.TRAIN_TASKS[variant][name].n_steps))
       uprogs, upol = L.build(ucfg, True, mode="sft")
-      unc_params, secs, metrics, origin = train_arm(
+      unc_params, *record = train_arm(
         args.params_dir,
         dict(key, arm="uncompressed_memory", steps=control_steps),
         ucfg,
@@ -884,112 +1000,76 @@ def main(argv=None) -> dict:
         train,
         **dict(train_kw, steps=control_steps),
       )
-      acc_u, utrajs = L.evaluate(ucfg, uprogs, upol, unc_params, test, True, length=length)
-      arms["uncompressed_memory"] = dict(
-        _accuracy_stats(utrajs),
-        train_seconds=secs,
-        final_metrics=metrics,
-        kept_steps_mean=float(np.mean([t.bank["entries"] for t in utrajs])),
-        bank_capacity=ucfg.compression.capacity,
-        steps=control_steps,
+      arms["uncompressed_memory"] = (ucfg, uprogs, upol, unc_params, True)
+      trained["uncompressed_memory"] = record
+    mem_params = arms["compressed"][3]
+    kept = kept_tasks.get(name, {})
+    if set(kept.get("arms", {})) == {*arms, "compressed_float_memory"}:
+      result["tasks"][name] = kept
+      log(f"  short episodes: kept from {out} (measured before the rerun)")
+    else:
+      kept = {}
+      result["tasks"][name] = short_episodes(
+        arms, trained, spec, mod.TRAIN_TASKS[variant][name], test, length, control_steps, log
       )
-      if origin:
-        arms["uncompressed_memory"]["params"] = origin
-      vs_unc = _paired(_rewards(utrajs), mem_rewards)
-      log(
-        f"  uncompressed memory (stage 1 only): accuracy {acc_u:.3f} ({control_steps} steps, "
-        f"{secs:.0f} s training); "
-        f"relative loss of compressed vs it {100 * vs_unc['relative_loss']:.1f}%"
-      )
-    # Stage 3 ablation: the same trained parameters with float memory.
-    fcfg = dataclasses.replace(
-      cfg, compression=dataclasses.replace(cfg.compression, quantize=False)
-    )
-    fprogs, fpol = L.build(fcfg, True)
-    acc_f, ftrajs = L.evaluate(fcfg, fprogs, fpol, mem_params, test, True, length=length)
-    arms["compressed_float_memory"] = _accuracy_stats(ftrajs)
-    log(f"  float memory: {acc_f:.3f}")
-    errors = error_attribution(cfg, mem_trajs, test, full_rewards)
-    log(
-      f"  compressed missed {errors['missed']['n']} (fact seen when asked: "
-      f"{errors['missed']['fact_seen']})"
-      + (
-        f"; lost vs the control {errors['lost']['n']} (fact seen: {errors['lost']['fact_seen']})"
-        if "lost" in errors
-        else ""
-      )
-    )
-    result["tasks"][name] = {
-      "spec": dataclasses.asdict(spec),
-      "train_spec": dataclasses.asdict(mod.TRAIN_TASKS[variant][name]),
-      "chance": 0.1,  # a uniform guess of the answer digit
-      "arms": arms,
-      "compressed_errors": errors,
-    }
-    if full_rewards is not None:
-      # Paired over the same held-out questions: s.e. of the mean per-question difference.
-      vs_full = _paired(full_rewards, mem_rewards)
-      log(
-        f"  relative loss vs full context {100 * vs_full['relative_loss']:.1f}% "
-        f"+- {100 * vs_full['relative_loss_stderr_paired']:.1f}%"
-      )
-      result["tasks"][name].update(
-        relative_loss=vs_full["relative_loss"],
-        relative_loss_stderr_paired=vs_full["relative_loss_stderr_paired"],
-        questions_discordant={
-          "full_right_compressed_wrong": vs_full["control_right_other_wrong"],
-          "compressed_right_full_wrong": vs_full["other_right_control_wrong"],
-        },
-      )
-    if args.uncompressed_control:
-      # Against the stage-1-only memory: what the temporal filter and INT8 lose.
-      result["tasks"][name]["vs_uncompressed"] = vs_unc
-    save(f"{name}: short episodes")
+      save(f"{name}: short episodes")
     if args.accuracy_only or name not in long_specs:
       continue
+    task = result["tasks"][name]
     long_tasks = make_split(long_specs[name], "test", args.long_episodes, 1)
-    stages = bytes_per_stage(cfg, mem_progs[0], mem_progs[1], mem_params, long_tasks)
-    log(
-      f"  {long_specs[name].n_steps}-step bytes: "
-      + ", ".join(f"{k} {v / 1e3:.1f} kB" for k, v in stages["bytes"].items())
-    )
-    log(
-      f"  facts kept {stages['facts_kept_frac']:.3f}, visible at their question "
-      f"{stages['facts_visible_at_question_frac']:.3f}, evictions {stages['evicted']}, "
-      f"dropped (bank full) {stages['dropped_bank_full']}"
-    )
-    # Ablations with the same trained parameters: each filter, whole bank vs a window.
-    stages["filters"] = filter_ablations(cfg, mem_params, long_tasks)
-    for k, v in stages["filters"].items():
+    stages = task.get("bytes_per_stage") or {}
+    if stages.get("episodes") == args.long_episodes and "filters" in stages:
+      log(f"  {long_specs[name].n_steps}-step bytes and filters: kept from {out}")
+    else:
+      stages = bytes_per_stage(cfg, mem_progs[0], mem_progs[1], mem_params, long_tasks)
       log(
-        f"  {k}: facts kept {v['facts_kept_frac']:.3f}, visible at their question "
-        f"{v['facts_visible_at_question_frac']:.3f}"
+        f"  {long_specs[name].n_steps}-step bytes: "
+        + ", ".join(f"{k} {v / 1e3:.1f} kB" for k, v in stages["bytes"].items())
       )
-    result["tasks"][name].update(
-      long_spec=dataclasses.asdict(long_specs[name]), bytes_per_stage=stages
-    )
-    save(f"{name}: bytes per stage and filters")
+      log(
+        f"  facts kept {stages['facts_kept_frac']:.3f}, visible at their question "
+        f"{stages['facts_visible_at_question_frac']:.3f}, evictions {stages['evicted']}, "
+        f"dropped (bank full) {stages['dropped_bank_full']}"
+      )
+      # Ablations with the same trained parameters: each filter, whole bank vs a window.
+      stages["filters"] = filter_ablations(cfg, mem_params, long_tasks)
+      for k, v in stages["filters"].items():
+        log(
+          f"  {k}: facts kept {v['facts_kept_frac']:.3f}, visible at their question "
+          f"{v['facts_visible_at_question_frac']:.3f}"
+        )
+      task.update(long_spec=dataclasses.asdict(long_specs[name]), bytes_per_stage=stages)
+      task.pop("peak_memory", None)
+      save(f"{name}: bytes per stage and filters")
     if long_eval:
       evals = make_split(long_specs[name], "test", long_eval, 2)
-      long_arms = {"compressed": mem_arm}
-      if full_arm is not None:
-        long_arms["full_context_window"] = full_arm
+      long_arms = {"compressed": arms["compressed"]}
+      if "full_context" in arms:
+        long_arms["full_context_window"] = arms["full_context"]
       if args.uncompressed_control:
         lcfg = uncompressed_cfg(cfg, long_specs[name].n_steps)
         lprogs, lpol = L.build(lcfg, True, mode="sft")
         long_arms["uncompressed_memory"] = (lcfg, lprogs, lpol, unc_params, True)
-      stages["long_accuracy"] = long_accuracy(long_arms, evals, length=length)
-      save(f"{name}: {long_specs[name].n_steps}-step accuracy")
-      la = stages["long_accuracy"]
+      n_long = long_specs[name].n_steps
+
+      def saved(la, name=name, n_long=n_long, long_arms=long_arms, stages=stages):
+        stages["long_accuracy"] = la
+        save(f"{name}: {n_long}-step accuracy of " + ", ".join(k for k in long_arms if k in la))
+
+      stages["long_accuracy"] = la = long_accuracy(
+        long_arms, evals, length=length, done=stages.get("long_accuracy"), on_arm=saved
+      )
+      save(f"{name}: {n_long}-step accuracy")
       log(
-        f"  {long_specs[name].n_steps}-step accuracy ({la['questions']} questions): "
+        f"  {n_long}-step accuracy ({la['questions']} questions): "
         + ", ".join(
           f"{LONG_ARM_NAMES[k].format(length=length)} {la[k]['accuracy']:.3f}" for k in long_arms
         )
       )
-    result["tasks"][name]["peak_memory"] = peak_memories(
-      cfg, test, long_tasks, length, args.uncompressed_control, log
-    )
+    if "peak_memory" not in task:
+      task["peak_memory"] = peak_memories(
+        cfg, test, long_tasks, length, args.uncompressed_control, log
+      )
     if not (args.no_attention_cost or args.quick) and "attention_cost" not in result:
       result["attention_cost"] = attention_cost(cfg, train, test, length=length)
       log(f"  whole bank vs last 16 entries: {result['attention_cost']['full_bank_over_window']}")

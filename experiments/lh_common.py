@@ -27,6 +27,7 @@ from sao_jax.config import Config
 from sao_jax.envs.longhorizon import LongHorizonEnv
 from sao_jax.learner import make_optimizer
 from sao_jax.models.transformer import TransformerLM
+from sao_jax.packing import round_up
 from sao_jax.runners.compiled import compile_memory_programs, compile_programs
 from sao_jax.tokenizer import CharTokenizer
 
@@ -165,7 +166,10 @@ def evaluate(
   slots: int = 32,
   seed: int = 0,
 ):
-  """Greedy rollouts on `tasks`; returns (accuracy over graded steps, trajectories)."""
+  """Greedy rollouts on `tasks`, at most `slots` side by side (fewer tasks run on fewer rows,
+  rounded up to the mesh's batch divisor: greedy rows do not depend on each other, and a
+  1,000-step episode costs per row); returns (accuracy over graded steps, trajectories)."""
+  slots = min(slots, round_up(len(tasks), getattr(progs, "batch_divisor", 1)))
   trajs = []
   rng = jax.random.key(seed)
   c = cfg.compression

@@ -31,7 +31,8 @@ def _bench(tmp_path, repo_root, *flags) -> tuple[dict, str]:
 
 @pytest.mark.slow
 def test_bench_compression_quick(tmp_path, repo_root):
-  r, stdout = _bench(tmp_path, repo_root, "--uncompressed-control")
+  flags = ("--uncompressed-control", "--params-dir", str(tmp_path / "params"))
+  r, stdout = _bench(tmp_path, repo_root, *flags)
   assert "SAO / GRPO" in stdout
   assert r["quick"] and r["tasks"]
   assert r["complete"] and r["done"] == "all"  # partial writes along the way say otherwise
@@ -120,6 +121,38 @@ def test_bench_compression_quick(tmp_path, repo_root):
     g1, s1 = lm["grpo_n8_stage1_memory"]["peak"], lm["sao_stage1_memory"]["peak"]
     assert g1 > s1 > lm["sao_compressed"]["peak"]
     assert lm["ratio_sao_over_grpo_stage1"] == pytest.approx(lm["sao_compressed"]["peak"] / g1)
+  # --resume after a run stopped in its 1,000-step accuracy (one arm done): the finished parts
+  # are kept as measured, the missing arm is measured (the same greedy episodes, so the same
+  # numbers), and its paired comparison with the kept arm is made from the kept answers.
+  out = tmp_path / "bench.json"
+  stopped = json.loads(out.read_text())
+  la = stopped["tasks"]["retention"]["bytes_per_stage"]["long_accuracy"]
+  full = dict(la)
+  for k in ("uncompressed_memory", "vs_uncompressed"):
+    del la[k]
+  stopped.update(complete=False, done="retention: 120-step accuracy of compressed")
+  out.write_text(json.dumps(stopped))
+  r2, stdout2 = _bench(tmp_path, repo_root, *flags, "--resume")
+  assert "short episodes: kept from" in stdout2 and "bytes and filters: kept from" in stdout2
+  assert r2["complete"] and r2["resumed_from"]["done"] == stopped["done"]
+  t, t2 = r["tasks"]["retention"], r2["tasks"]["retention"]
+  assert t2["arms"] == t["arms"] and t2["peak_memory"] == t["peak_memory"]
+  la2 = t2["bytes_per_stage"]["long_accuracy"]
+  assert la2["compressed"] == full["compressed"]  # kept: the same seconds too
+  u, u2 = full["uncompressed_memory"], la2["uncompressed_memory"]
+  assert (u2["correct"], u2["accuracy"]) == (u["correct"], u["accuracy"])
+  assert la2["vs_uncompressed"] == full["vs_uncompressed"]
+  # Other settings are refused, not mixed into the file.
+  proc = subprocess.run(
+    [sys.executable, "experiments/bench_compression.py", "--quick", *flags, "--resume"]
+    + ["--seed", "1", "--out", str(out)],
+    cwd=repo_root,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    env=subprocess_env(),
+  )
+  assert proc.returncode == 2 and "seed: 0 there, 1 here" in proc.stderr
 
 
 @pytest.mark.slow
