@@ -46,7 +46,11 @@ finished, until the end), so a run stopped part-way keeps what it measured. With
 --params-dir DIR each arm's trained parameters are saved there (Orbax, with checksums) and a
 later run with the same settings and DIR restores them instead of training again: a multi-hour
 run stopped in its evaluation resumes without retraining (the arm records where its
-parameters came from and the CPU they were trained on).
+parameters came from and the CPU they were trained on). With --resume as well, the rerun
+also keeps what the stopped run's JSON (--out) already measured, once its settings are
+checked to match: a task's short episodes, its bytes and filters, each arm's 1,000-step
+accuracy (saved after each arm, with its per-question answers for the paired comparison)
+and its peak memory; `resumed_from` records the run it continued.
 
 Run (default, ~30 min on a shared 2-core CPU; writes results/bench_compression.json):
   python experiments/bench_compression.py

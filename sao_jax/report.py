@@ -740,19 +740,26 @@ def _gap_rows(metric: str, by_arm: dict, cell, note: str) -> list[Row]:
 
 def long_accuracy_rows(task: str, t: dict, by_gap: bool) -> list[Row]:
   """The 1,000-step accuracy of a bench_compression task `t`: compressed vs the full-context
-  control on its trained window; with `by_gap`, also by recall distance (where each arm
-  stops recalling)."""
+  control on its trained window (where the run has it; --no-token-control runs have the
+  stage-1 memory instead, or no control); with `by_gap`, also by recall distance (where each
+  arm stops recalling)."""
   b = t.get("bytes_per_stage") or {}
   la = b.get("long_accuracy")
-  if not la:
+  if not la or "compressed" not in la:
     return []
   trained = t.get("train_spec") or t.get("spec") or {}
+  arms = ["compressed"] + [a for a in ("full_context_window", "uncompressed_memory") if a in la]
+  names = {
+    "full_context_window": f"full-context control on its last {la['control_context_tokens']} "
+    "tokens",
+    "uncompressed_memory": "stage-1 memory (every step, float32)",
+  }
   rows = [
     Row(
-      f"{task}: accuracy on {b['steps']}-step episodes, compressed vs full-context "
-      f"control on its last {la['control_context_tokens']} tokens",
+      f"{task}: accuracy on {b['steps']}-step episodes, "
+      + " vs ".join(["compressed"] + [names[a] for a in arms[1:]]),
       "-",
-      f"{_accuracy(la['compressed'])} vs {_accuracy(la['full_context_window'])}",
+      " vs ".join(_accuracy(la[a]) for a in arms),
       f"{la['episodes']} episodes; trained on {trained.get('n_steps')}-step episodes with "
       f"{trained.get('n_facts')} fact(s)",
     )
@@ -760,7 +767,7 @@ def long_accuracy_rows(task: str, t: dict, by_gap: bool) -> list[Row]:
   if by_gap:
     rows += _gap_rows(
       f"{task}, {b['steps']} steps: {{}} accuracy by turns since the fact",
-      {arm: la[arm].get("by_gap") for arm in ("compressed", "full_context_window")},
+      {arm: la[arm].get("by_gap") for arm in arms},
       lambda v: f"{v['accuracy']:.0%} ({v['questions']})",
       "(questions per bucket)",
     )

@@ -737,6 +737,42 @@ def test_compression_seeds_of_another_configuration_are_left_out():
   assert report.compression_seed_rows({"retention": {**over["retention"], "seeds": [0]}}) == []
 
 
+def test_long_accuracy_rows_name_the_controls_the_run_has():
+  """The 1,000-step rows compare the compressed arm with whichever controls the run measured
+  (a --no-token-control run has the stage-1 memory and no window control), never a missing
+  one."""
+
+  def arm(acc, n=128):
+    return {
+      "accuracy": acc,
+      "questions": n,
+      "stderr": 0.0,
+      "by_gap": {"32-64": {"questions": n, "accuracy": acc}},
+    }
+
+  t = {
+    "train_spec": {"n_steps": 128, "n_facts": 8},
+    "bytes_per_stage": {
+      "steps": 1000,
+      "long_accuracy": {
+        "episodes": 16,
+        "questions": 128,
+        "control_context_tokens": 1312,
+        "compressed": arm(1.0),
+        "uncompressed_memory": arm(0.75),
+      },
+    },
+  }
+  rows = report.long_accuracy_rows("retention8", t, by_gap=True)
+  assert "compressed vs stage-1 memory" in rows[0].metric and "full-context" not in rows[0].metric
+  assert rows[0].ours.startswith("100.0") and " vs 75.0" in rows[0].ours
+  assert any("75%" in r.ours for r in rows[1:])
+  t["bytes_per_stage"]["long_accuracy"]["full_context_window"] = arm(0.25)
+  (row,) = report.long_accuracy_rows("retention8", t, by_gap=False)
+  assert row.ours.count(" vs ") == 2 and "last 1312 tokens vs stage-1" in row.metric
+  assert report.long_accuracy_rows("retention8", {"bytes_per_stage": {"steps": 1000}}, True) == []
+
+
 def test_rl_gain_rows_per_arith_setting(tiny_results):
   e = report.claim_rl_gain(tiny_results)
   # plateau: last-third gains 2 and 4 points; t_{0.975,1} = 12.706 -> CI 3 -/+ 12.7
