@@ -1008,11 +1008,17 @@ def main(argv=None) -> dict:
       trained["uncompressed_memory"] = record
     mem_params = arms["compressed"][3]
     kept = kept_tasks.get(name, {})
-    if set(kept.get("arms", {})) == {*arms, "compressed_float_memory"}:
+    # Kept only if the stopped run measured these very parameters: each arm's training
+    # seconds are those of the snapshot restored here (another --params-dir differs).
+    same = set(kept.get("arms", {})) == {*arms, "compressed_float_memory"} and all(
+      kept["arms"][a].get("train_seconds") == trained[a][0] for a in arms
+    )
+    if same:
       result["tasks"][name] = kept
       log(f"  short episodes: kept from {out} (measured before the rerun)")
     else:
-      kept = {}
+      if kept:
+        log(f"  {out} holds other arms or parameters for {name}: measuring it again")
       result["tasks"][name] = short_episodes(
         arms, trained, spec, mod.TRAIN_TASKS[variant][name], test, length, control_steps, log
       )

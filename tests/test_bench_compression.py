@@ -166,8 +166,15 @@ def test_bench_compression_no_token_control(tmp_path, repo_root):
   assert r["complete"] and r["done"] == "all"
   assert "params" not in t["arms"]["compressed"]  # trained here
   # --params-dir: a rerun restores the saved parameters instead of training (a stopped run
-  # resumes): same accuracy and training record, and it says where they came from.
-  r2, _ = _bench(tmp_path, repo_root, *flags)
+  # resumes): same accuracy and training record, and it says where they came from. With
+  # --resume, a JSON whose arms were not trained as the restored snapshot says (here: other
+  # training seconds, as from another --params-dir) is measured again, not kept.
+  out = tmp_path / "bench.json"
+  other = json.loads(out.read_text())
+  other["tasks"]["retention"]["arms"]["compressed"]["train_seconds"] += 1.0
+  out.write_text(json.dumps(other))
+  r2, stdout2 = _bench(tmp_path, repo_root, *flags, "--resume")
+  assert "holds other arms or parameters for retention: measuring it again" in stdout2
   a, a2 = t["arms"]["compressed"], r2["tasks"]["retention"]["arms"]["compressed"]
   assert a2["params"]["restored_from"] == str(params_dir / "retention" / "compressed")
   assert a2["params"]["trained_on_cpu"] == r["provenance"]["machine"]["cpu"]
