@@ -68,6 +68,9 @@ class Source:
   # A run that wrote its JSON part by part and stopped before the end (`complete: false`):
   # the last part it finished (`done`), so a reader knows the file is not the whole run.
   partial: str | None = None
+  # A run that resumed a stopped one (bench_compression --resume) and kept its finished parts:
+  # that run's commit and the last part it had finished.
+  resumed: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,7 +172,16 @@ def source(name: str, doc: dict | None) -> Source:
     machine=machine_str(p.get("machine") or doc.get("machine"), doc.get("cpus")),
     time=p.get("time"),
     partial=(doc.get("done") or "not recorded") if doc.get("complete") is False else None,
+    resumed=_resumed(doc.get("resumed_from")),
   )
+
+
+def _resumed(r: dict | None) -> str | None:
+  """'commit `abc`, after <part>' of a stopped run that a result resumed (None: not resumed)."""
+  if not r:
+    return None
+  commit = f"`{r['commit'][:12]}`" if r.get("commit") else "not recorded"
+  return f"commit {commit}, after {r.get('done') or 'not recorded'}"
 
 
 # Formatting ---------------------------------------------------------------------------------
@@ -1419,7 +1431,8 @@ def stage1_control_rows(
   if lo:
     rows += _vs_uncompressed_rows(label, lo, "1,000-step episodes")
     rows += _gap_rows(
-      f"{label}, 1,000 steps: {{}} accuracy by turns since the fact, {lo['seeds']} seeds",
+      f"{label}, 1,000 steps: {{}} accuracy by turns since the fact, {lo['seeds']} "
+      f"seed{'s' * (lo['seeds'] != 1)}",
       {"uncompressed_memory": lo.get("by_gap", {}).get("uncompressed_memory")},
       lambda v: ms(v, "{:.0f}", 100, " %"),
       "mean ± s.e. over seeds",
@@ -1467,7 +1480,8 @@ def stage1_control_rows(
   if lo and "uncompressed_memory" in sh and "uncompressed_memory" in lo:
     diffs.append(
       f"{label} against the stage-1-only memory (every step kept in float32, same budget), "
-      f"{len(o['seeds'])} seeds: accuracy {_pct(sh['uncompressed_memory'])} vs compressed "
+      f"{len(o['seeds'])} seed{'s' * (len(o['seeds']) != 1)}: accuracy "
+      f"{_pct(sh['uncompressed_memory'])} vs compressed "
       f"{_pct(sh['compressed'])} on the short episodes, {_pct(lo['uncompressed_memory'])} vs "
       f"{_pct(lo['compressed'])} at 1,000 steps; relative loss of stages 2+3 "
       f"{_pct_ci(sh['relative_loss_vs_uncompressed'])} and "
@@ -2187,6 +2201,8 @@ def to_markdown(c: Claim, level: int = 2) -> str:
     ]
     if s.time:
       bits.append(s.time)
+    if s.resumed:
+      bits.append(f"parts measured before by the run it resumed ({s.resumed})")
     if s.partial:
       bits.insert(0, f"**partial: the run stopped after {s.partial}**")
     out.append(f"- `{s.path}`: " + "; ".join(bits))

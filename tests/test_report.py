@@ -887,6 +887,12 @@ def test_partial_run_is_marked_in_sources():
   claim = report.Claim("z", "title", "seed", [], [src], [], "", [], [], {})
   md = report.to_markdown(claim)
   assert "- `b.json`: **partial: the run stopped after t: short episodes**; command" in md
+  # A run that resumed a stopped one names it: the parts it kept were measured by that run.
+  resumed = dict(doc, resumed_from={"commit": "0123456789abcdef", "done": "t: short episodes"})
+  src = report.source("b.json", dict(resumed, complete=True))
+  assert src.partial is None and src.resumed == "commit `0123456789ab`, after t: short episodes"
+  claim = report.Claim("z", "title", "seed", [], [src], [], "", [], [], {})
+  assert "(commit `0123456789ab`, after t: short episodes)" in report.to_markdown(claim)
 
 
 def test_env_var_points_at_results(tiny_results, monkeypatch):
