@@ -336,6 +336,14 @@ def long_accuracy(arms: dict, tasks, *, length: int, done: dict | None = None, o
   done = done or {}
   if (done.get("episodes"), done.get("questions")) == (out["episodes"], out["questions"]):
     out.update({k: done[k] for k in arms if "correct" in done.get(k, {})})
+
+  def pair():  # what stages 2+3 lose against the stage-1 memory, question by question
+    if "uncompressed_memory" in out and "compressed" in out:
+      out["vs_uncompressed"] = _paired(
+        np.asarray(out["uncompressed_memory"]["correct"]), np.asarray(out["compressed"]["correct"])
+      )
+
+  pair()  # also when every arm was kept
   for name, (cfg, progs, pol, params, memory) in arms.items():
     if name in out:
       continue
@@ -350,10 +358,7 @@ def long_accuracy(arms: dict, tasks, *, length: int, done: dict | None = None, o
     out[name] = dict(
       _accuracy_stats(trajs), by_gap=by_gap, seconds=time.time() - t0, correct=r.tolist()
     )
-    if "uncompressed_memory" in out and "compressed" in out:
-      out["vs_uncompressed"] = _paired(
-        np.asarray(out["uncompressed_memory"]["correct"]), np.asarray(out["compressed"]["correct"])
-      )
+    pair()
     if on_arm:
       on_arm(out)
   return out

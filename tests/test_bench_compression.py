@@ -260,3 +260,28 @@ def test_train_arm_continues_a_shorter_snapshot_exactly(tmp_path, repo_root):
   p4c, _, _, o = B.train_arm(str(stopped), k, cfg, progs, True, train, every=3, steps=4, **kw)
   assert o["from_step"] == 3 and [x["steps"] for x in o["continued"]] == [3, 4]
   chex.assert_trees_all_close(p4c, p4, rtol=1e-6, atol=1e-7)
+
+
+def test_long_accuracy_keeps_finished_arms(repo_root):
+  """A resumed 1,000-step accuracy keeps the arms a stopped run finished (no evaluation: the
+  arms here could not run) and still pairs them question by question; a `done` of other
+  episodes keeps nothing."""
+  sys.path.insert(0, str(repo_root / "experiments"))
+  import bench_compression as B
+
+  from sao_jax.envs.longhorizon import LongHorizonSpec, make_split
+
+  spec = LongHorizonSpec("retention", n_steps=40, n_facts=2, min_gap=8, p_noise=0.1, period=0)
+  tasks = make_split(spec, "test", 2, 2)
+  n = sum(len(B.question_facts(t)) for t in tasks)
+  arms = {k: (None, None, None, None, True) for k in ("compressed", "uncompressed_memory")}
+  done = {"episodes": 2, "questions": n, "control_context_tokens": 8}
+  done["compressed"] = {"accuracy": 1.0, "correct": [1.0] * n, "seconds": 3.0}
+  done["uncompressed_memory"] = {"accuracy": 0.5, "correct": [1.0, 0.0] * (n // 2)}
+  calls = []
+  out = B.long_accuracy(arms, tasks, length=8, done=done, on_arm=calls.append)
+  assert out["compressed"] == done["compressed"] and not calls
+  v = out["vs_uncompressed"]
+  assert (v["control_right_other_wrong"], v["other_right_control_wrong"]) == (0, n // 2)
+  with pytest.raises((AttributeError, TypeError)):  # other episodes: measured, not kept
+    B.long_accuracy(arms, tasks[:1], length=8, done=done)
