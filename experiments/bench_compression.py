@@ -95,6 +95,7 @@ from sao_jax.learner import make_optimizer, make_rl_update  # noqa: E402
 from sao_jax.models.transformer import TransformerLM  # noqa: E402
 from sao_jax.packing import right_pad  # noqa: E402
 from sao_jax.provenance import cpu, provenance, write_result  # noqa: E402
+from sao_jax.report import LONG_ARM_NAMES  # noqa: E402
 from sao_jax.runners.compiled import compile_programs  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -309,13 +310,6 @@ def error_attribution(cfg: Config, trajs, tasks, control_rewards: np.ndarray | N
     out["lost"] = dict(count(lost), gaps=sorted(int(g) for g in gaps[lost]))
   return out
 
-
-# What the 1,000-step log line calls each arm.
-LONG_ARM_NAMES = {
-  "compressed": "compressed",
-  "full_context_window": "full-context control on its last {length} tokens",
-  "uncompressed_memory": "uncompressed memory",
-}
 
 # Recall distance buckets (question step - fact step) of the 1,000-step accuracy.
 GAP_EDGES = (32, 64, 128, 256, 512, 1000)

@@ -216,6 +216,11 @@ def nbytes(x: float) -> str:
   return f"{x:.0f} B"
 
 
+def n_seeds(n: int) -> str:
+  """'1 seed', '3 seeds'."""
+  return f"{n} seed{'s' * (n != 1)}"
+
+
 def _missing(name: str, command: str) -> str:
   return f"`{name}` is absent: run `{command}`"
 
@@ -324,7 +329,7 @@ def longtail_rows(doc: dict, name: str) -> tuple[list[Row], list[str], dict]:
       f"long-tailed tasks, roles on own cores: {label}",
       f"{SEED['throughput_ratio']}x" if key == "trajectories_per_s" else "-",
       ours,
-      f"GRPO(N=8) via samplers -> SAO (SAO/GRPO), {n} seed(s), `{name}`",
+      f"GRPO(N=8) via samplers -> SAO (SAO/GRPO), {n_seeds(n)}, `{name}`",
     )
 
   rows = _ratio_rows(sm, base, LONGTAIL_ROWS, row)
@@ -382,7 +387,7 @@ def claim_sync_vs_async(root=None) -> Claim:
     model = cfg.get("model", {})
     seconds = doc.get("seconds_per_arm") or cfg.get("rl", {}).get("max_seconds")
     conditions.append(
-      f"benchmark: {doc.get('seeds', 1)} seed(s) x {seconds:g} training s per "
+      f"benchmark: {n_seeds(doc.get('seeds', 1))} x {seconds:g} training s per "
       f"arm, model width {model.get('width')} depth {model.get('depth')}, "
       f"{cfg.get('sao', {}).get('batch_size')} rows per update, GRPO arm `{base}`"
     )
@@ -399,7 +404,7 @@ def claim_sync_vs_async(root=None) -> Claim:
           if key == "learner_busy"
           else "-"
         )
-        return Row(label, seed, ours, f"GRPO -> SAO (SAO/GRPO), {s['n']} seed(s), `{name}`")
+        return Row(label, seed, ours, f"GRPO -> SAO (SAO/GRPO), {n_seeds(s['n'])}, `{name}`")
 
       rows += _ratio_rows(sm, base, [e for e in SYNC_ROWS if e[0] in sm["sao"]], row)
     tput = sm.get("ratio", {}).get("learner_steps_per_s", {}).get("mean")
@@ -750,6 +755,14 @@ def _gap_rows(metric: str, by_arm: dict, cell, note: str) -> list[Row]:
   return rows
 
 
+# What the arms of bench_compression's 1,000-step accuracy are called (in its log and here).
+LONG_ARM_NAMES = {
+  "compressed": "compressed",
+  "full_context_window": "full-context control on its last {length} tokens",
+  "uncompressed_memory": "stage-1 memory (every step, float32)",
+}
+
+
 def long_accuracy_rows(task: str, t: dict, by_gap: bool) -> list[Row]:
   """The 1,000-step accuracy of a bench_compression task `t`: compressed vs the full-context
   control on its trained window (where the run has it; --no-token-control runs have the
@@ -760,16 +773,12 @@ def long_accuracy_rows(task: str, t: dict, by_gap: bool) -> list[Row]:
   if not la or "compressed" not in la:
     return []
   trained = t.get("train_spec") or t.get("spec") or {}
-  arms = ["compressed"] + [a for a in ("full_context_window", "uncompressed_memory") if a in la]
-  names = {
-    "full_context_window": f"full-context control on its last {la['control_context_tokens']} "
-    "tokens",
-    "uncompressed_memory": "stage-1 memory (every step, float32)",
-  }
+  arms = [a for a in LONG_ARM_NAMES if a in la]
+  length = la.get("control_context_tokens")
   rows = [
     Row(
       f"{task}: accuracy on {b['steps']}-step episodes, "
-      + " vs ".join(["compressed"] + [names[a] for a in arms[1:]]),
+      + " vs ".join(LONG_ARM_NAMES[a].format(length=length) for a in arms),
       "-",
       " vs ".join(_accuracy(la[a]) for a in arms),
       f"{la['episodes']} episodes; trained on {trained.get('n_steps')}-step episodes with "
@@ -975,14 +984,14 @@ def _vs_uncompressed_rows(task: str, part: dict, where: str) -> list[Row]:
   rows = [
     Row(
       f"{task}: accuracy uncompressed memory (stage 1 only, every step in float32) vs "
-      f"compressed, {n} seed(s) ({where})",
+      f"compressed, {n_seeds(n)} ({where})",
       "-",
       f"{_pct(part['uncompressed_memory'])} vs {_pct(part['compressed'])}",
       "same policy, budget and steps; no temporal filter, no INT8",
     ),
     Row(
       f"{task}: relative loss of stages 2+3 (uncompressed - compressed) / uncompressed, "
-      f"{n} seed(s) ({where})",
+      f"{n_seeds(n)} ({where})",
       f"< {SEED['performance_loss_max']:.1%}",
       _pct_ci(part["relative_loss_vs_uncompressed"]),
       "upper CI end: the loss bound" if n > 1 else "one seed, no CI: see the lost questions",
@@ -991,7 +1000,7 @@ def _vs_uncompressed_rows(task: str, part: dict, where: str) -> list[Row]:
   if lost:
     rows.append(
       Row(
-        f"{task}: questions uncompressed memory answers and compressed misses, {n} seed(s) "
+        f"{task}: questions uncompressed memory answers and compressed misses, {n_seeds(n)} "
         f"pooled ({where})",
         f"< {SEED['performance_loss_max']:.1%}",
         f"{lost['lost']} / {lost['questions']} (95 % upper bound {lost['upper95']:.2%})",
@@ -1372,9 +1381,11 @@ RETENTION8_SEED_FILES = _seed_files(
 RETENTION8_UNC_CMD = RETENTION8_CMD + " --uncompressed-control --no-token-control"
 RETENTION8_UNC_SEED_FILES = _seed_files(
   "bench_compression_retention8_unc_800",
-  RETENTION8_UNC_CMD + " --steps 800 --seed 0 --params-dir DIR"
+  RETENTION8_UNC_CMD + " --steps 800 --seed 0 --params-dir DIR --long-eval-episodes 16"
   " --out results/bench_compression_retention8_unc_800.json",
+  # 16 1,000-step episodes, as seed 0: 32 would take the stage-1 control ~2.5 h on 2 cores.
   RETENTION8_UNC_CMD + " --steps 800 --params-dir DIR",
+  " --long-eval-episodes 16",
 )
 # Single-seed runs of the stage-1 control at other budgets (seed 0): both arms at 400 steps
 # (the control has not learned), and the control alone trained on to 800. Named only once they
@@ -1431,8 +1442,7 @@ def stage1_control_rows(
   if lo:
     rows += _vs_uncompressed_rows(label, lo, "1,000-step episodes")
     rows += _gap_rows(
-      f"{label}, 1,000 steps: {{}} accuracy by turns since the fact, {lo['seeds']} "
-      f"seed{'s' * (lo['seeds'] != 1)}",
+      f"{label}, 1,000 steps: {{}} accuracy by turns since the fact, {n_seeds(lo['seeds'])}",
       {"uncompressed_memory": lo.get("by_gap", {}).get("uncompressed_memory")},
       lambda v: ms(v, "{:.0f}", 100, " %"),
       "mean ± s.e. over seeds",
@@ -1480,7 +1490,7 @@ def stage1_control_rows(
   if lo and "uncompressed_memory" in sh and "uncompressed_memory" in lo:
     diffs.append(
       f"{label} against the stage-1-only memory (every step kept in float32, same budget), "
-      f"{len(o['seeds'])} seed{'s' * (len(o['seeds']) != 1)}: accuracy "
+      f"{n_seeds(len(o['seeds']))}: accuracy "
       f"{_pct(sh['uncompressed_memory'])} vs compressed "
       f"{_pct(sh['compressed'])} on the short episodes, {_pct(lo['uncompressed_memory'])} vs "
       f"{_pct(lo['compressed'])} at 1,000 steps; relative loss of stages 2+3 "

@@ -641,7 +641,7 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
     (tiny_results / f"bench_compression_retention8_unc_800{k}.json").unlink()
   d = report.claim_retention(tiny_results)
   lost = _row(d, "retention8: questions uncompressed memory answers", "(short episodes)")
-  assert "1 seed(s)" in lost.metric and lost.ours.startswith("4 / 16 (95 % upper bound")
+  assert "1 seed " in lost.metric and lost.ours.startswith("4 / 16 (95 % upper bound")
   assert _row(d, "retention8: relative loss of stages 2+3", "(short episodes)").note.startswith(
     "one seed, no CI"
   )
