@@ -1476,6 +1476,26 @@ def stage1_control_rows(
     )
   sh = o["short"]
   u = (sh.get("uncompressed_memory") or {}).get("mean")
+  # Per seed: a mean over a control that learned and one that did not hides both.
+  per_seed = {
+    d.get("seed"): ((d["tasks"][task].get("arms") or {}).get("uncompressed_memory") or {}).get(
+      "accuracy"
+    )
+    for d in docs
+    if d.get("seed") in o["seeds"]
+  }
+  unlearned = {k: a for k, a in per_seed.items() if a is not None and a < 0.5}
+  if u is not None and u >= 0.5 and unlearned:
+    learned = {k: a for k, a in per_seed.items() if a is not None and a >= 0.5}
+    chance = docs[0]["tasks"][task].get("chance")
+    say = lambda m: ", ".join(f"seed {k} {100 * a:.1f} %" for k, a in sorted(m.items()))  # noqa: E731
+    diffs.append(
+      f"{label}: the stage-1-only control learned the task in some seeds and not in others at "
+      f"this budget (short episodes: {say(learned)}; not learned: {say(unlearned)}"
+      + (f", chance {100 * chance:.0f} %" if chance is not None else "")
+      + f"; compressed {_pct(sh['compressed'])}). Its mean over seeds mixes the two: read "
+      "the seeds one by one and the questions lost, pooled."
+    )
   if u is not None and u < 0.5:
     chance = docs[0]["tasks"][task].get("chance")
     diffs.append(

@@ -635,6 +635,18 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   unc2.write_text(json.dumps(doc))
   rerun = _row(report.claim_retention(tiny_results), "retention8: compressed arm rerun")
   assert rerun.note.endswith("seed 2: 87.5 vs 100.0 % (CPU AMD EPYC (avx, avx2) vs not recorded)")
+  # a control that learned in two seeds and not in the third: its mean hides it, so say which
+  for k, a in (("", 0.9), ("_seed1", 0.2), ("_seed2", 0.9)):
+    f = tiny_results / f"bench_compression_retention8_unc_800{k}.json"
+    doc = json.loads(f.read_text())
+    doc["tasks"]["retention8"]["arms"]["uncompressed_memory"]["accuracy"] = a
+    f.write_text(json.dumps(doc))
+  mixed = [
+    x
+    for x in report.claim_retention(tiny_results).differences
+    if "learned the task in some seeds and not in others" in x
+  ]
+  assert len(mixed) == 1 and "seed 0 90.0 %, seed 2 90.0 %; not learned: seed 1 20.0 %" in mixed[0]
   # with one seed run only: its rows (the pooled lost questions bound it) and the other two
   # named as missing
   for k in ("_seed1", "_seed2"):
