@@ -1485,9 +1485,9 @@ def stage1_control_rows(
     if d.get("seed") in o["seeds"]
   }
   unlearned = {k: a for k, a in per_seed.items() if a is not None and a < 0.5}
+  chance = docs[0]["tasks"][task].get("chance")
   if u is not None and u >= 0.5 and unlearned:
     learned = {k: a for k, a in per_seed.items() if a is not None and a >= 0.5}
-    chance = docs[0]["tasks"][task].get("chance")
     say = lambda m: ", ".join(f"seed {k} {100 * a:.1f} %" for k, a in sorted(m.items()))  # noqa: E731
     diffs.append(
       f"{label}: the stage-1-only control learned the task in some seeds and not in others at "
@@ -1497,7 +1497,6 @@ def stage1_control_rows(
       "the seeds one by one and the questions lost, pooled."
     )
   if u is not None and u < 0.5:
-    chance = docs[0]["tasks"][task].get("chance")
     diffs.append(
       f"{task}: the stage-1-only control has not learned the task at this budget "
       f"({_pct(sh['uncompressed_memory'])} on the short episodes"
@@ -1636,9 +1635,10 @@ def claim_retention(root=None) -> Claim:
   # file never cited before it is committed); the seeds not yet run are said in a difference,
   # so the claim does not read as missing without them.
   unc = [(n, c, load(n, root)) for n, c in RETENTION8_UNC_SEED_FILES]
-  unc_docs = [d for _, _, d in unc if d is not None]
+  unc_present = [(n, c, d) for n, c, d in unc if d is not None]
+  unc_docs = [d for _, _, d in unc_present]
   if unc_docs:
-    sources += [source(n, d) for n, _, d in unc if d is not None]
+    sources += [source(n, d) for n, _, d in unc_present]
     absent = [f"seed {k}" for k, (_, _, d) in enumerate(unc) if d is None]
     if absent:
       diffs.append(
@@ -1665,7 +1665,7 @@ def claim_retention(root=None) -> Claim:
     sources,
     [c for _, _, c in RETENTION_FILES]
     + [c for _, c in RETENTION8_SEED_FILES[1:]]
-    + [c for _, c, d in unc if d is not None],
+    + [c for _, c, _ in unc_present],
     "held-out greedy answers; one question per fact, asked 32+ turns after it",
     diffs,
     missing,

@@ -648,7 +648,7 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   ]
   assert len(mixed) == 1 and "seed 0 90.0 %, seed 2 90.0 %; not learned: seed 1 20.0 %" in mixed[0]
   # with one seed run only: its rows (the pooled lost questions bound it) and the other two
-  # named as missing
+  # said as not yet run
   for k in ("_seed1", "_seed2"):
     (tiny_results / f"bench_compression_retention8_unc_800{k}.json").unlink()
   d = report.claim_retention(tiny_results)
