@@ -28,7 +28,11 @@ from sao_jax.envs.longhorizon import LongHorizonEnv
 from sao_jax.learner import make_optimizer
 from sao_jax.models.transformer import TransformerLM
 from sao_jax.packing import round_up
-from sao_jax.runners.compiled import compile_memory_programs, compile_programs
+from sao_jax.runners.compiled import (
+  compile_memory_programs,
+  compile_memory_sampler,
+  compile_programs,
+)
 from sao_jax.tokenizer import CharTokenizer
 
 TOK = CharTokenizer()
@@ -38,6 +42,9 @@ MAX_NEW = 4  # answers are one digit or "ok"/"f", then EOS
 # digit was 22 % of the objective and the control reached 0.58 recall in 300 steps, at 100
 # (74 %) 0.98 (lr 1e-3, retention). Both arms use the same weights.
 GRADED_WEIGHT = 100.0
+# Greedy programs of a memory policy that sees more than this many bank entries are also
+# compiled for windows of every multiple of it (`_growing_greedy`).
+VISIBLE_BUCKET = 128
 
 
 def model_cfg(cfg: Config, memory: bool, full_len: int = 0):
@@ -173,12 +180,13 @@ def evaluate(
   trajs = []
   rng = jax.random.key(seed)
   c = cfg.compression
+  greedy = _growing_greedy(cfg, progs) if memory else progs.greedy
   for start in range(0, len(tasks), slots):
     chunk = tasks[start : start + slots]
     envs = [LongHorizonEnv(TOK) for _ in chunk]
     if memory:
       trajs += sample_long_horizon(
-        progs.greedy,
+        greedy,
         progs.compress,
         progs.empty_streams(slots),
         params,
@@ -206,3 +214,49 @@ def evaluate(
       )
   rewards = np.concatenate([t.rewards[t.graded] for t in trajs])
   return float(rewards.mean()), trajs
+
+
+def _growing_greedy(cfg: Config, progs, bucket: int = VISIBLE_BUCKET):
+  """progs.greedy of a memory policy, run with a shorter window while the bank is short.
+
+  The policy sees the last `visible` bank entries older than its step (invalid slots
+  masked). While no bank holds more than b entries, the last b entries are all it holds, so
+  the program compiled with visible = b gives the same tokens and log-probs as the one with
+  all `visible` (a masked slot's attention weight is exactly 0) at ~(b / visible)^2 of the
+  attention cost: a policy that keeps every step of a 1,000-step episode (the stage-1
+  control) pays for the entries it has, not for 1,000 from step 0. b: the smallest multiple
+  of `bucket` that holds the fullest bank of the batch (one program per multiple, compiled
+  when first needed; the parameters do not depend on `visible`). Policies that see at most
+  `bucket` entries run progs.greedy unchanged. tests/test_bench_compression.py checks the
+  equality."""
+  c = cfg.compression
+  if c.visible <= bucket:
+    return progs.greedy
+  programs = {c.visible: progs.greedy}
+
+  def program(b: int):
+    if b not in programs:
+      cb = dataclasses.replace(c, visible=b)
+      bcfg = dataclasses.replace(
+        cfg,
+        compression=cb,
+        model=dataclasses.replace(cfg.model, memory_slots=b * c.vectors_per_step),
+      )
+      policy = MemoryPolicy(TransformerLM(model_cfg(bcfg, True)), Compressor(cb, TOK.vocab_size))
+      programs[b] = compile_memory_sampler(
+        bcfg,
+        policy,
+        max_new_tokens=MAX_NEW,
+        temperature=1.0,
+        eos_id=TOK.eos_id,
+        pad_id=TOK.pad_id,
+      ).greedy
+    return programs[b]
+
+  def greedy(params, streams, prompt, pvalid, key):
+    held = int(np.max(jax.device_get(streams.bank.count)))
+    b = min(c.visible, max(bucket, -(-held // bucket) * bucket))
+    return program(b)(params, streams, prompt, pvalid, key)
+
+  greedy.programs = programs  # visible -> program (what ran)
+  return greedy

@@ -285,3 +285,42 @@ def test_long_accuracy_keeps_finished_arms(repo_root):
   assert (v["control_right_other_wrong"], v["other_right_control_wrong"]) == (0, n // 2)
   with pytest.raises((AttributeError, TypeError)):  # other episodes: measured, not kept
     B.long_accuracy(arms, tasks[:1], length=8, done=done)
+
+
+def test_growing_window_greedy_equals_the_whole_window(repo_root):
+  """A policy that keeps every step (the stage-1 control) run with windows that grow with
+  its bank (`lh_common._growing_greedy`) plays the same episodes as with every slot from
+  step 0: the same tokens and rewards, log-probs equal up to float summation order."""
+  sys.path.insert(0, str(repo_root / "experiments"))
+  import bench_compression as B
+  import jax
+  import lh_common as L
+  import numpy as np
+
+  from sao_jax.config import load_config
+  from sao_jax.envs.longhorizon import LongHorizonSpec, make_split
+
+  n = 32
+  spec = LongHorizonSpec("retention", n_steps=n, n_facts=4, min_gap=8, p_noise=0.1, period=10)
+  tasks = make_split(spec, "test", 3, 1)
+  cfg = B.uncompressed_cfg(
+    load_config(str(repo_root / "experiments/configs/longhorizon.py:tiny")), n
+  )
+  progs, pol = L.build(cfg, True)
+  params = progs.init(jax.random.key(0)).params
+  whole = L.evaluate(cfg, progs, pol, params, tasks, True, length=64)
+  grown = L._growing_greedy(cfg, progs, bucket=8)
+  assert grown.__name__ == "greedy"
+  orig = L._growing_greedy
+  try:
+    L._growing_greedy = lambda c, p: grown
+    growing = L.evaluate(cfg, progs, pol, params, tasks, True, length=64)
+  finally:
+    L._growing_greedy = orig
+  assert sorted(grown.programs) == [8, 16, 24, 32]  # 32 = visible: progs.greedy
+  assert growing[0] == whole[0]
+  for a, b in zip(whole[1], growing[1], strict=True):
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_array_equal(a.rewards, b.rewards)
+    np.testing.assert_allclose(a.logp, b.logp, atol=1e-5)
+  assert L._growing_greedy(B.uncompressed_cfg(cfg, 8), progs, bucket=8) is progs.greedy
