@@ -981,6 +981,20 @@ def _vs_uncompressed_rows(task: str, part: dict, where: str) -> list[Row]:
     return []
   lost = part["lost_pooled_vs_uncompressed"]
   n = part["uncompressed_memory"]["n"]
+  # A relative loss against a control that has not learned (< 50 %, as in the differences)
+  # bounds nothing, and a mean over seeds where it learned and did not hides that.
+  accs = [a for a in part["uncompressed_memory"].get("values", []) if a is not None]
+  unlearned = sum(a < 0.5 for a in accs)
+  if unlearned:
+    loss_note = (
+      f"the control did not learn in {unlearned} of {len(accs)} seeds (< 50 %): "
+      + ("the mean and its CI mix the two; " if unlearned < len(accs) else "")
+      + "bounds nothing"
+    )
+  elif n > 1:
+    loss_note = "upper CI end: the loss bound"
+  else:
+    loss_note = "one seed, no CI: see the lost questions"
   rows = [
     Row(
       f"{task}: accuracy uncompressed memory (stage 1 only, every step in float32) vs "
@@ -994,7 +1008,7 @@ def _vs_uncompressed_rows(task: str, part: dict, where: str) -> list[Row]:
       f"{n_seeds(n)} ({where})",
       f"< {SEED['performance_loss_max']:.1%}",
       _pct_ci(part["relative_loss_vs_uncompressed"]),
-      "upper CI end: the loss bound" if n > 1 else "one seed, no CI: see the lost questions",
+      loss_note,
     ),
   ]
   if lost:

@@ -647,6 +647,12 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
     if "learned the task in some seeds and not in others" in x
   ]
   assert len(mixed) == 1 and "seed 0 90.0 %, seed 2 90.0 %; not learned: seed 1 20.0 %" in mixed[0]
+  # ... and its relative-loss row says the mean over those seeds bounds nothing
+  rel = _row(report.claim_retention(tiny_results), "retention8: relative loss of stages 2+3")
+  assert rel.note == (
+    "the control did not learn in 1 of 3 seeds (< 50 %): the mean and its CI mix the two; "
+    "bounds nothing"
+  )
   # with one seed run only: its rows (the pooled lost questions bound it) and the other two
   # said as not yet run
   for k in ("_seed1", "_seed2"):
