@@ -145,6 +145,15 @@ def _parser():
     "arm and, with --uncompressed-control, the stage-1-only arm still train)",
   )
   p.add_argument(
+    "--arms",
+    default="",
+    help="comma-separated arms to train and measure in this run (default: every arm the "
+    "other flags ask for: compressed, full_context unless --no-token-control, "
+    "uncompressed_memory with --uncompressed-control); with --resume the others are kept "
+    "from --out, so a seed's arms can run one at a time, in separate runs or on separate "
+    "machines, into one file",
+  )
+  p.add_argument(
     "--set",
     action="append",
     default=[],
@@ -287,7 +296,9 @@ def error_attribution(cfg: Config, trajs, tasks, control_rewards: np.ndarray | N
   (`trajs` of `tasks`, their graded steps in order; `control_rewards` the control's on the
   same questions, or None): was the fact among the entries the policy saw when asked (then
   the policy misread its memory) or not (the filter dropped or evicted it first)? For every
-  miss, and for the `lost` ones (the control right); with each lost question's distance."""
+  miss, and for the `lost` ones (the control right); with each lost question's distance.
+  Keeps, question by question, whether the fact was seen and its distance (`per_question`),
+  so that a control measured in a later run (`--arms`) is paired without the rollouts."""
   seen, gaps = [], []
   for traj, task in zip(trajs, tasks, strict=True):
     b = traj.bank
@@ -298,18 +309,31 @@ def error_attribution(cfg: Config, trajs, tasks, control_rewards: np.ndarray | N
     for q, f in qf:
       seen.append(f in seen_at(log, q, cfg.compression.visible))
       gaps.append(q - f)
-  seen, gaps = np.asarray(seen), np.asarray(gaps)
-  right = _rewards(trajs) > 0.5
+  per_question = {"fact_seen": [int(x) for x in seen], "gap": [int(g) for g in gaps]}
+  return attribute_errors(per_question, _rewards(trajs), control_rewards)
+
+
+def attribute_errors(
+  per_question: dict, rewards: np.ndarray, control_rewards: np.ndarray | None
+) -> dict:
+  """`error_attribution`'s counts from its per-question record and the arms' rewards."""
+  seen = np.asarray(per_question["fact_seen"], dtype=bool)
+  gaps = np.asarray(per_question["gap"])
+  right = np.asarray(rewards) > 0.5
 
   def count(sel):
     return {"n": int(sel.sum()), "fact_seen": int((sel & seen).sum())}
 
   out = {"questions": len(seen), "fact_seen_frac": float(seen.mean()), "missed": count(~right)}
   if control_rewards is not None:
-    lost = ~right & (control_rewards > 0.5)
+    lost = ~right & (np.asarray(control_rewards) > 0.5)
     out["lost"] = dict(count(lost), gaps=sorted(int(g) for g in gaps[lost]))
+  out["per_question"] = per_question
   return out
 
+
+# The name an arm's 1,000-step accuracy goes by (the token-level control reads a window).
+LONG_ARM_OF = {"full_context": "full_context_window"}
 
 # Recall distance buckets (question step - fact step) of the 1,000-step accuracy.
 GAP_EDGES = (32, 64, 128, 256, 512, 1000)
@@ -329,7 +353,8 @@ def long_accuracy(arms: dict, tasks, *, length: int, done: dict | None = None, o
   out = {"episodes": len(tasks), "questions": len(gaps), "control_context_tokens": length}
   done = done or {}
   if (done.get("episodes"), done.get("questions")) == (out["episodes"], out["questions"]):
-    out.update({k: done[k] for k in arms if "correct" in done.get(k, {})})
+    # Every arm it finished, also those not run here (--arms: one arm a run).
+    out.update({k: done[k] for k in LONG_ARM_NAMES if "correct" in done.get(k, {})})
 
   def pair():  # what stages 2+3 lose against the stage-1 memory, question by question
     if "uncompressed_memory" in out and "compressed" in out:
@@ -681,16 +706,44 @@ def peak_memories(cfg: Config, test, long_tasks, length: int, stage1: bool, log)
   return memory
 
 
-def short_episodes(arms: dict, trained: dict, spec, train_spec, test, length, control_steps, log):
+def short_episodes(
+  arms: dict, trained: dict, spec, train_spec, test, length, control_steps, log, done=None
+):
   """Part 2 on the held-out short episodes: each arm's greedy accuracy with its training
   record (`trained`: name -> (seconds, last metrics, origin)), the compressed arm with float
-  memory (stage 3 off), its misses attributed, and its paired loss against each control."""
+  memory (stage 3 off), its misses attributed, and its paired loss against each control.
+
+  Each arm records its per-question rewards (`correct`, in question order), so `done` (this
+  dict from an earlier run with the same settings) keeps the arms it measured: those not run
+  here (`--arms`: one arm per run, merged into one file), and those run here whose training
+  record is the restored snapshot's; the paired comparisons are made from the kept answers."""
+  done = done or {}
+  kept_arms = done.get("arms", {})
+  n_questions = sum(len(question_facts(t)) for t in test)
   stats, rewards = {}, {}
+  for name, a in kept_arms.items():
+    if name == "compressed_float_memory":
+      continue
+    answers = len(a.get("correct") or ()) == n_questions
+    if name not in arms:  # not run here: kept as measured (paired only if it has answers)
+      stats[name] = a
+    elif answers and a.get("train_seconds") == trained[name][0]:
+      stats[name] = a
+    if name in stats and answers:
+      rewards[name] = np.asarray(a["correct"], dtype=np.float64)
+  other = [n for n in arms if n in kept_arms and n not in stats]
+  if other:
+    log(f"  the kept file holds other parameters for {', '.join(other)}: measuring again")
+  mem_trajs = None
   for name, (acfg, progs, pol, params, memory) in arms.items():
+    if name in stats:
+      continue
     secs, metrics, origin = trained[name]
     acc, trajs = L.evaluate(acfg, progs, pol, params, test, memory, length=length)
     a = stats[name] = dict(_accuracy_stats(trajs), train_seconds=secs, final_metrics=metrics)
     rewards[name] = _rewards(trajs)
+    a["correct"] = rewards[name].tolist()
+    a["measured_at"] = _measured_at()
     if memory:
       a["kept_steps_mean"] = float(np.mean([t.bank["entries"] for t in trajs]))
     if name == "compressed":
@@ -702,39 +755,51 @@ def short_episodes(arms: dict, trained: dict, spec, train_spec, test, length, co
       log(f"  full context: accuracy {acc:.3f} +- {a['stderr']:.3f} ({secs:.0f} s training)")
     else:
       a.update(bank_capacity=acfg.compression.capacity, steps=control_steps)
-      vs_unc = _paired(rewards[name], rewards["compressed"])
       log(
         f"  uncompressed memory (stage 1 only): accuracy {acc:.3f} ({control_steps} steps, "
-        f"{secs:.0f} s training); "
-        f"relative loss of compressed vs it {100 * vs_unc['relative_loss']:.1f}%"
+        f"{secs:.0f} s training)"
       )
     if origin:
       a["params"] = origin
-  # Stage 3 ablation: the same trained parameters with float memory.
-  cfg, _, _, mem_params, _ = arms["compressed"]
-  fcfg = dataclasses.replace(cfg, compression=dataclasses.replace(cfg.compression, quantize=False))
-  fprogs, fpol = L.build(fcfg, True)
-  acc_f, ftrajs = L.evaluate(fcfg, fprogs, fpol, mem_params, test, True, length=length)
-  stats["compressed_float_memory"] = _accuracy_stats(ftrajs)
-  log(f"  float memory: {acc_f:.3f}")
-  errors = error_attribution(cfg, mem_trajs, test, rewards.get("full_context"))
-  log(
-    f"  compressed missed {errors['missed']['n']} (fact seen when asked: "
-    f"{errors['missed']['fact_seen']})"
-    + (
-      f"; lost vs the control {errors['lost']['n']} (fact seen: {errors['lost']['fact_seen']})"
-      if "lost" in errors
-      else ""
-    )
-  )
   task = {
     "spec": dataclasses.asdict(spec),
     "train_spec": dataclasses.asdict(train_spec),
     "chance": 0.1,  # a uniform guess of the answer digit
-    "arms": stats,
-    "compressed_errors": errors,
   }
-  if "full_context" in rewards:
+  if mem_trajs is not None:
+    # Stage 3 ablation: the same trained parameters with float memory.
+    cfg, _, _, mem_params, _ = arms["compressed"]
+    fcfg = dataclasses.replace(
+      cfg, compression=dataclasses.replace(cfg.compression, quantize=False)
+    )
+    fprogs, fpol = L.build(fcfg, True)
+    acc_f, ftrajs = L.evaluate(fcfg, fprogs, fpol, mem_params, test, True, length=length)
+    stats["compressed_float_memory"] = _accuracy_stats(ftrajs)
+    log(f"  float memory: {acc_f:.3f}")
+    errors = error_attribution(cfg, mem_trajs, test, rewards.get("full_context"))
+    log(
+      f"  compressed missed {errors['missed']['n']} (fact seen when asked: "
+      f"{errors['missed']['fact_seen']})"
+      + (
+        f"; lost vs the control {errors['lost']['n']} (fact seen: {errors['lost']['fact_seen']})"
+        if "lost" in errors
+        else ""
+      )
+    )
+    task["compressed_errors"] = errors
+  elif "compressed" in stats:  # kept: so are the parts measured with its parameters
+    if "compressed_float_memory" in kept_arms:
+      stats["compressed_float_memory"] = kept_arms["compressed_float_memory"]
+    errors = done.get("compressed_errors")
+    if errors and "per_question" in errors and "compressed" in rewards:
+      # Attributed again from the kept record: a control measured here is paired too.
+      errors = attribute_errors(
+        errors["per_question"], rewards["compressed"], rewards.get("full_context")
+      )
+    if errors:
+      task["compressed_errors"] = errors
+  task["arms"] = stats
+  if "full_context" in rewards and "compressed" in rewards:
     # Paired over the same held-out questions: s.e. of the mean per-question difference.
     vs_full = _paired(rewards["full_context"], rewards["compressed"])
     log(
@@ -749,10 +814,21 @@ def short_episodes(arms: dict, trained: dict, spec, train_spec, test, length, co
         "compressed_right_full_wrong": vs_full["other_right_control_wrong"],
       },
     )
-  if "uncompressed_memory" in rewards:
+  if "uncompressed_memory" in rewards and "compressed" in rewards:
     # Against the stage-1-only memory: what the temporal filter and INT8 lose.
     task["vs_uncompressed"] = _paired(rewards["uncompressed_memory"], rewards["compressed"])
+    log(
+      "  relative loss of compressed vs the stage-1 memory "
+      f"{100 * task['vs_uncompressed']['relative_loss']:.1f}%"
+    )
   return task
+
+
+def _measured_at() -> dict:
+  """When, at which commit and on which CPU an arm was measured (arms of one file may come
+  from runs on different machines: `--arms`)."""
+  p = provenance(devices=False)
+  return {"time": p["time"], "commit": p["commit"], "cpu": p["machine"].get("cpu")}
 
 
 # What a stopped run must share with its rerun for --resume to keep its measurements.
@@ -788,6 +864,8 @@ def _resumable(out: pathlib.Path, result: dict, parser) -> dict:
     "commit": (prev.get("provenance") or {}).get("commit"),
     "done": prev.get("done"),
     "seconds": prev.get("seconds"),
+    "arms_run": prev.get("arms_run"),
+    "resumed_from": prev.get("resumed_from"),  # the run before that, if it resumed one
   }
   return prev.get("tasks") or {}
 
@@ -943,6 +1021,14 @@ def main(argv=None) -> dict:
 
   if args.resume and not args.params_dir:
     _parser().error("--resume keeps measurements of restored arms: add --params-dir")
+  every_arm = ["compressed"]
+  every_arm += [] if args.no_token_control else ["full_context"]
+  every_arm += ["uncompressed_memory"] if args.uncompressed_control else []
+  run_arms = args.arms.split(",") if args.arms else every_arm
+  if not run_arms or set(run_arms) - set(every_arm):
+    _parser().error(
+      f"--arms {args.arms!r}: choose from {','.join(every_arm)} (the arms these flags ask for)"
+    )
   result = {
     "provenance": provenance(),
     "config": cfg_path,
@@ -953,6 +1039,7 @@ def main(argv=None) -> dict:
     "num_test": num_test,
     "seed": args.seed,
     "machine": {"platform": platform.platform(), "devices": str(jax.devices())},
+    "arms_run": run_arms,
     "tasks": {},
   }
   kept_tasks = _resumable(out, result, _parser()) if args.resume else {}
@@ -985,13 +1072,15 @@ def main(argv=None) -> dict:
     # programs, policy or model, params, memory) and its training record.
     arms, trained = {}, {}
     for memory in (True,) if args.no_token_control else (True, False):
-      progs, pol = mem_progs if memory else L.build(cfg, False, full_len=length)
       arm_name = "compressed" if memory else "full_context"
+      if arm_name not in run_arms:
+        continue
+      progs, pol = mem_progs if memory else L.build(cfg, False, full_len=length)
       params, *record = train_arm(
         args.params_dir, dict(key, arm=arm_name), cfg, progs, memory, train, **train_kw
       )
       arms[arm_name], trained[arm_name] = (cfg, progs, pol, params, memory), record
-    if args.uncompressed_control:
+    if "uncompressed_memory" in run_arms:
       ucfg = uncompressed_cfg(cfg, max(spec.n_steps, mod.TRAIN_TASKS[variant][name].n_steps))
       uprogs, upol = L.build(ucfg, True, mode="sft")
       unc_params, *record = train_arm(
@@ -1005,23 +1094,36 @@ def main(argv=None) -> dict:
       )
       arms["uncompressed_memory"] = (ucfg, uprogs, upol, unc_params, True)
       trained["uncompressed_memory"] = record
-    mem_params = arms["compressed"][3]
+    mem_params = arms["compressed"][3] if "compressed" in arms else None
     kept = kept_tasks.get(name, {})
-    # Kept only if the stopped run measured these very parameters: each arm's training
-    # seconds are those of the snapshot restored here (another --params-dir differs).
-    same = set(kept.get("arms", {})) == {*arms, "compressed_float_memory"} and all(
-      kept["arms"][a].get("train_seconds") == trained[a][0] for a in arms
+    task = short_episodes(
+      arms,
+      trained,
+      spec,
+      mod.TRAIN_TASKS[variant][name],
+      test,
+      length,
+      control_steps,
+      log,
+      done=kept,
     )
-    if same:
-      result["tasks"][name] = kept
+    # What was measured with the compressed arm's parameters (bytes, filters) or none (peak
+    # memory) stays with the file when this run did not measure it again; what it holds of an
+    # arm measured again here (trained anew, or other parameters) on the long episodes is stale.
+    redone = {a for a in arms if task["arms"].get(a) is not kept.get("arms", {}).get(a)}
+    task.update({k: kept[k] for k in ("long_spec", "peak_memory") if k in kept})
+    if "bytes_per_stage" in kept and "compressed" not in redone:
+      stages = task["bytes_per_stage"] = dict(kept["bytes_per_stage"])
+      if "long_accuracy" in stages:
+        stale = {LONG_ARM_OF.get(a, a) for a in redone}
+        stale |= {"vs_uncompressed"} if "uncompressed_memory" in stale else set()
+        stages["long_accuracy"] = {
+          k: v for k, v in stages["long_accuracy"].items() if k not in stale
+        }
+    result["tasks"][name] = task
+    if kept and not redone:
       log(f"  short episodes: kept from {out} (measured before the rerun)")
-    else:
-      if kept:
-        log(f"  {out} holds other arms or parameters for {name}: measuring it again")
-      result["tasks"][name] = short_episodes(
-        arms, trained, spec, mod.TRAIN_TASKS[variant][name], test, length, control_steps, log
-      )
-      save(f"{name}: short episodes")
+    save(f"{name}: short episodes" + (f" of {', '.join(sorted(redone))}" if redone else ""))
     if args.accuracy_only or name not in long_specs:
       continue
     task = result["tasks"][name]
@@ -1029,6 +1131,11 @@ def main(argv=None) -> dict:
     stages = task.get("bytes_per_stage") or {}
     if stages.get("episodes") == args.long_episodes and "filters" in stages:
       log(f"  {long_specs[name].n_steps}-step bytes and filters: kept from {out}")
+    elif mem_params is None:
+      log(
+        f"  {long_specs[name].n_steps}-step bytes and filters need the compressed arm: not in "
+        f"this run (--arms) nor kept in {out}"
+      )
     else:
       stages = bytes_per_stage(cfg, mem_progs[0], mem_progs[1], mem_params, long_tasks)
       log(
@@ -1052,14 +1159,15 @@ def main(argv=None) -> dict:
       save(f"{name}: bytes per stage and filters")
     if long_eval:
       evals = make_split(long_specs[name], "test", long_eval, 2)
-      long_arms = {"compressed": arms["compressed"]}
-      if "full_context" in arms:
-        long_arms["full_context_window"] = arms["full_context"]
-      if args.uncompressed_control:
+      long_arms = {
+        LONG_ARM_OF.get(a, a): arms[a] for a in ("compressed", "full_context") if a in arms
+      }
+      if "uncompressed_memory" in arms:
         lcfg = uncompressed_cfg(cfg, long_specs[name].n_steps)
         lprogs, lpol = L.build(lcfg, True, mode="sft")
         long_arms["uncompressed_memory"] = (lcfg, lprogs, lpol, unc_params, True)
       n_long = long_specs[name].n_steps
+      task["bytes_per_stage"] = stages  # holds the long accuracy even without bytes (--arms)
 
       def saved(la, name=name, n_long=n_long, long_arms=long_arms, stages=stages):
         stages["long_accuracy"] = la
@@ -1072,7 +1180,9 @@ def main(argv=None) -> dict:
       log(
         f"  {n_long}-step accuracy ({la['questions']} questions): "
         + ", ".join(
-          f"{LONG_ARM_NAMES[k].format(length=length)} {la[k]['accuracy']:.3f}" for k in long_arms
+          f"{LONG_ARM_NAMES[k].format(length=length)} {la[k]['accuracy']:.3f}"
+          for k in LONG_ARM_NAMES
+          if k in la
         )
       )
     if "peak_memory" not in task:
@@ -1082,7 +1192,16 @@ def main(argv=None) -> dict:
     if not (args.no_attention_cost or args.quick) and "attention_cost" not in result:
       result["attention_cost"] = attention_cost(cfg, train, test, length=length)
       log(f"  whole bank vs last 16 entries: {result['attention_cost']['full_bank_over_window']}")
-  save("all", complete=True)
+  missing = {
+    n: [a for a in every_arm if a not in t.get("arms", {})]
+    for n, t in result["tasks"].items()
+    if not args.peak_memory_only
+  }
+  missing = {n: m for n, m in missing.items() if m}
+  if missing:  # --arms: the other arms' runs complete the file
+    save("all but " + "; ".join(f"{n}: {', '.join(m)}" for n, m in missing.items()))
+  else:
+    save("all", complete=True)
   _table(result)
   print(f"wrote {out} ({result['seconds']:.0f} s)")
   return result

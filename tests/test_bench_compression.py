@@ -13,20 +13,31 @@ import pytest
 from conftest import subprocess_env
 
 
-def _bench(tmp_path, repo_root, *flags) -> tuple[dict, str]:
-  """Runs bench_compression.py --quick with `flags`: (its JSON, its stdout)."""
-  out = tmp_path / "bench.json"
-  cmd = [sys.executable, str(repo_root / "experiments" / "bench_compression.py"), "--quick"]
+def _run(repo_root, *flags, expect: int) -> subprocess.CompletedProcess:
+  """Runs bench_compression.py --quick with `flags`; checks its exit status is `expect`."""
+  script = repo_root / "experiments" / "bench_compression.py"
   proc = subprocess.run(
-    [*cmd, *flags, "--out", str(out)],
+    [sys.executable, str(script), "--quick", *flags],
     cwd=repo_root,
     capture_output=True,
     text=True,
     timeout=600,
     env=subprocess_env(),
   )
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert proc.returncode == expect, proc.stdout[-3000:] + proc.stderr[-3000:]
+  return proc
+
+
+def _bench(tmp_path, repo_root, *flags, out_name="bench.json") -> tuple[dict, str]:
+  """Runs bench_compression.py --quick with `flags`: (its JSON, its stdout)."""
+  out = tmp_path / out_name
+  proc = _run(repo_root, *flags, "--out", str(out), expect=0)
   return json.loads(out.read_text()), proc.stdout
+
+
+def _refused(repo_root, *flags) -> subprocess.CompletedProcess:
+  """A run that refuses `flags`: a usage error, exit status 2, before any training."""
+  return _run(repo_root, *flags, expect=2)
 
 
 @pytest.mark.slow
@@ -143,16 +154,48 @@ def test_bench_compression_quick(tmp_path, repo_root):
   assert (u2["correct"], u2["accuracy"]) == (u["correct"], u["accuracy"])
   assert la2["vs_uncompressed"] == full["vs_uncompressed"]
   # Other settings are refused, not mixed into the file.
-  proc = subprocess.run(
-    [sys.executable, "experiments/bench_compression.py", "--quick", *flags, "--resume"]
-    + ["--seed", "1", "--out", str(out)],
-    cwd=repo_root,
-    capture_output=True,
-    text=True,
-    timeout=120,
-    env=subprocess_env(),
+  proc = _refused(repo_root, *flags, "--resume", "--seed", "1", "--out", str(out))
+  assert "seed: 0 there, 1 here" in proc.stderr
+  # --arms: a seed's arms run one at a time into one file (runs that each fit a session, or
+  # on other machines). Restored from --params-dir here, so each arm's numbers are the one
+  # run's; the file is incomplete until the last arm, and its pairings and error attribution
+  # are made from the kept answers, the same as when the arms ran together.
+  s1, out1 = _bench(tmp_path, repo_root, *flags, "--arms", "compressed", out_name="split.json")
+  assert not s1["complete"] and s1["done"].startswith("all but retention: full_context")
+  t1 = s1["tasks"]["retention"]
+  assert set(t1["arms"]) == {"compressed", "compressed_float_memory"}
+  assert "vs_uncompressed" not in t1 and "lost" not in t1["compressed_errors"]
+  assert set(t1["bytes_per_stage"]["long_accuracy"]) & set(full) == {
+    "episodes",
+    "questions",
+    "control_context_tokens",
+    "compressed",
+  }
+  s2, out2 = _bench(
+    tmp_path,
+    repo_root,
+    *flags,
+    "--resume",
+    "--arms",
+    "full_context,uncompressed_memory",
+    out_name="split.json",
   )
-  assert proc.returncode == 2 and "seed: 0 there, 1 here" in proc.stderr
+  assert "bytes and filters: kept from" in out2 and "compressed: accuracy" not in out2
+  assert s2["complete"] and s2["resumed_from"]["arms_run"] == ["compressed"]
+  t2 = s2["tasks"]["retention"]
+  for arm in t["arms"]:
+    for k in ("accuracy", "questions", "correct", "train_seconds"):
+      assert t2["arms"][arm].get(k) == t["arms"][arm].get(k), (arm, k)
+  for k in ("vs_uncompressed", "relative_loss", "questions_discordant", "compressed_errors"):
+    assert t2[k] == t[k], k
+  la2, la = t2["bytes_per_stage"]["long_accuracy"], t["bytes_per_stage"]["long_accuracy"]
+  assert la2["vs_uncompressed"] == la["vs_uncompressed"]
+  for arm in ("compressed", "full_context_window", "uncompressed_memory"):
+    assert la2[arm]["correct"] == la[arm]["correct"], arm
+  assert t2["bytes_per_stage"]["bytes"] == t["bytes_per_stage"]["bytes"]
+  # An arm these flags do not ask for is refused.
+  proc = _refused(repo_root, "--arms", "uncompressed_memory", "--out", str(tmp_path / "x.json"))
+  assert "choose from compressed,full_context" in proc.stderr
 
 
 @pytest.mark.slow
@@ -174,7 +217,7 @@ def test_bench_compression_no_token_control(tmp_path, repo_root):
   other["tasks"]["retention"]["arms"]["compressed"]["train_seconds"] += 1.0
   out.write_text(json.dumps(other))
   r2, stdout2 = _bench(tmp_path, repo_root, *flags, "--resume")
-  assert "holds other arms or parameters for retention: measuring it again" in stdout2
+  assert "holds other parameters for compressed: measuring again" in stdout2
   a, a2 = t["arms"]["compressed"], r2["tasks"]["retention"]["arms"]["compressed"]
   assert a2["params"]["restored_from"] == str(params_dir / "retention" / "compressed")
   assert a2["params"]["trained_on_cpu"] == r["provenance"]["machine"]["cpu"]
