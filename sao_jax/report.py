@@ -832,6 +832,18 @@ NAVIGATION8_SEED_FILES = _seed_files(
   NAVIGATION8_CMD + " --out results/bench_compression_navigation8.json",
   NAVIGATION8_CMD,
 )
+# navigation8 against the stage-1-only memory, one run per seed: both arms 1,200 steps (at the
+# seed runs' 400 steps neither control learned and the compressed arm reached 23-39 %). A
+# seed's two arms may run one at a time into its file (--arms compressed, then --arms
+# uncompressed_memory --resume: each fits a working session beside CI).
+NAVIGATION8_UNC_CMD = NAVIGATION8_CMD + " --uncompressed-control --no-token-control"
+NAVIGATION8_UNC_SEED_FILES = _seed_files(
+  "bench_compression_navigation8_unc_1200",
+  NAVIGATION8_UNC_CMD + " --steps 1200 --seed 0 --params-dir DIR --long-eval-episodes 16"
+  " --out results/bench_compression_navigation8_unc_1200.json",
+  NAVIGATION8_UNC_CMD + " --steps 1200 --params-dir DIR",
+  " --long-eval-episodes 16",
+)
 
 
 def _rel_loss(control: float | None, compressed: float | None) -> float | None:
@@ -1352,6 +1364,9 @@ def claim_compression(root=None) -> Claim:
   diffs += n8_diffs
   if over8:
     data["navigation8_over_seeds"] = over8
+  unc_cmds = stage1_series(
+    "navigation8", NAVIGATION8_UNC_SEED_FILES, nav8, root, sources, rows, diffs, data
+  )
   if doc is not None and sources[0].command is None:
     sources[0] = dataclasses.replace(
       sources[0], command=COMPRESSION_CMD + " (not recorded in the JSON)"
@@ -1372,7 +1387,7 @@ def claim_compression(root=None) -> Claim:
     "per-trajectory memory 1/6 of group sampling.",
     rows,
     sources,
-    [c for _, c in COMPRESSION_SEED_FILES + NAVIGATION8_SEED_FILES] + [PEAK_MEMORY_CMD],
+    [c for _, c in COMPRESSION_SEED_FILES + NAVIGATION8_SEED_FILES] + [PEAK_MEMORY_CMD] + unc_cmds,
     cond,
     diffs,
     missing,
@@ -1534,6 +1549,33 @@ def stage1_control_rows(
   return rows, diffs, over
 
 
+def stage1_series(
+  task: str, files, seed_docs: list[dict], root, sources: list, rows: list, diffs: list, data
+) -> list[str]:
+  """Adds to a claim the seed runs of `task` against the stage-1-only control (`files`:
+  (name, command) per seed): each is named once it exists (a result file is never cited
+  before it is committed) and the seeds not yet run are said in a difference, so the claim
+  does not read as missing without them. Returns the commands of the runs that exist."""
+  unc = [(n, c, load(n, root)) for n, c in files]
+  present = [(n, c, d) for n, c, d in unc if d is not None]
+  if not present:
+    return []
+  sources += [source(n, d) for n, _, d in present]
+  absent = [f"seed {k}" for k, (_, _, d) in enumerate(unc) if d is None]
+  docs = [d for _, _, d in present]
+  if absent:
+    diffs.append(
+      f"{task} against the stage-1-only memory: {len(docs)} of {len(unc)} seeds "
+      f"measured; not yet {', '.join(absent)} "
+      "(the seed-0 command with --seed K and an --out of its own)."
+    )
+  u_rows, u_diffs, u_over = stage1_control_rows(task, docs, seed_docs)
+  rows += u_rows
+  diffs += u_diffs
+  data[f"{task}_stage1_control"] = u_over
+  return [c for _, c, _ in present]
+
+
 def probe_control_rows(task: str, docs: list[dict]) -> tuple[list[Row], list[str]]:
   """Rows and differences of single-seed runs of the stage-1-only control at another budget
   than the seed runs' (--steps, or --control-steps for the control alone): both accuracies,
@@ -1645,25 +1687,10 @@ def claim_retention(root=None) -> Claim:
     rows += r8_rows
     diffs += r8_diffs
     data["retention8_over_seeds"] = over
-  # The stage-1 control's seed runs extend retention8: each is named once it exists (a result
-  # file never cited before it is committed); the seeds not yet run are said in a difference,
-  # so the claim does not read as missing without them.
-  unc = [(n, c, load(n, root)) for n, c in RETENTION8_UNC_SEED_FILES]
-  unc_present = [(n, c, d) for n, c, d in unc if d is not None]
-  unc_docs = [d for _, _, d in unc_present]
-  if unc_docs:
-    sources += [source(n, d) for n, _, d in unc_present]
-    absent = [f"seed {k}" for k, (_, _, d) in enumerate(unc) if d is None]
-    if absent:
-      diffs.append(
-        f"retention8 against the stage-1-only memory: {len(unc_docs)} of {len(unc)} seeds "
-        f"measured; not yet {', '.join(absent)} "
-        "(the seed-0 command with --seed K and an --out of its own)."
-      )
-    u_rows, u_diffs, u_over = stage1_control_rows("retention8", unc_docs, seed_docs)
-    rows += u_rows
-    diffs += u_diffs
-    data["retention8_stage1_control"] = u_over
+  # The stage-1 control's seed runs extend retention8.
+  unc_cmds = stage1_series(
+    "retention8", RETENTION8_UNC_SEED_FILES, seed_docs, root, sources, rows, diffs, data
+  )
   probes = [(n, load(n, root)) for n, _ in RETENTION8_UNC_PROBE_FILES]
   probes = [(n, d) for n, d in probes if d is not None]
   if probes:
@@ -1677,9 +1704,7 @@ def claim_retention(root=None) -> Claim:
     "Multi-turn dialogue: supports 32+ coherent interactions with 92 % context retention.",
     rows,
     sources,
-    [c for _, _, c in RETENTION_FILES]
-    + [c for _, c in RETENTION8_SEED_FILES[1:]]
-    + [c for _, c, _ in unc_present],
+    [c for _, _, c in RETENTION_FILES] + [c for _, c in RETENTION8_SEED_FILES[1:]] + unc_cmds,
     "held-out greedy answers; one question per fact, asked 32+ turns after it",
     diffs,
     missing,

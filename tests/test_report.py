@@ -735,6 +735,41 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   assert any("0.71x" in x for x in g.differences)
 
 
+def test_navigation8_stage1_series_joins_the_compression_claim(tiny_results):
+  """navigation8's runs against the stage-1-only memory (one file a seed, named once it
+  exists) add their rows to claim (c): its losses, and the seeds not yet run said, not cited;
+  a file whose arms ran one at a time (--arms) and lacks its control reads as partial."""
+  c = report.claim_compression(tiny_results)
+  assert not [r for r in c.rows if r.metric.startswith("navigation8 (1200 steps each)")]
+  assert "navigation8_unc_1200" not in " ".join(c.commands) and not c.missing
+  doc = json.loads((tiny_results / "bench_compression_retention8_unc_800.json").read_text())
+  doc["tasks"] = {"navigation8": doc["tasks"]["retention8"]}
+  doc["steps"] = 1200
+  name = "bench_compression_navigation8_unc_1200.json"
+  (tiny_results / name).write_text(json.dumps(doc))
+  c = report.claim_compression(tiny_results)
+  lost = _row(c, "navigation8 (1200 steps each): questions uncompressed memory answers")
+  assert lost.ours.startswith("4 / 16 (95 % upper bound")
+  assert "navigation8_stage1_control" in c.data
+  assert any(
+    "navigation8 against the stage-1-only memory: 1 of 3 seeds" in x for x in c.differences
+  )
+  assert [s for s in c.sources if s.path.endswith(name)] and not c.missing
+  assert "bench_compression_navigation8_unc_1200_seed1" not in " ".join(c.commands)
+  # the first of a seed's two runs (--arms compressed): partial, and no row against a
+  # control it does not hold yet
+  del doc["tasks"]["navigation8"]["arms"]["uncompressed_memory"]
+  del doc["tasks"]["navigation8"]["vs_uncompressed"]
+  la = doc["tasks"]["navigation8"]["bytes_per_stage"]["long_accuracy"]
+  del la["uncompressed_memory"], la["vs_uncompressed"]
+  doc.update(complete=False, done="all but navigation8: uncompressed_memory")
+  (tiny_results / name).write_text(json.dumps(doc))
+  c = report.claim_compression(tiny_results)
+  src = next(s for s in c.sources if s.path.endswith(name))
+  assert src.partial == "all but navigation8: uncompressed_memory"
+  assert not [r for r in c.rows if r.metric.startswith("navigation8 (1200 steps each)")]
+
+
 def test_compression_seeds_of_another_configuration_are_left_out():
   task = {"retention": _compression_task(1.0, 0.5, 8)}
   docs = [
