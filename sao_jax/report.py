@@ -1030,7 +1030,13 @@ def _vs_uncompressed_rows(task: str, part: dict, where: str) -> list[Row]:
         f"pooled ({where})",
         f"< {SEED['performance_loss_max']:.1%}",
         f"{lost['lost']} / {lost['questions']} (95 % upper bound {lost['upper95']:.2%})",
-        "exact binomial, one-sided",
+        "exact binomial, one-sided"
+        + (
+          f"; pooled over {unlearned} of {len(accs)} seeds whose control did not learn (< 50 "
+          "%, little to lose): no bound on the seed's claim"
+          if unlearned
+          else ""
+        ),
       )
     )
   return rows

@@ -653,6 +653,11 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
     "the control did not learn in 1 of 3 seeds (< 50 %): the mean and its CI mix the two; "
     "bounds nothing"
   )
+  lost = _row(report.claim_retention(tiny_results), "retention8: questions uncompressed memory")
+  assert lost.note.endswith(
+    "pooled over 1 of 3 seeds whose control did not learn (< 50 %, "
+    "little to lose): no bound on the seed's claim"
+  )
   # with one seed run only: its rows (the pooled lost questions bound it) and the other two
   # said as not yet run
   for k in ("_seed1", "_seed2"):
