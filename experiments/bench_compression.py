@@ -707,7 +707,16 @@ def peak_memories(cfg: Config, test, long_tasks, length: int, stage1: bool, log)
 
 
 def short_episodes(
-  arms: dict, trained: dict, spec, train_spec, test, length, control_steps, log, done=None
+  arms: dict,
+  trained: dict,
+  spec,
+  train_spec,
+  test,
+  length,
+  control_steps,
+  log,
+  done=None,
+  prov=None,
 ):
   """Part 2 on the held-out short episodes: each arm's greedy accuracy with its training
   record (`trained`: name -> (seconds, last metrics, origin)), the compressed arm with float
@@ -743,7 +752,7 @@ def short_episodes(
     a = stats[name] = dict(_accuracy_stats(trajs), train_seconds=secs, final_metrics=metrics)
     rewards[name] = _rewards(trajs)
     a["correct"] = rewards[name].tolist()
-    a["measured_at"] = _measured_at()
+    a["measured_at"] = _measured_at(prov or {})
     if memory:
       a["kept_steps_mean"] = float(np.mean([t.bank["entries"] for t in trajs]))
     if name == "compressed":
@@ -824,11 +833,15 @@ def short_episodes(
   return task
 
 
-def _measured_at() -> dict:
+def _measured_at(prov: dict) -> dict:
   """When, at which commit and on which CPU an arm was measured (arms of one file may come
-  from runs on different machines: `--arms`)."""
-  p = provenance(devices=False)
-  return {"time": p["time"], "commit": p["commit"], "cpu": p["machine"].get("cpu")}
+  from runs on different machines: `--arms`); `prov` is the run's provenance, read once at
+  its start."""
+  return {
+    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    "commit": prov.get("commit"),
+    "cpu": (prov.get("machine") or {}).get("cpu"),
+  }
 
 
 # What a stopped run must share with its rerun for --resume to keep its measurements.
@@ -887,7 +900,15 @@ def _settings(key) -> dict:
 
 
 def train_arm(
-  params_dir: str, key: dict, cfg: Config, progs, memory: bool, train, every: int = 100, **kw
+  params_dir: str,
+  key: dict,
+  cfg: Config,
+  progs,
+  memory: bool,
+  train,
+  every: int = 100,
+  prov: dict | None = None,
+  **kw,
 ):
   """`L.train` for one arm (`kw`: steps, length, seed, log), returning (params, seconds, last
   metrics, origin). With `params_dir` the trained state is saved under params_dir/<task>/<arm>
@@ -951,7 +972,8 @@ def train_arm(
       {"steps": earlier, "seconds": before, "cpu": prev.get("cpu"), "commit": prev.get("commit")}
     ]
     log(f"  {key['arm']}: continuing from {where} step {earlier} to step {steps}")
-  here = {"cpu": cpu(), "commit": provenance(devices=False)["commit"]}
+  prov = prov or provenance(devices=False)  # the run's, when it passes it in
+  here = {"cpu": (prov.get("machine") or {}).get("cpu") or cpu(), "commit": prov.get("commit")}
 
   def snapshot(state, step: int, secs: float, metrics: dict) -> dict:
     meta = {
@@ -1077,7 +1099,14 @@ def main(argv=None) -> dict:
         continue
       progs, pol = mem_progs if memory else L.build(cfg, False, full_len=length)
       params, *record = train_arm(
-        args.params_dir, dict(key, arm=arm_name), cfg, progs, memory, train, **train_kw
+        args.params_dir,
+        dict(key, arm=arm_name),
+        cfg,
+        progs,
+        memory,
+        train,
+        prov=result["provenance"],
+        **train_kw,
       )
       arms[arm_name], trained[arm_name] = (cfg, progs, pol, params, memory), record
     if "uncompressed_memory" in run_arms:
@@ -1090,6 +1119,7 @@ def main(argv=None) -> dict:
         uprogs,
         True,
         train,
+        prov=result["provenance"],
         **dict(train_kw, steps=control_steps),
       )
       arms["uncompressed_memory"] = (ucfg, uprogs, upol, unc_params, True)
@@ -1106,6 +1136,7 @@ def main(argv=None) -> dict:
       control_steps,
       log,
       done=kept,
+      prov=result["provenance"],
     )
     # What was measured with the compressed arm's parameters (bytes, filters) or none (peak
     # memory) stays with the file when this run did not measure it again; what it holds of an

@@ -193,6 +193,14 @@ def test_bench_compression_quick(tmp_path, repo_root):
   for arm in ("compressed", "full_context_window", "uncompressed_memory"):
     assert la2[arm]["correct"] == la[arm]["correct"], arm
   assert t2["bytes_per_stage"]["bytes"] == t["bytes_per_stage"]["bytes"]
+  # Each arm says which run measured it: the compressed arm the first, the others the second
+  # (the commit and CPU of that run's provenance, the time when the arm was measured).
+  for arm, run in {"compressed": s1, "full_context": s2, "uncompressed_memory": s2}.items():
+    m = t2["arms"][arm]["measured_at"]
+    assert m["commit"] == run["provenance"]["commit"], arm
+    assert m["cpu"] and m["cpu"] == run["provenance"]["machine"]["cpu"], arm
+  assert t2["arms"]["compressed"]["measured_at"] == t1["arms"]["compressed"]["measured_at"]
+  assert t2["arms"]["full_context"]["measured_at"]["time"] >= s2["provenance"]["time"]
   # An arm these flags do not ask for is refused.
   proc = _refused(repo_root, "--arms", "uncompressed_memory", "--out", str(tmp_path / "x.json"))
   assert "choose from compressed,full_context" in proc.stderr
