@@ -203,12 +203,90 @@ def completion_logprobs(
     memory_bias_bm=memory_bias_bm,
   )
   logits_blv = out[0] if with_value else out
+  logp = _completion_logprobs(logits_blv, plen, tokens_bt, valid_bt, temperature, with_entropy)
+  return logp._replace(values_b=out[1][:, plen - 1] if with_value else None)
+
+
+def _completion_logprobs(logits_blv, plen, tokens_bt, valid_bt, temperature, with_entropy):
+  """LogProbs of the completion `tokens_bt` from the logits of [prompt (plen) | completion]."""
   logits_btv = logits_blv[:, plen - 1 : -1] / temperature
   logp_btv = jax.nn.log_softmax(logits_btv, axis=-1)
   logp_bt = jnp.take_along_axis(logp_btv, tokens_bt[..., None], axis=-1)[..., 0]
-  entropy_bt = values_b = None
+  entropy_bt = None
   if with_entropy:
     entropy_bt = jnp.where(valid_bt, -jnp.sum(jnp.exp(logp_btv) * logp_btv, axis=-1), 0.0)
-  if with_value:
-    values_b = out[1][:, plen - 1]
-  return LogProbs(jnp.where(valid_bt, logp_bt, 0.0), entropy_bt, values_b)
+  return LogProbs(jnp.where(valid_bt, logp_bt, 0.0), entropy_bt)
+
+
+def shared_memory_logprobs(
+  model: TransformerLM,
+  params,
+  prompt_brp,
+  prompt_valid_brp,
+  tokens_brt,
+  valid_brt,
+  *,
+  memory_bmd,
+  memory_valid_bm,
+  row_memory_valid_brm,
+  temperature: float = 1.0,
+  with_entropy: bool = False,
+  memory_bias_bm=None,
+) -> LogProbs:
+  """`completion_logprobs` of R rows per trajectory ([B, R, ...] -> LogProbs of [B*R, T])
+  whose memories are views of one memory per trajectory (`memory_bmd` [B, M, dim], its valid
+  slots `memory_valid_bm`): row r reads the slots `row_memory_valid_brm[b, r]` of it. The
+  memory slots' keys and values go through the model once per trajectory instead of once per
+  row; each row's prompt and completion then attend to them (with the optional per-slot
+  `memory_bias_bm`) and to their own tokens.
+
+  Exact (up to the order of float sums) where each row's valid slots are, in slot order, a
+  prefix of the trajectory's valid slots: a memory slot attends to the valid slots before it,
+  and memory slots carry no position, so a slot's keys and values are then the same in every
+  row that reads it. That holds when rows read every entry written before their step (a bank
+  that never evicts and is all visible, or every earlier step's vectors), not for a window of
+  the last few entries or a bank that evicts (`MemoryPolicy.row_logprobs` chooses)."""
+  b, r, plen = prompt_brp.shape
+  m = memory_bmd.shape[1]
+  extra = {} if memory_bias_bm is None else {"key_bias_bk": memory_bias_bm}
+  # The memory alone, causal over its valid slots, written into a cache of M slots.
+  cache = init_cache(model.cfg, b, m, jnp.dtype(model.cfg.dtype))
+  none = jnp.zeros((b, 0), jnp.int32)
+  _, cache = model.apply(
+    {"params": params},
+    none,
+    none,
+    causal_mask(memory_valid_bm, jnp.arange(m)),
+    memory_bmd=memory_bmd,
+    cache=cache,
+    index=0,
+    **extra,
+  )
+  # Each row's tokens after its view of that cache.
+  flat = lambda x: x.reshape((b * r,) + x.shape[2:])  # noqa: E731
+  tokens_bl = flat(jnp.concatenate([prompt_brp, tokens_brt], axis=2))
+  valid_bl = flat(jnp.concatenate([prompt_valid_brp, valid_brt], axis=2))
+  n = tokens_bl.shape[1]
+
+  def rows(x):  # [B, M, ...] -> [B*R, M + n, ...]: each row's copy, room for its tokens
+    x = jnp.repeat(x, r, axis=0)
+    return jnp.concatenate([x, jnp.zeros((b * r, n) + x.shape[2:], x.dtype)], axis=1)
+
+  cache = jax.tree.map(rows, cache)
+  valid_bk = jnp.concatenate([flat(row_memory_valid_brm), valid_bl], axis=1)
+  if memory_bias_bm is not None:
+    extra["key_bias_bk"] = rows(memory_bias_bm.astype(jnp.float32))
+  empty = jnp.zeros((b * r, 0, memory_bmd.shape[2]), memory_bmd.dtype)
+  logits_blv, _ = model.apply(
+    {"params": params},
+    tokens_bl,
+    positions_from_valid(valid_bl),
+    causal_mask(valid_bk, m + jnp.arange(n)),
+    memory_bmd=empty,
+    cache=cache,
+    index=m,
+    **extra,
+  )
+  return _completion_logprobs(
+    logits_blv, plen, flat(tokens_brt), flat(valid_brt), temperature, with_entropy
+  )

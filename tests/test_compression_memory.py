@@ -123,13 +123,13 @@ def test_replay_from_bank_and_graveyard_is_the_samplers_memory_at_every_step():
   assert graveyard_nbytes(np.zeros((n, 2, 8), np.int8)) == n * (2 * 8 + 2 * 4 + 2 + 2)
 
 
-@pytest.fixture(scope="module")
-def sampled():
-  cfg = Config(model=MODEL, compression=COMP)
-  policy = MemoryPolicy(TransformerLM(MODEL), Compressor(COMP, TOK.vocab_size))
+def _sampled(model_cfg, comp, spec, n_tasks=3):
+  """An RL-mode memory policy of these configs, its initial state, and trajectories it sampled
+  (the shipped banks and graveyards, and the sampler's log-probs)."""
+  policy = MemoryPolicy(TransformerLM(model_cfg), Compressor(comp, TOK.vocab_size))
   tx = make_optimizer(OptimConfig(lr=1e-3, warmup_steps=1))
   progs = compile_memory_programs(
-    cfg,
+    Config(model=model_cfg, compression=comp),
     policy,
     tx,
     make_memory_update(policy, tx, mode="rl"),
@@ -140,23 +140,27 @@ def sampled():
     mesh=sharding.make_mesh(MeshConfig(shape=(1, 1, 1)), jax.devices()[:1]),
   )
   state = progs.init(jax.random.key(0))
-  spec = LongHorizonSpec("navigation", n_steps=12, n_facts=2, min_gap=4, period=5)
-  tasks = make_split(spec, "test", 3, 0)
-  envs = [LongHorizonEnv(TOK) for _ in tasks]
+  tasks = make_split(spec, "test", n_tasks, 0)
   trajs = sample_long_horizon(
     progs.sample,
     progs.compress,
     policy.empty_streams(4),
     state.params,
-    envs,
+    [LongHorizonEnv(TOK) for _ in tasks],
     tasks,
     TOK,
     slots=4,
-    window=COMP.window,
-    step_len=COMP.step_len,
+    window=comp.window,
+    step_len=comp.step_len,
     rng=jax.random.key(1),
   )
   return policy, progs, state, trajs
+
+
+@pytest.fixture(scope="module")
+def sampled():
+  spec = LongHorizonSpec("navigation", n_steps=12, n_facts=2, min_gap=4, period=5)
+  return _sampled(MODEL, COMP, spec)
 
 
 def test_learner_recomputes_the_sampler_log_probs_from_the_shipped_bank(sampled):
@@ -230,3 +234,49 @@ def test_memory_update_skips_non_finite_gradients(sampled):
     jax.tree.leaves(before), jax.tree.leaves((new.params, new.opt_state)), strict=True
   ):
     np.testing.assert_array_equal(a, np.asarray(b))
+
+
+def test_a_bank_shared_across_rows_gives_each_rows_log_probs_and_gradients():
+  """Where nothing is evicted and the whole bank is visible (the stage-1 control), the learner
+  computes the bank's keys and values once per trajectory (`shared_memory_logprobs`) instead
+  of once per row: the sampler's log-probs, and the same log-probs, entropies, salience loss
+  and gradients as the per-row memories (rows that read every entry written before them)."""
+  comp = dataclasses.replace(
+    COMP, evict=False, capacity=12, visible=12, keep_threshold=0.0, salience="learned"
+  )
+  model = dataclasses.replace(MODEL, memory_slots=24)
+  evicting = MemoryPolicy(TransformerLM(MODEL), Compressor(COMP, TOK.vocab_size))
+  assert not evicting.shares_bank()
+  with pytest.raises(ValueError, match="exact only without eviction"):
+    evicting.shares_bank(True)
+  spec = LongHorizonSpec("retention", n_steps=12, n_facts=2, min_gap=4, period=5)
+  policy, _, state, trajs = _sampled(model, comp, spec)
+  assert policy.shares_bank()
+  assert all(t.bank["entries"] == 12 and t.bank["evicted"] == 0 for t in trajs)
+  batch = trajectories_to_batch(trajs, 12)
+  mask = batch.valid_brt
+  for stored in (True, False):
+
+    def loss(params, share, stored=stored):
+      logp, ent, aux = policy.row_logprobs(
+        params, batch, stored=stored, share=share, with_salience=True
+      )
+      total = -jnp.sum(jnp.where(mask, logp, 0.0)) + aux["salience_nll"] + jnp.sum(ent)
+      return total, (logp, ent, aux)
+
+    run = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
+    (_, (logp_s, ent_s, aux_s)), g_s = run(state.params, True)
+    (_, (logp_r, ent_r, aux_r)), g_r = run(state.params, False)
+    if stored:  # the sampler's own log-probs
+      np.testing.assert_allclose(np.asarray(logp_s)[mask], batch.logp_brt[mask], atol=2e-5)
+    np.testing.assert_allclose(np.asarray(logp_s), np.asarray(logp_r), atol=2e-5)
+    np.testing.assert_allclose(np.asarray(ent_s), np.asarray(ent_r), atol=2e-5)
+    for k in aux_r:
+      np.testing.assert_allclose(float(aux_s[k]), float(aux_r[k]), rtol=1e-5, atol=1e-6)
+    flat_s, flat_r = jax.tree.leaves(g_s), jax.tree.leaves(g_r)
+    assert len(flat_s) == len(flat_r)
+    for a, b in zip(flat_s, flat_r, strict=True):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+    # Not vacuous: the memory and the salience head both get gradient.
+    for part in ("encoder", "salience"):
+      assert max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(g_s[part])) > 0, part

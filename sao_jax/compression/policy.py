@@ -52,6 +52,20 @@ class MemoryPolicy:
       raise ValueError("model.memory_slots/memory_dim do not match the compression config")
     self.model, self.comp = model, comp
 
+  def shares_bank(self, share: bool | None = None) -> bool:
+    """Whether the learner computes the bank's keys and values once per trajectory: asked
+    for (`share`), or by default wherever that is exact: no eviction (the bank is append-only,
+    so a row reads the entries written before its step) and every entry visible (not a window
+    of the last few, whose first entries differ from row to row)."""
+    cfg = self.comp.cfg
+    exact = not cfg.evict and cfg.visible >= cfg.capacity
+    if share and not exact:
+      raise ValueError(
+        "a shared bank is exact only without eviction and with every entry visible "
+        f"(compression.evict {cfg.evict}, visible {cfg.visible}, capacity {cfg.capacity})"
+      )
+    return exact if share is None else share
+
   def init(self, rng: jax.Array) -> dict:
     r1, r2 = jax.random.split(rng)
     w = self.comp.cfg.window
@@ -117,6 +131,7 @@ class MemoryPolicy:
     stored: bool,
     temperature: float = 1.0,
     with_salience: bool = False,
+    share: bool | None = None,
   ):
     """Log-probs [B, R, T] (and entropy, and the compressor's losses) of the batch's rows
     under the memory they saw.
@@ -125,6 +140,12 @@ class MemoryPolicy:
     `batch.gone_*`); without, both are built in-graph by the same per-step logic from the
     batch's segments. `with_salience` (a learned salience head only) adds the head's loss
     terms to aux (`salience_loss`).
+
+    `share` (default: where exact, `shares_bank`) computes the memory's keys and values once
+    per trajectory rather than once per row (`sampling.shared_memory_logprobs`): the same
+    log-probs up to float rounding, for a fraction of the cost when the bank is large; False
+    builds each row's memory as `replay_memory` does (the reference the tests compare with).
+    The salience pass always shares (every row reads every earlier step).
     """
     comp = self.comp
     b, s = batch.step_valid_bs.shape
@@ -157,20 +178,56 @@ class MemoryPolicy:
       log = comp.replay_log(bank_one, grave_one)
       return jax.vmap(lambda t: row_memory(log, v_sed, t))(t_r)
 
-    mem, mvalid = jax.vmap(rows_memory)(bank, grave, v_bsed, batch.row_step_br)
+    def bank_memory(bank_one, v_sed, t_r):
+      # The whole bank (append-only: entries in step order) and, per row, the entries
+      # written before its step: what `replay_memory` gives a row when nothing is evicted
+      # and every entry is visible, as one memory per trajectory.
+      step_c = bank_one.step_c
+      ok_c = step_c >= 0
+      if comp.cfg.quantize:
+        vec_ced = quant.dequantize(bank_one.vec_ced, bank_one.scale_ce)
+      else:
+        vec_ced = bank_one.vec_ced.astype(jnp.float32)
+      fresh = jnp.where(ok_c[:, None, None], v_sed[jnp.maximum(step_c, 0)], 0.0)
+      vec_ced = quant.straight_through(jnp.where(ok_c[:, None, None], vec_ced, 0.0), fresh)
+      m = comp.cfg.vectors_per_step
+      row_ok_rc = ok_c[None] & (step_c[None] < t_r[:, None])
+      return (
+        vec_ced.reshape(-1, vec_ced.shape[-1]),
+        jnp.repeat(ok_c, m),
+        jnp.repeat(row_ok_rc, m, axis=-1),
+      )
+
     flat = lambda x: x.reshape((b * r,) + x.shape[2:])  # noqa: E731
-    logp, ent, _ = sampling.completion_logprobs(
-      self.model,
-      params["policy"],
-      flat(batch.prompt_brp),
-      flat(batch.prompt_valid_brp),
-      flat(batch.tokens_brt),
-      flat(batch.valid_brt),
-      temperature=temperature,
-      memory_bmd=flat(mem),
-      memory_valid_bm=flat(mvalid),
-      with_entropy=True,
-    )
+    if self.shares_bank(share):
+      mem, mvalid, row_ok = jax.vmap(bank_memory)(bank, v_bsed, batch.row_step_br)
+      logp, ent, _ = sampling.shared_memory_logprobs(
+        self.model,
+        params["policy"],
+        batch.prompt_brp,
+        batch.prompt_valid_brp,
+        batch.tokens_brt,
+        batch.valid_brt,
+        memory_bmd=mem,
+        memory_valid_bm=mvalid,
+        row_memory_valid_brm=row_ok,
+        temperature=temperature,
+        with_entropy=True,
+      )
+    else:
+      mem, mvalid = jax.vmap(rows_memory)(bank, grave, v_bsed, batch.row_step_br)
+      logp, ent, _ = sampling.completion_logprobs(
+        self.model,
+        params["policy"],
+        flat(batch.prompt_brp),
+        flat(batch.prompt_valid_brp),
+        flat(batch.tokens_brt),
+        flat(batch.valid_brt),
+        temperature=temperature,
+        memory_bmd=flat(mem),
+        memory_valid_bm=flat(mvalid),
+        with_entropy=True,
+      )
     logits = comp.decoder.apply(
       {"params": params["decoder"]}, v_bsed.reshape((b * s,) + v_bsed.shape[2:])
     )
@@ -184,7 +241,7 @@ class MemoryPolicy:
     kept = info["keep"] & sv
     extra = {}
     if with_salience:
-      extra = self.salience_loss(params, batch, v_bsed, temperature)
+      extra = self.salience_loss(params, batch, v_bsed, temperature, share=share is not False)
     aux = {
       **extra,
       "recon": recon,
@@ -195,33 +252,57 @@ class MemoryPolicy:
     shape = (b, r, -1)
     return logp.reshape(shape), ent.reshape(shape), aux
 
-  def salience_loss(self, params, batch: MemoryBatch, v_bsed, temperature: float) -> dict:
+  def salience_loss(
+    self, params, batch: MemoryBatch, v_bsed, temperature: float, share: bool = True
+  ) -> dict:
     """The salience head's training terms (`sao_jax.compression.salience`): the weighted
     answer NLL of the first `salience_rows` rows of each trajectory (graded rows come first)
     when each reads every earlier step through the soft keep mask, with the policy and the
-    encoder held fixed; and the mean keep probability (its price)."""
+    encoder held fixed; and the mean keep probability (its price). Every row reads a prefix
+    of its trajectory's steps, so with `share` the steps' keys and values are computed once
+    per trajectory (`sampling.shared_memory_logprobs`); without, once per row."""
     comp = self.comp
     b, s = batch.step_valid_bs.shape
     k = min(comp.cfg.salience_rows, batch.row_step_br.shape[1])
     v_bsed = jax.lax.stop_gradient(v_bsed)
     p_bs = comp.salience_prob(params, v_bsed.reshape(b, s, -1))
     rows = lambda x: x[:, :k].reshape((b * k,) + x.shape[2:])  # noqa: E731
-    mem, ok, bias = jax.vmap(
-      lambda v, p, sv, t_k: jax.vmap(lambda t: salience.soft_memory(v, p, sv, t))(t_k)
-    )(v_bsed, p_bs, batch.step_valid_bs, batch.row_step_br[:, :k])
-    flat = lambda x: x.reshape((b * k,) + x.shape[2:])  # noqa: E731
-    logp, _, _ = sampling.completion_logprobs(
-      self.model,
-      jax.lax.stop_gradient(params["policy"]),
-      rows(batch.prompt_brp),
-      rows(batch.prompt_valid_brp),
-      rows(batch.tokens_brt),
-      rows(batch.valid_brt),
-      temperature=temperature,
-      memory_bmd=flat(mem),
-      memory_valid_bm=flat(ok),
-      memory_bias_bm=flat(bias),
-    )
+    policy = jax.lax.stop_gradient(params["policy"])
+    if share:
+      m = v_bsed.shape[2]
+      sv = batch.step_valid_bs
+      row_ok = sv[:, None, :] & (jnp.arange(s)[None, None, :] < batch.row_step_br[:, :k, None])
+      bias = jnp.where(sv, jnp.log(p_bs + salience.LOG_EPS), 0.0)
+      logp, _, _ = sampling.shared_memory_logprobs(
+        self.model,
+        policy,
+        batch.prompt_brp[:, :k],
+        batch.prompt_valid_brp[:, :k],
+        batch.tokens_brt[:, :k],
+        batch.valid_brt[:, :k],
+        memory_bmd=v_bsed.reshape(b, s * m, -1),
+        memory_valid_bm=jnp.repeat(sv, m, axis=1),
+        row_memory_valid_brm=jnp.repeat(row_ok, m, axis=-1),
+        memory_bias_bm=jnp.repeat(bias, m, axis=1),
+        temperature=temperature,
+      )
+    else:
+      mem, ok, bias = jax.vmap(
+        lambda v, p, sv, t_k: jax.vmap(lambda t: salience.soft_memory(v, p, sv, t))(t_k)
+      )(v_bsed, p_bs, batch.step_valid_bs, batch.row_step_br[:, :k])
+      flat = lambda x: x.reshape((b * k,) + x.shape[2:])  # noqa: E731
+      logp, _, _ = sampling.completion_logprobs(
+        self.model,
+        policy,
+        rows(batch.prompt_brp),
+        rows(batch.prompt_valid_brp),
+        rows(batch.tokens_brt),
+        rows(batch.valid_brt),
+        temperature=temperature,
+        memory_bmd=flat(mem),
+        memory_valid_bm=flat(ok),
+        memory_bias_bm=flat(bias),
+      )
     mask = rows(batch.valid_brt) & rows(batch.row_valid_br)[:, None]
     w = rows(batch.row_weight_br * batch.row_valid_br)
     nll = -jnp.sum(jnp.where(mask, logp, 0.0), -1) / jnp.maximum(jnp.sum(mask, -1), 1)

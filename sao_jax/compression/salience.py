@@ -27,7 +27,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-_LOG_EPS = 1e-6
+LOG_EPS = 1e-6
 
 
 class SalienceHead(nn.Module):
@@ -47,7 +47,7 @@ def soft_memory(v_sed, p_s, step_valid_s, t):
   Returns (vec [S*m, dim], valid [S*m] bool, bias [S*m] float32)."""
   s, m, d = v_sed.shape
   ok_s = step_valid_s & (jnp.arange(s) < t)
-  bias_s = jnp.log(p_s + _LOG_EPS)
+  bias_s = jnp.log(p_s + LOG_EPS)
   rep = lambda x: jnp.repeat(x, m)  # noqa: E731
   return v_sed.reshape(s * m, d), rep(ok_s), rep(jnp.where(ok_s, bias_s, 0.0))
 
