@@ -55,8 +55,11 @@ def model_cfg(cfg: Config, memory: bool, full_len: int = 0):
   return dataclasses.replace(m, memory_slots=0, memory_dim=0, max_len=max(m.max_len, full_len))
 
 
-def build(cfg: Config, memory: bool, *, full_len: int = 0, mode: str = "sft"):
-  """(programs, policy-or-model) for the memory policy or the full-context control."""
+def build(
+  cfg: Config, memory: bool, *, full_len: int = 0, mode: str = "sft", share: bool | None = None
+):
+  """(programs, policy-or-model) for the memory policy or the full-context control (`share`:
+  `make_memory_update`'s)."""
   tx = make_optimizer(cfg.sft.optim)
   model = TransformerLM(model_cfg(cfg, memory, full_len))
   if memory:
@@ -65,7 +68,7 @@ def build(cfg: Config, memory: bool, *, full_len: int = 0, mode: str = "sft"):
       cfg,
       policy,
       tx,
-      make_memory_update(policy, tx, mode=mode),
+      make_memory_update(policy, tx, mode=mode, share=share),
       max_new_tokens=MAX_NEW,
       temperature=1.0,
       eos_id=TOK.eos_id,

@@ -337,6 +337,7 @@ def make_memory_update(
   clip_eps: float = 0.2,
   is_cap: float = 2.0,
   group_size: int = 0,
+  share: bool | None = None,
 ):
   """update(state, batch: MemoryBatch) -> (state, metrics) for the memory policy.
 
@@ -347,6 +348,8 @@ def make_memory_update(
   task each; 0: the whole batch), ungraded rows carry no reward signal and get zero weight;
   loss: the decoupled PPO surrogate (`rl.losses.decoupled_ppo_loss`), a token mean over the
   graded rows.
+  `share`: `MemoryPolicy.row_logprobs`'s (None: the memory computed once per trajectory
+  wherever that is exact; False: once per row, the reference).
   """
   if mode not in ("sft", "rl"):
     raise ValueError(f"mode {mode!r} unknown; known: rl, sft")
@@ -360,7 +363,12 @@ def make_memory_update(
 
     def loss_fn(params):
       logp, ent, aux = policy.row_logprobs(
-        params, batch, stored=mode == "rl", temperature=temperature, with_salience=learn_salience
+        params,
+        batch,
+        stored=mode == "rl",
+        temperature=temperature,
+        with_salience=learn_salience,
+        share=share,
       )
       n_tok = jnp.maximum(jnp.sum(mask, -1), 1)
       extra = {}

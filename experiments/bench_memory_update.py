@@ -1,0 +1,115 @@
+"""Learner update time of the memory policy: the memory run through the model once per row
+(the reference) against once per trajectory where every row reads a prefix of it.
+
+A row's memory is the bank as it stood at the row's step. Where the bank never evicts and is
+all visible (the stage-1 control of bench_compression.py: every step kept), row t reads the
+entries written before t, a prefix of the trajectory's final bank; likewise the salience
+pass reads every step before t. Memory slots attend causally to earlier slots and carry no
+position, so their keys and values are the same in every row that reads them: the learner
+computes them once per trajectory (`sampling.shared_memory_logprobs`) and each row's tokens
+attend to its prefix. The compressed arm evicts, so only its salience pass shares.
+
+For each arm (the compressed arm and the stage-1 control of `--task`), the same supervised
+updates on the same expert episodes, timed per step after compilation, with the memory per
+row and shared; the two modes alternate within each repeat so both see the same load. Also
+the first update's loss in each mode from the same initial state (the same up to float
+rounding: the two paths compute the same function).
+
+Run (about 10 minutes on a 2-core CPU; writes results/bench_memory_update.json):
+  python experiments/bench_memory_update.py
+Smoke run (a minute):
+  python experiments/bench_memory_update.py --quick --out /tmp/bench_memory_update.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+import jax
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import bench_compression as B  # noqa: E402
+import lh_common as L  # noqa: E402
+
+from sao_jax.envs.longhorizon import make_split  # noqa: E402
+from sao_jax.provenance import provenance, write_result  # noqa: E402
+from sao_jax.stats import summarize  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MODES = {"per_row": False, "shared": None}  # `make_memory_update(share=...)`
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--config", default=str(ROOT / "experiments/configs/longhorizon.py"))
+  p.add_argument("--task", default="retention8", help="a task of the config's TRAIN_TASKS")
+  p.add_argument("--steps", type=int, default=5, help="timed updates per arm, mode and repeat")
+  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--quick", action="store_true", help="tiny config, 2 steps, 2 repeats")
+  p.add_argument("--out", default=str(ROOT / "results/bench_memory_update.json"))
+  return p
+
+
+def main(argv=None) -> dict:
+  args = _parser().parse_args(argv)
+  variant = "tiny" if args.quick else "default"
+  cfg, mod = B.load_config(f"{args.config}:{variant}"), B._config_module(args.config)
+  task = "retention" if args.quick else args.task
+  steps, repeats = (2, 2) if args.quick else (args.steps, args.repeats)
+  if task not in mod.TRAIN_TASKS[variant] or min(steps, repeats) < 1:
+    _parser().error(
+      f"--task {task!r} (known: {', '.join(mod.TRAIN_TASKS[variant])}), --steps and --repeats >= 1"
+    )
+  spec = mod.TRAIN_TASKS[variant][task]
+  train = make_split(spec, "train", 64, 0, num_test=0)
+  arms = {"compressed": cfg, "uncompressed_memory": B.uncompressed_cfg(cfg, spec.n_steps)}
+  kw = dict(length=L.full_len(train), seed=0)
+  result = {
+    "provenance": provenance(),
+    "config": f"{B._portable(args.config)}:{variant}",
+    "task": task,
+    "spec": dict(vars(spec)),
+    "batch_size": cfg.sft.batch_size,
+    "steps": steps,
+    "repeats": repeats,
+    "arms": {},
+  }
+  runs = {}
+  for arm, acfg in arms.items():
+    for mode, share in MODES.items():
+      progs, policy = L.build(acfg, True, mode="sft", share=share)
+      # One update from the initial state: compiles, and gives the loss the modes compare.
+      state, _, metrics = L.train(acfg, progs, True, train, steps=1, **kw)
+      runs[arm, mode] = [progs, state, []]
+      result["arms"].setdefault(arm, {"shares_bank": policy.shares_bank()})
+      result["arms"][arm].setdefault("first_update_loss", {})[mode] = metrics["loss"]
+      print(f"{arm} {mode}: compiled, first loss {metrics['loss']:.6f}", flush=True)
+  for r in range(repeats):
+    for (arm, mode), run in runs.items():
+      progs, state, times = run
+      start = int(jax.device_get(state.step))
+      run[1], secs, _ = L.train(
+        arms[arm], progs, True, train, steps=start + steps, state=state, **kw
+      )
+      times.append(secs / steps)
+      print(f"repeat {r}: {arm} {mode} {times[-1]:.3f} s/step", flush=True)
+  for arm, a in result["arms"].items():
+    for mode in MODES:
+      a[mode] = summarize(runs[arm, mode][2])  # s per step, over the repeats
+    ratios = np.asarray(runs[arm, "per_row"][2]) / np.asarray(runs[arm, "shared"][2])
+    a["speedup"] = summarize(ratios.tolist())  # per repeat, side by side
+    loss = a["first_update_loss"]
+    a["first_update_loss_rel_diff"] = abs(loss["shared"] - loss["per_row"]) / abs(loss["per_row"])
+    print(
+      f"{arm}: per row {a['per_row']['mean']:.3f} s/step, shared {a['shared']['mean']:.3f} "
+      f"s/step, speedup {a['speedup']['mean']:.2f}x (se {a['speedup']['se'] or 0:.2f})"
+    )
+  write_result(args.out, result, default=float)
+  return result
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,45 @@
+"""experiments/bench_memory_update.py --quick: both arms, both modes, the same first loss."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import subprocess_env
+
+
+def test_bench_memory_update_quick(tmp_path, repo_root):
+  out = tmp_path / "x.json"
+  cmd = [sys.executable, str(repo_root / "experiments" / "bench_memory_update.py"), "--quick"]
+  proc = subprocess.run(
+    [*cmd, "--out", str(out)],
+    cwd=repo_root,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    env=subprocess_env(),
+  )
+  assert proc.returncode == 0, proc.stderr
+  r = json.loads(out.read_text())
+  assert r["provenance"]["commit"] and r["task"] == "retention" and r["repeats"] == 2
+  arms = r["arms"]
+  # Only the stage-1 control's bank is shared (the compressed arm evicts; its salience pass is
+  # shared in the "shared" mode).
+  assert arms["uncompressed_memory"]["shares_bank"] and not arms["compressed"]["shares_bank"]
+  for name, a in arms.items():
+    # The two modes compute the same function: the same first update from the same state.
+    assert a["first_update_loss_rel_diff"] < 1e-5, name
+    for mode in ("per_row", "shared"):
+      assert a[mode]["n"] == 2 and all(t > 0 for t in a[mode]["values"]), (name, mode)
+    assert a["speedup"]["n"] == 2 and a["speedup"]["mean"] > 0
+  # A task the config does not have is refused with the ones it has.
+  proc = subprocess.run(
+    [*cmd[:2], "--task", "nope", "--out", str(tmp_path / "y.json")],
+    cwd=repo_root,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    env=subprocess_env(),
+  )
+  assert proc.returncode == 2 and "known: retention" in proc.stderr
