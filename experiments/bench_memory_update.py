@@ -15,7 +15,15 @@ row and shared; the two modes alternate within each repeat so both see the same 
 the first update's loss in each mode from the same initial state (the same up to float
 rounding: the two paths compute the same function).
 
-Run (about 10 minutes on a 2-core CPU; writes results/bench_memory_update.json):
+The sampler's side (`sampler` in the JSON): the stage-1 control's greedy episodes of
+`--eval-steps` steps (`--eval-episodes` side by side, its initial parameters), with the
+memory's keys and values kept between steps (`MemoryPolicy.sample_cached`, what evaluation
+uses for such a bank) against the whole memory through the model every step in windows that
+grow with the bank (`lh_common._growing_greedy`, the previous evaluation path): seconds per
+episode step in each mode (after one untimed round that compiles both), the speedup per
+repeat, and whether both modes played the same tokens.
+
+Run (about 15 minutes on a 2-core CPU; writes results/bench_memory_update.json):
   python experiments/bench_memory_update.py
 Smoke run (a minute):
   python experiments/bench_memory_update.py --quick --out /tmp/bench_memory_update.json
@@ -24,8 +32,10 @@ Smoke run (a minute):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pathlib
 import sys
+import time
 
 import jax
 import numpy as np
@@ -48,6 +58,10 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--task", default="retention8", help="a task of the config's TRAIN_TASKS")
   p.add_argument("--steps", type=int, default=5, help="timed updates per arm, mode and repeat")
   p.add_argument("--repeats", type=int, default=3)
+  p.add_argument(
+    "--eval-steps", type=int, default=300, help="steps of the sampler's episodes (0: skip)"
+  )
+  p.add_argument("--eval-episodes", type=int, default=8)
   p.add_argument("--quick", action="store_true", help="tiny config, 2 steps, 2 repeats")
   p.add_argument("--out", default=str(ROOT / "results/bench_memory_update.json"))
   return p
@@ -107,8 +121,57 @@ def main(argv=None) -> dict:
       f"{arm}: per row {a['per_row']['mean']:.3f} s/step, shared {a['shared']['mean']:.3f} "
       f"s/step, speedup {a['speedup']['mean']:.2f}x (se {a['speedup']['se'] or 0:.2f})"
     )
+  if args.eval_steps:
+    n = 24 if args.quick else args.eval_steps
+    result["sampler"] = sampler_bench(cfg, spec, n, args.eval_episodes, repeats)
   write_result(args.out, result, default=float)
   return result
+
+
+def sampler_bench(cfg, spec, n: int, episodes: int, repeats: int) -> dict:
+  """The stage-1 control's greedy episodes of n steps, cached memory against growing windows
+  (module docstring)."""
+  acfg = B.uncompressed_cfg(cfg, n)
+  tasks = make_split(dataclasses.replace(spec, n_steps=n), "test", episodes, 0)
+  progs, policy = L.build(acfg, True)
+  params = progs.init(jax.random.key(0)).params
+  modes = {
+    "growing": lambda: L._growing_greedy(acfg, progs),
+    "cached": lambda: L._cached_greedy(progs, episodes),
+  }
+  times = {mode: [] for mode in modes}
+  same = []
+  for r in range(repeats + 1):  # round 0 compiles
+    played = {}
+    for mode, make in modes.items():
+      t0 = time.time()
+      _, played[mode] = L.evaluate(
+        acfg, progs, policy, params, tasks, True, length=0, slots=episodes, greedy=make()
+      )
+      if r:
+        times[mode].append((time.time() - t0) / n)
+        print(f"sampler repeat {r - 1}: {mode} {times[mode][-1]:.4f} s/step", flush=True)
+    same.append(
+      all(
+        np.array_equal(a.tokens, b.tokens)
+        for a, b in zip(played["growing"], played["cached"], strict=True)
+      )
+    )
+  ratios = np.asarray(times["growing"]) / np.asarray(times["cached"])
+  out = {
+    "steps": n,
+    "episodes": episodes,
+    "params": "initial",
+    "same_tokens": all(same),
+    **{mode: summarize(t) for mode, t in times.items()},
+    "speedup": summarize(ratios.tolist()),
+  }
+  print(
+    f"sampler at {n} steps: growing {out['growing']['mean']:.4f} s/step, cached "
+    f"{out['cached']['mean']:.4f} s/step, speedup {out['speedup']['mean']:.2f}x, "
+    f"same tokens {out['same_tokens']}"
+  )
+  return out
 
 
 if __name__ == "__main__":

@@ -175,15 +175,23 @@ def evaluate(
   length: int,
   slots: int = 32,
   seed: int = 0,
+  greedy=None,
 ):
   """Greedy rollouts on `tasks`, at most `slots` side by side (fewer tasks run on fewer rows,
   rounded up to the mesh's batch divisor: greedy rows do not depend on each other, and a
-  1,000-step episode costs per row); returns (accuracy over graded steps, trajectories)."""
+  1,000-step episode costs per row); returns (accuracy over graded steps, trajectories).
+
+  `greedy`: the memory policy's greedy program (default: with the memory's keys and values
+  kept between steps where its bank allows, `_cached_greedy`, else `_growing_greedy`; all
+  give the same episodes)."""
   slots = min(slots, round_up(len(tasks), getattr(progs, "batch_divisor", 1)))
   trajs = []
   rng = jax.random.key(seed)
   c = cfg.compression
-  greedy = _growing_greedy(cfg, progs) if memory else progs.greedy
+  if not memory:
+    greedy = progs.greedy
+  elif greedy is None:
+    greedy = _cached_greedy(progs, slots) if policy.shares_bank() else _growing_greedy(cfg, progs)
   for start in range(0, len(tasks), slots):
     chunk = tasks[start : start + slots]
     envs = [LongHorizonEnv(TOK) for _ in chunk]
@@ -217,6 +225,22 @@ def evaluate(
       )
   rewards = np.concatenate([t.rewards[t.graded] for t in trajs])
   return float(rewards.mean()), trajs
+
+
+def _cached_greedy(progs, slots: int):
+  """progs.greedy of a memory policy whose bank is append-only and all visible (the stage-1
+  control), with the memory's keys and values kept between steps
+  (`MemoryPolicy.update_memory_cache`): each step runs only its new entry through the model,
+  not the whole memory (at 1,000 steps, up to 2,000 slots a step). Same tokens as
+  progs.greedy up to float rounding (tests/test_compression_memory.py). The cache checks
+  itself against each slot's bank, so one cache serves every chunk of an evaluation."""
+  cache = [progs.empty_memory_cache(slots)]
+
+  def greedy(params, streams, prompt, pvalid, key):
+    out, cache[0] = progs.greedy_cached(params, streams, cache[0], prompt, pvalid, key)
+    return out
+
+  return greedy
 
 
 def _growing_greedy(cfg: Config, progs, bucket: int = VISIBLE_BUCKET):

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from sao_jax.models import init_cache
+from sao_jax.models import KVCache, init_cache
 from sao_jax.models.transformer import TransformerLM, causal_mask, positions_from_valid
 
 
@@ -61,6 +61,7 @@ def sample(
   greedy: bool = False,
   memory_bmd=None,
   memory_valid_bm=None,
+  memory_cache: KVCache | None = None,
 ) -> SampleOutput:
   """Samples up to `max_new_tokens` tokens after each left-padded prompt.
 
@@ -68,21 +69,41 @@ def sample(
     prompt_bp: int32 [B, P], prompts right-aligned (left padding), at least one valid token.
     prompt_valid_bp: bool [B, P].
     memory_bmd / memory_valid_bm: optional prefix memory and its validity.
+    memory_cache: instead of `memory_bmd`, the memory's keys and values already computed
+      ([B, M, ...] per layer, e.g. `MemoryPolicy.update_memory_cache`); `memory_valid_bm`
+      says which of its M slots are valid. The same tokens and log-probs as passing the
+      memory itself, up to float rounding.
   """
   batch, plen = prompt_bp.shape
-  n_mem = 0 if memory_bmd is None else memory_bmd.shape[1]
-  total = n_mem + plen + max_new_tokens
   cfg = model.cfg
+  if memory_cache is not None:
+    n_mem = memory_cache.k[0].shape[1]
+  else:
+    n_mem = 0 if memory_bmd is None else memory_bmd.shape[1]
+  total = n_mem + plen + max_new_tokens
   cache = init_cache(cfg, batch, total, jnp.dtype(cfg.dtype))
   valid_bk = jnp.zeros((batch, total), bool)
   if n_mem:
     valid_bk = valid_bk.at[:, :n_mem].set(memory_valid_bm)
   valid_bk = valid_bk.at[:, n_mem : n_mem + plen].set(prompt_valid_bp)
   pos_bp = positions_from_valid(prompt_valid_bp)
-  mask = causal_mask(valid_bk, jnp.arange(n_mem + plen))
-  logits_bpv, cache = model.apply(
-    {"params": params}, prompt_bp, pos_bp, mask, memory_bmd=memory_bmd, cache=cache, index=0
-  )
+  if memory_cache is None:
+    mask = causal_mask(valid_bk, jnp.arange(n_mem + plen))
+    logits_bpv, cache = model.apply(
+      {"params": params}, prompt_bp, pos_bp, mask, memory_bmd=memory_bmd, cache=cache, index=0
+    )
+  else:
+    cache = jax.tree.map(lambda c, m: c.at[:, :n_mem].set(m.astype(c.dtype)), cache, memory_cache)
+    empty = jnp.zeros((batch, 0, cfg.memory_dim or cfg.width), jnp.dtype(cfg.dtype))
+    logits_bpv, cache = model.apply(
+      {"params": params},
+      prompt_bp,
+      pos_bp,
+      causal_mask(valid_bk, n_mem + jnp.arange(plen)),
+      memory_bmd=empty,
+      cache=cache,
+      index=n_mem,
+    )
   next_pos_b = jnp.sum(prompt_valid_bp, axis=-1).astype(jnp.int32)
 
   def choose(logits_bv, key):

@@ -338,10 +338,12 @@ def test_long_accuracy_keeps_finished_arms(repo_root):
     B.long_accuracy(arms, tasks[:1], length=8, done=done)
 
 
-def test_growing_window_greedy_equals_the_whole_window(repo_root):
+def test_growing_window_and_cached_memory_greedy_equal_the_whole_window(repo_root):
   """A policy that keeps every step (the stage-1 control) run with windows that grow with
-  its bank (`lh_common._growing_greedy`) plays the same episodes as with every slot from
-  step 0: the same tokens and rewards, log-probs equal up to float summation order."""
+  its bank (`lh_common._growing_greedy`), and with its memory's keys and values kept between
+  steps (`lh_common._cached_greedy`, the default for such a bank), plays the same episodes as
+  with every slot from step 0: the same tokens and rewards, log-probs equal up to float
+  summation order."""
   sys.path.insert(0, str(repo_root / "experiments"))
   import bench_compression as B
   import jax
@@ -359,19 +361,17 @@ def test_growing_window_greedy_equals_the_whole_window(repo_root):
   )
   progs, pol = L.build(cfg, True)
   params = progs.init(jax.random.key(0)).params
-  whole = L.evaluate(cfg, progs, pol, params, tasks, True, length=64)
+  kw = dict(length=64)
+  whole = L.evaluate(cfg, progs, pol, params, tasks, True, greedy=progs.greedy, **kw)
   grown = L._growing_greedy(cfg, progs, bucket=8)
-  assert grown.__name__ == "greedy"
-  orig = L._growing_greedy
-  try:
-    L._growing_greedy = lambda c, p: grown
-    growing = L.evaluate(cfg, progs, pol, params, tasks, True, length=64)
-  finally:
-    L._growing_greedy = orig
+  growing = L.evaluate(cfg, progs, pol, params, tasks, True, greedy=grown, **kw)
+  assert pol.shares_bank() and progs.greedy_cached is not None
+  cached = L.evaluate(cfg, progs, pol, params, tasks, True, **kw)  # the default here
   assert sorted(grown.programs) == [8, 16, 24, 32]  # 32 = visible: progs.greedy
-  assert growing[0] == whole[0]
-  for a, b in zip(whole[1], growing[1], strict=True):
-    np.testing.assert_array_equal(a.tokens, b.tokens)
-    np.testing.assert_array_equal(a.rewards, b.rewards)
-    np.testing.assert_allclose(a.logp, b.logp, atol=1e-5)
+  for other in (growing, cached):
+    assert other[0] == whole[0]
+    for a, b in zip(whole[1], other[1], strict=True):
+      np.testing.assert_array_equal(a.tokens, b.tokens)
+      np.testing.assert_array_equal(a.rewards, b.rewards)
+      np.testing.assert_allclose(a.logp, b.logp, atol=1e-5)
   assert L._growing_greedy(B.uncompressed_cfg(cfg, 8), progs, bucket=8) is progs.greedy

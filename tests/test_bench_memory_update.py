@@ -1,4 +1,5 @@
-"""experiments/bench_memory_update.py --quick: both arms, both modes, the same first loss."""
+"""experiments/bench_memory_update.py --quick: both arms, both modes, the same first loss; the
+sampler's cached memory plays the same tokens."""
 
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ def test_bench_memory_update_quick(tmp_path, repo_root):
     for mode in ("per_row", "shared"):
       assert a[mode]["n"] == 2 and all(t > 0 for t in a[mode]["values"]), (name, mode)
     assert a["speedup"]["n"] == 2 and a["speedup"]["mean"] > 0
+  # The sampler with the memory's keys and values cached plays the same greedy tokens.
+  smp = r["sampler"]
+  assert smp["steps"] == 24 and smp["same_tokens"]
+  assert smp["speedup"]["n"] == 2 and all(t > 0 for t in smp["cached"]["values"])
   # A task the config does not have is refused with the ones it has.
   proc = subprocess.run(
     [*cmd[:2], "--task", "nope", "--out", str(tmp_path / "y.json")],

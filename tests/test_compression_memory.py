@@ -140,21 +140,26 @@ def _sampled(model_cfg, comp, spec, n_tasks=3):
     mesh=sharding.make_mesh(MeshConfig(shape=(1, 1, 1)), jax.devices()[:1]),
   )
   state = progs.init(jax.random.key(0))
-  tasks = make_split(spec, "test", n_tasks, 0)
-  trajs = sample_long_horizon(
-    progs.sample,
+  trajs = _play(progs.sample, policy, progs, state.params, make_split(spec, "test", n_tasks, 0), 1)
+  return policy, progs, state, trajs
+
+
+def _play(sample_fn, policy, progs, params, tasks, seed):
+  """`sample_long_horizon` of the tasks on 4 slots with `sample_fn`."""
+  comp = policy.comp.cfg
+  return sample_long_horizon(
+    sample_fn,
     progs.compress,
     policy.empty_streams(4),
-    state.params,
+    params,
     [LongHorizonEnv(TOK) for _ in tasks],
     tasks,
     TOK,
     slots=4,
     window=comp.window,
     step_len=comp.step_len,
-    rng=jax.random.key(1),
+    rng=jax.random.key(seed),
   )
-  return policy, progs, state, trajs
 
 
 @pytest.fixture(scope="module")
@@ -280,3 +285,37 @@ def test_a_bank_shared_across_rows_gives_each_rows_log_probs_and_gradients():
     # Not vacuous: the memory and the salience head both get gradient.
     for part in ("encoder", "salience"):
       assert max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(g_s[part])) > 0, part
+
+
+def test_the_samplers_memory_cache_samples_as_the_whole_memory(sampled):
+  """Where the bank is append-only and all visible (the stage-1 control), the sampler keeps
+  the memory's keys and values between steps (`MemoryPolicy.sample_cached`): at every step
+  the same tokens and log-probs as `sample` running the whole memory through the model. One
+  cache serves two rounds of episodes: the second round's slots start with the first round's
+  entries cached, which the cache must detect and recompute."""
+  evicting, evicting_progs, *_ = sampled
+  assert evicting_progs.sample_cached is None and evicting_progs.empty_memory_cache is None
+  with pytest.raises(ValueError, match="append-only"):
+    evicting.update_memory_cache(None, evicting.empty_streams(1), None)
+  comp = dataclasses.replace(COMP, evict=False, capacity=12, visible=12, keep_threshold=0.0)
+  spec = LongHorizonSpec("retention", n_steps=12, n_facts=2, min_gap=4, period=5)
+  policy, progs, state, _ = _sampled(dataclasses.replace(MODEL, memory_slots=24), comp, spec, 1)
+  cache, seen = [progs.empty_memory_cache(4)], []
+
+  def both(params, streams, prompt, pvalid, key):
+    ref = progs.sample(params, streams, prompt, pvalid, key)
+    out, cache[0] = progs.sample_cached(params, streams, cache[0], prompt, pvalid, key)
+    seen.append(jax.device_get((ref, out, streams.bank.count, cache[0].ok_bc)))
+    return ref
+
+  for seed in (0, 1):
+    _play(both, policy, progs, state.params, make_split(spec, "test", 3, seed), seed)
+  for ref, out, count, held in seen:
+    np.testing.assert_array_equal(out.tokens_bt, ref.tokens_bt)
+    np.testing.assert_array_equal(out.valid_bt, ref.valid_bt)
+    np.testing.assert_allclose(out.logp_bt, ref.logp_bt, atol=1e-5)
+    np.testing.assert_array_equal(held.sum(-1), count)  # every entry of the bank, no more
+  counts = [int(s[2].max()) for s in seen]
+  assert max(counts) == spec.n_steps - 1  # every step but the current one kept
+  # A fresh round after a full one: the cache held a full memory and met empty banks.
+  assert any(a == spec.n_steps - 1 and b == 0 for a, b in zip(counts[:-1], counts[1:], strict=True))

@@ -317,13 +317,17 @@ class Compressor:
     idx_c = n_before - cfg.visible + jnp.arange(cfg.visible)
     ok_c = idx_c >= 0
     idx_c = jnp.maximum(idx_c, 0)
-    if cfg.quantize:
-      vis_ced = quant.dequantize(bank.vec_ced[idx_c], bank.scale_ce[idx_c])
-    else:
-      vis_ced = bank.vec_ced[idx_c].astype(jnp.float32)
-    vis_ced = jnp.where(ok_c[:, None, None], vis_ced, 0.0)
+    vis_ced = jnp.where(ok_c[:, None, None], self.entry_vectors(bank, idx_c), 0.0)
     m = cfg.vectors_per_step
     return (vis_ced.reshape(cfg.visible * m, cfg.dim), jnp.repeat(ok_c, m), idx_c)
+
+  def entry_vectors(self, bank: Bank, idx_c=None) -> jax.Array:
+    """The bank's entries (those at `idx_c`, or all) as the policy reads them: [C, m, dim]
+    float32, dequantised when the bank is INT8."""
+    vec, scale = bank.vec_ced, bank.scale_ce
+    if idx_c is not None:
+      vec, scale = vec[idx_c], scale[idx_c]
+    return quant.dequantize(vec, scale) if self.cfg.quantize else vec.astype(jnp.float32)
 
   # What the learner rebuilds ---------------------------------------------------------------
   @staticmethod

@@ -65,6 +65,13 @@ class SamplerPrograms:
   # them (so that the programs compile once, not again for a first call's layout).
   compress: Callable | None = None
   empty_streams: Callable | None = None
+  # A policy whose bank is append-only and all visible (`MemoryPolicy.shares_bank`) also
+  # gets sample/greedy that keep the memory's keys and values between steps:
+  # (params, streams, cache, prompt, prompt_valid, rng) -> (SampleOutput, cache), and
+  # empty_memory_cache(n) (`MemoryPolicy.update_memory_cache`).
+  sample_cached: Callable | None = None
+  greedy_cached: Callable | None = None
+  empty_memory_cache: Callable | None = None
 
 
 @dataclasses.dataclass
@@ -75,6 +82,9 @@ class Programs(LearnerPrograms):
   greedy: Callable = None
   compress: Callable | None = None
   empty_streams: Callable | None = None
+  sample_cached: Callable | None = None
+  greedy_cached: Callable | None = None
+  empty_memory_cache: Callable | None = None
 
 
 def _with_rules(fn, rules):
@@ -317,9 +327,10 @@ def compile_memory_sampler(
   batch_sh = sharding.batch_sharding(mesh, rules)
   repl = sharding.replicated(mesh)
 
-  def sampler(greedy):
+  def sampler(method, greedy, n_batch=3):
+    """`method` jitted: params, then `n_batch` batch-split arguments, then the rng."""
     fn = functools.partial(
-      policy.sample,
+      method,
       max_new_tokens=max_new_tokens,
       eos_id=eos_id,
       pad_id=pad_id,
@@ -328,16 +339,26 @@ def compile_memory_sampler(
     )
     return jax.jit(
       _with_rules(fn, rules),
-      in_shardings=(params_sh, batch_sh, batch_sh, batch_sh, repl),
+      in_shardings=(params_sh,) + (batch_sh,) * n_batch + (repl,),
       out_shardings=batch_sh,
     )
 
+  cached = {}
+  if policy.shares_bank():
+    cached = dict(
+      sample_cached=sampler(policy.sample_cached, False, 4),
+      greedy_cached=sampler(policy.sample_cached, True, 4),
+      empty_memory_cache=jax.jit(
+        policy.empty_memory_cache, static_argnums=0, out_shardings=batch_sh
+      ),
+    )
   return SamplerPrograms(
+    **cached,
     mesh=mesh,
     params_sharding=params_sh,
     abstract_params=nn.meta.unbox(boxed),
-    sample=sampler(False),
-    greedy=sampler(True),
+    sample=sampler(policy.sample, False),
+    greedy=sampler(policy.sample, True),
     batch_divisor=sharding.batch_divisor(mesh, rules),
     compress=jax.jit(
       _with_rules(policy.compress, rules),
@@ -388,4 +409,7 @@ def compile_memory_programs(
     greedy=smp.greedy,
     compress=smp.compress,
     empty_streams=smp.empty_streams,
+    sample_cached=smp.sample_cached,
+    greedy_cached=smp.greedy_cached,
+    empty_memory_cache=smp.empty_memory_cache,
   )
