@@ -72,13 +72,17 @@ def machine(devices: bool = True) -> dict:
 
 
 def provenance(argv: list[str] | None = None, devices: bool = True) -> dict:
-  """{"command", "commit", "dirty", "time", "machine"} of the current process."""
+  """{"command", "commit", "dirty", "dirty_files", "time", "machine"} of the current process
+  (`dirty_files`: the tracked files that differ from the commit, at most 20, so a reader can
+  tell a changed results file from changed code)."""
   argv = sys.argv if argv is None else argv
   status = _git("status", "--porcelain", "--untracked-files=no")
+  changed = [line.split(maxsplit=1)[-1] for line in (status or "").splitlines() if line.strip()]
   return {
     "command": " ".join(["python", *argv]),
     "commit": _git("rev-parse", "HEAD"),
     "dirty": bool(status) if status is not None else None,
+    "dirty_files": changed[:20],
     "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     "machine": machine(devices),
   }

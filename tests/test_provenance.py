@@ -46,3 +46,15 @@ def test_cpu_reads_model_and_simd_flags_of_the_first_processor():
   assert cpu(arm) == {"model": "Raspberry Pi 4", "simd": ["asimd"]}
   here = machine(devices=False)["cpu"]
   assert here["model"] and isinstance(here.get("simd", []), list)
+
+
+def test_provenance_names_the_tracked_files_that_differ_from_the_commit(monkeypatch):
+  from sao_jax import provenance as P
+
+  answers = {"status": " M results/x.json\nM  sao_jax/a.py", "rev-parse": "abc"}
+  monkeypatch.setattr(P, "_git", lambda *args: answers[args[0]])
+  p = P.provenance(["x.py"], devices=False)
+  assert p["dirty"] and p["dirty_files"] == ["results/x.json", "sao_jax/a.py"]
+  answers["status"] = ""
+  p = P.provenance(["x.py"], devices=False)
+  assert not p["dirty"] and p["dirty_files"] == []
