@@ -170,8 +170,14 @@ class KafkaSpec:
 
 def _client(spec: KafkaSpec) -> dict:
   """Client settings for an end of this run: a broker that is not there at construction fails
-  within `broker_timeout_s` too (kafka-python's own bootstrap wait is 30 s)."""
-  return dict(_CLIENT, bootstrap_timeout_ms=int(spec.broker_timeout_s * 1000))
+  within `broker_timeout_s` too (kafka-python's own bootstrap wait is 30 s). Topics are made
+  only by `create_topics`: a client's metadata request never creates one (else a sampler
+  still subscribed when the finished run deletes its task topic would bring it back)."""
+  return dict(
+    _CLIENT,
+    bootstrap_timeout_ms=int(spec.broker_timeout_s * 1000),
+    allow_auto_create_topics=False,
+  )
 
 
 def _producer(spec: KafkaSpec):
