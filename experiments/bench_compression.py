@@ -299,30 +299,44 @@ def error_attribution(cfg: Config, trajs, tasks, control_rewards: np.ndarray | N
   miss, and for the `lost` ones (the control right); with each lost question's distance.
   Keeps, question by question, whether the fact was seen and its distance (`per_question`),
   so that a control measured in a later run (`--arms`) is paired without the rollouts."""
-  seen, gaps = [], []
+  seen, kept, gaps = [], [], []
   for traj, task in zip(trajs, tasks, strict=True):
     b = traj.bank
     log = memory_log(b["step_c"][: b["entries"]], b, len(traj.rewards))
     qf = question_facts(task)
     if len(qf) != int(traj.graded.sum()):
       raise RuntimeError(f"{task.task_id}: {len(qf)} questions, {traj.graded.sum()} graded")
+    ever = {k for k, _ in log}
     for q, f in qf:
       seen.append(f in seen_at(log, q, cfg.compression.visible))
+      kept.append(f in ever)
       gaps.append(q - f)
-  per_question = {"fact_seen": [int(x) for x in seen], "gap": [int(g) for g in gaps]}
+  per_question = {
+    "fact_seen": [int(x) for x in seen],
+    "fact_kept": [int(x) for x in kept],
+    "gap": [int(g) for g in gaps],
+  }
   return attribute_errors(per_question, _rewards(trajs), control_rewards)
 
 
 def attribute_errors(
   per_question: dict, rewards: np.ndarray, control_rewards: np.ndarray | None
 ) -> dict:
-  """`error_attribution`'s counts from its per-question record and the arms' rewards."""
+  """`error_attribution`'s counts from its per-question record and the arms' rewards:
+  of each set of questions, how many had their fact among the entries seen when asked
+  (`fact_seen`) and, where recorded, how many had it enter the bank at all (`fact_kept`: kept
+  but not seen = evicted, or out of the visible entries, before the question)."""
   seen = np.asarray(per_question["fact_seen"], dtype=bool)
+  kept = per_question.get("fact_kept")  # records before it was kept lack it
+  kept = None if kept is None else np.asarray(kept, dtype=bool)
   gaps = np.asarray(per_question["gap"])
   right = np.asarray(rewards) > 0.5
 
   def count(sel):
-    return {"n": int(sel.sum()), "fact_seen": int((sel & seen).sum())}
+    c = {"n": int(sel.sum()), "fact_seen": int((sel & seen).sum())}
+    if kept is not None:
+      c["fact_kept"] = int((sel & kept).sum())
+    return c
 
   out = {"questions": len(seen), "fact_seen_frac": float(seen.mean()), "missed": count(~right)}
   if control_rewards is not None:
@@ -348,7 +362,11 @@ def long_accuracy(arms: dict, tasks, *, length: int, done: dict | None = None, o
   memory for training): what a control trained at this budget can do at this length.
   Each arm records its per-question rewards (`correct`, in question order), so `done` (this
   dict from a stopped run on the same episodes) keeps its finished arms, and the paired
-  comparison still covers them; `on_arm(out)` is called after each arm (to save it)."""
+  comparison still covers them; `on_arm(out)` is called after each arm (to save it). The
+  compressed arm also records its banks (entries, evictions) and, question by question,
+  whether the fact entered its bank and was seen when asked (`errors`, `error_attribution`;
+  a kept arm measured before this was recorded lacks it: drop the arm from the file and run
+  `--resume --arms compressed` to measure it again with the same parameters)."""
   gaps = np.asarray([q - f for t in tasks for q, f in question_facts(t)])
   out = {"episodes": len(tasks), "questions": len(gaps), "control_context_tokens": length}
   done = done or {}
@@ -358,9 +376,13 @@ def long_accuracy(arms: dict, tasks, *, length: int, done: dict | None = None, o
 
   def pair():  # what stages 2+3 lose against the stage-1 memory, question by question
     if "uncompressed_memory" in out and "compressed" in out:
-      out["vs_uncompressed"] = _paired(
-        np.asarray(out["uncompressed_memory"]["correct"]), np.asarray(out["compressed"]["correct"])
-      )
+      control = np.asarray(out["uncompressed_memory"]["correct"])
+      out["vs_uncompressed"] = _paired(control, np.asarray(out["compressed"]["correct"]))
+      errors = out["compressed"].get("errors")
+      if errors:  # the lost questions too, now that the control is here
+        out["compressed"]["errors"] = attribute_errors(
+          errors["per_question"], out["compressed"]["correct"], control
+        )
 
   pair()  # also when every arm was kept
   for name, (cfg, progs, pol, params, memory) in arms.items():
@@ -377,6 +399,14 @@ def long_accuracy(arms: dict, tasks, *, length: int, done: dict | None = None, o
     out[name] = dict(
       _accuracy_stats(trajs), by_gap=by_gap, seconds=time.time() - t0, correct=r.tolist()
     )
+    if name == "compressed":
+      # Its banks at these lengths, and why it missed what it missed (as on short episodes).
+      out[name].update(
+        kept_steps_mean=float(np.mean([t.bank["entries"] for t in trajs])),
+        evicted_mean=float(np.mean([t.bank["evicted"] for t in trajs])),
+        episodes_with_evictions=int(sum(t.bank["evicted"] > 0 for t in trajs)),
+        errors=error_attribution(cfg, trajs, tasks, None),
+      )
     pair()
     if on_arm:
       on_arm(out)

@@ -112,6 +112,15 @@ def test_bench_compression_quick(tmp_path, repo_root):
       16 * (u["accuracy"] - t["arms"]["compressed"]["accuracy"])
     )
     lu = la["vs_uncompressed"]
+    # The compressed arm's long misses are attributed as the short ones: fact kept, seen.
+    lc = la["compressed"]
+    le, pq = lc["errors"], lc["errors"]["per_question"]
+    assert le["questions"] == 6 and len(pq["fact_kept"]) == len(pq["fact_seen"]) == 6
+    assert le["missed"]["n"] == round(6 * (1 - lc["accuracy"]))
+    assert le["lost"]["n"] == lu["control_right_other_wrong"]
+    assert all(k >= v for k, v in zip(pq["fact_kept"], pq["fact_seen"], strict=True))
+    assert lc["kept_steps_mean"] > 0 and lc["evicted_mean"] >= 0
+    assert 0 <= lc["episodes_with_evictions"] <= 2
     assert sum(g["questions"] for g in la["uncompressed_memory"]["by_gap"].values()) == 6
     assert lu["control_right_other_wrong"] - lu["other_right_control_wrong"] == round(
       6 * (la["uncompressed_memory"]["accuracy"] - la["compressed"]["accuracy"])
@@ -190,6 +199,7 @@ def test_bench_compression_quick(tmp_path, repo_root):
     assert t2[k] == t[k], k
   la2, la = t2["bytes_per_stage"]["long_accuracy"], t["bytes_per_stage"]["long_accuracy"]
   assert la2["vs_uncompressed"] == la["vs_uncompressed"]
+  assert la2["compressed"]["errors"] == la["compressed"]["errors"]  # lost: paired in the merge
   for arm in ("compressed", "full_context_window", "uncompressed_memory"):
     assert la2[arm]["correct"] == la[arm]["correct"], arm
   assert t2["bytes_per_stage"]["bytes"] == t["bytes_per_stage"]["bytes"]
