@@ -920,13 +920,8 @@ def compression_over_seeds(docs: list[dict]) -> tuple[dict, list[str]]:
     pooled = _pooled_lost(lost, asked)
     # Why compression missed (bench runs that attribute it): pooled over those seeds.
     errs = [t["compressed_errors"] for t in ts if t.get("compressed_errors")]
-    errors = None
-    if errs:
-      errors = {"seeds": len(errs)}
-      # "lost" needs the token-level control (runs with --no-token-control have none)
-      for k in ("missed", "lost"):
-        if all(k in e for e in errs):
-          errors[k] = {f: sum(e[k][f] for e in errs) for f in ("n", "fact_seen")}
+    # ("lost" needs the token-level control: runs with --no-token-control have none)
+    errors = _pool_errors(errs) if errs else None
     out[task] = {
       "seeds": sorted(d.get("seed") for d in runs),
       "lost_pooled": pooled,
@@ -963,6 +958,9 @@ def compression_over_seeds(docs: list[dict]) -> tuple[dict, list[str]]:
         },
       }
       out[task]["long"].update(_vs_uncompressed_stats([(la, la) for la in longs]))
+      lerrs = [la["compressed"]["errors"] for la in longs if la["compressed"].get("errors")]
+      if lerrs:  # runs from before the long misses were attributed lack it
+        out[task]["long"]["errors_pooled"] = _pool_errors(lerrs)
     banks = [t["bytes_per_stage"] for t in ts if t.get("bytes_per_stage")]
     if banks:
       out[task]["bank"] = {
@@ -973,6 +971,18 @@ def compression_over_seeds(docs: list[dict]) -> tuple[dict, list[str]]:
         "int8_reduction": [b["bytes"][STAGES[0][0]] / b["bytes"]["stage3_int8"] for b in banks],
       }
   return out, skipped
+
+
+def _pool_errors(errs: list[dict]) -> dict:
+  """Error attributions (bench_compression `attribute_errors`) summed over seeds: of the
+  questions missed (and lost against the control, where every seed has it), how many had
+  their fact seen when asked and, where every seed records it, kept in the bank at all."""
+  out = {"seeds": len(errs)}
+  for k in ("missed", "lost"):
+    if all(k in e for e in errs):
+      fields = [f for f in ("n", "fact_kept", "fact_seen") if all(f in e[k] for e in errs)]
+      out[k] = {f: sum(e[k][f] for e in errs) for f in fields}
+  return out
 
 
 def _pct(s: dict) -> str:
@@ -1133,7 +1143,29 @@ def compression_seed_rows(over: dict) -> list[Row]:
       )
     if lo:
       rows += _vs_uncompressed_rows(task, lo, "1,000-step episodes")
+      rows += _long_error_rows(task, lo)
   return rows
+
+
+def _long_error_rows(label: str, lo: dict) -> list[Row]:
+  """Why the compressed arm missed at 1,000 steps, pooled over the seeds that record it (the
+  "long" part of `compression_over_seeds`): with the fact kept in its bank, seen when asked."""
+  le = lo.get("errors_pooled")
+  if not le or "fact_kept" not in le.get("missed", {}):
+    return []
+  m, lost = le["missed"], le.get("lost")
+  part = lambda c: f"{c['n']}: kept {c['fact_kept']}, seen {c['fact_seen']}"  # noqa: E731
+  return [
+    Row(
+      f"{label}, 1,000 steps: questions compressed misses"
+      + (" (lost vs the stage-1 memory)" if lost else "")
+      + ", with the fact kept in the bank / seen when asked",
+      "-",
+      part(m) + (f" ({part(lost)})" if lost else ""),
+      "seen: the policy misread its memory; kept, not seen: evicted first; not kept: the "
+      f"filter dropped it; {le['seeds']} of {lo['seeds']} seeds",
+    )
+  ]
 
 
 def window_memory_rows(task: str, docs: list[dict]) -> list[Row]:
@@ -1476,6 +1508,8 @@ def stage1_control_rows(
   lo = o.get("long")
   if lo:
     rows += _vs_uncompressed_rows(label, lo, "1,000-step episodes")
+    if "uncompressed_memory" in lo:  # a run still without its control: none of its rows
+      rows += _long_error_rows(label, lo)
     rows += _gap_rows(
       f"{label}, 1,000 steps: {{}} accuracy by turns since the fact, {n_seeds(lo['seeds'])}",
       {"uncompressed_memory": lo.get("by_gap", {}).get("uncompressed_memory")},

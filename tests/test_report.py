@@ -750,9 +750,17 @@ def test_navigation8_stage1_series_joins_the_compression_claim(tiny_results):
   doc = json.loads((tiny_results / "bench_compression_retention8_unc_800.json").read_text())
   doc["tasks"] = {"navigation8": doc["tasks"]["retention8"]}
   doc["steps"] = 1200
+  # The long misses, attributed (runs since it was recorded): kept in the bank, seen.
+  la = doc["tasks"]["navigation8"]["bytes_per_stage"]["long_accuracy"]
+  la["compressed"]["errors"] = {
+    "missed": {"n": 3, "fact_seen": 2, "fact_kept": 3},
+    "lost": {"n": 2, "fact_seen": 1, "fact_kept": 2, "gaps": [40, 90]},
+  }
   name = "bench_compression_navigation8_unc_1200.json"
   (tiny_results / name).write_text(json.dumps(doc))
   c = report.claim_compression(tiny_results)
+  why = _row(c, "navigation8 (1200 steps each), 1,000 steps: questions compressed misses (lost")
+  assert why.ours == "3: kept 3, seen 2 (2: kept 2, seen 1)" and "1 of 1 seeds" in why.note
   lost = _row(c, "navigation8 (1200 steps each): questions uncompressed memory answers")
   assert lost.ours.startswith("4 / 16 (95 % upper bound")
   assert "navigation8_stage1_control" in c.data
