@@ -1272,7 +1272,7 @@ def _table(r: dict):
   print("\n| task | stage | bytes / trajectory | reduction |")
   print("|---|---|---:|---:|")
   for name, t in r["tasks"].items():
-    if "bytes_per_stage" not in t:
+    if "bytes" not in t.get("bytes_per_stage", {}):  # --arms without the compressed arm
       continue
     s = t["bytes_per_stage"]
     for k, v in s["bytes"].items():

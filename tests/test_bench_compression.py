@@ -385,3 +385,20 @@ def test_growing_window_and_cached_memory_greedy_equal_the_whole_window(repo_roo
       np.testing.assert_array_equal(a.rewards, b.rewards)
       np.testing.assert_allclose(a.logp, b.logp, atol=1e-5)
   assert L._growing_greedy(B.uncompressed_cfg(cfg, 8), progs, bucket=8) is progs.greedy
+
+
+def test_table_prints_a_control_only_run(repo_root, capsys):
+  """The closing tables of a run of the stage-1 control alone (`--arms uncompressed_memory`
+  with the 1,000-step accuracy: no bytes, those need the compressed arm) print what it has."""
+  sys.path.insert(0, str(repo_root / "experiments"))
+  import bench_compression as B
+
+  by_gap = {"32-64": {"questions": 2, "accuracy": 0.5}}
+  arm = {"accuracy": 0.5, "questions": 2, "stderr": 0.35, "wilson95": [0.1, 0.9]}
+  la = {"episodes": 1, "questions": 2, "uncompressed_memory": dict(arm, by_gap=by_gap)}
+  t = {"chance": 0.1, "arms": {"uncompressed_memory": arm}}
+  t["bytes_per_stage"] = {"steps": 1000, "long_accuracy": la}
+  B._table({"tasks": {"navigation8": t}})
+  out = capsys.readouterr().out
+  assert "| navigation8 | uncompressed_memory | 0.500 +- 0.350 | 32-64: 0.50 (2) |" in out
+  assert "| navigation8 | uncompressed_memory | 2 | 0.10 | 0.500 +- 0.350 [0.100, 0.900] |" in out
