@@ -845,6 +845,18 @@ NAVIGATION8_UNC_SEED_FILES = _seed_files(
   " --long-eval-episodes 16",
 )
 
+# The stage-1 control of a seed where it did not learn at 1,200 steps (seed 2), trained on from
+# its 1,200-step snapshot to twice the budget; the compressed arm is the seed's 1,200-step one.
+# Reported apart from the equal-budget seeds, never pooled with them. Named once it exists.
+NAVIGATION8_UNC_PROBE_FILES = [
+  (
+    "bench_compression_navigation8_unc_1200_seed2_control2400.json",
+    NAVIGATION8_UNC_CMD + " --steps 1200 --control-steps 2400 --seed 2 --params-dir DIR"
+    " --long-eval-episodes 16"
+    " --out results/bench_compression_navigation8_unc_1200_seed2_control2400.json",
+  ),
+]
+
 
 def _rel_loss(control: float | None, compressed: float | None) -> float | None:
   """(control - compressed) / control: the share of the control's accuracy that compression
@@ -1405,6 +1417,14 @@ def claim_compression(root=None) -> Claim:
   unc_cmds = stage1_series(
     "navigation8", NAVIGATION8_UNC_SEED_FILES, nav8, root, sources, rows, diffs, data
   )
+  probes = [(n, c, load(n, root)) for n, c in NAVIGATION8_UNC_PROBE_FILES]
+  probes = [(n, c, d) for n, c, d in probes if d is not None]
+  if probes:
+    sources += [source(n, d) for n, _, d in probes]
+    p_rows, p_diffs = probe_control_rows("navigation8", [d for _, _, d in probes])
+    rows += p_rows
+    diffs += p_diffs
+    unc_cmds += [c for _, c, _ in probes]
   if doc is not None and sources[0].command is None:
     sources[0] = dataclasses.replace(
       sources[0], command=COMPRESSION_CMD + " (not recorded in the JSON)"
@@ -1652,6 +1672,21 @@ def probe_control_rows(task: str, docs: list[dict]) -> tuple[list[Row], list[str
           f"< {SEED['performance_loss_max']:.1%}",
           f"{lost['lost']} / {lost['questions']} (95 % upper bound {lost['upper95']:.2%})",
           "exact binomial, one-sided; one seed",
+        )
+      )
+    la = (t.get("bytes_per_stage") or {}).get("long_accuracy") or {}
+    lv = la.get("vs_uncompressed")
+    if lv:  # runs with the 1,000-step accuracy of both arms
+      long_lost = _pooled_lost([lv["control_right_other_wrong"]], [la["compressed"]["questions"]])
+      rows.append(
+        Row(
+          f"{what}: 1,000-step accuracy control vs compressed; questions the control answers "
+          "and compressed misses",
+          f"< {SEED['performance_loss_max']:.1%}",
+          f"{_accuracy(la['uncompressed_memory'])} vs {_accuracy(la['compressed'])}; "
+          f"{long_lost['lost']} / {long_lost['questions']} (95 % upper bound "
+          f"{long_lost['upper95']:.2%})",
+          f"{budget}; exact binomial, one-sided; one seed",
         )
       )
     learned = "has not learned" if u["accuracy"] < 0.5 else "has learned"

@@ -783,6 +783,29 @@ def test_navigation8_stage1_series_joins_the_compression_claim(tiny_results):
   assert not [r for r in c.rows if r.metric.startswith("navigation8 (1200 steps each)")]
 
 
+def test_navigation8_longer_budget_control_is_reported_apart(tiny_results):
+  """A seed whose stage-1 control is trained on to twice the budget (--control-steps) is read
+  as a probe: its own rows, short and at 1,000 steps, said as the larger budget, and never
+  pooled with the equal-budget seeds."""
+  doc = json.loads((tiny_results / "bench_compression_retention8_unc_800.json").read_text())
+  doc["tasks"] = {"navigation8": doc["tasks"]["retention8"]}
+  doc.update(steps=1200, control_steps=2400, seed=2)
+  name = "bench_compression_navigation8_unc_1200_seed2_control2400.json"
+  (tiny_results / name).write_text(json.dumps(doc))
+  c = report.claim_compression(tiny_results)
+  what = "navigation8, seed 2, stage-1 control trained 2400 steps, compressed 1200"
+  short = _row(c, f"{what}: accuracy control vs compressed (short episodes)")
+  assert short.note == "the control given the larger budget"
+  la = doc["tasks"]["navigation8"]["bytes_per_stage"]["long_accuracy"]
+  long = _row(c, f"{what}: 1,000-step accuracy")
+  n = la["compressed"]["questions"]
+  assert f"{la['vs_uncompressed']['control_right_other_wrong']} / {n} (95 % upper" in long.ours
+  assert any(s.path.endswith(name) for s in c.sources) and name in " ".join(c.commands)
+  assert any("given 2400 steps (2.0x the compressed arm's 1200)" in d for d in c.differences)
+  # not a seed of the equal-budget series
+  assert not [r for r in c.rows if r.metric.startswith("navigation8 (1200 steps each)")]
+
+
 def test_compression_seeds_of_another_configuration_are_left_out():
   task = {"retention": _compression_task(1.0, 0.5, 8)}
   docs = [
