@@ -1173,14 +1173,18 @@ def main(argv=None) -> dict:
     # arm measured again here (trained anew, or other parameters) on the long episodes is stale.
     redone = {a for a in arms if task["arms"].get(a) is not kept.get("arms", {}).get(a)}
     task.update({k: kept[k] for k in ("long_spec", "peak_memory") if k in kept})
-    if "bytes_per_stage" in kept and "compressed" not in redone:
-      stages = task["bytes_per_stage"] = dict(kept["bytes_per_stage"])
+    if "bytes_per_stage" in kept:
+      stages = dict(kept["bytes_per_stage"])
       if "long_accuracy" in stages:
         stale = {LONG_ARM_OF.get(a, a) for a in redone}
         stale |= {"vs_uncompressed"} if "uncompressed_memory" in stale else set()
         stages["long_accuracy"] = {
           k: v for k, v in stages["long_accuracy"].items() if k not in stale
         }
+      if "compressed" in redone:  # its bytes and filters are measured again; other arms'
+        stages = {k: v for k, v in stages.items() if k == "long_accuracy"}  # accuracy stays
+      if stages:
+        task["bytes_per_stage"] = stages
     result["tasks"][name] = task
     if kept and not redone:
       log(f"  short episodes: kept from {out} (measured before the rerun)")
@@ -1198,7 +1202,10 @@ def main(argv=None) -> dict:
         f"this run (--arms) nor kept in {out}"
       )
     else:
+      kept_long = stages.get("long_accuracy")  # other arms' (a run with --arms), if any
       stages = bytes_per_stage(cfg, mem_progs[0], mem_progs[1], mem_params, long_tasks)
+      if kept_long:
+        stages["long_accuracy"] = kept_long
       log(
         f"  {long_specs[name].n_steps}-step bytes: "
         + ", ".join(f"{k} {v / 1e3:.1f} kB" for k, v in stages["bytes"].items())

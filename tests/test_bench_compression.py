@@ -168,17 +168,22 @@ def test_bench_compression_quick(tmp_path, repo_root):
   # --arms: a seed's arms run one at a time into one file (runs that each fit a session, or
   # on other machines). Restored from --params-dir here, so each arm's numbers are the one
   # run's; the file is incomplete until the last arm, and its pairings and error attribution
-  # are made from the kept answers, the same as when the arms ran together.
-  s1, out1 = _bench(tmp_path, repo_root, *flags, "--arms", "compressed", out_name="split.json")
-  assert not s1["complete"] and s1["done"].startswith("all but retention: full_context")
+  # are made from the kept answers, the same as when the arms ran together. Here the control
+  # runs first (a seed whose control trains on alone): no bytes without the compressed arm,
+  # and its 1,000-step accuracy stays when the compressed arm's bytes are measured after it.
+  s1, out1 = _bench(
+    tmp_path, repo_root, *flags, "--arms", "uncompressed_memory", out_name="split.json"
+  )
+  assert not s1["complete"] and s1["done"].startswith("all but retention: compressed")
+  assert "| retention | uncompressed_memory |" in out1  # the closing tables print what it has
   t1 = s1["tasks"]["retention"]
-  assert set(t1["arms"]) == {"compressed", "compressed_float_memory"}
-  assert "vs_uncompressed" not in t1 and "lost" not in t1["compressed_errors"]
+  assert set(t1["arms"]) == {"uncompressed_memory"} and "compressed_errors" not in t1
+  assert "bytes" not in t1["bytes_per_stage"]
   assert set(t1["bytes_per_stage"]["long_accuracy"]) & set(full) == {
     "episodes",
     "questions",
     "control_context_tokens",
-    "compressed",
+    "uncompressed_memory",
   }
   s2, out2 = _bench(
     tmp_path,
@@ -186,11 +191,11 @@ def test_bench_compression_quick(tmp_path, repo_root):
     *flags,
     "--resume",
     "--arms",
-    "full_context,uncompressed_memory",
+    "compressed,full_context",
     out_name="split.json",
   )
-  assert "bytes and filters: kept from" in out2 and "compressed: accuracy" not in out2
-  assert s2["complete"] and s2["resumed_from"]["arms_run"] == ["compressed"]
+  assert "bytes and filters: kept from" not in out2  # measured here, with the compressed arm
+  assert s2["complete"] and s2["resumed_from"]["arms_run"] == ["uncompressed_memory"]
   t2 = s2["tasks"]["retention"]
   for arm in t["arms"]:
     for k in ("accuracy", "questions", "correct", "train_seconds"):
@@ -198,18 +203,20 @@ def test_bench_compression_quick(tmp_path, repo_root):
   for k in ("vs_uncompressed", "relative_loss", "questions_discordant", "compressed_errors"):
     assert t2[k] == t[k], k
   la2, la = t2["bytes_per_stage"]["long_accuracy"], t["bytes_per_stage"]["long_accuracy"]
+  assert la2["uncompressed_memory"] == t1["bytes_per_stage"]["long_accuracy"]["uncompressed_memory"]
   assert la2["vs_uncompressed"] == la["vs_uncompressed"]
   assert la2["compressed"]["errors"] == la["compressed"]["errors"]  # lost: paired in the merge
   for arm in ("compressed", "full_context_window", "uncompressed_memory"):
     assert la2[arm]["correct"] == la[arm]["correct"], arm
   assert t2["bytes_per_stage"]["bytes"] == t["bytes_per_stage"]["bytes"]
-  # Each arm says which run measured it: the compressed arm the first, the others the second
+  # Each arm says which run measured it: the control the first, the others the second
   # (the commit and CPU of that run's provenance, the time when the arm was measured).
-  for arm, run in {"compressed": s1, "full_context": s2, "uncompressed_memory": s2}.items():
+  for arm, run in {"compressed": s2, "full_context": s2, "uncompressed_memory": s1}.items():
     m = t2["arms"][arm]["measured_at"]
     assert m["commit"] == run["provenance"]["commit"], arm
     assert m["cpu"] and m["cpu"] == run["provenance"]["machine"]["cpu"], arm
-  assert t2["arms"]["compressed"]["measured_at"] == t1["arms"]["compressed"]["measured_at"]
+  u1 = t1["arms"]["uncompressed_memory"]["measured_at"]
+  assert t2["arms"]["uncompressed_memory"]["measured_at"] == u1
   assert t2["arms"]["full_context"]["measured_at"]["time"] >= s2["provenance"]["time"]
   # An arm these flags do not ask for is refused.
   proc = _refused(repo_root, "--arms", "uncompressed_memory", "--out", str(tmp_path / "x.json"))
