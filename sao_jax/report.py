@@ -1417,14 +1417,7 @@ def claim_compression(root=None) -> Claim:
   unc_cmds = stage1_series(
     "navigation8", NAVIGATION8_UNC_SEED_FILES, nav8, root, sources, rows, diffs, data
   )
-  probes = [(n, c, load(n, root)) for n, c in NAVIGATION8_UNC_PROBE_FILES]
-  probes = [(n, c, d) for n, c, d in probes if d is not None]
-  if probes:
-    sources += [source(n, d) for n, _, d in probes]
-    p_rows, p_diffs = probe_control_rows("navigation8", [d for _, _, d in probes])
-    rows += p_rows
-    diffs += p_diffs
-    unc_cmds += [c for _, c, _ in probes]
+  unc_cmds += probe_series("navigation8", NAVIGATION8_UNC_PROBE_FILES, root, sources, rows, diffs)
   if doc is not None and sources[0].command is None:
     sources[0] = dataclasses.replace(
       sources[0], command=COMPRESSION_CMD + " (not recorded in the JSON)"
@@ -1636,6 +1629,21 @@ def stage1_series(
   return [c for _, c, _ in present]
 
 
+def probe_series(task: str, files, root, sources: list, rows: list, diffs: list) -> list[str]:
+  """Adds to a claim the single-seed runs of `task`'s stage-1 control at another budget
+  (`files`: (name, command)), each named once it exists (`probe_control_rows`); returns the
+  commands of those that exist."""
+  probes = [(n, c, load(n, root)) for n, c in files]
+  probes = [(n, c, d) for n, c, d in probes if d is not None]
+  if not probes:
+    return []
+  sources += [source(n, d) for n, _, d in probes]
+  p_rows, p_diffs = probe_control_rows(task, [d for _, _, d in probes])
+  rows += p_rows
+  diffs += p_diffs
+  return [c for _, c, _ in probes]
+
+
 def probe_control_rows(task: str, docs: list[dict]) -> tuple[list[Row], list[str]]:
   """Rows and differences of single-seed runs of the stage-1-only control at another budget
   than the seed runs' (--steps, or --control-steps for the control alone): both accuracies,
@@ -1766,13 +1774,7 @@ def claim_retention(root=None) -> Claim:
   unc_cmds = stage1_series(
     "retention8", RETENTION8_UNC_SEED_FILES, seed_docs, root, sources, rows, diffs, data
   )
-  probes = [(n, load(n, root)) for n, _ in RETENTION8_UNC_PROBE_FILES]
-  probes = [(n, d) for n, d in probes if d is not None]
-  if probes:
-    sources += [source(n, d) for n, d in probes]
-    l_rows, l_diffs = probe_control_rows("retention8", [d for _, d in probes])
-    rows += l_rows
-    diffs += l_diffs
+  probe_series("retention8", RETENTION8_UNC_PROBE_FILES, root, sources, rows, diffs)
   return Claim(
     "d",
     "Retention over 32+ turns",
