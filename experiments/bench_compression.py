@@ -423,8 +423,9 @@ def _variant(cfg: Config, **comp) -> Config:
 def uncompressed_cfg(cfg: Config, n_steps: int) -> Config:
   """The memory policy's configuration with stage 1 only: every step of an `n_steps` episode
   kept (keep threshold 0, budget = capacity = visible = n_steps, no eviction, no learned
-  salience) in float32 (no INT8). The trained parameters do not depend on n_steps, so one
-  trained policy runs at any episode length with the matching `n_steps`."""
+  salience, so no salient turning points) in float32 (no INT8). The trained parameters do not
+  depend on n_steps, so one trained policy runs at any episode length with the matching
+  `n_steps`."""
   return _variant(
     cfg,
     keep_threshold=0.0,
@@ -434,6 +435,7 @@ def uncompressed_cfg(cfg: Config, n_steps: int) -> Config:
     evict=False,
     quantize=False,
     salience="none",
+    salient_turning=False,
   )
 
 
@@ -921,6 +923,21 @@ def _portable(cfg_path: str) -> str:
     return cfg_path
 
 
+def _with_new_defaults(saved: dict) -> dict:
+  """A snapshot's resolved configuration with the fields added to `Config` since it was
+  saved, at their defaults: a field that did not exist then trained as its default does
+  (every new field defaults to the behaviour before it), so it does not make the snapshot
+  another configuration's. Fields it has keep its values."""
+  default = json.loads(json.dumps(config_lib.to_dict(Config())))
+  out = dict(saved)
+  for k, v in default.items():
+    if k not in out:
+      out[k] = v
+    elif isinstance(v, dict) and isinstance(out[k], dict):
+      out[k] = {**{f: x for f, x in v.items() if f not in out[k]}, **out[k]}
+  return out
+
+
 def _settings(key) -> dict:
   """What must match for a snapshot to be reused or continued: the key less the config file's
   path (a frozen copy of the checkout elsewhere holds the same file; the resolved
@@ -970,9 +987,10 @@ def train_arm(
     # resolved only once the settings match (`cfg` may be None in a settings mismatch).
     if resolved is None:
       resolved = json.loads(json.dumps(config_lib.to_dict(cfg)))
-    if meta.get("config") != resolved:
+    saved = _with_new_defaults(meta.get("config") or {})
+    if saved != resolved:
       mngr.close()
-      changed = sorted(k for k in resolved if resolved[k] != (meta.get("config") or {}).get(k))
+      changed = sorted(k for k in resolved if resolved[k] != saved.get(k))
       raise SystemExit(
         f"{where} holds parameters trained under another configuration (differs in "
         f"{changed}): pass another --params-dir"

@@ -541,6 +541,9 @@ class CompressionConfig:
   candidate when it surprises the LSTM (as before) or when its salience probability is >= 0.5,
   and the budget and eviction rank the non-structural entries by salience instead of surprise.
   "none": surprise alone (the LSTM rule above). Full-bank attention is `visible = capacity`.
+  `salient_turning` (with a learned head only; ignored without): a step surprising enough to
+  be a turning point (>= `turning_surprise`) is one only if its salience is >= 0.5 too;
+  otherwise it is an ordinary candidate for the budget.
   """
 
   enabled: bool = False
@@ -567,6 +570,7 @@ class CompressionConfig:
   salience_coef: float = 1.0
   salience_price: float = 0.05
   salience_rows: int = 4  # rows per trajectory (graded first) in the soft-mask pass
+  salient_turning: bool = False
 
   def __post_init__(self):
     _check(

@@ -330,6 +330,28 @@ def test_train_arm_continues_a_shorter_snapshot_exactly(tmp_path, repo_root):
   chex.assert_trees_all_close(p4c, p4, rtol=1e-6, atol=1e-7)
 
 
+def test_snapshot_config_gains_new_fields_at_their_defaults(repo_root):
+  """A snapshot saved before a config field existed is the same configuration as the field
+  at its default (it trained as the default does), and another with the field set."""
+  sys.path.insert(0, str(repo_root / "experiments"))
+  import bench_compression as B
+
+  from sao_jax import config as config_lib
+  from sao_jax.config import load_config
+
+  cfg = load_config(str(repo_root / "experiments/configs/longhorizon.py:tiny"))
+  resolved = json.loads(json.dumps(config_lib.to_dict(cfg)))
+  assert resolved["compression"]["salient_turning"] is True
+  old = json.loads(json.dumps(resolved))
+  del old["compression"]["salient_turning"]
+  assert B._with_new_defaults(old) != resolved  # trained without the gate
+  unc = json.loads(json.dumps(config_lib.to_dict(B.uncompressed_cfg(cfg, 12))))
+  old_unc = json.loads(json.dumps(unc))
+  del old_unc["compression"]["salient_turning"]
+  assert B._with_new_defaults(old_unc) == unc  # the control never had it
+  assert B._with_new_defaults(dict(old, model={"width": 7}))["model"]["width"] == 7
+
+
 def test_long_accuracy_keeps_finished_arms(repo_root):
   """A resumed 1,000-step accuracy keeps the arms a stopped run finished (no evaluation: the
   arms here could not run) and still pairs them question by question; a `done` of other

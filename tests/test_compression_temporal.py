@@ -51,6 +51,25 @@ def test_keep_step_rule():
   assert bool(keep) and bool(turn)  # high surprise is a turning point, budget or not
   keep, *_ = temporal.keep_step(jnp.float32(0.4), jnp.bool_(False), jnp.int32(0), **kw)
   assert not bool(keep)
+  # salient_turning: high surprise makes a turning point of a salient step only; an
+  # unsalient one is an ordinary candidate (kept within budget, not over it).
+  gate = dict(kw, salient_turning=True)
+  keep, turn, by = temporal.keep_step(
+    jnp.float32(2.5), jnp.bool_(False), jnp.int32(1), salient=jnp.bool_(True), **gate
+  )
+  assert bool(keep) and bool(turn) and not bool(by)
+  keep, turn, by = temporal.keep_step(
+    jnp.float32(2.5), jnp.bool_(False), jnp.int32(0), salient=jnp.bool_(False), **gate
+  )
+  assert bool(keep) and not bool(turn) and bool(by)
+  keep, *_ = temporal.keep_step(
+    jnp.float32(2.5), jnp.bool_(False), jnp.int32(1), salient=jnp.bool_(False), **gate
+  )
+  assert not bool(keep)
+  keep, turn, _ = temporal.keep_step(
+    jnp.float32(0.0), jnp.bool_(True), jnp.int32(1), salient=jnp.bool_(False), **gate
+  )
+  assert bool(keep) and bool(turn)  # structural turning points need no salience
 
 
 def test_turning_points_kept_under_perfect_prediction_and_zero_budget():

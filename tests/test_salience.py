@@ -75,6 +75,35 @@ def test_salient_steps_are_kept_and_rank_eviction_instead_of_surprise():
   assert int(final.evicted) == 1
 
 
+def test_salient_turning_keeps_only_salient_surprises_for_good():
+  # Every step surprises the LSTM past the turning threshold (threshold 0). Without the gate
+  # all ten are turning points; with it an unsalient step competes for the budget (2) and a
+  # salient one is still a turning point, outside the budget.
+  cfg = dataclasses.replace(
+    SAL, keep_threshold=0.0, turning_surprise=0.0, budget=2, capacity=8, visible=8, evict=True
+  )
+  s = 10
+  v = jax.random.normal(jax.random.key(2), (s, 2, 8))
+  zeros, ok = jnp.zeros(s), jnp.ones(s, bool)
+  params = Compressor(cfg, TOK.vocab_size).init(jax.random.key(0))
+
+  def kept(gate, logit):
+    comp = Compressor(dataclasses.replace(cfg, salient_turning=gate), TOK.vocab_size)
+    final, info = comp.scan_trajectory(_set_salience(params, logit), v, zeros, ok & False, ok)
+    bank = final.bank
+    return int(bank.count), int(np.sum(np.asarray(bank.turning_c)[: int(bank.count)]))
+
+  assert kept(False, -10.0) == (8, 8)  # all turning points: the bank fills, nothing evicts
+  assert kept(True, -10.0) == (4, 2)  # first and last, and the budget's two
+  assert kept(True, 10.0) == (8, 8)  # salient surprises are turning points as before
+  # Without a learned head the gate does nothing.
+  plain = dataclasses.replace(cfg, salience="none", salient_turning=True)
+  final, _ = Compressor(plain, TOK.vocab_size).scan_trajectory(
+    Compressor(plain, TOK.vocab_size).init(jax.random.key(0)), v, zeros, ok & False, ok
+  )
+  assert int(final.bank.count) == 8
+
+
 def test_soft_memory_biases_earlier_steps_by_log_keep_probability():
   v = jnp.arange(4 * 2 * 3, dtype=jnp.float32).reshape(4, 2, 3)
   p = jnp.asarray([1.0, 0.5, 0.25, 1.0])

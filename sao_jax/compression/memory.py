@@ -187,7 +187,8 @@ class Compressor:
 
     With a learned salience head (`cfg.salience`), a step whose keep probability is >= 0.5 is
     a candidate too, and the priority of a non-structural entry (what budget replacement and
-    eviction rank by) is that probability instead of the surprise.
+    eviction rank by) is that probability instead of the surprise; with `cfg.salient_turning`
+    also, a surprising step is a turning point only if salient (`temporal.keep_step`).
 
     Returns (stream, info) with info: surprise, salience (keep probability, 0 without a
     head), keep, turning, pred_d (the prediction that was compared against this step), evict
@@ -209,6 +210,7 @@ class Compressor:
       turning_surprise=cfg.turning_surprise,
       budget=cfg.budget,
       salient=salient,
+      salient_turning=cfg.salient_turning and learned,
     )
     b = s.bank
     live_c = jnp.arange(cfg.capacity) < b.count

@@ -7,7 +7,8 @@ history made obvious (another "hall."), near 1 or more for news ("key 2 code 7")
 Keep rule (`keep_step`):
 * turning points are always kept: the episode's first and last step, an environment
   boundary (new session, stairs), a reward change from the previous step, and surprise
-  >= `turning_surprise`;
+  >= `turning_surprise` (with `salient_turning`, only a step the learned salience also
+  keeps: see `keep_step`);
 * any other step is kept if its surprise >= `keep_threshold` and fewer than `budget` such
   steps are kept so far (the memory budget);
 * nothing is written once the bank holds `capacity` steps (the caller reports it).
@@ -62,10 +63,16 @@ def keep_step(
   turning_surprise: float,
   budget: int,
   salient=False,
+  salient_turning: bool = False,
 ):
   """Scalar keep decision. `salient`: the learned salience also makes the step a candidate
-  (`sao_jax.compression.salience`). Returns (keep, is_turning_point, counts_against_budget)."""
-  is_turning = turning | (surprise >= turning_surprise)
+  (`sao_jax.compression.salience`). `salient_turning`: a surprise >= `turning_surprise` makes
+  a turning point only of a salient step; an unsalient one is an ordinary candidate (it
+  competes for the budget). Why: the LSTM is surprised by the step after any rare one (the
+  "hall." after a lamp), and in a 1,000-step episode such steps, kept as turning points, fill
+  the bank with what no answer needs. Returns (keep, is_turning_point, counts_against_budget)."""
+  news = surprise >= turning_surprise
+  is_turning = turning | ((news & salient) if salient_turning else news)
   candidate = (surprise >= keep_threshold) | salient
   by_surprise = candidate & (budget_used < budget) & ~is_turning
   return is_turning | by_surprise, is_turning, by_surprise
