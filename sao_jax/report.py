@@ -844,6 +844,23 @@ NAVIGATION8_UNC_SEED_FILES = _seed_files(
   NAVIGATION8_UNC_CMD + " --steps 1200 --params-dir DIR",
   " --long-eval-episodes 16",
 )
+# The same seeds with the compressed arm retrained under `compression.salient_turning` (the
+# long-horizon config's since; the series above is from before it): each file starts as a copy
+# of the seed's file above, whose stage-1 control (unchanged: it has no filter) it keeps, and
+# `--arms compressed --resume` under a new --params-dir trains and measures the compressed arm.
+NAVIGATION8_GATED_STEM = "bench_compression_navigation8_unc_1200_gated"
+NAVIGATION8_GATED_SEED_FILES = [
+  (
+    f"{NAVIGATION8_GATED_STEM}{suffix}.json",
+    f"cp results/bench_compression_navigation8_unc_1200{suffix}.json "
+    f"results/{NAVIGATION8_GATED_STEM}{suffix}.json; "
+    + NAVIGATION8_UNC_CMD
+    + f" --steps 1200 --seed {k} --params-dir NEW_DIR --long-eval-episodes 16 --arms compressed"
+    f" --resume --out results/{NAVIGATION8_GATED_STEM}{suffix}.json",
+  )
+  for k, suffix in ((0, ""), (1, "_seed1"), (2, "_seed2"))
+]
+NAVIGATION8_BEFORE_GATE = "navigation8 before salient_turning"
 
 # The stage-1 control of a seed where it did not learn at 1,200 steps (seed 2), trained on from
 # its 1,200-step snapshot to twice the budget; the compressed arm is the seed's 1,200-step one.
@@ -1415,7 +1432,19 @@ def claim_compression(root=None) -> Claim:
   if over8:
     data["navigation8_over_seeds"] = over8
   unc_cmds = stage1_series(
-    "navigation8", NAVIGATION8_UNC_SEED_FILES, nav8, root, sources, rows, diffs, data
+    "navigation8", NAVIGATION8_GATED_SEED_FILES, nav8, root, sources, rows, diffs, data
+  )
+  unc_cmds += stage1_series(
+    "navigation8",
+    NAVIGATION8_UNC_SEED_FILES,
+    nav8,
+    root,
+    sources,
+    rows,
+    diffs,
+    data,
+    shown=NAVIGATION8_BEFORE_GATE,
+    key="navigation8_stage1_control_before_salient_turning",
   )
   unc_cmds += probe_series("navigation8", NAVIGATION8_UNC_PROBE_FILES, root, sources, rows, diffs)
   if doc is not None and sources[0].command is None:
@@ -1502,21 +1531,23 @@ def _cpu_name(doc: dict) -> str:
 
 
 def stage1_control_rows(
-  task: str, docs: list[dict], seed_docs: list[dict]
+  task: str, docs: list[dict], seed_docs: list[dict], shown: str = ""
 ) -> tuple[list[Row], list[str], dict]:
   """Rows, differences and data of `task` against the stage-1-only memory, from seed runs that
   add it beside seed runs already measured (`docs`, --uncompressed-control --no-token-control):
   what stages 2+3 lose, on the short and the 1,000-step episodes, the stage-1 arm's accuracy
   by distance, and whether each rerun compressed arm matches the one of its seed in
   `seed_docs` (same seed, data and steps; they differ only if the code in between changed it).
-  Rows name the steps of each arm where the runs record them."""
+  Rows name the steps of each arm where the runs record them, and the series by `shown`
+  (default: the task) where one task has two (another recipe of the compressed arm)."""
   over, skipped = compression_over_seeds(docs)
-  diffs = [f"Left out of the {task} stage-1-control statistics: {x}" for x in skipped]
+  shown = shown or task
+  diffs = [f"Left out of the {shown} stage-1-control statistics: {x}" for x in skipped]
   o = over.get(task)
   if not o:  # one seed still gives its paired, per-question bound (pooled lost questions)
     return [], diffs, over
   steps = docs[0].get("steps")  # the training steps of each arm (the statistics keep one)
-  label = f"{task} ({steps} steps each)" if steps else task
+  label = f"{shown} ({steps} steps each)" if steps else shown
   rows = _vs_uncompressed_rows(label, o["short"], "short episodes")
   lo = o.get("long")
   if lo:
@@ -1580,7 +1611,7 @@ def stage1_control_rows(
     )
   if u is not None and u < 0.5:
     diffs.append(
-      f"{task}: the stage-1-only control has not learned the task at this budget "
+      f"{shown}: the stage-1-only control has not learned the task at this budget "
       f"({_pct(sh['uncompressed_memory'])} on the short episodes"
       + (f", chance {100 * chance:.0f} %" if chance is not None else "")
       + f"; compressed {_pct(sh['compressed'])}): a bound on the questions compression loses "
@@ -1603,12 +1634,23 @@ def stage1_control_rows(
 
 
 def stage1_series(
-  task: str, files, seed_docs: list[dict], root, sources: list, rows: list, diffs: list, data
+  task: str,
+  files,
+  seed_docs: list[dict],
+  root,
+  sources: list,
+  rows: list,
+  diffs: list,
+  data,
+  shown: str = "",
+  key: str = "",
 ) -> list[str]:
   """Adds to a claim the seed runs of `task` against the stage-1-only control (`files`:
   (name, command) per seed): each is named once it exists (a result file is never cited
   before it is committed) and the seeds not yet run are said in a difference, so the claim
-  does not read as missing without them. Returns the commands of the runs that exist."""
+  does not read as missing without them. Returns the commands of the runs that exist.
+  `shown` names the series in rows (default: the task), `key` its entry in `data` (default
+  `<task>_stage1_control`)."""
   unc = [(n, c, load(n, root)) for n, c in files]
   present = [(n, c, d) for n, c, d in unc if d is not None]
   if not present:
@@ -1618,14 +1660,14 @@ def stage1_series(
   docs = [d for _, _, d in present]
   if absent:
     diffs.append(
-      f"{task} against the stage-1-only memory: {len(docs)} of {len(unc)} seeds "
+      f"{shown or task} against the stage-1-only memory: {len(docs)} of {len(unc)} seeds "
       f"measured; not yet {', '.join(absent)} "
       "(the seed-0 command with --seed K and an --out of its own)."
     )
-  u_rows, u_diffs, u_over = stage1_control_rows(task, docs, seed_docs)
+  u_rows, u_diffs, u_over = stage1_control_rows(task, docs, seed_docs, shown)
   rows += u_rows
   diffs += u_diffs
-  data[f"{task}_stage1_control"] = u_over
+  data[key or f"{task}_stage1_control"] = u_over
   return [c for _, c, _ in present]
 
 

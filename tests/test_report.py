@@ -756,9 +756,20 @@ def test_navigation8_stage1_series_joins_the_compression_claim(tiny_results):
     "missed": {"n": 3, "fact_seen": 2, "fact_kept": 3},
     "lost": {"n": 2, "fact_seen": 1, "fact_kept": 2, "gaps": [40, 90]},
   }
-  name = "bench_compression_navigation8_unc_1200.json"
+  # The series of the current recipe (salient turning points) is the headline; the one from
+  # before it keeps its rows under its own name.
+  before = "bench_compression_navigation8_unc_1200.json"
+  (tiny_results / before).write_text(json.dumps(doc))
+  c = report.claim_compression(tiny_results)
+  assert _row(c, "navigation8 before salient_turning (1200 steps each): questions uncompressed")
+  assert "navigation8_stage1_control_before_salient_turning" in c.data
+  assert "navigation8_stage1_control" not in c.data
+  assert not [r for r in c.rows if r.metric.startswith("navigation8 (1200 steps each)")]
+  (tiny_results / before).unlink()
+  name = "bench_compression_navigation8_unc_1200_gated.json"
   (tiny_results / name).write_text(json.dumps(doc))
   c = report.claim_compression(tiny_results)
+  assert "cp results/bench_compression_navigation8_unc_1200.json" in " ".join(c.commands)
   why = _row(c, "navigation8 (1200 steps each), 1,000 steps: questions compressed misses (lost")
   assert why.ours == "3: kept 3, seen 2 (2: kept 2, seen 1)" and "1 of 1 seeds" in why.note
   lost = _row(c, "navigation8 (1200 steps each): questions uncompressed memory answers")
