@@ -874,6 +874,20 @@ NAVIGATION8_UNC_PROBE_FILES = [
   ),
 ]
 
+# The same probe with the seed's compressed arm retrained under salient_turning (a copy of the
+# file above resumed with --arms compressed under the gated seed-2 run's --params-dir: its
+# compressed parameters are restored, not retrained).
+NAVIGATION8_GATED_PROBE_FILES = [
+  (
+    f"{NAVIGATION8_GATED_STEM}_seed2_control2400.json",
+    "cp results/bench_compression_navigation8_unc_1200_seed2_control2400.json "
+    f"results/{NAVIGATION8_GATED_STEM}_seed2_control2400.json; "
+    + NAVIGATION8_UNC_CMD
+    + " --steps 1200 --control-steps 2400 --seed 2 --params-dir NEW_DIR --long-eval-episodes 16"
+    f" --arms compressed --resume --out results/{NAVIGATION8_GATED_STEM}_seed2_control2400.json",
+  ),
+]
+
 
 def _rel_loss(control: float | None, compressed: float | None) -> float | None:
   """(control - compressed) / control: the share of the control's accuracy that compression
@@ -1446,7 +1460,16 @@ def claim_compression(root=None) -> Claim:
     shown=NAVIGATION8_BEFORE_GATE,
     key="navigation8_stage1_control_before_salient_turning",
   )
-  unc_cmds += probe_series("navigation8", NAVIGATION8_UNC_PROBE_FILES, root, sources, rows, diffs)
+  unc_cmds += probe_series("navigation8", NAVIGATION8_GATED_PROBE_FILES, root, sources, rows, diffs)
+  unc_cmds += probe_series(
+    "navigation8",
+    NAVIGATION8_UNC_PROBE_FILES,
+    root,
+    sources,
+    rows,
+    diffs,
+    shown=NAVIGATION8_BEFORE_GATE,
+  )
   if doc is not None and sources[0].command is None:
     sources[0] = dataclasses.replace(
       sources[0], command=COMPRESSION_CMD + " (not recorded in the JSON)"
@@ -1671,22 +1694,24 @@ def stage1_series(
   return [c for _, c, _ in present]
 
 
-def probe_series(task: str, files, root, sources: list, rows: list, diffs: list) -> list[str]:
+def probe_series(
+  task: str, files, root, sources: list, rows: list, diffs: list, shown: str = ""
+) -> list[str]:
   """Adds to a claim the single-seed runs of `task`'s stage-1 control at another budget
-  (`files`: (name, command)), each named once it exists (`probe_control_rows`); returns the
-  commands of those that exist."""
+  (`files`: (name, command)), each named once it exists (`probe_control_rows`; `shown` names
+  them in rows, default the task); returns the commands of those that exist."""
   probes = [(n, c, load(n, root)) for n, c in files]
   probes = [(n, c, d) for n, c, d in probes if d is not None]
   if not probes:
     return []
   sources += [source(n, d) for n, _, d in probes]
-  p_rows, p_diffs = probe_control_rows(task, [d for _, _, d in probes])
+  p_rows, p_diffs = probe_control_rows(task, [d for _, _, d in probes], shown)
   rows += p_rows
   diffs += p_diffs
   return [c for _, c, _ in probes]
 
 
-def probe_control_rows(task: str, docs: list[dict]) -> tuple[list[Row], list[str]]:
+def probe_control_rows(task: str, docs: list[dict], shown: str = "") -> tuple[list[Row], list[str]]:
   """Rows and differences of single-seed runs of the stage-1-only control at another budget
   than the seed runs' (--steps, or --control-steps for the control alone): both accuracies,
   the questions the control answers and compressed misses with their exact bound, per run."""
@@ -1698,7 +1723,10 @@ def probe_control_rows(task: str, docs: list[dict]) -> tuple[list[Row], list[str
       continue
     u, c = arms["uncompressed_memory"], arms["compressed"]
     steps, cs = d.get("steps"), d.get("control_steps", d.get("steps"))
-    what = f"{task}, seed {d.get('seed')}, stage-1 control trained {cs} steps, compressed {steps}"
+    what = (
+      f"{shown or task}, seed {d.get('seed')}, stage-1 control trained {cs} steps, "
+      f"compressed {steps}"
+    )
     budget = (
       "the control given the larger budget"
       if cs > steps
@@ -1741,7 +1769,8 @@ def probe_control_rows(task: str, docs: list[dict]) -> tuple[list[Row], list[str
       )
     learned = "has not learned" if u["accuracy"] < 0.5 else "has learned"
     diffs.append(
-      f"{task}, seed {d.get('seed')}: given {cs} steps ({cs / steps:.1f}x the compressed arm's "
+      f"{shown or task}, seed {d.get('seed')}: given {cs} steps ({cs / steps:.1f}x the "
+      "compressed arm's "
       f"{steps}), the stage-1-only control {learned} the task: {u['accuracy']:.1%} against "
       f"compressed {c['accuracy']:.1%} on the short episodes"
       + (

@@ -801,7 +801,13 @@ def test_navigation8_longer_budget_control_is_reported_apart(tiny_results):
   doc = json.loads((tiny_results / "bench_compression_retention8_unc_800.json").read_text())
   doc["tasks"] = {"navigation8": doc["tasks"]["retention8"]}
   doc.update(steps=1200, control_steps=2400, seed=2)
-  name = "bench_compression_navigation8_unc_1200_seed2_control2400.json"
+  before = "bench_compression_navigation8_unc_1200_seed2_control2400.json"
+  (tiny_results / before).write_text(json.dumps(doc))
+  c = report.claim_compression(tiny_results)
+  what = "navigation8 before salient_turning, seed 2, stage-1 control trained 2400 steps"
+  assert _row(c, f"{what}, compressed 1200: accuracy control vs compressed (short episodes)")
+  (tiny_results / before).unlink()
+  name = "bench_compression_navigation8_unc_1200_gated_seed2_control2400.json"
   (tiny_results / name).write_text(json.dumps(doc))
   c = report.claim_compression(tiny_results)
   what = "navigation8, seed 2, stage-1 control trained 2400 steps, compressed 1200"
