@@ -431,3 +431,40 @@ def test_table_prints_a_control_only_run(repo_root, capsys):
   out = capsys.readouterr().out
   assert "| navigation8 | uncompressed_memory | 0.500 +- 0.350 | 32-64: 0.50 (2) |" in out
   assert "| navigation8 | uncompressed_memory | 2 | 0.10 | 0.500 +- 0.350 [0.100, 0.900] |" in out
+
+
+@pytest.mark.slow
+def test_bank_occupancy_reads_saved_parameters_under_both_filters(tmp_path, repo_root):
+  """experiments/bank_occupancy.py on a snapshot bench_compression saved: per filter setting,
+  every question counted once by the bank entries when asked, and the final banks' kinds
+  adding up to their entries."""
+  sys.path.insert(0, str(repo_root / "experiments"))
+  import bank_occupancy
+  import bench_compression as B
+  import lh_common as L
+
+  from sao_jax.config import load_config
+  from sao_jax.envs.longhorizon import make_split
+
+  config = str(repo_root / "experiments/configs/longhorizon.py:tiny")
+  mod = B._config_module(config)
+  cfg = load_config(config)
+  cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, batch_size=8))  # 8 devices
+  train = make_split(mod.TRAIN_TASKS["tiny"]["retention"], "train", 16, 0, num_test=8)
+  progs, _ = L.build(cfg, True)
+  key = {"task": "retention", "arm": "compressed", "seed": 3, "steps": 2}
+  B.train_arm(str(tmp_path), key, cfg, progs, True, train, steps=2, length=0, seed=3)
+  out = tmp_path / "occ.json"
+  argv = ["--config", config, "--task", "retention", "--params-dir", str(tmp_path)]
+  argv += ["--steps", "2", "--episodes", "2", "--long-steps", "60"]
+  r = bank_occupancy.main(argv + ["--salient-turning", "trained,off", "--out", str(out)])
+  assert json.loads(out.read_text())["runs"] == json.loads(json.dumps(r["runs"]))
+  trained, off = r["runs"]
+  assert trained["trained_salient_turning"] is True and trained["salient_turning"] is True
+  assert off["salient_turning"] is False and trained["seed"] == 3
+  for run in r["runs"]:
+    assert run["questions"] == 2 * 8 and run["step"] == 2
+    assert sum(b["questions"] for b in run["by_entries_when_asked"].values()) == 16
+    assert run["accuracy"] == pytest.approx(1 - run["wrong"] / 16)
+    assert 0 < run["entries_mean"] <= cfg.compression.capacity
+    assert sum(run["final_bank_per_episode"].values()) == pytest.approx(run["entries_mean"])

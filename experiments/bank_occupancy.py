@@ -1,0 +1,171 @@
+"""How trained compressed policies answer on 1,000-step validation episodes, by how full their
+bank was when each question came, and what their banks hold, under the filter as trained or
+with `compression.salient_turning` set otherwise.
+
+Validation episodes: the long-episode spec of the task drawn with another generator seed
+(default 7) than bench_compression's 1,000-step test episodes (2) and bytes episodes (1), so
+a filter decided on them is not chosen on the test episodes. Parameters: those
+`bench_compression.py --params-dir DIR` saved (DIR/<task>/compressed/<steps>), one DIR per
+seed; the seed is read from each snapshot's metadata.
+
+  python experiments/bank_occupancy.py --task navigation8 --steps 1200 \
+      --params-dir DIR0,DIR1,DIR2 --salient-turning off,on \
+      --out results/bank_occupancy_navigation8.json
+
+Per (parameters, filter): accuracy, the questions by bank entries when asked (buckets of the
+capacity) with their accuracy, entries and evictions per episode, and the final banks' steps
+by kind (the facts, the questions, else each observation's text: "hall.", "stairs.", ...).
+Each filter setting is evaluated on the same parameters: a setting other than the one they
+trained under is a change at evaluation time, and says so (`trained_salient_turning`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import pathlib
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments"))
+
+import jax  # noqa: E402
+import lh_common as L  # noqa: E402
+import numpy as np  # noqa: E402
+from bench_compression import _config_module, question_facts  # noqa: E402
+
+from sao_jax import checkpoint as ckpt  # noqa: E402
+from sao_jax.config import load_config  # noqa: E402
+from sao_jax.envs.longhorizon import SEP, make_split  # noqa: E402
+from sao_jax.provenance import write_result  # noqa: E402
+
+SETTINGS = {"trained": None, "off": False, "on": True}
+
+
+def _parser():
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--config", default=str(ROOT / "experiments/configs/longhorizon.py"))
+  p.add_argument("--task", default="navigation8", help="a task with LONG_TASKS in the config")
+  p.add_argument("--params-dir", required=True, help="comma-separated, one per seed")
+  p.add_argument("--steps", type=int, required=True, help="the snapshot's training steps")
+  p.add_argument("--episodes", type=int, default=16, help="validation episodes")
+  p.add_argument("--gen-seed", type=int, default=7, help="validation episodes' generator seed")
+  p.add_argument(
+    "--long-steps", type=int, default=0, help="episode length (0: the config's LONG_TASKS)"
+  )
+  p.add_argument(
+    "--salient-turning",
+    default="trained",
+    help="comma-separated filter settings: trained (as the snapshot's config), off, on",
+  )
+  p.add_argument("--out", default="", help="JSON results (default: print only)")
+  return p
+
+
+def _kinds(task, steps) -> collections.Counter:
+  facts = {f for _, f in question_facts(task)}
+  questions = {q for q, _ in question_facts(task)}
+  obs = task.prompt.split(SEP)
+  return collections.Counter(
+    "fact" if s in facts else "question" if s in questions else obs[s] for s in steps
+  )
+
+
+def _entries_when_asked(bank: dict, q: int) -> int:
+  """Entries of the bank the policy read at step q: written before q, not evicted by then."""
+  live = np.asarray(bank["step_c"])[: bank["entries"]]
+  gone, at = np.asarray(bank["gone_step_g"]), np.asarray(bank["gone_at_g"])
+  return int(np.sum(live < q) + np.sum((gone < q) & (at >= q)))
+
+
+def measure(cfg, tasks, params) -> dict:
+  progs, pol = L.build(cfg, True, mode="sft")
+  t0 = time.time()
+  _, trajs = L.evaluate(cfg, progs, pol, params, tasks, True, length=0)
+  cap = cfg.compression.capacity
+  edges = [0, cap // 2, 3 * cap // 4, cap - 4, cap + 1]
+  right, occ, kinds = [], [], collections.Counter()
+  for t, task in zip(trajs, tasks, strict=True):
+    for q in np.flatnonzero(t.graded):
+      right.append(float(t.rewards[q]))
+      occ.append(_entries_when_asked(t.bank, int(q)))
+    kinds += _kinds(task, np.asarray(t.bank["step_c"])[: t.bank["entries"]])
+  right, occ = np.asarray(right), np.asarray(occ)
+  by = {}
+  for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+    sel = (occ >= lo) & (occ < hi)
+    if sel.any():
+      by[f"{lo}-{hi - 1}"] = {"questions": int(sel.sum()), "accuracy": float(right[sel].mean())}
+  n = len(tasks)
+  return {
+    "accuracy": float(right.mean()),
+    "questions": len(right),
+    "wrong": int((right < 1).sum()),
+    "by_entries_when_asked": by,
+    "entries_mean": float(np.mean([t.bank["entries"] for t in trajs])),
+    "evicted_mean": float(np.mean([t.bank["evicted"] for t in trajs])),
+    "final_bank_per_episode": {k: v / n for k, v in kinds.most_common()},
+    "seconds": time.time() - t0,
+  }
+
+
+def main(argv=None) -> dict:
+  args = _parser().parse_args(argv)
+  settings = args.salient_turning.split(",")
+  if set(settings) - set(SETTINGS):
+    _parser().error(f"--salient-turning: choose from {', '.join(SETTINGS)}")
+  cfg_path = args.config if ":" in args.config else f"{args.config}:default"
+  mod = _config_module(cfg_path)
+  if args.task not in mod.LONG_TASKS:
+    _parser().error(f"--task {args.task!r}: no long episodes (have {sorted(mod.LONG_TASKS)})")
+  base = load_config(cfg_path)
+  spec = mod.LONG_TASKS[args.task]
+  if args.long_steps:
+    spec = dataclasses.replace(spec, n_steps=args.long_steps)
+  tasks = make_split(spec, "test", args.episodes, args.gen_seed)
+  result = {
+    "command": "python experiments/bank_occupancy.py " + " ".join(argv or sys.argv[1:]),
+    "task": args.task,
+    "long_spec": dataclasses.asdict(spec),
+    "episodes": args.episodes,
+    "gen_seed": args.gen_seed,
+    "steps": args.steps,
+    "runs": [],
+  }
+  for d in args.params_dir.split(","):
+    where = pathlib.Path(d) / args.task / "compressed"
+    progs, _ = L.build(base, True, mode="sft")
+    like = progs.init(jax.random.key(0))
+    params, step, meta = ckpt.restore_params(where, like.params, args.steps)
+    trained = (meta.get("config") or {}).get("compression", {}).get("salient_turning", False)
+    seed = (meta.get("bench_key") or {}).get("seed")
+    for setting in settings:
+      gate = trained if SETTINGS[setting] is None else SETTINGS[setting]
+      comp = dataclasses.replace(base.compression, salient_turning=gate)
+      cfg = dataclasses.replace(base, compression=comp)
+      out = measure(cfg, tasks, params)
+      out.update(
+        params=str(where),
+        seed=seed,
+        step=step,
+        trained_salient_turning=trained,
+        salient_turning=gate,
+      )
+      result["runs"].append(out)
+      print(
+        f"seed {seed} (trained gate {trained}) gate {gate}: accuracy {out['accuracy']:.3f} "
+        f"({out['wrong']} wrong of {out['questions']}), entries {out['entries_mean']:.1f}, "
+        f"evicted {out['evicted_mean']:.1f}, by entries {out['by_entries_when_asked']}",
+        flush=True,
+      )
+  if args.out:
+    write_result(args.out, result)
+    print(f"wrote {args.out}")
+  return result
+
+
+if __name__ == "__main__":
+  main()
