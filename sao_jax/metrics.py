@@ -9,6 +9,8 @@ import json
 import math
 import pathlib
 import resource
+import sys
+import threading
 import time
 from typing import Any
 
@@ -122,10 +124,26 @@ class MetricsWriter:
   def tick(self, n: int = 1):
     self._bar.update(n)
 
-  def close(self):
+  def close(self, tb_timeout_s: float = 30.0):
+    """Closes the bar and the JSONL file (the record), then TensorBoard's event writer, waiting
+    at most `tb_timeout_s` for it: a Ctrl-C that lands inside one of its queue writes can leave
+    its writer thread never woken, and its close() then waits forever (seen once, a run
+    interrupted by SIGINT hung for good at the end). Past the timeout the run goes on
+    without it (its thread is a daemon) and says that the event file may lack its last rows;
+    metrics.jsonl has them all."""
     self._bar.close()
-    self._tb.close()
     self._jsonl.close()
+    closer = threading.Thread(target=self._tb.close, daemon=True, name="tensorboard-close")
+    closer.start()
+    closer.join(tb_timeout_s)
+    if closer.is_alive():
+      print(
+        f"warning: TensorBoard's event writer did not close within {tb_timeout_s:.0f} s "
+        "(interrupted mid-write?); its event file may lack the last rows, metrics.jsonl has "
+        "them all",
+        file=sys.stderr,
+        flush=True,
+      )
     if self._wandb is not None:
       self._wandb.finish()
       self._wandb = None
