@@ -1846,6 +1846,12 @@ def claim_retention(root=None) -> Claim:
     "retention8", RETENTION8_UNC_SEED_FILES, seed_docs, root, sources, rows, diffs, data
   )
   probe_series("retention8", RETENTION8_UNC_PROBE_FILES, root, sources, rows, diffs)
+  if seed_docs or unc_cmds:
+    diffs.append(
+      "retention8's compressed arms here were trained before compression.salient_turning "
+      "(on in the long-horizon config since; navigation8's were retrained with it, claim c): "
+      "not yet rerun with it."
+    )
   return Claim(
     "d",
     "Retention over 32+ turns",
