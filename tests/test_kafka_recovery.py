@@ -186,9 +186,18 @@ def test_learner_kill_9_replays_from_committed_offsets(kafka_broker, repo_root, 
   # The finished run deleted both incarnations' task topics, and kept the record of the rest.
   from kafka import KafkaAdminClient
 
+  # Topic deletion completes asynchronously on the broker: a deleted topic may still be
+  # listed for a moment (the likely cause of one CI failure that passed on rerun), so wait up
+  # to 15 s for the listing to settle.
+  kept = {f"sao.{run_id}.{n}" for n in ("trajectories", "dead-letter", "control")}
   admin = KafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap)
   try:
-    left = {t for t in admin.list_topics() if t.startswith(f"sao.{run_id}.")}
+    deadline = time.time() + 15
+    while True:
+      left = {t for t in admin.list_topics() if t.startswith(f"sao.{run_id}.")}
+      if left == kept or time.time() > deadline:
+        break
+      time.sleep(0.5)
   finally:
     admin.close()
   assert left == {f"sao.{run_id}.{n}" for n in ("trajectories", "dead-letter", "control")}, left
