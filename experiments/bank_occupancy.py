@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 import jax  # noqa: E402
 import lh_common as L  # noqa: E402
 import numpy as np  # noqa: E402
-from bench_compression import _config_module, question_facts  # noqa: E402
+from bench_compression import _config_module, memory_log, question_facts, seen_at  # noqa: E402
 
 from sao_jax import checkpoint as ckpt  # noqa: E402
 from sao_jax.config import load_config  # noqa: E402
@@ -66,19 +66,12 @@ def _parser():
 
 
 def _kinds(task, steps) -> collections.Counter:
-  facts = {f for _, f in question_facts(task)}
-  questions = {q for q, _ in question_facts(task)}
+  pairs = question_facts(task)
+  facts, questions = {f for _, f in pairs}, {q for q, _ in pairs}
   obs = task.prompt.split(SEP)
   return collections.Counter(
     "fact" if s in facts else "question" if s in questions else obs[s] for s in steps
   )
-
-
-def _entries_when_asked(bank: dict, q: int) -> int:
-  """Entries of the bank the policy read at step q: written before q, not evicted by then."""
-  live = np.asarray(bank["step_c"])[: bank["entries"]]
-  gone, at = np.asarray(bank["gone_step_g"]), np.asarray(bank["gone_at_g"])
-  return int(np.sum(live < q) + np.sum((gone < q) & (at >= q)))
 
 
 def measure(cfg, tasks, params) -> dict:
@@ -89,10 +82,12 @@ def measure(cfg, tasks, params) -> dict:
   edges = [0, cap // 2, 3 * cap // 4, cap - 4, cap + 1]
   right, occ, kinds = [], [], collections.Counter()
   for t, task in zip(trajs, tasks, strict=True):
+    kept = np.asarray(t.bank["step_c"])[: t.bank["entries"]]
+    log = memory_log(kept, t.bank, len(t.rewards))
     for q in np.flatnonzero(t.graded):
       right.append(float(t.rewards[q]))
-      occ.append(_entries_when_asked(t.bank, int(q)))
-    kinds += _kinds(task, np.asarray(t.bank["step_c"])[: t.bank["entries"]])
+      occ.append(len(seen_at(log, int(q), cfg.compression.visible)))  # visible = capacity: all held
+    kinds += _kinds(task, kept)
   right, occ = np.asarray(right), np.asarray(occ)
   by = {}
   for lo, hi in zip(edges[:-1], edges[1:], strict=True):
@@ -135,10 +130,9 @@ def main(argv=None) -> dict:
     "steps": args.steps,
     "runs": [],
   }
+  like = L.build(base, True, mode="sft")[0].init(jax.random.key(0))  # the parameters' shapes
   for d in args.params_dir.split(","):
     where = pathlib.Path(d) / args.task / "compressed"
-    progs, _ = L.build(base, True, mode="sft")
-    like = progs.init(jax.random.key(0))
     params, step, meta = ckpt.restore_params(where, like.params, args.steps)
     trained = (meta.get("config") or {}).get("compression", {}).get("salient_turning", False)
     seed = (meta.get("bench_key") or {}).get("seed")
