@@ -612,19 +612,21 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   assert "bench_compression_retention8_seed2.json" in " ".join(d.commands)
   # ... and against the stage-1-only memory (its own seed runs, no token-level control): losses
   # 25/50/12.5 % (short; 4 + 8 + 2 of 48 lost), 50/25/0 % at 1,000 steps (12 of 48)
-  rel = _row(d, "retention8: relative loss of stages 2+3", "(short episodes)")
+  # These files are the series from before salient_turning, named so in its rows.
+  pre = "retention8 before salient_turning"
+  rel = _row(d, f"{pre}: relative loss of stages 2+3", "(short episodes)")
   assert rel.ours.startswith("29.2 ± 11.0 %")
-  lost = _row(d, "retention8: questions uncompressed memory answers", "(short episodes)")
+  lost = _row(d, f"{pre}: questions uncompressed memory answers", "(short episodes)")
   assert lost.ours.startswith("14 / 48 (95 % upper bound")
-  lost = _row(d, "retention8: questions uncompressed memory answers", "(1,000-step episodes)")
+  lost = _row(d, f"{pre}: questions uncompressed memory answers", "(1,000-step episodes)")
   assert lost.ours.startswith("12 / 48 (95 % upper bound")
-  assert _row(d, "retention8, 1,000 steps: uncompressed-memory accuracy by turns").ours == (
+  assert _row(d, f"{pre}, 1,000 steps: uncompressed-memory accuracy by turns").ours == (
     "32-64: 100 ± 0 %, 512-1000: 100 ± 0 %"
   )
-  rerun = _row(d, "retention8: compressed arm rerun beside the stage-1 control")
+  rerun = _row(d, f"{pre}: compressed arm rerun beside the stage-1 control")
   assert rerun.ours == "2 of 3 seeds identical"
   assert rerun.note.endswith("seed 2: 87.5 vs 100.0 %")
-  assert any("retention8 against the stage-1-only memory" in x for x in d.differences)
+  assert any(f"{pre} against the stage-1-only memory" in x for x in d.differences)
   assert "bench_compression_retention8_unc_800_seed2.json" in " ".join(d.commands)
   # no row against a token-level control those runs do not have (one: the seed runs')
   assert len([r for r in d.rows if "full context vs compressed" in r.metric]) == 1
@@ -633,7 +635,7 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   doc = json.loads(unc2.read_text())
   doc["provenance"] = {"machine": {"cpu": {"model": "AMD EPYC", "simd": ["avx", "avx2"]}}}
   unc2.write_text(json.dumps(doc))
-  rerun = _row(report.claim_retention(tiny_results), "retention8: compressed arm rerun")
+  rerun = _row(report.claim_retention(tiny_results), f"{pre}: compressed arm rerun")
   assert rerun.note.endswith("seed 2: 87.5 vs 100.0 % (CPU AMD EPYC (avx, avx2) vs not recorded)")
   # a control that learned in two seeds and not in the third: its mean hides it, so say which
   for k, a in (("", 0.9), ("_seed1", 0.2), ("_seed2", 0.9)):
@@ -648,12 +650,12 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   ]
   assert len(mixed) == 1 and "seed 0 90.0 %, seed 2 90.0 %; not learned: seed 1 20.0 %" in mixed[0]
   # ... and its relative-loss row says the mean over those seeds bounds nothing
-  rel = _row(report.claim_retention(tiny_results), "retention8: relative loss of stages 2+3")
+  rel = _row(report.claim_retention(tiny_results), f"{pre}: relative loss of stages 2+3")
   assert rel.note == (
     "the control did not learn in 1 of 3 seeds (< 50 %): the mean and its CI mix the two; "
     "bounds nothing"
   )
-  lost = _row(report.claim_retention(tiny_results), "retention8: questions uncompressed memory")
+  lost = _row(report.claim_retention(tiny_results), f"{pre}: questions uncompressed memory")
   assert lost.note.endswith(
     "pooled over 1 of 3 seeds whose control did not learn (< 50 %, "
     "little to lose): no bound on the seed's claim"
@@ -663,12 +665,12 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   for k in ("_seed1", "_seed2"):
     (tiny_results / f"bench_compression_retention8_unc_800{k}.json").unlink()
   d = report.claim_retention(tiny_results)
-  lost = _row(d, "retention8: questions uncompressed memory answers", "(short episodes)")
+  lost = _row(d, f"{pre}: questions uncompressed memory answers", "(short episodes)")
   assert "1 seed " in lost.metric and lost.ours.startswith("4 / 16 (95 % upper bound")
-  assert _row(d, "retention8: relative loss of stages 2+3", "(short episodes)").note.startswith(
+  assert _row(d, f"{pre}: relative loss of stages 2+3", "(short episodes)").note.startswith(
     "one seed, no CI"
   )
-  assert _row(d, "retention8: compressed arm rerun").ours == "1 of 1 seeds identical"
+  assert _row(d, f"{pre}: compressed arm rerun").ours == "1 of 1 seeds identical"
   # the seeds not yet run are said, never cited as result files
   assert not d.missing and "retention8_unc_800_seed2" not in " ".join(d.commands)
   assert not [s for s in d.sources if "retention8_unc_800_seed" in s.path]
@@ -681,7 +683,7 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   unc0.write_text(json.dumps(doc))
   d = report.claim_retention(tiny_results)
   assert any(
-    x.startswith("retention8: the stage-1-only control has not learned the task at this budget")
+    x.startswith(f"{pre}: the stage-1-only control has not learned the task at this budget")
     and "chance 10 %" in x
     for x in d.differences
   )
@@ -693,7 +695,7 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   longer = tiny_results / "bench_compression_retention8_unc_ctl800.json"
   longer.write_text(json.dumps(doc))
   d = report.claim_retention(tiny_results)
-  what = "retention8, seed 0, stage-1 control trained 800 steps, compressed 400"
+  what = f"{pre}, seed 0, stage-1 control trained 800 steps, compressed 400"
   assert _row(d, what + ": accuracy control vs compressed").ours.startswith("93.8%, 16 q")
   assert _row(d, what + ": questions the control answers").ours.startswith("4 / 16 (95 %")
   assert any(
@@ -713,9 +715,9 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
   unc0.write_text(json.dumps(dict(doc, steps=800, control_steps=800)))
   d = report.claim_retention(tiny_results)
   assert _row(d, what).note == "the control given the larger budget"
-  eq = _row(d, "retention8, seed 0, stage-1 control trained 400 steps, compressed 400")
+  eq = _row(d, f"{pre}, seed 0, stage-1 control trained 400 steps, compressed 400")
   assert eq.note == "equal steps"
-  assert _row(d, "retention8 (800 steps each): relative loss of stages 2+3", "(short episodes)")
+  assert _row(d, f"{pre} (800 steps each): relative loss of stages 2+3", "(short episodes)")
   # a seed run at other steps than the compressed arm's seed run is not compared with it
   assert not [r for r in d.rows if "compressed arm rerun" in r.metric]
   longer.unlink()
@@ -1127,3 +1129,36 @@ def test_claim_notebooks_without_results(tmp_path, monkeypatch):
     assert not any("image/png" in o.get("data", {}) for o in outputs), name
     tables = _tables(outputs)
     assert tables and "**Missing:**" in tables[0] and "run `python experiments/" in tables[0]
+
+
+def test_retention8_gated_series_is_the_headline(tiny_results):
+  """retention8's stage-1 series with the compressed arm retrained under salient_turning (one
+  file a seed, named once it exists) takes the plain rows; the series from before it keeps
+  its own, and no rerun row pairs the gated arm with seed runs of the earlier recipe."""
+  d = report.claim_retention(tiny_results)
+  assert not [r for r in d.rows if r.metric.startswith("retention8: relative loss of stages")]
+  assert any("not yet rerun with it" in x for x in d.differences)
+  for k in ("", "_seed1"):
+    before = tiny_results / f"bench_compression_retention8_unc_800{k}.json"
+    (tiny_results / f"bench_compression_retention8_unc_800_gated{k}.json").write_text(
+      before.read_text()
+    )
+  d = report.claim_retention(tiny_results)
+  pre = "retention8 before salient_turning"
+  # 4 + 8 of 32 lost over the two gated seeds; the earlier series: 14 of 48, its own rows
+  lost = _row(d, "retention8: questions uncompressed memory answers", "(short episodes)")
+  assert lost.ours.startswith("12 / 32 (95 % upper bound")
+  assert _row(
+    d, f"{pre}: questions uncompressed memory answers", "(short episodes)"
+  ).ours.startswith("14 / 48 (95 % upper bound")
+  assert not [r for r in d.rows if r.metric.startswith("retention8: compressed arm rerun")]
+  assert _row(d, f"{pre}: compressed arm rerun")
+  assert {"retention8_stage1_control", "retention8_stage1_control_before_salient_turning"} <= set(
+    d.data
+  )
+  cmds = " ".join(d.commands)
+  assert "cp results/bench_compression_retention8_unc_800_seed1.json" in cmds
+  assert "bench_compression_retention8_unc_800_gated_seed2" not in cmds and not d.missing
+  assert any("retention8 against the stage-1-only memory: 2 of 3 seeds" in x for x in d.differences)
+  assert any("without 'before salient_turning'" in x for x in d.differences)
+  assert not any("not yet rerun with it" in x for x in d.differences)
