@@ -141,9 +141,11 @@ def main(argv: list[str] | None = None) -> int:
           f"sao.num_samplers={args.local_samplers}",
         ]
       cfg = load_config(args.config, overrides=overrides)
+      from sao_jax import interrupt
       from sao_jax.runners.run import run
 
-      summary = run(cfg, args.workdir, show_progress=not args.no_progress)
+      with interrupt.at_step_boundaries():  # Ctrl-C stops between steps (again: at once)
+        summary = run(cfg, args.workdir, show_progress=not args.no_progress)
       keep = {k: summary[k] for k in ("sft", "start", "rl", "wall_s") if k in summary}
       for v in keep.values():
         if isinstance(v, dict):

@@ -40,6 +40,7 @@ def _start(repo_root, workdir, *extra):
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
     text=True,
+    start_new_session=True,  # a process group of its own, as a terminal gives a command
   )
   return proc, tag.split("=")[1]
 
@@ -121,15 +122,23 @@ def test_sao_run_trains_and_cleans_up(start, tmp_path):
   assert _tagged_pids(tag) == []
 
 
-def test_ctrl_c_stops_everything(start, tmp_path):
+@pytest.mark.parametrize("to", ["learner", "group"])
+def test_ctrl_c_stops_everything(start, tmp_path, to):
+  """SIGINT to the learner alone, or to its whole process group as a terminal's Ctrl-C (the
+  samplers then stop too: not a death the learner may restart them for)."""
   proc, tag = start(tmp_path / "w", *LONG)
   _wait_for_rl_rows(tmp_path / "w", proc)
   assert len(_children(proc.pid)) >= 2  # the samplers (plus multiprocessing's helper)
-  proc.send_signal(signal.SIGINT)
+  if to == "group":
+    os.killpg(proc.pid, signal.SIGINT)
+  else:
+    proc.send_signal(signal.SIGINT)
   # A guard against a hang, not a target (a Ctrl-C inside a TensorBoard write once hung the
   # run's close for good: MetricsWriter.close now bounds that wait).
   _, err = proc.communicate(timeout=120)
   assert proc.returncode == 130 and "interrupted" in err, err[-3000:]
+  assert "stopping at the end of this step" in err  # at a step boundary (sao_jax.interrupt)
+  assert "Traceback" not in err and "restart" not in err, err[-3000:]
   deadline = time.time() + 10
   while _tagged_pids(tag) and time.time() < deadline:
     time.sleep(0.2)

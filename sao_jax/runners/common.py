@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from sao_jax import checkpoint as ckpt_lib
-from sao_jax import distributed
+from sao_jax import distributed, interrupt
 from sao_jax.batches import SFTBatch
 from sao_jax.config import Config, OptimConfig
 from sao_jax.envs.base import Task
@@ -50,7 +50,9 @@ class PhaseClock:
   def running(self, step: int) -> bool:
     """Whether to take update `step` + 1. Decisions from the wall clock are process 0's in
     every process (`distributed.agree`): a multi-host learner's processes must stop, and
-    evaluate, at the same steps."""
+    evaluate, at the same steps. A Ctrl-C waiting for a step boundary (`interrupt`) is
+    raised here."""
+    interrupt.check()
     if self.steps and step >= self.steps:
       return False
     return not (self.max_seconds and distributed.agree(self.elapsed >= self.max_seconds))

@@ -10,6 +10,7 @@ import numpy as np
 
 from sao_jax import checkpoint as ckpt_lib
 from sao_jax import config as config_lib
+from sao_jax import interrupt
 from sao_jax.batches import RLBatch
 from sao_jax.learner import make_rl_update
 from sao_jax.metrics import MetricsWriter, peak_memory_mb
@@ -178,6 +179,7 @@ class SyncGRPOLearner(SAOLearner):
       prompts = self.task_rng.integers(0, self.n_sample, rl.prompts_per_step)
       self.hand_out(np.repeat(prompts, rl.group_size).tolist())
     while not self.buffer.ready(loop.step):
+      interrupt.check()  # a Ctrl-C stops here, between passes
       got = self.pool.learner.get_records(self.rows, timeout=0.05)
       if got:
         self.ingest(got)

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sao_jax import admission, distributed, recovery, startup
+from sao_jax import admission, distributed, interrupt, recovery, startup
 from sao_jax import checkpoint as ckpt_lib
 from sao_jax import config as config_lib
 from sao_jax.batches import SAOBatch
@@ -369,6 +369,8 @@ class SAOLearner:
     self.buffer.extend(Item(rec, first + k, pos) for k, (rec, _, pos) in enumerate(fresh))
 
   def check_samplers(self) -> None:
+    # A terminal's Ctrl-C also stops the samplers: not a death to restart them for.
+    interrupt.check()
     before = self.pool.restarts
     leftovers = self.pool.check()
     self.loop.counts["sampler_restarts"] += self.pool.restarts - before
@@ -402,6 +404,7 @@ class SAOLearner:
     # Enough tasks in flight to fill the next batch while every sampler holds a full call.
     target_depth = self.rows + 2 * max(1, sao.num_samplers) * sao.sampler_slots
     while not self.buffer.ready(loop.step):
+      interrupt.check()  # a Ctrl-C stops here, between passes, not inside a send
       new = self.task_rng.choice(
         self.n_sample, size=max(0, target_depth - loop.outstanding), p=loop.probs
       )
