@@ -821,6 +821,23 @@ def _load_seeds(files, root, sources: list, missing: list) -> list[dict]:
   return docs
 
 
+def _gated_seed_files(before: str, stem: str, cmd: str, steps: int) -> list[tuple[str, str]]:
+  """(name, command) of seeds 0-2 whose compressed arm is retrained under
+  `compression.salient_turning`: each file starts as a copy of the seed's file of the series
+  `before`, whose stage-1 control (no filter: unchanged) it keeps, and `--arms compressed
+  --resume` under a new --params-dir trains and measures the compressed arm."""
+  return [
+    (
+      f"{stem}{suffix}.json",
+      f"cp results/{before}{suffix}.json results/{stem}{suffix}.json; "
+      + cmd
+      + f" --steps {steps} --seed {k} --params-dir NEW_DIR --long-eval-episodes 16"
+      f" --arms compressed --resume --out results/{stem}{suffix}.json",
+    )
+    for k, suffix in ((0, ""), (1, "_seed1"), (2, "_seed2"))
+  ]
+
+
 # bench_compression.py --seed N writes these; the same configuration, another init and order.
 COMPRESSION_SEED_FILES = _seed_files(
   "bench_compression", COMPRESSION_CMD, COMPRESSION_CMD, " --no-attention-cost"
@@ -849,17 +866,9 @@ NAVIGATION8_UNC_SEED_FILES = _seed_files(
 # of the seed's file above, whose stage-1 control (unchanged: it has no filter) it keeps, and
 # `--arms compressed --resume` under a new --params-dir trains and measures the compressed arm.
 NAVIGATION8_GATED_STEM = "bench_compression_navigation8_unc_1200_gated"
-NAVIGATION8_GATED_SEED_FILES = [
-  (
-    f"{NAVIGATION8_GATED_STEM}{suffix}.json",
-    f"cp results/bench_compression_navigation8_unc_1200{suffix}.json "
-    f"results/{NAVIGATION8_GATED_STEM}{suffix}.json; "
-    + NAVIGATION8_UNC_CMD
-    + f" --steps 1200 --seed {k} --params-dir NEW_DIR --long-eval-episodes 16 --arms compressed"
-    f" --resume --out results/{NAVIGATION8_GATED_STEM}{suffix}.json",
-  )
-  for k, suffix in ((0, ""), (1, "_seed1"), (2, "_seed2"))
-]
+NAVIGATION8_GATED_SEED_FILES = _gated_seed_files(
+  "bench_compression_navigation8_unc_1200", NAVIGATION8_GATED_STEM, NAVIGATION8_UNC_CMD, 1200
+)
 NAVIGATION8_BEFORE_GATE = "navigation8 before salient_turning"
 
 # The stage-1 control of a seed where it did not learn at 1,200 steps (seed 2), trained on from
@@ -1540,17 +1549,9 @@ RETENTION8_UNC_PROBE_FILES = [
 # whose stage-1 control (no filter, unchanged) it keeps; `--arms compressed --resume` under a
 # new --params-dir trains and measures the compressed arm.
 RETENTION8_GATED_STEM = "bench_compression_retention8_unc_800_gated"
-RETENTION8_GATED_SEED_FILES = [
-  (
-    f"{RETENTION8_GATED_STEM}{suffix}.json",
-    f"cp results/bench_compression_retention8_unc_800{suffix}.json "
-    f"results/{RETENTION8_GATED_STEM}{suffix}.json; "
-    + RETENTION8_UNC_CMD
-    + f" --steps 800 --seed {k} --params-dir NEW_DIR --long-eval-episodes 16 --arms compressed"
-    f" --resume --out results/{RETENTION8_GATED_STEM}{suffix}.json",
-  )
-  for k, suffix in ((0, ""), (1, "_seed1"), (2, "_seed2"))
-]
+RETENTION8_GATED_SEED_FILES = _gated_seed_files(
+  "bench_compression_retention8_unc_800", RETENTION8_GATED_STEM, RETENTION8_UNC_CMD, 800
+)
 RETENTION8_BEFORE_GATE = "retention8 before salient_turning"
 RETENTION_FILES = [
   ("bench_compression.json", "retention", COMPRESSION_CMD),
