@@ -793,7 +793,8 @@ def test_navigation8_stage1_series_joins_the_compression_claim(tiny_results):
   c = report.claim_compression(tiny_results)
   src = next(s for s in c.sources if s.path.endswith(name))
   assert src.partial == "all but navigation8: uncompressed_memory"
-  assert not [r for r in c.rows if r.metric.startswith("navigation8 (1200 steps each)")]
+  rows = [r.metric for r in c.rows if r.metric.startswith("navigation8 (1200 steps each)")]
+  assert len(rows) == 1 and "INT8 bank" in rows[0]  # its bank only
 
 
 def test_navigation8_longer_budget_control_is_reported_apart(tiny_results):
@@ -1152,6 +1153,25 @@ def test_retention8_gated_series_is_the_headline(tiny_results):
     d, f"{pre}: questions uncompressed memory answers", "(short episodes)"
   ).ours.startswith("14 / 48 (95 % upper bound")
   assert not [r for r in d.rows if r.metric.startswith("retention8: compressed arm rerun")]
+  bank = _row(
+    d,
+    "retention8, ",
+    "INT8 bank (with the exact-replay graveyard); facts kept / visible when asked",
+  )
+  assert bank.ours.startswith("800-800x") and bank.note.startswith("compressed arm")
+  # a seed whose control kept no answers per question (its run predates that record): the
+  # accuracies and relative loss still count, the lost questions pool over the paired seeds
+  g1 = tiny_results / "bench_compression_retention8_unc_800_gated_seed1.json"
+  doc = json.loads(g1.read_text())
+  del doc["tasks"]["retention8"]["vs_uncompressed"]
+  g1.write_text(json.dumps(doc))
+  d = report.claim_retention(tiny_results)
+  assert _row(d, "retention8: relative loss of stages 2+3", "2 seeds (short episodes)")
+  why = _row(d, "retention8: questions uncompressed memory answers", "(short episodes)")
+  assert why.ours == "not countable in 1 of 2 seeds" and why.note.endswith("paired: next row")
+  lost = _row(d, "retention8: questions uncompressed memory answers and compressed misses, 1 seed")
+  assert lost.ours.startswith("4 / 16 (95 % upper bound")
+
   assert _row(d, f"{pre}: compressed arm rerun")
   assert {"retention8_stage1_control", "retention8_stage1_control_before_salient_turning"} <= set(
     d.data
