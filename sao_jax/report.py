@@ -862,9 +862,7 @@ NAVIGATION8_UNC_SEED_FILES = _seed_files(
   " --long-eval-episodes 16",
 )
 # The same seeds with the compressed arm retrained under `compression.salient_turning` (the
-# long-horizon config's since; the series above is from before it): each file starts as a copy
-# of the seed's file above, whose stage-1 control (unchanged: it has no filter) it keeps, and
-# `--arms compressed --resume` under a new --params-dir trains and measures the compressed arm.
+# long-horizon config's since; the series above is from before it): `_gated_seed_files`.
 NAVIGATION8_GATED_STEM = "bench_compression_navigation8_unc_1200_gated"
 NAVIGATION8_GATED_SEED_FILES = _gated_seed_files(
   "bench_compression_navigation8_unc_1200", NAVIGATION8_GATED_STEM, NAVIGATION8_UNC_CMD, 1200
@@ -927,10 +925,7 @@ def _vs_uncompressed_stats(runs: list[tuple[dict, dict]]) -> dict:
   unc = [
     (arms, r.get("vs_uncompressed"))
     for arms, r in runs
-    if r.get("vs_uncompressed")
-    or (
-      (arms.get("uncompressed_memory") or {}).get("accuracy") is not None and "compressed" in arms
-    )
+    if (arms.get("uncompressed_memory") or {}).get("accuracy") is not None
   ]
   if not unc:
     return {}
@@ -1039,7 +1034,9 @@ def compression_over_seeds(docs: list[dict]) -> tuple[dict, list[str]]:
         "int8_reduction": [b["bytes"][STAGES[0][0]] / b["bytes"]["stage3_int8"] for b in banks],
         # with the evicted entries kept for exact replay (runs since the graveyard)
         "int8_graveyard_reduction": [
-          (b.get("reduction_vs_full") or {}).get("stage3_int8_with_graveyard") for b in banks
+          b["bytes"][STAGES[0][0]] / b["bytes"]["stage3_int8_with_graveyard"]
+          for b in banks
+          if b["bytes"].get("stage3_int8_with_graveyard")
         ],
       }
   return out, skipped
@@ -1577,9 +1574,7 @@ RETENTION8_UNC_PROBE_FILES = [
   ),
 ]
 # The same seeds with the compressed arm retrained under `compression.salient_turning`, as
-# navigation8's gated series (claim c): each file starts as a copy of the seed's file above,
-# whose stage-1 control (no filter, unchanged) it keeps; `--arms compressed --resume` under a
-# new --params-dir trains and measures the compressed arm.
+# navigation8's gated series (claim c): `_gated_seed_files`.
 RETENTION8_GATED_STEM = "bench_compression_retention8_unc_800_gated"
 RETENTION8_GATED_SEED_FILES = _gated_seed_files(
   "bench_compression_retention8_unc_800", RETENTION8_GATED_STEM, RETENTION8_UNC_CMD, 800
@@ -1636,7 +1631,7 @@ def stage1_control_rows(
   bk = o.get("bank")
   if bk:  # the compressed arm's bank at 1,000 steps, as trained in these runs
     red = bk["int8_reduction"]
-    gy = [x for x in bk.get("int8_graveyard_reduction", []) if x]
+    gy = bk["int8_graveyard_reduction"]
     rows.append(
       Row(
         f"{label}, {bk['steps']}-step trajectories, {n_seeds(bk['seeds'])}: full context -> "
