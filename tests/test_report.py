@@ -1182,3 +1182,62 @@ def test_retention8_gated_series_is_the_headline(tiny_results):
   assert any("retention8 against the stage-1-only memory: 2 of 3 seeds" in x for x in d.differences)
   assert any("without 'before salient_turning'" in x for x in d.differences)
   assert not any("not yet rerun with it" in x for x in d.differences)
+
+
+def test_retention8_larger_control_budget_series(tiny_results):
+  """retention8's series with the stage-1 control given twice the compressed arm's steps
+  (--control-steps) is its own: rows named by both budgets, the rows against the control say
+  the control had the larger budget, and each compressed arm is paired with the gated seed
+  run it retrains (same command, seed and steps)."""
+  for k in ("", "_seed1"):
+    doc = json.loads((tiny_results / f"bench_compression_retention8_unc_800{k}.json").read_text())
+    doc["steps"] = 800
+    (tiny_results / f"bench_compression_retention8_unc_800_gated{k}.json").write_text(
+      json.dumps(doc)
+    )
+    doc["control_steps"] = 1600
+    (tiny_results / f"bench_compression_retention8_ctl1600{k}.json").write_text(json.dumps(doc))
+  d = report.claim_retention(tiny_results)
+  label = "retention8, larger control budget (compressed 800 steps, stage-1 control 1600)"
+  acc = _row(d, f"{label}: accuracy uncompressed memory", "(short episodes)")
+  assert acc.note.startswith("same policy; the control given 2.0x the compressed arm's steps")
+  lost = _row(d, f"{label}: questions uncompressed memory answers", "(short episodes)")
+  assert lost.ours.startswith("12 / 32 (95 % upper bound")
+  long = _row(d, f"{label}: accuracy uncompressed memory", "(1,000-step episodes)")
+  assert long.note == acc.note
+  rerun = _row(d, f"{label}: compressed arm rerun")
+  assert rerun.ours == "2 of 2 seeds identical"
+  # the equal-budget gated series keeps its own rows, unpooled with this one
+  assert _row(d, "retention8 (800 steps each): questions uncompressed memory answers").ours
+  assert "retention8_stage1_control_larger_budget" in d.data
+  cmds = " ".join(d.commands)
+  assert "--control-steps 1600 --params-dir DIR --seed 1 --long-eval-episodes 48" in cmds
+  assert any(
+    "retention8, larger control budget against the stage-1-only memory: 2 of 3 seeds" in x
+    for x in d.differences
+  )
+
+
+def test_pooled_lost_note_counts_only_the_paired_controls():
+  """The lost questions pool over the seeds whose control kept its answers per question; the
+  note on that row counts the unlearned controls among those seeds, not among all."""
+
+  def run(control, compressed, lost=None):
+    arms = {
+      "uncompressed_memory": {"accuracy": control},
+      "compressed": {"accuracy": compressed, "questions": 100},
+    }
+    v = {"relative_loss": (control - compressed) / control, "control_right_other_wrong": lost}
+    return arms, {"vs_uncompressed": v if lost is not None else None}
+
+  st = report._vs_uncompressed_stats([run(0.9, 0.89, 1), run(0.3, 0.8)])
+  assert st["seeds_paired"] == 1 and st["paired_control_accuracy"] == [0.9]
+  rows = report._vs_uncompressed_rows("t", {**st, "compressed": st["uncompressed_memory"]}, "x")
+  assert "did not learn in 1 of 2 seeds" in rows[1].note  # the relative loss: every seed
+  assert rows[-1].ours.startswith("1 / 100") and "did not learn" not in rows[-1].note
+  st = report._vs_uncompressed_stats([run(0.9, 0.89, 1), run(0.3, 0.8, 0)])
+  rows = report._vs_uncompressed_rows("t", {**st, "compressed": st["uncompressed_memory"]}, "x")
+  assert rows[-1].note.endswith(
+    "pooled over 1 of 2 seeds whose control did not learn (< 50 %, "
+    "little to lose): no bound on the seed's claim"
+  )
