@@ -660,6 +660,17 @@ def test_claims_on_tiny_results(tiny_results, tmp_path):
     "pooled over 1 of 3 seeds whose control did not learn (< 50 %, "
     "little to lose): no bound on the seed's claim"
   )
+  # ... and the bound on the claim pools the two seeds whose control learned (4 + 2 of 32)
+  learned = _row(
+    report.claim_retention(tiny_results),
+    f"{pre}: questions uncompressed memory answers and compressed misses, the 2 seeds whose "
+    "control learned",
+    "(short episodes)",
+  )
+  assert learned.ours.startswith("6 / 32 (95 % upper bound")
+  assert learned.note.endswith(
+    "the seed whose control did not learn left out: the bound on the seed's claim"
+  )
   # with one seed run only: its rows (the pooled lost questions bound it) and the other two
   # said as not yet run
   for k in ("_seed1", "_seed2"):
@@ -1213,7 +1224,7 @@ def test_retention8_larger_control_budget_series(tiny_results):
   cmds = " ".join(d.commands)
   assert "--control-steps 1600 --params-dir DIR --seed 1 --long-eval-episodes 48" in cmds
   assert any(
-    "retention8, larger control budget against the stage-1-only memory: 2 of 3 seeds" in x
+    "retention8, larger control budget against the stage-1-only memory: 2 of 4 seeds" in x
     for x in d.differences
   )
 
@@ -1237,7 +1248,12 @@ def test_pooled_lost_note_counts_only_the_paired_controls():
   assert rows[-1].ours.startswith("1 / 100") and "did not learn" not in rows[-1].note
   st = report._vs_uncompressed_stats([run(0.9, 0.89, 1), run(0.3, 0.8, 0)])
   rows = report._vs_uncompressed_rows("t", {**st, "compressed": st["uncompressed_memory"]}, "x")
-  assert rows[-1].note.endswith(
+  assert rows[-2].note.endswith(
     "pooled over 1 of 2 seeds whose control did not learn (< 50 %, "
     "little to lose): no bound on the seed's claim"
   )
+  # the bound on the claim: the one paired seed whose control learned, 1 of its 100 lost
+  assert st["seeds_paired_learned"] == 1
+  assert st["lost_pooled_learned_vs_uncompressed"]["lost"] == 1
+  assert "1 seed whose control learned" in rows[-1].metric
+  assert rows[-1].ours == "1 / 100 (95 % upper bound 4.66%)"
