@@ -27,6 +27,9 @@ from sao_jax.metrics import read_jsonl
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
+# A control whose accuracy is below this has not learned the task (the long-horizon tasks
+# record their chance level beside it): a loss measured against it bounds nothing.
+CONTROL_LEARNED_MIN = 0.5
 # The seed's figures as it states them (750B-parameter policy, 8x A100 80GB learner nodes,
 # 200+ sampler GPU nodes). Units are SI: seconds, bytes, fractions.
 SEED = {
@@ -934,7 +937,14 @@ def _vs_uncompressed_stats(runs: list[tuple[dict, dict]]) -> dict:
     return {}
   paired = [(a, v) for a, v in unc if v]
   acc = lambda a, arm: a[arm]["accuracy"]  # noqa: E731
-  learned = [(a, v) for a, v in paired if acc(a, "uncompressed_memory") >= 0.5]
+  learned = [(a, v) for a, v in paired if acc(a, "uncompressed_memory") >= CONTROL_LEARNED_MIN]
+
+  def pool(runs):  # the questions each run's control answered and compressed missed
+    return _pooled_lost(
+      [v["control_right_other_wrong"] for _, v in runs],
+      [a["compressed"]["questions"] for a, _ in runs],
+    )
+
   return {
     "seeds_uncompressed": len(unc),
     "seeds_paired": len(paired),
@@ -945,18 +955,12 @@ def _vs_uncompressed_stats(runs: list[tuple[dict, dict]]) -> dict:
     ),
     # the controls the lost questions pool over (whether they learned is said beside it)
     "paired_control_accuracy": [acc(a, "uncompressed_memory") for a, _ in paired],
-    "lost_pooled_vs_uncompressed": _pooled_lost(
-      [v["control_right_other_wrong"] for _, v in paired],
-      [a["compressed"]["questions"] for a, _ in paired],
-    ),
+    "lost_pooled_vs_uncompressed": pool(paired),
     # The same over the paired seeds whose control learned (>= 50 %, as in the differences):
     # the bound on the seed's claim where some controls did not learn (they have little to
     # lose, so pooling them in only dilutes the rate).
     "seeds_paired_learned": len(learned),
-    "lost_pooled_learned_vs_uncompressed": _pooled_lost(
-      [v["control_right_other_wrong"] for _, v in learned],
-      [a["compressed"]["questions"] for a, _ in learned],
-    ),
+    "lost_pooled_learned_vs_uncompressed": pool(learned),
   }
 
 
@@ -1092,7 +1096,7 @@ def _vs_uncompressed_rows(
   # A relative loss against a control that has not learned (< 50 %, as in the differences)
   # bounds nothing, and a mean over seeds where it learned and did not hides that.
   accs = [a for a in part["uncompressed_memory"].get("values", []) if a is not None]
-  unlearned = sum(a < 0.5 for a in accs)
+  unlearned = sum(a < CONTROL_LEARNED_MIN for a in accs)
   if unlearned:
     loss_note = (
       f"the control did not learn in {unlearned} of {len(accs)} seeds (< 50 %): "
@@ -1133,7 +1137,7 @@ def _vs_uncompressed_rows(
     )
   if lost:
     pc = part.get("paired_control_accuracy", accs)
-    unlearned_paired = sum(a < 0.5 for a in pc)
+    unlearned_paired = sum(a < CONTROL_LEARNED_MIN for a in pc)
     rows.append(
       Row(
         f"{task}: questions uncompressed memory answers and compressed misses, "
@@ -1364,7 +1368,7 @@ def many_facts_over_seeds(
       + (
         " A relative loss against a control that has not learned the task bounds "
         "nothing: the compressed arm's absolute accuracy is the measurement here."
-        if control is not None and control < 0.5
+        if control is not None and control < CONTROL_LEARNED_MIN
         else ""
       )
     )
@@ -1737,10 +1741,10 @@ def stage1_control_rows(
     for d in docs
     if d.get("seed") in o["seeds"]
   }
-  unlearned = {k: a for k, a in per_seed.items() if a is not None and a < 0.5}
+  unlearned = {k: a for k, a in per_seed.items() if a is not None and a < CONTROL_LEARNED_MIN}
   chance = docs[0]["tasks"][task].get("chance")
-  if u is not None and u >= 0.5 and unlearned:
-    learned = {k: a for k, a in per_seed.items() if a is not None and a >= 0.5}
+  if u is not None and u >= CONTROL_LEARNED_MIN and unlearned:
+    learned = {k: a for k, a in per_seed.items() if a is not None and a >= CONTROL_LEARNED_MIN}
     say = lambda m: ", ".join(f"seed {k} {100 * a:.1f} %" for k, a in sorted(m.items()))  # noqa: E731
     diffs.append(
       f"{label}: the stage-1-only control learned the task in some seeds and not in others at "
@@ -1749,7 +1753,7 @@ def stage1_control_rows(
       + f"; compressed {_pct(sh['compressed'])}). Its mean over seeds mixes the two: read "
       "the seeds one by one and the questions lost, pooled."
     )
-  if u is not None and u < 0.5:
+  if u is not None and u < CONTROL_LEARNED_MIN:
     diffs.append(
       f"{shown}: the stage-1-only control has not learned the task at this budget "
       f"({_pct(sh['uncompressed_memory'])} on the short episodes"
@@ -1884,7 +1888,7 @@ def probe_control_rows(task: str, docs: list[dict], shown: str = "") -> tuple[li
           f"{budget}; exact binomial, one-sided; one seed",
         )
       )
-    learned = "has not learned" if u["accuracy"] < 0.5 else "has learned"
+    learned = "has not learned" if u["accuracy"] < CONTROL_LEARNED_MIN else "has learned"
     diffs.append(
       f"{shown or task}, seed {d.get('seed')}: given {cs} steps ({cs / steps:.1f}x the "
       "compressed arm's "
