@@ -310,7 +310,7 @@ def test_poisoner_sends_each_kind_as_configured():
 
 
 @pytest.mark.slow
-def test_a_live_run_rejects_every_injected_poison_and_trains(repo_root, tmp_path):
+def test_a_live_run_rejects_every_injected_poison_and_trains(repo_root, tmp_path, monkeypatch):
   """Sampler 0 of a tiny SAO run sends a poisoned record of each kind among its real ones
   (faults.poison_*): the run finishes, rejects exactly those by reason, and never takes a
   non-finite update or rolls back. Then 16 bytes flipped inside the newest snapshot's
@@ -355,6 +355,9 @@ def test_a_live_run_rejects_every_injected_poison_and_trains(repo_root, tmp_path
   )
   assert "rejected a trajectory record (nonfinite" in proc.stdout + proc.stderr
 
+  import jax
+  from test_integrity import _flip_silently
+
   from sao_jax import checkpoint as ckpt
   from sao_jax.learner import make_sao_update
   from sao_jax.runners.common import programs_for
@@ -363,20 +366,24 @@ def test_a_live_run_rejects_every_injected_poison_and_trains(repo_root, tmp_path
   directory = tmp_path / "w" / "checkpoints" / "rl"
   steps = ckpt.manager(directory).all_steps()
   assert sorted(steps) == [0, 6]
-  files = [f for f in (directory / "6" / "params").rglob("*") if f.parent.name == "d"]
-  weights = max(files, key=lambda f: f.stat().st_size)
-  data = bytearray(weights.read_bytes())
-  at = int(len(data) * 0.3)
-  data[at : at + 16] = bytes(b ^ 0xFF for b in data[at : at + 16])
-  weights.write_bytes(bytes(data))
   _, meta = ckpt.read_meta(directory, 0)
   cfg = config.from_dict(meta["config"])
   s = make_setup(cfg)
   progs = programs_for(
     s, cfg.rl.optim, lambda m, tx: make_sao_update(m, tx, cfg.rl, cfg.sao), num_tasks=len(s.train)
   )
-  import jax
+  intact = jax.device_get(
+    ckpt.restore_state(ckpt.manager(directory), progs.init(jax.random.key(0)), 6)[0].params
+  )
 
+  def orbax_alone_restores_other_values() -> bool:
+    with monkeypatch.context() as m:
+      m.setattr(ckpt, "verify", lambda *a: None)
+      back, _ = ckpt.restore_state(ckpt.manager(directory), progs.init(jax.random.key(0)), 6)
+    pairs = zip(jax.tree.leaves(jax.device_get(back.params)), jax.tree.leaves(intact), strict=True)
+    return not all(np.array_equal(a, b) for a, b in pairs)
+
+  _flip_silently(directory / "6", orbax_alone_restores_other_values)
   with pytest.warns(RuntimeWarning, match="snapshot step 6 .*DamagedSnapshot"):
     _, _, step, skipped = ckpt.restore_latest_valid(
       ckpt.manager(directory), progs.init(jax.random.key(0))
