@@ -454,6 +454,13 @@ def _sampler_child(cfg_dict, param_dir, sizes, reps, quick, t_spawn, out_q, wind
 
 
 def main(argv=None) -> dict:
+  """Runs the calibration in a scratch folder (its SFT run, parameter files, journal and
+  metrics), removed at the end, also when the run fails."""
+  with tempfile.TemporaryDirectory(prefix="calib_") as tmp:
+    return _calibrate(argv, pathlib.Path(tmp))
+
+
+def _calibrate(argv, tmp: pathlib.Path) -> dict:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--config", default=str(HERE / "configs" / "sao_arith.py"))
   p.add_argument("--variant", default="default")
@@ -494,7 +501,6 @@ def main(argv=None) -> dict:
   s = make_setup(cfg)
   rl, sao = cfg.rl, cfg.sao
   reps = 2 if args.quick else args.reps
-  tmp = pathlib.Path(tempfile.mkdtemp(prefix="calib_"))
   if args.sft_from:
     state = restore_init(s, args.sft_from)
   else:

@@ -210,10 +210,18 @@ def test_calibrate_sim_tiny_writes_loadable_costs(tmp_path):
     "--out",
     str(out),
   ]
+  scratch = tmp_path / "tmp"  # its scratch folder goes here, and is removed at the end
+  scratch.mkdir()
   proc = subprocess.run(
-    cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=subprocess_env()
+    cmd,
+    cwd=REPO_ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    env=dict(subprocess_env(), TMPDIR=str(scratch)),
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
+  assert not list(scratch.glob("calib_*"))
   r = json.loads(out.read_text())
   costs = Costs.from_dict(r["costs"])
   assert costs.update("sao", 16) > 0 and costs.publish_s > 0 and costs.load_s > 0
