@@ -453,15 +453,28 @@ def _paired(control: np.ndarray, other: np.ndarray) -> dict:
   }
 
 
+# Keep-probability thresholds the learned filter is also measured at (besides the trained
+# configuration's `compression.salience_threshold`): facts kept and bytes, same parameters.
+SALIENCE_THRESHOLDS = (0.25, 0.1, 0.0)
+
+
 def filter_ablations(cfg: Config, params, tasks, *, window: int = 16) -> dict:
   """Facts kept / visible at their question on the 1,000-step episodes, same trained
   parameters, for each filter (learned salience, surprise only, surprise first-come) and
-  what the policy reads (the whole bank, or the last `window` entries)."""
+  what the policy reads (the whole bank, or the last `window` entries); the learned filter
+  also at the keep-probability thresholds of `SALIENCE_THRESHOLDS` (a diagnostic of the
+  trained head: the policy was trained on banks of the configured threshold)."""
   c = cfg.compression
   variants = {}
   if c.salience == "learned":
     variants["learned_salience_full_bank"] = {"visible": c.capacity}
     variants[f"learned_salience_last_{window}"] = {"visible": window}
+    for t in SALIENCE_THRESHOLDS:
+      if t != c.salience_threshold:
+        variants[f"learned_salience_at_{t:g}_full_bank"] = {
+          "visible": c.capacity,
+          "salience_threshold": t,
+        }
   variants["surprise_full_bank"] = {"salience": "none", "visible": c.capacity}
   variants[f"surprise_last_{window}"] = {"salience": "none", "visible": window}
   variants[f"surprise_first_come_last_{window}"] = {
@@ -488,6 +501,7 @@ def filter_ablations(cfg: Config, params, tasks, *, window: int = 16) -> dict:
           "dropped_bank_full",
         )
       },
+      int8_with_graveyard_reduction=r["reduction_vs_full"]["stage3_int8_with_graveyard"],
     )
   return out
 

@@ -538,11 +538,19 @@ class CompressionConfig:
   (`sao_jax.compression.salience`): a small head on each step's vectors, trained in the
   supervised phase through a soft keep mask from the policy's answer loss (weight
   `salience_coef`, with an L1 price `salience_price` on keeping). A step is then a keep
-  candidate when it surprises the LSTM (as before) or when its salience probability is >= 0.5,
-  and the budget and eviction rank the non-structural entries by salience instead of surprise.
+  candidate when it surprises the LSTM (as before) or when its salience probability is >=
+  `salience_threshold` (default 0.5), and the budget and eviction rank the non-structural
+  entries by salience instead of surprise. A lower threshold makes more steps candidates; the
+  budget still keeps only the most salient of them (0: every step is one, and the budget
+  holds the `budget` most salient steps so far). The hard filter reads it wherever it runs
+  (sampling, the supervised phase's hard pass); the soft-mask pass that trains the head does
+  not, so a policy trained under one threshold can be measured under another
+  (`experiments/bench_compression.py`, filters), though it then reads banks it was not
+  trained on.
   "none": surprise alone (the LSTM rule above). Full-bank attention is `visible = capacity`.
   `salient_turning` (with a learned head only; ignored without): a step surprising enough to
-  be a turning point (>= `turning_surprise`) is one only if its salience is >= 0.5 too;
+  be a turning point (>= `turning_surprise`) is one only if its salience is >=
+  `salience_threshold` too;
   otherwise it is an ordinary candidate for the budget.
   """
 
@@ -571,6 +579,7 @@ class CompressionConfig:
   salience_price: float = 0.05
   salience_rows: int = 4  # rows per trajectory (graded first) in the soft-mask pass
   salient_turning: bool = False
+  salience_threshold: float = 0.5
 
   def __post_init__(self):
     _check(
@@ -582,6 +591,10 @@ class CompressionConfig:
       and self.salience_coef >= 0
       and self.salience_price >= 0,
       "compression: salience sizes must be positive and its coefs >= 0",
+    )
+    _check(
+      0.0 <= self.salience_threshold <= 1.0,
+      f"compression.salience_threshold {self.salience_threshold} is not a probability in [0, 1]",
     )
     _check(
       min(

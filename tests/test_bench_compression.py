@@ -70,12 +70,18 @@ def test_bench_compression_quick(tmp_path, repo_root):
     assert set(f) == {
       "learned_salience_full_bank",
       "learned_salience_last_16",
+      "learned_salience_at_0.25_full_bank",
+      "learned_salience_at_0.1_full_bank",
+      "learned_salience_at_0_full_bank",
       "surprise_full_bank",
       "surprise_last_16",
       "surprise_first_come_last_16",
     }
     for v in f.values():
       assert 0 <= v["facts_kept_frac"] <= 1 and 0 <= v["facts_visible_at_question_frac"] <= 1
+      assert v["int8_with_graveyard_reduction"] > 1
+    at = [f[f"learned_salience_at_{t}_full_bank"] for t in ("0.25", "0.1", "0")]
+    assert [v["salience_threshold"] for v in at] == [0.25, 0.1, 0.0]
     # The trained filter is the first row: the same numbers as the main measurement.
     assert f["learned_salience_full_bank"]["facts_kept_frac"] == s["facts_kept_frac"]
     assert f["surprise_first_come_last_16"]["evicted"] == 0

@@ -75,6 +75,31 @@ def test_salient_steps_are_kept_and_rank_eviction_instead_of_surprise():
   assert int(final.evicted) == 1
 
 
+def test_salience_threshold_decides_which_keep_probabilities_are_candidates():
+  # Keep probability sigmoid(-1) = 0.27 everywhere and no candidate by surprise: not salient at
+  # the default 0.5 (first and last step only), salient at 0.25 (the budget's two as well).
+  cfg = dataclasses.replace(
+    SAL, keep_threshold=50.0, turning_surprise=100.0, budget=2, capacity=4, visible=2
+  )
+  s = 10
+  v = jax.random.normal(jax.random.key(2), (s, 2, 8))
+  zeros, ok = jnp.zeros(s), jnp.ones(s, bool)
+  params = _set_salience(Compressor(cfg, TOK.vocab_size).init(jax.random.key(0)), -1.0)
+
+  def kept(threshold):
+    comp = Compressor(dataclasses.replace(cfg, salience_threshold=threshold), TOK.vocab_size)
+    final, info = comp.scan_trajectory(params, v, zeros, ok & False, ok)
+    assert np.allclose(np.asarray(info["salience"]), 1 / (1 + np.e))
+    return np.asarray(final.bank.step_c)[: int(final.bank.count)].tolist()
+
+  assert kept(0.5) == [0, 9]
+  assert kept(0.25) == [0, 1, 2, 9]
+  assert CompressionConfig().salience_threshold == 0.5
+  for bad in (-0.1, 1.5):
+    with pytest.raises(ConfigError, match="salience_threshold"):
+      CompressionConfig(salience_threshold=bad)
+
+
 def test_salient_turning_keeps_only_salient_surprises_for_good():
   # Every step surprises the LSTM past the turning threshold (threshold 0). Without the gate
   # all ten are turning points; with it an unsalient step competes for the budget (2) and a

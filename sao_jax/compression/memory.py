@@ -185,10 +185,11 @@ class Compressor:
     reward change, last step: never evicted) if it has a higher priority. Eviction removes the
     entry and shifts the later ones down, so the bank stays in step order.
 
-    With a learned salience head (`cfg.salience`), a step whose keep probability is >= 0.5 is
-    a candidate too, and the priority of a non-structural entry (what budget replacement and
-    eviction rank by) is that probability instead of the surprise; with `cfg.salient_turning`
-    also, a surprising step is a turning point only if salient (`temporal.keep_step`).
+    With a learned salience head (`cfg.salience`), a step whose keep probability is >=
+    `cfg.salience_threshold` is a candidate too, and the priority of a non-structural entry
+    (what budget replacement and eviction rank by) is that probability instead of the
+    surprise; with `cfg.salient_turning` also, a surprising step is a turning point only if
+    salient (`temporal.keep_step`).
 
     Returns (stream, info) with info: surprise, salience (keep probability, 0 without a
     head), keep, turning, pred_d (the prediction that was compared against this step), evict
@@ -200,7 +201,7 @@ class Compressor:
     surprise = temporal.relative_surprise(s.pred_d, v_d)
     sal = self.salience_prob(params, v_d)
     learned = self.salience is not None
-    salient = (sal >= 0.5) if learned else jnp.zeros((), bool)
+    salient = (sal >= cfg.salience_threshold) if learned else jnp.zeros((), bool)
     structural = (s.step == 0) | last | boundary | (reward != s.prev_reward)
     keep, is_turning, by_surprise = temporal.keep_step(
       surprise,
