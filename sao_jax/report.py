@@ -964,20 +964,25 @@ def _vs_uncompressed_stats(runs: list[tuple[dict, dict]]) -> dict:
   }
 
 
-def compression_over_seeds(docs: list[dict]) -> tuple[dict, list[str]]:
+def compression_over_seeds(
+  docs: list[dict], control_steps_may_differ: bool = False
+) -> tuple[dict, list[str]]:
   """Per task, over bench_compression runs of one configuration with different seeds: each
   arm's accuracy, and the relative loss (control - compressed) / control with its 95 %
   t-interval (whose upper end bounds the loss), on the short episodes and at 1,000 steps;
   and, pooled over seeds, the short-episode questions compression lost (`lost_pooled`).
 
   Runs whose configuration (config file and name, steps, held-out episodes, overrides) differs from
-  the first, or that repeat a seed, are left out and named in the second return value."""
+  the first, or that repeat a seed, are left out and named in the second return value. With
+  `control_steps_may_differ` the stage-1 control's steps may differ between seeds (a series
+  whose control was trained on, from its snapshot, where it had not learned)."""
   if not docs:
     return {}, []
   key = lambda d: (  # noqa: E731
     str(d.get("config", "")).rsplit("experiments/", 1)[-1],
     d.get("steps"),
-    d.get("control_steps", d.get("steps")),  # a stage-1 control given another budget
+    # a stage-1 control given another budget
+    None if control_steps_may_differ else d.get("control_steps", d.get("steps")),
     d.get("num_test"),
     tuple(d.get("overrides") or ()),
   )
@@ -1633,6 +1638,23 @@ RETENTION8_CTL1600_SEED_FILES = _seed_files(
   seeds=4,
 )
 RETENTION8_LARGER_BUDGET = "retention8, larger control budget"
+# Seeds 2 and 3's controls had not learned at 1,600 steps (19.8 / 20.6 %, a plateau at policy
+# loss ~0.45 from step 800 on), so both were trained on from their 1,600-step snapshots to
+# 3,200 (decided before the result, for both seeds, and reported whatever it showed). The
+# series "control trained until it learns, up to 3,200 steps": seeds 0 and 1 from the 1,600
+# series (their controls learned there), seeds 2 and 3 at 3,200; the compressed arms are the
+# same 800-step ones throughout.
+RETENTION8_CTL3200_STEM = "bench_compression_retention8_ctl3200"
+_CTL3200_CMD = RETENTION8_UNC_CMD + " --steps 800 --control-steps 3200 --params-dir DIR"
+RETENTION8_UP_TO_3200_SEED_FILES = RETENTION8_CTL1600_SEED_FILES[:2] + [
+  (
+    f"{RETENTION8_CTL3200_STEM}_seed{k}.json",
+    f"{_CTL3200_CMD} --seed {k} --long-eval-episodes 48 "
+    f"--out results/{RETENTION8_CTL3200_STEM}_seed{k}.json",
+  )
+  for k in (2, 3)
+]
+RETENTION8_UP_TO_3200 = "retention8, control trained up to 3,200 steps"
 RETENTION_FILES = [
   ("bench_compression.json", "retention", COMPRESSION_CMD),
   (
@@ -1652,7 +1674,11 @@ def _cpu_name(doc: dict) -> str:
 
 
 def stage1_control_rows(
-  task: str, docs: list[dict], seed_docs: list[dict], shown: str = ""
+  task: str,
+  docs: list[dict],
+  seed_docs: list[dict],
+  shown: str = "",
+  control_steps_may_differ: bool = False,
 ) -> tuple[list[Row], list[str], dict]:
   """Rows, differences and data of `task` against the stage-1-only memory, from seed runs that
   add it beside seed runs already measured (`docs`, --uncompressed-control --no-token-control):
@@ -1660,8 +1686,9 @@ def stage1_control_rows(
   by distance, and whether each rerun compressed arm matches the one of its seed in
   `seed_docs` (same seed, data and steps; they differ only if the code in between changed it).
   Rows name the steps of each arm where the runs record them, and the series by `shown`
-  (default: the task) where one task has two (another recipe of the compressed arm)."""
-  over, skipped = compression_over_seeds(docs)
+  (default: the task) where one task has two (another recipe of the compressed arm). With
+  `control_steps_may_differ` the control's steps may differ by seed (the range is named)."""
+  over, skipped = compression_over_seeds(docs, control_steps_may_differ)
   shown = shown or task
   diffs = [f"Left out of the {shown} stage-1-control statistics: {x}" for x in skipped]
   o = over.get(task)
@@ -1670,8 +1697,20 @@ def stage1_control_rows(
   # The training steps of each arm (the statistics keep one configuration): the stage-1
   # control may be given another budget (--control-steps) than the compressed arm's.
   steps = docs[0].get("steps")
-  cs = docs[0].get("control_steps") or steps
-  if steps and cs != steps:
+  kept = [d for d in docs if d.get("seed") in o["seeds"]]
+  css = sorted({d.get("control_steps") or steps for d in kept} - {None})
+  cs = css[0] if css else steps
+  if steps and len(css) > 1:
+    label = f"{shown} (compressed {steps} steps, stage-1 control {css[0]}-{css[-1]})"
+    by_seed = ", ".join(
+      f"seed {d.get('seed')} {d.get('control_steps') or steps}"
+      for d in sorted(kept, key=lambda d: d.get("seed"))
+    )
+    budget = (
+      f"same policy; the control given {css[0] / steps:.1f}-{css[-1] / steps:.1f}x the "
+      f"compressed arm's steps ({by_seed})"
+    )
+  elif steps and cs != steps:
     label = f"{shown} (compressed {steps} steps, stage-1 control {cs})"
     budget = f"same policy; the control given {cs / steps:.1f}x the compressed arm's steps"
   else:
@@ -1788,18 +1827,21 @@ def stage1_series(
   data,
   shown: str = "",
   key: str = "",
+  control_steps_may_differ: bool = False,
 ) -> list[str]:
   """Adds to a claim the seed runs of `task` against the stage-1-only control (`files`:
   (name, command) per seed): each is named once it exists (a result file is never cited
   before it is committed) and the seeds not yet run are said in a difference, so the claim
   does not read as missing without them. Returns the commands of the runs that exist.
   `shown` names the series in rows (default: the task), `key` its entry in `data` (default
-  `<task>_stage1_control`)."""
+  `<task>_stage1_control`); `control_steps_may_differ` as in `stage1_control_rows`. A file
+  another series of the claim already named (a seed two series share) is named once."""
   unc = [(n, c, load(n, root)) for n, c in files]
   present = [(n, c, d) for n, c, d in unc if d is not None]
   if not present:
     return []
-  sources += [source(n, d) for n, _, d in present]
+  named = {x.path for x in sources}
+  sources += [source(n, d) for n, _, d in present if n not in named]
   absent = [f"seed {k}" for k, (_, _, d) in enumerate(unc) if d is None]
   docs = [d for _, _, d in present]
   if absent:
@@ -1808,11 +1850,13 @@ def stage1_series(
       f"measured; not yet {', '.join(absent)} "
       "(the seed-0 command with --seed K and an --out of its own)."
     )
-  u_rows, u_diffs, u_over = stage1_control_rows(task, docs, seed_docs, shown)
+  u_rows, u_diffs, u_over = stage1_control_rows(
+    task, docs, seed_docs, shown, control_steps_may_differ
+  )
   rows += u_rows
   diffs += u_diffs
   data[key or f"{task}_stage1_control"] = u_over
-  return [c for _, c, _ in present]
+  return [c for n, c, _ in present if n not in named]
 
 
 def probe_series(
@@ -1982,6 +2026,21 @@ def claim_retention(root=None) -> Claim:
     data,
     shown=RETENTION8_LARGER_BUDGET,
     key="retention8_stage1_control_larger_budget",
+  )
+  # (only once a seed trained on to 3,200 exists: before, its rows are the 1,600 series')
+  up_to = [n for n, _ in RETENTION8_UP_TO_3200_SEED_FILES if "ctl3200" in n]
+  unc_cmds += stage1_series(
+    "retention8",
+    RETENTION8_UP_TO_3200_SEED_FILES if any(load(n, root) for n in up_to) else [],
+    gated_docs,
+    root,
+    sources,
+    rows,
+    diffs,
+    data,
+    shown=RETENTION8_UP_TO_3200,
+    key="retention8_stage1_control_up_to_3200",
+    control_steps_may_differ=True,
   )
   unc_cmds += stage1_series(
     "retention8",

@@ -1229,6 +1229,41 @@ def test_retention8_larger_control_budget_series(tiny_results):
   )
 
 
+def test_retention8_control_up_to_3200_series(tiny_results):
+  """The series whose control was trained on to 3,200 steps where it had not learned at 1,600:
+  the seeds at each budget pool into one set of statistics (not left out for their other
+  control budget), the rows name the range and each seed's budget, and a file the 1,600
+  series already names is named and commanded once. Absent until a 3,200-step seed exists."""
+  for k in ("", "_seed1"):
+    doc = json.loads((tiny_results / f"bench_compression_retention8_unc_800{k}.json").read_text())
+    doc["steps"], doc["control_steps"] = 800, 1600
+    (tiny_results / f"bench_compression_retention8_ctl1600{k}.json").write_text(json.dumps(doc))
+  label = "retention8, control trained up to 3,200 steps"
+  d = report.claim_retention(tiny_results)
+  assert not any(r.metric.startswith(label) for r in d.rows)
+  assert "retention8_stage1_control_up_to_3200" not in d.data
+  doc["seed"], doc["control_steps"] = 2, 3200
+  (tiny_results / "bench_compression_retention8_ctl3200_seed2.json").write_text(json.dumps(doc))
+  d = report.claim_retention(tiny_results)
+  full = f"{label} (compressed 800 steps, stage-1 control 1600-3200)"
+  acc = _row(d, f"{full}: accuracy uncompressed memory", "(short episodes)")
+  assert acc.note.startswith(
+    "same policy; the control given 2.0-4.0x the compressed arm's steps "
+    "(seed 0 1600, seed 1 1600, seed 2 3200)"
+  )
+  assert d.data["retention8_stage1_control_up_to_3200"]["retention8"]["seeds"] == [0, 1, 2]
+  assert not any("Left out of the " + label in x for x in d.differences)
+  paths = [x.path for x in d.sources]
+  assert len(paths) == len(set(paths))
+  assert paths.count("bench_compression_retention8_ctl3200_seed2.json") == 1
+  cmds = d.commands
+  assert len([c for c in cmds if "ctl1600_seed1.json" in c]) == 1
+  assert any(
+    "--control-steps 3200 --params-dir DIR --seed 2 --long-eval-episodes 48" in c for c in cmds
+  )
+  assert any(f"{label} against the stage-1-only memory: 3 of 4 seeds" in x for x in d.differences)
+
+
 def test_pooled_lost_note_counts_only_the_paired_controls():
   """The lost questions pool over the seeds whose control kept its answers per question; the
   note on that row counts the unlearned controls among those seeds, not among all."""
