@@ -2015,44 +2015,32 @@ def claim_retention(root=None) -> Claim:
   )
   # Its compressed arms retrained by the same command and seeds: the rerun rows pair them.
   gated_docs = [d for d in (load(n, root) for n, _ in RETENTION8_GATED_SEED_FILES) if d]
-  unc_cmds = gated + stage1_series(
-    "retention8",
+
+  def series(files, pair_with, shown, key, **kw) -> list[str]:
+    return stage1_series(
+      "retention8", files, pair_with, root, sources, rows, diffs, data, shown, key, **kw
+    )
+
+  unc_cmds = gated + series(
     RETENTION8_CTL1600_SEED_FILES,
     gated_docs,
-    root,
-    sources,
-    rows,
-    diffs,
-    data,
-    shown=RETENTION8_LARGER_BUDGET,
-    key="retention8_stage1_control_larger_budget",
+    RETENTION8_LARGER_BUDGET,
+    "retention8_stage1_control_larger_budget",
   )
   # (only once a seed trained on to 3,200 exists: before, its rows are the 1,600 series')
   up_to = [n for n, _ in RETENTION8_UP_TO_3200_SEED_FILES if "ctl3200" in n]
-  unc_cmds += stage1_series(
-    "retention8",
+  unc_cmds += series(
     RETENTION8_UP_TO_3200_SEED_FILES if any(load(n, root) for n in up_to) else [],
     gated_docs,
-    root,
-    sources,
-    rows,
-    diffs,
-    data,
-    shown=RETENTION8_UP_TO_3200,
-    key="retention8_stage1_control_up_to_3200",
+    RETENTION8_UP_TO_3200,
+    "retention8_stage1_control_up_to_3200",
     control_steps_may_differ=True,
   )
-  unc_cmds += stage1_series(
-    "retention8",
+  unc_cmds += series(
     RETENTION8_UNC_SEED_FILES,
     seed_docs,
-    root,
-    sources,
-    rows,
-    diffs,
-    data,
-    shown=RETENTION8_BEFORE_GATE,
-    key="retention8_stage1_control_before_salient_turning",
+    RETENTION8_BEFORE_GATE,
+    "retention8_stage1_control_before_salient_turning",
   )
   unc_cmds += probe_series(
     "retention8",
