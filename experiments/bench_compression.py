@@ -51,6 +51,11 @@ also keeps what the stopped run's JSON (--out) already measured, once its settin
 checked to match: a task's short episodes, its bytes and filters, each arm's 1,000-step
 accuracy (saved after each arm, with its per-question answers for the paired comparison)
 and its peak memory; `resumed_from` records the run it continued.
+With --eval-set KEY=VALUE (compression fields only, none that changes the parameters' shapes)
+the compressed arm is trained as --set says and measured (short and 1,000-step accuracy, bytes,
+filters, peak memory) with the override: e.g. the trained filter at another keep-probability
+threshold. With --resume a file measured under other --eval-set values keeps its controls (they
+do not read the override) and the compressed arm is measured again, paired with their answers.
 
 Run (default, ~30 min on a shared 2-core CPU; writes results/bench_compression.json):
   python experiments/bench_compression.py
@@ -159,6 +164,17 @@ def _parser():
     default=[],
     metavar="KEY=VALUE",
     help="config override, as for sao-jax train (e.g. sft.optim.lr=3e-4); recorded in the JSON",
+  )
+  p.add_argument(
+    "--eval-set",
+    action="append",
+    default=[],
+    metavar="KEY=VALUE",
+    help="compression override for measuring the compressed arm only, not for training it "
+    "(e.g. compression.salience_threshold=0.1: the trained filter at a threshold chosen after "
+    "training); recorded in the JSON and on the arm. With --params-dir and --resume, a file "
+    "measured under other --eval-set values keeps its controls and measures the compressed "
+    "arm again",
   )
   p.add_argument(
     "--peak-memory-only",
@@ -453,9 +469,9 @@ def _paired(control: np.ndarray, other: np.ndarray) -> dict:
   }
 
 
-# Keep-probability thresholds the learned filter is also measured at (besides the trained
+# Keep-probability thresholds the learned filter is also measured at (besides the measured
 # configuration's `compression.salience_threshold`): facts kept and bytes, same parameters.
-SALIENCE_THRESHOLDS = (0.25, 0.1, 0.0)
+SALIENCE_THRESHOLDS = (0.5, 0.25, 0.1, 0.0)
 
 
 def filter_ablations(cfg: Config, params, tasks, *, window: int = 16) -> dict:
@@ -763,6 +779,7 @@ def short_episodes(
   log,
   done=None,
   prov=None,
+  eval_overrides=(),
 ):
   """Part 2 on the held-out short episodes: each arm's greedy accuracy with its training
   record (`trained`: name -> (seconds, last metrics, origin)), the compressed arm with float
@@ -771,7 +788,9 @@ def short_episodes(
   Each arm records its per-question rewards (`correct`, in question order), so `done` (this
   dict from an earlier run with the same settings) keeps the arms it measured: those not run
   here (`--arms`: one arm per run, merged into one file), and those run here whose training
-  record is the restored snapshot's; the paired comparisons are made from the kept answers."""
+  record is the restored snapshot's (the compressed arm's also measured under the same
+  `eval_overrides`, the --eval-set it records); the paired comparisons are made from the kept
+  answers."""
   done = done or {}
   kept_arms = done.get("arms", {})
   n_questions = sum(len(question_facts(t)) for t in test)
@@ -783,12 +802,16 @@ def short_episodes(
     if name not in arms:  # not run here: kept as measured (paired only if it has answers)
       stats[name] = a
     elif answers and a.get("train_seconds") == trained[name][0]:
-      stats[name] = a
+      if name != "compressed" or a.get("eval_overrides", []) == list(eval_overrides):
+        stats[name] = a
     if name in stats and answers:
       rewards[name] = np.asarray(a["correct"], dtype=np.float64)
   other = [n for n in arms if n in kept_arms and n not in stats]
   if other:
-    log(f"  the kept file holds other parameters for {', '.join(other)}: measuring again")
+    log(
+      f"  the kept file holds other parameters (or another --eval-set) for {', '.join(other)}: "
+      "measuring again"
+    )
   mem_trajs = None
   for name, (acfg, progs, pol, params, memory) in arms.items():
     if name in stats:
@@ -802,6 +825,7 @@ def short_episodes(
     if memory:
       a["kept_steps_mean"] = float(np.mean([t.bank["entries"] for t in trajs]))
     if name == "compressed":
+      a["eval_overrides"] = list(eval_overrides)
       # Episodes whose learner replay needs the graveyard (memory.py).
       a["episodes_with_evictions"] = int(sum(t.bank["evicted"] > 0 for t in trajs))
       mem_trajs = trajs
@@ -921,12 +945,46 @@ def _resumable(out: pathlib.Path, result: dict, parser) -> dict:
     )
   result["resumed_from"] = {
     "commit": (prev.get("provenance") or {}).get("commit"),
+    "eval_overrides": prev.get("eval_overrides", []),
     "done": prev.get("done"),
     "seconds": prev.get("seconds"),
     "arms_run": prev.get("arms_run"),
     "resumed_from": prev.get("resumed_from"),  # the run before that, if it resumed one
   }
   return prev.get("tasks") or {}
+
+
+def eval_config(cfg_path: str, overrides, eval_overrides, parser) -> Config:
+  """The compressed arm's evaluation config: `overrides` (--set) then `eval_overrides`
+  (--eval-set), which may only set compression fields (what the sampler's filter and bank do;
+  the training is --set's)."""
+  bad = [o for o in eval_overrides if not o.split("=", 1)[0].strip().startswith("compression.")]
+  if bad:
+    parser.error(
+      f"--eval-set {bad[0]!r}: only compression.* fields are evaluation settings (the arm is "
+      "trained as --set says)"
+    )
+  try:
+    return load_config(cfg_path, overrides=[*overrides, *eval_overrides])
+  except ConfigError as e:
+    parser.error(f"--eval-set: {e}")
+
+
+def same_shapes(progs, eval_progs, eval_overrides, parser) -> None:
+  """Refuses an --eval-set under which the trained parameters would not fit the policy."""
+
+  def shapes(p):
+    return jax.tree.map(lambda x: (x.shape, x.dtype), jax.eval_shape(p.init, jax.random.key(0)))
+
+  try:
+    same = shapes(progs).params == shapes(eval_progs).params
+  except (TypeError, ValueError):  # other tree structure
+    same = False
+  if not same:
+    parser.error(
+      f"--eval-set {' '.join(eval_overrides)} changes the policy's parameters (their shapes): "
+      "it is a training setting, pass it with --set"
+    )
 
 
 def _portable(cfg_path: str) -> str:
@@ -1070,6 +1128,7 @@ def main(argv=None) -> dict:
     cfg = load_config(cfg_path, overrides=args.set)
   except ConfigError as e:
     _parser().error(str(e))
+  ecfg = eval_config(cfg_path, args.set, args.eval_set, _parser())
   mod = _config_module(args.config)
   variant = cfg_path.rsplit(":", 1)[1]
   names = (
@@ -1117,6 +1176,7 @@ def main(argv=None) -> dict:
     "provenance": provenance(),
     "config": cfg_path,
     "overrides": list(args.set),
+    "eval_overrides": list(args.eval_set),
     "quick": args.quick,
     "steps": steps,
     "control_steps": control_steps,
@@ -1127,6 +1187,9 @@ def main(argv=None) -> dict:
     "tasks": {},
   }
   kept_tasks = _resumable(out, result, _parser()) if args.resume else {}
+  # Parts measured with the compressed arm's evaluation config (peak memory) are kept only
+  # when the stopped run evaluated under the same --eval-set.
+  same_eval = (result.get("resumed_from") or {}).get("eval_overrides", []) == args.eval_set
   for name, spec in specs.items():
     log(f"== {name}: {spec}")
     train = make_split(mod.TRAIN_TASKS[variant][name], "train", 4000, 0, num_test=num_test)
@@ -1142,6 +1205,9 @@ def main(argv=None) -> dict:
       save(f"{name}: peak memory")
       continue
     mem_progs = L.build(cfg, True, mode="sft")
+    eval_progs = mem_progs if ecfg == cfg else L.build(ecfg, True, mode="sft")
+    if ecfg != cfg:
+      same_shapes(mem_progs[0], eval_progs[0], args.eval_set, _parser())
     train_kw = dict(steps=steps, length=length, seed=args.seed, log=log)
     # What determines an arm's trained parameters (checked before --params-dir reuses them).
     key = dict(
@@ -1170,7 +1236,11 @@ def main(argv=None) -> dict:
         prov=result["provenance"],
         **train_kw,
       )
-      arms[arm_name], trained[arm_name] = (cfg, progs, pol, params, memory), record
+      if memory:  # trained under cfg, measured under --eval-set
+        cfg_m, progs, pol = ecfg, *eval_progs
+      else:
+        cfg_m = cfg
+      arms[arm_name], trained[arm_name] = (cfg_m, progs, pol, params, memory), record
     if "uncompressed_memory" in run_arms:
       ucfg = uncompressed_cfg(cfg, max(spec.n_steps, mod.TRAIN_TASKS[variant][name].n_steps))
       uprogs, upol = L.build(ucfg, True, mode="sft")
@@ -1199,12 +1269,15 @@ def main(argv=None) -> dict:
       log,
       done=kept,
       prov=result["provenance"],
+      eval_overrides=args.eval_set,
     )
     # What was measured with the compressed arm's parameters (bytes, filters) or none (peak
     # memory) stays with the file when this run did not measure it again; what it holds of an
     # arm measured again here (trained anew, or other parameters) on the long episodes is stale.
     redone = {a for a in arms if task["arms"].get(a) is not kept.get("arms", {}).get(a)}
     task.update({k: kept[k] for k in ("long_spec", "peak_memory") if k in kept})
+    if not same_eval:
+      task.pop("peak_memory", None)
     if "bytes_per_stage" in kept:
       stages = dict(kept["bytes_per_stage"])
       if "long_accuracy" in stages:
@@ -1235,7 +1308,7 @@ def main(argv=None) -> dict:
       )
     else:
       kept_long = stages.get("long_accuracy")  # other arms' (a run with --arms), if any
-      stages = bytes_per_stage(cfg, mem_progs[0], mem_progs[1], mem_params, long_tasks)
+      stages = bytes_per_stage(ecfg, eval_progs[0], eval_progs[1], mem_params, long_tasks)
       if kept_long:
         stages["long_accuracy"] = kept_long
       log(
@@ -1248,7 +1321,7 @@ def main(argv=None) -> dict:
         f"dropped (bank full) {stages['dropped_bank_full']}"
       )
       # Ablations with the same trained parameters: each filter, whole bank vs a window.
-      stages["filters"] = filter_ablations(cfg, mem_params, long_tasks)
+      stages["filters"] = filter_ablations(ecfg, mem_params, long_tasks)
       for k, v in stages["filters"].items():
         log(
           f"  {k}: facts kept {v['facts_kept_frac']:.3f}, visible at their question "
@@ -1287,7 +1360,7 @@ def main(argv=None) -> dict:
       )
     if "peak_memory" not in task:
       task["peak_memory"] = peak_memories(
-        cfg, test, long_tasks, length, args.uncompressed_control, log
+        ecfg, test, long_tasks, length, args.uncompressed_control, log
       )
     if not (args.no_attention_cost or args.quick) and "attention_cost" not in result:
       result["attention_cost"] = attention_cost(cfg, train, test, length=length)
@@ -1308,6 +1381,8 @@ def main(argv=None) -> dict:
 
 
 def _table(r: dict):
+  if r.get("eval_overrides"):
+    print(f"\nthe compressed arm measured with {' '.join(r['eval_overrides'])} (trained without)")
   print("\n| task | stage | bytes / trajectory | reduction |")
   print("|---|---|---:|---:|")
   for name, t in r["tasks"].items():

@@ -985,6 +985,7 @@ def compression_over_seeds(
     None if control_steps_may_differ else d.get("control_steps", d.get("steps")),
     d.get("num_test"),
     tuple(d.get("overrides") or ()),
+    tuple(d.get("eval_overrides") or ()),
   )
   kept, skipped, seeds = [], [], set()
   for d in docs:
@@ -1655,6 +1656,29 @@ RETENTION8_UP_TO_3200_SEED_FILES = RETENTION8_CTL1600_SEED_FILES[:2] + [
   for k in (2, 3)
 ]
 RETENTION8_UP_TO_3200 = "retention8, control trained up to 3,200 steps"
+# The same trained arms as that series, the compressed arm measured with its learned filter's
+# keep-probability threshold at 0.1 instead of the 0.5 it trained under: chosen after
+# training, on 1,000-step episodes of the training split, never the test episodes
+# (experiments/salience_threshold.py: the largest threshold of 0.5, 0.25, 0.1, 0 keeping every
+# fact in all four seeds; results/salience_threshold_retention8.json). Each file starts as a
+# copy of the series' file of its seed, whose controls' answers --resume keeps (they do not
+# read the threshold); the compressed arm is measured again with --eval-set.
+RETENTION8_THRESHOLD_CMD = (
+  "python experiments/salience_threshold.py --task retention8 --steps 800 "
+  "--params-dir DIR0,DIR1,DIR2,DIR3 --out results/salience_threshold_retention8.json"
+)
+RETENTION8_SALIENCE_STEM = "bench_compression_retention8_salience0.1"
+RETENTION8_SALIENCE_SEED_FILES = [
+  (
+    f"{RETENTION8_SALIENCE_STEM}_seed{k}.json",
+    f"cp results/{name} results/{RETENTION8_SALIENCE_STEM}_seed{k}.json && "
+    + cmd.rsplit(" --out ", 1)[0]
+    + f" --eval-set compression.salience_threshold=0.1 --resume "
+    f"--out results/{RETENTION8_SALIENCE_STEM}_seed{k}.json",
+  )
+  for k, (name, cmd) in enumerate(RETENTION8_UP_TO_3200_SEED_FILES)
+]
+RETENTION8_SALIENCE = "retention8, filter threshold 0.1 chosen on training episodes"
 RETENTION_FILES = [
   ("bench_compression.json", "retention", COMPRESSION_CMD),
   (
@@ -1949,6 +1973,33 @@ def probe_control_rows(task: str, docs: list[dict], shown: str = "") -> tuple[li
   return rows, diffs
 
 
+def salience_threshold_rows(task: str, doc: dict) -> list[Row]:
+  """Rows of experiments/salience_threshold.py: per threshold, the facts the trained filters
+  kept on training-split episodes (range over seeds) and the reduction, and the choice."""
+  by_t: dict[float, list[dict]] = {}
+  for r in doc.get("rows", []):
+    by_t.setdefault(r["salience_threshold"], []).append(r)
+  rows = []
+  for t, rs in sorted(by_t.items(), reverse=True):
+    kept = [r["facts_kept_frac"] for r in rs]
+    red = [r["int8_with_graveyard_reduction"] for r in rs]
+    rows.append(
+      Row(
+        f"{task}: learned filter at keep threshold {t:g}, {doc.get('steps')}-step parameters, "
+        f"{doc.get('episodes')} training-split {doc['long_spec']['n_steps']}-step episodes: "
+        "facts kept (with the exact-replay graveyard, reduction)",
+        "-",
+        f"{100 * min(kept):.1f}-{100 * max(kept):.1f} % ({min(red):.0f}-{max(red):.0f}x)",
+        f"range over {n_seeds(len(rs))}"
+        + (f"; chosen ({doc.get('rule')})" if t == doc.get("chosen") else "")
+        + (
+          f"; trained at {rs[0]['trained_threshold']:g}" if t == rs[0]["trained_threshold"] else ""
+        ),
+      )
+    )
+  return rows
+
+
 def claim_retention(root=None) -> Claim:
   """(d) Held-out recall of facts asked about 32+ turns after they were given."""
   rows, diffs, missing, sources, data = [], [], [], [], {}
@@ -2036,6 +2087,18 @@ def claim_retention(root=None) -> Claim:
     "retention8_stage1_control_up_to_3200",
     control_steps_may_differ=True,
   )
+  unc_cmds += series(
+    RETENTION8_SALIENCE_SEED_FILES,
+    [],
+    RETENTION8_SALIENCE,
+    "retention8_stage1_control_salience_threshold",
+    control_steps_may_differ=True,
+  )
+  thr = load("salience_threshold_retention8.json", root)
+  if thr is not None:  # the choice: facts kept on training episodes by seed and threshold
+    sources.append(source("salience_threshold_retention8.json", thr))
+    unc_cmds.append(RETENTION8_THRESHOLD_CMD)
+    rows += salience_threshold_rows("retention8", thr)
   unc_cmds += series(
     RETENTION8_UNC_SEED_FILES,
     seed_docs,

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import chex
+import numpy as np
 import pytest
 from conftest import subprocess_env
 
@@ -224,6 +225,50 @@ def test_bench_compression_quick(tmp_path, repo_root):
   u1 = t1["arms"]["uncompressed_memory"]["measured_at"]
   assert t2["arms"]["uncompressed_memory"]["measured_at"] == u1
   assert t2["arms"]["full_context"]["measured_at"]["time"] >= s2["provenance"]["time"]
+  # --eval-set: the same trained arms, the compressed one measured under another compression
+  # setting (here the trained filter at keep-probability threshold 0). Its controls do not
+  # read it, so with --resume they are kept as measured and the compressed arm is measured
+  # again and paired with their kept answers; its bank at threshold 0 is the one the earlier
+  # run's filter ablation measured at 0, and the ablations now hold the trained 0.5.
+  s3, out3 = _bench(
+    tmp_path,
+    repo_root,
+    *flags,
+    "--resume",
+    "--eval-set",
+    "compression.salience_threshold=0",
+    out_name="split.json",
+  )
+  assert "measured with compression.salience_threshold=0 (trained without)" in out3
+  assert s3["complete"] and s3["eval_overrides"] == ["compression.salience_threshold=0"]
+  assert s3["resumed_from"]["eval_overrides"] == []
+  t3 = s3["tasks"]["retention"]
+  assert t3["arms"]["compressed"]["eval_overrides"] == s3["eval_overrides"]
+  assert t3["arms"]["compressed"]["measured_at"]["commit"] == s3["provenance"]["commit"]
+  for arm in ("uncompressed_memory", "full_context"):
+    assert t3["arms"][arm] == t2["arms"][arm], arm  # kept, measured_at included
+  b3, b2 = t3["bytes_per_stage"], t2["bytes_per_stage"]
+  assert (
+    b3["facts_kept_frac"] == b2["filters"]["learned_salience_at_0_full_bank"]["facts_kept_frac"]
+  )
+  assert (
+    b3["filters"]["learned_salience_at_0.5_full_bank"]["facts_kept_frac"] == b2["facts_kept_frac"]
+  )
+  assert "learned_salience_at_0_full_bank" not in b3["filters"]
+  la3 = b3["long_accuracy"]
+  assert la3["uncompressed_memory"] == la2["uncompressed_memory"]
+  c3, u3 = (np.asarray(la3[k]["correct"]) for k in ("compressed", "uncompressed_memory"))
+  assert la3["vs_uncompressed"]["control_right_other_wrong"] == int(np.sum(u3 > c3))
+  assert t3["vs_uncompressed"]["control_right_other_wrong"] == int(
+    np.sum(
+      np.asarray(t3["arms"]["uncompressed_memory"]["correct"])
+      > np.asarray(t3["arms"]["compressed"]["correct"])
+    )
+  )
+  assert t3["peak_memory"]["long_episodes"]["sao_compressed"]["peak"] > 0  # measured again
+  # A training setting, or one that would not fit the trained parameters, is refused.
+  proc = _refused(repo_root, "--eval-set", "sft.optim.lr=1", "--out", str(tmp_path / "x.json"))
+  assert "only compression.* fields" in proc.stderr
   # An arm these flags do not ask for is refused.
   proc = _refused(repo_root, "--arms", "uncompressed_memory", "--out", str(tmp_path / "x.json"))
   assert "choose from compressed,full_context" in proc.stderr
@@ -248,7 +293,7 @@ def test_bench_compression_no_token_control(tmp_path, repo_root):
   other["tasks"]["retention"]["arms"]["compressed"]["train_seconds"] += 1.0
   out.write_text(json.dumps(other))
   r2, stdout2 = _bench(tmp_path, repo_root, *flags, "--resume")
-  assert "holds other parameters for compressed: measuring again" in stdout2
+  assert "holds other parameters (or another --eval-set) for compressed: measuring again" in stdout2
   a, a2 = t["arms"]["compressed"], r2["tasks"]["retention"]["arms"]["compressed"]
   assert a2["params"]["restored_from"] == str(params_dir / "retention" / "compressed")
   assert a2["params"]["trained_on_cpu"] == r["provenance"]["machine"]["cpu"]
@@ -443,7 +488,8 @@ def test_table_prints_a_control_only_run(repo_root, capsys):
 def test_bank_occupancy_reads_saved_parameters_under_both_filters(tmp_path, repo_root):
   """experiments/bank_occupancy.py on a snapshot bench_compression saved: per filter setting,
   every question counted once by the bank entries when asked, and the final banks' kinds
-  adding up to their entries."""
+  adding up to their entries. experiments/salience_threshold.py on the same snapshot: each
+  threshold's bank from the snapshot's own configuration, and the rule's choice."""
   sys.path.insert(0, str(repo_root / "experiments"))
   import bank_occupancy
   import bench_compression as B
@@ -474,3 +520,26 @@ def test_bank_occupancy_reads_saved_parameters_under_both_filters(tmp_path, repo
     assert run["accuracy"] == pytest.approx(1 - run["wrong"] / 16)
     assert 0 < run["entries_mean"] <= cfg.compression.capacity
     assert sum(run["final_bank_per_episode"].values()) == pytest.approx(run["entries_mean"])
+  # salience_threshold.py: the same snapshot at the trained threshold and at 0 (every step a
+  # candidate, ranked): the bank at 0 holds at least as many entries; the choice is the largest
+  # threshold meeting --min-kept in every seed, none when none does.
+  import salience_threshold
+
+  argv = ["--config", config, "--task", "retention", "--params-dir", str(tmp_path)]
+  argv += ["--steps", "2", "--episodes", "8", "--long-steps", "60", "--thresholds", "0.5,0"]
+  out = tmp_path / "thr.json"
+  r = salience_threshold.main(argv + ["--min-kept", "0", "--out", str(out)])
+  assert json.loads(out.read_text())["rows"] == r["rows"]
+  at5, at0 = r["rows"]
+  assert (at5["seed"], at5["step"], at5["trained_threshold"]) == (3, 2, 0.5)
+  assert (at5["salience_threshold"], at0["salience_threshold"]) == (0.5, 0.0)
+  assert at0["kept_steps_mean"] >= at5["kept_steps_mean"] > 0
+  assert r["chosen"] == 0.5 and r["split"] == "train"
+  assert salience_threshold.choose(r["rows"], 1.01) is None
+  rows = [
+    {"salience_threshold": 0.5, "facts_kept_frac": 1.0},
+    {"salience_threshold": 0.5, "facts_kept_frac": 0.9},  # another seed
+    {"salience_threshold": 0.1, "facts_kept_frac": 1.0},
+    {"salience_threshold": 0.1, "facts_kept_frac": 1.0},
+  ]
+  assert salience_threshold.choose(rows, 1.0) == 0.1 and salience_threshold.choose(rows, 0.9) == 0.5

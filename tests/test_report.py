@@ -1292,3 +1292,60 @@ def test_pooled_lost_note_counts_only_the_paired_controls():
   assert st["lost_pooled_learned_vs_uncompressed"]["lost"] == 1
   assert "1 seed whose control learned" in rows[-1].metric
   assert rows[-1].ours == "1 / 100 (95 % upper bound 4.66%)"
+
+
+def test_retention8_salience_threshold_series(tiny_results):
+  """The compressed arms measured with the filter threshold chosen after training: a series of
+  its own (named once its files exist, its commands the copy then --eval-set --resume), and
+  the choice's rows from experiments/salience_threshold.py, the chosen threshold marked."""
+  label = "retention8, filter threshold 0.1 chosen on training episodes"
+  d = report.claim_retention(tiny_results)
+  assert not any(r.metric.startswith(label) for r in d.rows)
+  for k, cs in ((0, 1600), (1, 1600), (2, 3200)):
+    doc = json.loads(
+      (
+        tiny_results / f"bench_compression_retention8_unc_800{'_seed1' if k else ''}.json"
+      ).read_text()
+    )
+    doc.update(seed=k, steps=800, control_steps=cs)
+    doc["eval_overrides"] = ["compression.salience_threshold=0.1"]
+    name = f"bench_compression_retention8_salience0.1_seed{k}.json"
+    (tiny_results / name).write_text(json.dumps(doc))
+  rows = [
+    {
+      "salience_threshold": t,
+      "facts_kept_frac": f,
+      "int8_with_graveyard_reduction": x,
+      "trained_threshold": 0.5,
+      "seed": s,
+    }
+    for s in (0, 1)
+    for t, f, x in ((0.5, 0.98 + 0.02 * s, 700.0), (0.1, 1.0, 650.0 + s))
+  ]
+  thr = {
+    "rows": rows,
+    "chosen": 0.1,
+    "rule": "the largest ...",
+    "steps": 800,
+    "episodes": 32,
+    "long_spec": {"n_steps": 1000},
+  }
+  (tiny_results / "salience_threshold_retention8.json").write_text(json.dumps(thr))
+  d = report.claim_retention(tiny_results)
+  full = f"{label} (compressed 800 steps, stage-1 control 1600-3200)"
+  _row(d, f"{full}: accuracy uncompressed memory", "(short episodes)")
+  assert d.data["retention8_stage1_control_salience_threshold"]["retention8"]["seeds"] == [0, 1, 2]
+  cmds = d.commands
+  assert any(
+    c.startswith("cp results/bench_compression_retention8_ctl3200_seed2.json results/")
+    and "--seed 2 --long-eval-episodes 48 --eval-set compression.salience_threshold=0.1 --resume"
+    " --out results/bench_compression_retention8_salience0.1_seed2.json"
+    in c
+    for c in cmds
+  )
+  assert any(c.startswith("python experiments/salience_threshold.py") for c in cmds)
+  at = [r for r in d.rows if "learned filter at keep threshold" in r.metric]
+  assert [r.metric.split("threshold ")[1].split(",")[0] for r in at] == ["0.5", "0.1"]
+  assert at[0].ours == "98.0-100.0 % (700-700x)" and "trained at 0.5" in at[0].note
+  assert at[1].ours == "100.0-100.0 % (650-651x)" and "chosen" in at[1].note
+  assert "salience_threshold_retention8.json" in [x.path for x in d.sources]
