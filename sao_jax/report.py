@@ -1991,7 +1991,11 @@ def salience_threshold_rows(task: str, doc: dict) -> list[Row]:
         "-",
         f"{100 * min(kept):.1f}-{100 * max(kept):.1f} % ({min(red):.0f}-{max(red):.0f}x)",
         f"range over {n_seeds(len(rs))}"
-        + (f"; chosen ({doc.get('rule')})" if t == doc.get("chosen") else "")
+        + (
+          f"; chosen ({doc.get('rule')}, min_kept {doc.get('min_kept')})"
+          if t == doc.get("chosen")
+          else ""
+        )
         + (
           f"; trained at {rs[0]['trained_threshold']:g}" if t == rs[0]["trained_threshold"] else ""
         ),
@@ -2079,7 +2083,7 @@ def claim_retention(root=None) -> Claim:
     "retention8_stage1_control_larger_budget",
   )
   # (only once a seed trained on to 3,200 exists: before, its rows are the 1,600 series')
-  up_to = [n for n, _ in RETENTION8_UP_TO_3200_SEED_FILES if "ctl3200" in n]
+  up_to = [n for n, _ in RETENTION8_UP_TO_3200_SEED_FILES if RETENTION8_CTL3200_STEM in n]
   unc_cmds += series(
     RETENTION8_UP_TO_3200_SEED_FILES if any(load(n, root) for n in up_to) else [],
     gated_docs,
