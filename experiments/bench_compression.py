@@ -102,6 +102,7 @@ from sao_jax.packing import right_pad  # noqa: E402
 from sao_jax.provenance import cpu, provenance, write_result  # noqa: E402
 from sao_jax.report import LONG_ARM_NAMES  # noqa: E402
 from sao_jax.runners.compiled import compile_programs  # noqa: E402
+from sao_jax.startup import enable_compile_cache  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -187,6 +188,13 @@ def _parser():
     default="",
     help="save each arm's trained parameters here; a rerun with the same settings restores "
     "them instead of training (resumes a stopped run)",
+  )
+  p.add_argument(
+    "--compile-cache",
+    default="off",
+    help="JAX's persistent compilation cache (sao_jax.startup: user, a directory, or off): "
+    "runs of the same programs load them instead of compiling; training seconds then exclude "
+    "what the cache saved (recorded in the JSON)",
   )
   p.add_argument("--out", default=str(ROOT / "results/bench_compression.json"))
   p.add_argument(
@@ -1129,6 +1137,7 @@ def main(argv=None) -> dict:
   except ConfigError as e:
     _parser().error(str(e))
   ecfg = eval_config(cfg_path, args.set, args.eval_set, _parser())
+  cache = enable_compile_cache(args.compile_cache)
   mod = _config_module(args.config)
   variant = cfg_path.rsplit(":", 1)[1]
   names = (
@@ -1184,6 +1193,7 @@ def main(argv=None) -> dict:
     "seed": args.seed,
     "machine": {"platform": platform.platform(), "devices": str(jax.devices())},
     "arms_run": run_arms,
+    "compile_cache": cache,
     "tasks": {},
   }
   kept_tasks = _resumable(out, result, _parser()) if args.resume else {}

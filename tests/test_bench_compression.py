@@ -18,7 +18,9 @@ def _run(repo_root, *flags, expect: int) -> subprocess.CompletedProcess:
   """Runs bench_compression.py --quick with `flags`; checks its exit status is `expect`."""
   script = repo_root / "experiments" / "bench_compression.py"
   proc = subprocess.run(
-    [sys.executable, str(script), "--quick", *flags],
+    # one compilation cache for the session's runs (conftest): each run compiles the same
+    # programs, so all but the first load them
+    [sys.executable, str(script), "--quick", "--compile-cache", "user", *flags],
     cwd=repo_root,
     capture_output=True,
     text=True,
