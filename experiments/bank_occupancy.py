@@ -47,15 +47,7 @@ SETTINGS = {"trained": None, "off": False, "on": True}
 
 def _parser():
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--config", default=str(ROOT / "experiments/configs/longhorizon.py"))
-  p.add_argument("--task", default="navigation8", help="a task with LONG_TASKS in the config")
-  p.add_argument("--params-dir", required=True, help="comma-separated, one per seed")
-  p.add_argument("--steps", type=int, required=True, help="the snapshot's training steps")
-  p.add_argument("--episodes", type=int, default=16, help="validation episodes")
-  p.add_argument("--gen-seed", type=int, default=7, help="validation episodes' generator seed")
-  p.add_argument(
-    "--long-steps", type=int, default=0, help="episode length (0: the config's LONG_TASKS)"
-  )
+  L.add_snapshot_args(p, task="navigation8", episodes=16, gen_seed=7, what="validation")
   p.add_argument(
     "--salient-turning",
     default="trained",

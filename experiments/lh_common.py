@@ -4,6 +4,7 @@ full-context control on the long-horizon tasks). Not a library module: experimen
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import time
 
 import jax
@@ -45,6 +46,21 @@ GRADED_WEIGHT = 100.0
 # Greedy programs of a memory policy that sees more than this many bank entries are also
 # compiled for windows of every multiple of it (`_growing_greedy`).
 VISIBLE_BUCKET = 128
+
+
+def add_snapshot_args(p, *, task: str, episodes: int, gen_seed: int, what: str) -> None:
+  """The arguments of the scripts that measure the compressed arms bench_compression saved
+  under --params-dir, one directory per seed, on `what` 1,000-step episodes."""
+  root = pathlib.Path(__file__).resolve().parents[1]
+  p.add_argument("--config", default=str(root / "experiments/configs/longhorizon.py"))
+  p.add_argument("--task", default=task, help="a task with LONG_TASKS in the config")
+  p.add_argument("--params-dir", required=True, help="comma-separated, one per seed")
+  p.add_argument("--steps", type=int, required=True, help="the snapshot's training steps")
+  p.add_argument("--episodes", type=int, default=episodes, help=f"{what} episodes")
+  p.add_argument("--gen-seed", type=int, default=gen_seed, help="the episodes' generator seed")
+  p.add_argument(
+    "--long-steps", type=int, default=0, help="episode length (0: the config's LONG_TASKS)"
+  )
 
 
 def model_cfg(cfg: Config, memory: bool, full_len: int = 0):

@@ -52,12 +52,7 @@ KEPT = ("kept_steps_mean", "facts_kept_frac", "facts_visible_at_question_frac", 
 
 def _parser():
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--config", default=str(ROOT / "experiments/configs/longhorizon.py"))
-  p.add_argument("--task", default="retention8", help="a task with LONG_TASKS in the config")
-  p.add_argument("--params-dir", required=True, help="comma-separated, one per seed")
-  p.add_argument("--steps", type=int, required=True, help="the snapshot's training steps")
-  p.add_argument("--episodes", type=int, default=32, help="training-split episodes")
-  p.add_argument("--gen-seed", type=int, default=11, help="the episodes' generator seed")
+  L.add_snapshot_args(p, task="retention8", episodes=32, gen_seed=11, what="training-split")
   p.add_argument(
     "--thresholds",
     default="0.5,0.25,0.1,0",
@@ -68,9 +63,6 @@ def _parser():
     type=float,
     default=1.0,
     help="the chosen threshold keeps at least this fraction of the facts in every seed",
-  )
-  p.add_argument(
-    "--long-steps", type=int, default=0, help="episode length (0: the config's LONG_TASKS)"
   )
   p.add_argument("--out", default="")
   return p
