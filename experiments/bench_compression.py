@@ -506,28 +506,32 @@ def filter_ablations(cfg: Config, params, tasks, *, window: int = 16) -> dict:
     "visible": window,
     "evict": False,
   }
-  out = {}
-  for name, over in variants.items():
-    vcfg = _variant(cfg, **over)
-    progs, pol = L.build(vcfg, True)
-    # Without a salience head the policy's parameters have no "salience" part.
-    vparams = {k: v for k, v in params.items() if k != "salience" or pol.comp.salience}
-    r = bytes_per_stage(vcfg, progs, pol, vparams, tasks, detail=False)
-    out[name] = dict(
-      over,
-      **{
-        k: r[k]
-        for k in (
-          "kept_steps_mean",
-          "facts_kept_frac",
-          "facts_visible_at_question_frac",
-          "evicted",
-          "dropped_bank_full",
-        )
-      },
-      int8_with_graveyard_reduction=r["reduction_vs_full"]["stage3_int8_with_graveyard"],
-    )
-  return out
+  return {name: filter_row(cfg, params, tasks, **over) for name, over in variants.items()}
+
+
+def filter_row(cfg: Config, params, tasks, **over) -> dict:
+  """The bank of `cfg` with compression fields `over` replaced (same trained parameters) on
+  `tasks`: `over` itself, entries, facts kept / visible at their question, evictions, steps
+  dropped with the bank full, and the INT8 + graveyard reduction."""
+  vcfg = _variant(cfg, **over)
+  progs, pol = L.build(vcfg, True)
+  # Without a salience head the policy's parameters have no "salience" part.
+  vparams = {k: v for k, v in params.items() if k != "salience" or pol.comp.salience}
+  r = bytes_per_stage(vcfg, progs, pol, vparams, tasks, detail=False)
+  return dict(
+    over,
+    **{
+      k: r[k]
+      for k in (
+        "kept_steps_mean",
+        "facts_kept_frac",
+        "facts_visible_at_question_frac",
+        "evicted",
+        "dropped_bank_full",
+      )
+    },
+    int8_with_graveyard_reduction=r["reduction_vs_full"]["stage3_int8_with_graveyard"],
+  )
 
 
 def attention_cost(cfg: Config, train, test, *, length: int, window: int = 16) -> dict:

@@ -34,20 +34,13 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 import jax  # noqa: E402
 import lh_common as L  # noqa: E402
-from bench_compression import (  # noqa: E402
-  _config_module,
-  _variant,
-  _with_new_defaults,
-  bytes_per_stage,
-)
+from bench_compression import _config_module, _with_new_defaults, filter_row  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from sao_jax import checkpoint as ckpt  # noqa: E402
 from sao_jax import config as config_lib  # noqa: E402
 from sao_jax.envs.longhorizon import make_split  # noqa: E402
 from sao_jax.provenance import write_result  # noqa: E402
-
-KEPT = ("kept_steps_mean", "facts_kept_frac", "facts_visible_at_question_frac", "evicted")
 
 
 def _parser():
@@ -123,17 +116,12 @@ def main(argv=None) -> dict:
     params, step, meta = ckpt.restore_params(where, like.params, args.steps)
     seed = (meta.get("bench_key") or {}).get("seed")
     for t in thresholds:
-      vcfg = _variant(cfg, visible=cfg.compression.capacity, salience_threshold=t)
-      progs, pol = L.build(vcfg, True)
-      r = bytes_per_stage(vcfg, progs, pol, params, tasks, detail=False)
-      row = {k: r[k] for k in KEPT}
+      row = filter_row(cfg, params, tasks, visible=cfg.compression.capacity, salience_threshold=t)
       row.update(
         params=str(where),
         seed=seed,
         step=step,
-        salience_threshold=t,
         trained_threshold=cfg.compression.salience_threshold,
-        int8_with_graveyard_reduction=r["reduction_vs_full"]["stage3_int8_with_graveyard"],
       )
       result["rows"].append(row)
       bar.update()
