@@ -247,6 +247,43 @@ def test_two_samplers_share_the_tasks(kafka_broker):
       end.close()
 
 
+def test_task_topics_deleted_at_the_end_stay_deleted_while_a_consumer_still_fetches(kafka_broker):
+  """The local broker creates a topic on a fetch: a sampler still reading when the finished
+  run deletes its task topics brings them back (a CI failure). The deletion watches the
+  listing and deletes again until it has stayed empty; the other topics are kept."""
+  from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+
+  spec = KafkaSpec(bootstrap=kafka_broker.bootstrap, run_id=uuid.uuid4().hex[:8], incarnation="i0")
+  spec.create_topics()
+  tasks = spec.topic("tasks")
+  # An assigned consumer fetches whether or not the topic exists: every fetch after the
+  # deletion would recreate it (a subscribed one does so only when a fetch is in flight).
+  fetcher = KafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, fetch_max_wait_ms=25)
+  fetcher.assign([TopicPartition(tasks, p) for p in range(spec.partitions)])
+  stop = threading.Event()
+
+  def fetch():
+    t_end = time.time() + 20
+    while not stop.is_set() and time.time() < t_end:
+      fetcher.poll(timeout_ms=50)
+
+  reader = threading.Thread(target=fetch)
+  reader.start()
+  threading.Timer(1.5, stop.set).start()  # the sampler stops 1.5 s into the deletion
+  try:
+    assert spec.delete_task_topics(settle_s=1.0) == [tasks]
+  finally:
+    stop.set()
+    reader.join()
+    fetcher.close()
+  admin = KafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap)
+  try:
+    left = {t for t in admin.list_topics() if t.startswith(f"sao.{spec.run_id}.")}
+  finally:
+    admin.close()
+  assert left == {spec.topic(n) for n in ("trajectories", "dead-letter", "control")}
+
+
 def test_lost_broker_is_retried_with_backoff_then_a_clear_error():
   """Learner and sampler ends on a broker that dies: calls return or raise BrokerError naming
   the broker within the retry budget; none blocks without bound."""

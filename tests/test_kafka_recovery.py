@@ -187,8 +187,9 @@ def test_learner_kill_9_replays_from_committed_offsets(kafka_broker, repo_root, 
   from kafka import KafkaAdminClient
 
   # Topic deletion completes asynchronously on the broker: a deleted topic may still be
-  # listed for a moment (the likely cause of one CI failure that passed on rerun), so wait up
-  # to 15 s for the listing to settle.
+  # listed for a moment, so wait up to 15 s for the listing to settle. (A sampler fetching at
+  # the deletion brought a topic back for good: KafkaSpec.delete_task_topics now deletes
+  # again until the listing stays empty; tests/test_kafka.py shows it.)
   kept = {f"sao.{run_id}.{n}" for n in ("trajectories", "dead-letter", "control")}
   admin = KafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap)
   try:

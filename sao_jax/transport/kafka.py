@@ -97,18 +97,39 @@ class KafkaSpec:
     finally:
       admin.close()
 
-  def delete_task_topics(self) -> list[str]:
+  def delete_task_topics(self, settle_s: float = 2.0, timeout_s: float = 20.0) -> list[str]:
     """Deletes the task topics of every incarnation of this run (the run finished: no learner
     will hand out or redeliver those tasks again); returns their names. The trajectories,
-    dead-letter and control topics stay (the record of what was produced and rejected)."""
+    dead-letter and control topics stay (the record of what was produced and rejected).
+
+    A sampler still fetching from a task topic at the moment it is deleted can bring it back:
+    the local broker creates a topic on a fetch whatever the client asks (measured: 1 deletion
+    in 8 under a polling consumer), and remote samplers stop only once they have read the
+    "finished" announcement. So the listing is watched until it has shown none of the topics
+    for `settle_s`, deleting again any that came back, for at most `timeout_s`."""
     from kafka import KafkaAdminClient
+    from kafka.errors import UnknownTopicOrPartitionError
 
     admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="sao-jax-admin", **_CLIENT)
     try:
       prefix = f"sao.{self.run_id}.tasks"
-      names = sorted(t for t in admin.list_topics() if t == prefix or t.startswith(prefix + "."))
-      if names:
-        admin.delete_topics(names, timeout_ms=10_000)
+
+      def listed() -> list[str]:
+        return sorted(t for t in admin.list_topics() if t == prefix or t.startswith(prefix + "."))
+
+      names = listed()
+      left, gone_since, deadline = names, None, time.monotonic() + timeout_s
+      while time.monotonic() < deadline:
+        if left:
+          gone_since = None
+          with contextlib.suppress(UnknownTopicOrPartitionError):  # deleted meanwhile
+            admin.delete_topics(left, timeout_ms=10_000)
+        elif gone_since is None:
+          gone_since = time.monotonic()
+        elif time.monotonic() - gone_since >= settle_s:
+          break
+        time.sleep(0.25)
+        left = listed()
       return names
     finally:
       admin.close()
