@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 import jax  # noqa: E402
 import lh_common as L  # noqa: E402
 import numpy as np  # noqa: E402
-from bench_compression import _config_module, memory_log, question_facts, seen_at  # noqa: E402
+from bench_compression import memory_log, question_facts, seen_at, snapshot_long_spec  # noqa: E402
 
 from sao_jax import checkpoint as ckpt  # noqa: E402
 from sao_jax.config import load_config  # noqa: E402
@@ -104,14 +104,8 @@ def main(argv=None) -> dict:
   settings = args.salient_turning.split(",")
   if set(settings) - set(SETTINGS):
     _parser().error(f"--salient-turning: choose from {', '.join(SETTINGS)}")
-  cfg_path = args.config if ":" in args.config else f"{args.config}:default"
-  mod = _config_module(cfg_path)
-  if args.task not in mod.LONG_TASKS:
-    _parser().error(f"--task {args.task!r}: no long episodes (have {sorted(mod.LONG_TASKS)})")
+  cfg_path, _, spec = snapshot_long_spec(args, _parser())
   base = load_config(cfg_path)
-  spec = mod.LONG_TASKS[args.task]
-  if args.long_steps:
-    spec = dataclasses.replace(spec, n_steps=args.long_steps)
   tasks = make_split(spec, "test", args.episodes, args.gen_seed)
   result = {
     "command": "python experiments/bank_occupancy.py " + " ".join(argv or sys.argv[1:]),

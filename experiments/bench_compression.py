@@ -215,6 +215,20 @@ def _config_module(path: str):
   return mod
 
 
+def snapshot_long_spec(args, parser):
+  """For the scripts over bench_compression's snapshots (`lh_common.add_snapshot_args`): the
+  config path (its `default` unless one is named), the config module, and --task's long
+  episodes with --long-steps applied; a task without long episodes is a usage error."""
+  cfg_path = args.config if ":" in args.config else f"{args.config}:default"
+  mod = _config_module(cfg_path)
+  if args.task not in mod.LONG_TASKS:
+    parser.error(f"--task {args.task!r}: no long episodes (have {sorted(mod.LONG_TASKS)})")
+  spec = mod.LONG_TASKS[args.task]
+  if args.long_steps:
+    spec = dataclasses.replace(spec, n_steps=args.long_steps)
+  return cfg_path, mod, spec
+
+
 # 1. bytes per stage -----------------------------------------------------------------------
 def bytes_per_stage(cfg: Config, progs, policy, params, tasks, *, detail: bool = True) -> dict:
   """Runs the expert episodes through the sampler's compress program, all side by side.

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 import jax  # noqa: E402
 import lh_common as L  # noqa: E402
-from bench_compression import _config_module, _with_new_defaults, filter_row  # noqa: E402
+from bench_compression import _with_new_defaults, filter_row, snapshot_long_spec  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from sao_jax import checkpoint as ckpt  # noqa: E402
@@ -80,13 +80,7 @@ def main(argv=None) -> dict:
     _parser().error(f"--thresholds {args.thresholds!r}: comma-separated numbers")
   if not thresholds or any(not 0 <= t <= 1 for t in thresholds):
     _parser().error(f"--thresholds {args.thresholds!r}: each in [0, 1]")
-  cfg_path = args.config if ":" in args.config else f"{args.config}:default"
-  mod = _config_module(cfg_path)
-  if args.task not in mod.LONG_TASKS:
-    _parser().error(f"--task {args.task!r}: no long episodes (have {sorted(mod.LONG_TASKS)})")
-  spec = mod.LONG_TASKS[args.task]
-  if args.long_steps:
-    spec = dataclasses.replace(spec, n_steps=args.long_steps)
+  _, _, spec = snapshot_long_spec(args, _parser())
   # Training-split episodes (disjoint from the test split's first `episodes` by construction).
   tasks = make_split(spec, "train", args.episodes, args.gen_seed, num_test=args.episodes)
   result = {
