@@ -1349,3 +1349,13 @@ def test_retention8_salience_threshold_series(tiny_results):
   assert at[0].ours == "98.0-100.0 % (700-700x)" and "trained at 0.5" in at[0].note
   assert at[1].ours == "100.0-100.0 % (650-651x)" and "chosen" in at[1].note
   assert "salience_threshold_retention8.json" in [x.path for x in d.sources]
+  assert not any("RETENTION8_CHOSEN_THRESHOLD" in x for x in d.differences)
+  # A rerun of the choice that picks another threshold than the series was measured at says so.
+  (tiny_results / "salience_threshold_retention8.json").write_text(
+    json.dumps(thr | {"chosen": 0.25})
+  )
+  d = report.claim_retention(tiny_results)
+  assert any(
+    "chose 0.25" in x and "measured at 0.1" in x and "RETENTION8_CHOSEN_THRESHOLD" in x
+    for x in d.differences
+  )
