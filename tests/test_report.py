@@ -789,7 +789,7 @@ def test_navigation8_stage1_series_joins_the_compression_claim(tiny_results):
   assert lost.ours.startswith("4 / 16 (95 % upper bound")
   assert "navigation8_stage1_control" in c.data
   assert any(
-    "navigation8 against the stage-1-only memory: 1 of 3 seeds" in x for x in c.differences
+    "navigation8 against the stage-1-only memory: 1 of 4 seeds" in x for x in c.differences
   )
   assert [s for s in c.sources if s.path.endswith(name)] and not c.missing
   assert "bench_compression_navigation8_unc_1200_seed1" not in " ".join(c.commands)
