@@ -1294,6 +1294,57 @@ def test_pooled_lost_note_counts_only_the_paired_controls():
   assert rows[-1].ours == "1 / 100 (95 % upper bound 4.66%)"
 
 
+def test_navigation8_seed3_threshold_rows(tiny_results):
+  """navigation8 seed 3 at the threshold its training episodes chose: one seed's rows against
+  its stage-1 control, named once they exist, with the caveat of why it was measured, and the
+  choice's rows; a choice other than the one measured is a difference."""
+  label = "navigation8 seed 3, filter threshold 0.25 chosen on its training episodes"
+  c = report.claim_compression(tiny_results)
+  assert not any(r.metric.startswith(label) for r in c.rows)
+  doc = json.loads((tiny_results / "bench_compression_retention8_unc_800.json").read_text())
+  doc["tasks"] = {"navigation8": doc["tasks"]["retention8"]}
+  doc.update(seed=3, steps=1200, eval_overrides=["compression.salience_threshold=0.25"])
+  (tiny_results / "bench_compression_navigation8_salience0.25_seed3.json").write_text(
+    json.dumps(doc)
+  )
+  thr = {
+    "rows": [
+      {
+        "salience_threshold": t,
+        "facts_kept_frac": f,
+        "int8_with_graveyard_reduction": 550.0,
+        "trained_threshold": 0.5,
+        "seed": 3,
+      }
+      for t, f in ((0.5, 0.97), (0.25, 1.0))
+    ],
+    "chosen": 0.25,
+    "rule": "the largest ...",
+    "steps": 1200,
+    "episodes": 32,
+    "long_spec": {"n_steps": 1000},
+  }
+  (tiny_results / "salience_threshold_navigation8_seed3.json").write_text(json.dumps(thr))
+  c = report.claim_compression(tiny_results)
+  lost = _row(c, f"{label} (1200 steps each): questions uncompressed memory answers")
+  assert "1 seed pooled" in lost.metric and "95 % upper bound" in lost.ours
+  assert any(x.startswith(f"{label}: one seed, measured after") for x in c.differences)
+  assert "navigation8_seed3_salience_threshold" in c.data
+  assert any(
+    "cp results/bench_compression_navigation8_unc_1200_gated_seed3.json" in x
+    and "--eval-set compression.salience_threshold=0.25 --resume" in x
+    for x in c.commands
+  )
+  at = [r for r in c.rows if r.metric.startswith("navigation8: learned filter at keep threshold")]
+  assert [r.ours for r in at] == ["97.0-97.0 % (550-550x)", "100.0-100.0 % (550-550x)"]
+  assert "chosen" in at[1].note and "trained at 0.5" in at[0].note
+  assert not any("NAVIGATION8_SEED3_THRESHOLD" in x for x in c.differences)
+  thr["chosen"] = 0.1
+  (tiny_results / "salience_threshold_navigation8_seed3.json").write_text(json.dumps(thr))
+  c = report.claim_compression(tiny_results)
+  assert any("chose 0.1" in x and "NAVIGATION8_SEED3_THRESHOLD" in x for x in c.differences)
+
+
 def test_retention8_salience_threshold_series(tiny_results):
   """The compressed arms measured with the filter threshold chosen after training: a series of
   its own (named once its files exist, its commands the copy then --eval-set --resume), and
