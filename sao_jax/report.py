@@ -870,16 +870,18 @@ NAVIGATION8_UNC_SEED_FILES = _seed_files(
 # The same seeds with the compressed arm retrained under `compression.salient_turning` (the
 # long-horizon config's since; the series above is from before it): `_gated_seed_files`.
 NAVIGATION8_GATED_STEM = "bench_compression_navigation8_unc_1200_gated"
+# Seed 3, both arms trained afresh in one run under the gate (no pre-gate seed 3 exists to
+# copy): run because seed 2's control did not learn at 1,200 steps, decided before its result
+# and reported whatever it shows. Named once it exists.
+_NAV8_SEED3_CMD = (
+  NAVIGATION8_UNC_CMD + " --steps 1200 --params-dir DIR --seed 3 --long-eval-episodes 16"
+)
 NAVIGATION8_GATED_SEED_FILES = _gated_seed_files(
   "bench_compression_navigation8_unc_1200", NAVIGATION8_GATED_STEM, NAVIGATION8_UNC_CMD, 1200
 ) + [
-  # Seed 3, both arms trained afresh in one run under the gate (no pre-gate seed 3 exists to
-  # copy): run because seed 2's control did not learn at 1,200 steps, decided before its
-  # result and reported whatever it shows. Named once it exists.
   (
     f"{NAVIGATION8_GATED_STEM}_seed3.json",
-    NAVIGATION8_UNC_CMD + " --steps 1200 --params-dir DIR --seed 3 --long-eval-episodes 16"
-    f" --out results/{NAVIGATION8_GATED_STEM}_seed3.json",
+    f"{_NAV8_SEED3_CMD} --out results/{NAVIGATION8_GATED_STEM}_seed3.json",
   )
 ]
 NAVIGATION8_BEFORE_GATE = "navigation8 before salient_turning"
@@ -896,10 +898,8 @@ NAVIGATION8_SEED3_SALIENCE_FILES = [
   (
     f"{_NAV8_SEED3_STEM}.json",
     f"cp results/{NAVIGATION8_GATED_STEM}_seed3.json results/{_NAV8_SEED3_STEM}.json && "
-    + NAVIGATION8_UNC_CMD
-    + " --steps 1200 --params-dir DIR --seed 3 --long-eval-episodes 16 --eval-set "
-    f"compression.salience_threshold={NAVIGATION8_SEED3_THRESHOLD} --resume "
-    f"--out results/{_NAV8_SEED3_STEM}.json",
+    f"{_NAV8_SEED3_CMD} --eval-set compression.salience_threshold="
+    f"{NAVIGATION8_SEED3_THRESHOLD} --resume --out results/{_NAV8_SEED3_STEM}.json",
   )
 ]
 NAVIGATION8_SEED3_SALIENCE = (

@@ -1294,6 +1294,28 @@ def test_pooled_lost_note_counts_only_the_paired_controls():
   assert rows[-1].ours == "1 / 100 (95 % upper bound 4.66%)"
 
 
+def _threshold_result(rows, chosen: float, steps: int) -> dict:
+  """A result of experiments/salience_threshold.py (trained at 0.5, 32 training episodes of
+  1,000 steps): `rows` (seed, threshold, facts kept, reduction with the graveyard)."""
+  return {
+    "rows": [
+      {
+        "salience_threshold": t,
+        "facts_kept_frac": f,
+        "int8_with_graveyard_reduction": x,
+        "trained_threshold": 0.5,
+        "seed": s,
+      }
+      for s, t, f, x in rows
+    ],
+    "chosen": chosen,
+    "rule": "the largest ...",
+    "steps": steps,
+    "episodes": 32,
+    "long_spec": {"n_steps": 1000},
+  }
+
+
 def test_navigation8_seed3_threshold_rows(tiny_results):
   """navigation8 seed 3 at the threshold its training episodes chose: one seed's rows against
   its stage-1 control, named once they exist, with the caveat of why it was measured, and the
@@ -1307,23 +1329,7 @@ def test_navigation8_seed3_threshold_rows(tiny_results):
   (tiny_results / "bench_compression_navigation8_salience0.25_seed3.json").write_text(
     json.dumps(doc)
   )
-  thr = {
-    "rows": [
-      {
-        "salience_threshold": t,
-        "facts_kept_frac": f,
-        "int8_with_graveyard_reduction": 550.0,
-        "trained_threshold": 0.5,
-        "seed": 3,
-      }
-      for t, f in ((0.5, 0.97), (0.25, 1.0))
-    ],
-    "chosen": 0.25,
-    "rule": "the largest ...",
-    "steps": 1200,
-    "episodes": 32,
-    "long_spec": {"n_steps": 1000},
-  }
+  thr = _threshold_result([(3, 0.5, 0.97, 550.0), (3, 0.25, 1.0, 550.0)], 0.25, 1200)
   (tiny_results / "salience_threshold_navigation8_seed3.json").write_text(json.dumps(thr))
   c = report.claim_compression(tiny_results)
   lost = _row(c, f"{label} (1200 steps each): questions uncompressed memory answers")
@@ -1362,25 +1368,15 @@ def test_retention8_salience_threshold_series(tiny_results):
     doc["eval_overrides"] = ["compression.salience_threshold=0.1"]
     name = f"bench_compression_retention8_salience0.1_seed{k}.json"
     (tiny_results / name).write_text(json.dumps(doc))
-  rows = [
-    {
-      "salience_threshold": t,
-      "facts_kept_frac": f,
-      "int8_with_graveyard_reduction": x,
-      "trained_threshold": 0.5,
-      "seed": s,
-    }
-    for s in (0, 1)
-    for t, f, x in ((0.5, 0.98 + 0.02 * s, 700.0), (0.1, 1.0, 650.0 + s))
-  ]
-  thr = {
-    "rows": rows,
-    "chosen": 0.1,
-    "rule": "the largest ...",
-    "steps": 800,
-    "episodes": 32,
-    "long_spec": {"n_steps": 1000},
-  }
+  thr = _threshold_result(
+    [
+      (s, t, f, x)
+      for s in (0, 1)
+      for t, f, x in ((0.5, 0.98 + 0.02 * s, 700.0), (0.1, 1.0, 650.0 + s))
+    ],
+    0.1,
+    800,
+  )
   (tiny_results / "salience_threshold_retention8.json").write_text(json.dumps(thr))
   d = report.claim_retention(tiny_results)
   full = f"{label} (compressed 800 steps, stage-1 control 1600-3200)"
