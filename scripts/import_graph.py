@@ -23,6 +23,7 @@ PACKAGE = "sao_jax"
 # Most specific prefix wins. Layer 4 is the command line, 0 what everything may use.
 LAYERS: dict[str, int] = {
   "sao_jax.cli": 4,
+  "sao_jax.analysis": 4,  # results as data: reads result files, nothing imports it
   "sao_jax.runners": 3,
   "sao_jax.sweep": 3,
   "sao_jax.sweep_report": 3,

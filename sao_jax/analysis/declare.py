@@ -43,6 +43,7 @@ import dataclasses
 import datetime
 import pathlib
 import tomllib
+from collections.abc import Mapping
 from typing import Any
 
 OPS = {
@@ -153,7 +154,7 @@ def _date(x: Any, where: str) -> datetime.date:
     raise DeclarationError(f"{where}: declared must be an ISO date, got {x!r}") from None
 
 
-def _analysis(d: dict, where: str) -> Analysis:
+def _analysis(d: dict, where: str, statistics: Mapping[str, tuple[str, ...]] | None) -> Analysis:
   unknown = set(d) - _ANALYSIS_FIELDS
   if unknown:
     raise DeclarationError(
@@ -177,12 +178,9 @@ def _analysis(d: dict, where: str) -> Analysis:
   except TypeError as e:
     raise DeclarationError(f"{where}: {e}") from None
   a = Analysis(**d)
-  from sao_jax.analysis.estimate import STATISTICS  # the registry names the statistics
-
-  if a.statistic not in STATISTICS:
-    raise DeclarationError(f"{where}: unknown statistic {a.statistic!r}; known: {list(STATISTICS)}")
-  need = STATISTICS[a.statistic].needs
-  missing = [k for k in need if not getattr(a, k)]
+  if statistics is not None and a.statistic not in statistics:
+    raise DeclarationError(f"{where}: unknown statistic {a.statistic!r}; known: {list(statistics)}")
+  missing = [k for k in (statistics or {}).get(a.statistic, ()) if not getattr(a, k)]
   if missing:
     raise DeclarationError(f"{where}: statistic {a.statistic!r} needs {missing}")
   if a.reduce not in REDUCE:
@@ -199,9 +197,12 @@ def _analysis(d: dict, where: str) -> Analysis:
   return a
 
 
-def load_claim(path: str | pathlib.Path) -> Claim:
-  """One claim file, validated: unknown keys, missing fields, unknown statistics and
-  duplicate analysis ids are errors that name the file."""
+def load_claim(
+  path: str | pathlib.Path, statistics: Mapping[str, tuple[str, ...]] | None = None
+) -> Claim:
+  """One claim file, validated: unknown keys, missing fields, duplicate analysis ids and,
+  given `statistics` (each registered statistic's name and the fields it needs), unknown
+  statistics and missing fields are errors that name the file."""
   path = pathlib.Path(path)
   try:
     d = tomllib.loads(path.read_text())
@@ -215,7 +216,7 @@ def load_claim(path: str | pathlib.Path) -> Claim:
   for k in ("key", "title", "seed"):
     if k not in d:
       raise DeclarationError(f"{path}: missing {k!r}")
-  analyses = tuple(_analysis(a, str(path)) for a in d.get("analysis", ()))
+  analyses = tuple(_analysis(a, str(path), statistics) for a in d.get("analysis", ()))
   ids = [a.id for a in analyses]
   dup = {i for i in ids if ids.count(i) > 1}
   if dup:
@@ -231,9 +232,12 @@ def load_claim(path: str | pathlib.Path) -> Claim:
   )
 
 
-def load_claims(directory: str | pathlib.Path) -> list[Claim]:
+def load_claims(
+  directory: str | pathlib.Path, statistics: Mapping[str, tuple[str, ...]] | None = None
+) -> list[Claim]:
   """Every `*.toml` claim under `directory`, ordered by key."""
-  claims = [load_claim(p) for p in sorted(pathlib.Path(directory).glob("*.toml"))]
+  paths = sorted(pathlib.Path(directory).glob("*.toml"))
+  claims = [load_claim(p, statistics) for p in paths]
   keys = [c.key for c in claims]
   dup = {k for k in keys if keys.count(k) > 1}
   if dup:

@@ -17,6 +17,9 @@ Registered statistics (`statistic = "..."` in a declaration):
                `metric`, n = round(control accuracy at `control` x items at `count`)
   max, min, median  of the per-unit values
   each         one row per unit, labelled by `label_path`
+  each_mean    one row per unit, labelled by `label_path`: the mean ± s.e. (Student-t 95 %
+               interval) of the numbers at `metric` inside that unit, e.g. one sweep point's
+               per-seed values (`metric` ending in '*')
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import numpy as np
 from scipy import stats as sp_stats
 
 from sao_jax import stats
-from sao_jax.analysis import data
+from sao_jax.analysis import data, declare
 from sao_jax.analysis.declare import OPS, Analysis
 
 
@@ -245,6 +248,17 @@ def _each(a: Analysis, us: list[data.Unit]) -> list[Estimate]:
   return out
 
 
+def _each_mean(a: Analysis, us: list[data.Unit]) -> list[Estimate]:
+  out = []
+  for u in us:
+    xs = [v for v in (_num(x) for x in data.query(u.doc, a.metric)) if v is not None]
+    if xs:
+      label = data.one(u.doc, a.label_path) if a.label_path else u.key or u.seed
+      e = _seed_estimate(a, [(u, x) for x in xs])
+      out.append(dataclasses.replace(e, seeds=(), label=str(label)))
+  return out
+
+
 STATISTICS: dict[str, Statistic] = {
   "mean": Statistic(_mean, ("metric",)),
   "ratio": Statistic(lambda a, us: _paired(a, us, "/"), ("treatment", "control")),
@@ -256,7 +270,13 @@ STATISTICS: dict[str, Statistic] = {
   "min": Statistic(_order(min, "min"), ("metric",)),
   "median": Statistic(_order(pystats.median, "median"), ("metric",)),
   "each": Statistic(_each, ("metric",)),
+  "each_mean": Statistic(_each_mean, ("metric",)),
 }
+
+
+def load_claims(directory) -> list[declare.Claim]:
+  """The claims under `directory`, each analysis's statistic checked against the registry."""
+  return declare.load_claims(directory, {k: s.needs for k, s in STATISTICS.items()})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,8 +9,8 @@ import dataclasses
 import pathlib
 
 from sao_jax.analysis import data
-from sao_jax.analysis.declare import Claim, load_claims
-from sao_jax.analysis.estimate import Row, evaluate
+from sao_jax.analysis.declare import Claim
+from sao_jax.analysis.estimate import Row, evaluate, load_claims
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results"
@@ -33,13 +33,24 @@ PREAMBLE = (
 class Evaluated:
   claim: Claim
   rows: list[Row]
+  results: pathlib.Path = RESULTS
 
 
 def evaluate_all(results=RESULTS, claims=CLAIMS) -> list[Evaluated]:
+  results = pathlib.Path(results)
   return [
-    Evaluated(c, [r for a in c.analyses for r in evaluate(pathlib.Path(results), a)])
+    Evaluated(c, [r for a in c.analyses for r in evaluate(results, a)], results)
     for c in load_claims(claims)
   ]
+
+
+def evaluate_claim(key: str, results=RESULTS, claims=CLAIMS) -> Evaluated:
+  """One claim by its key (what a claim's notebook shows)."""
+  for c in load_claims(claims):
+    if c.key == key:
+      results = pathlib.Path(results)
+      return Evaluated(c, [r for a in c.analyses for r in evaluate(results, a)], results)
+  raise KeyError(f"no claim {key!r} under {claims}")
 
 
 def cell(s: str) -> str:
@@ -118,7 +129,7 @@ def _sources(results: pathlib.Path, rows: list[Row]) -> list[str]:
   return out
 
 
-def claim_markdown(ev: Evaluated, results=RESULTS, level: int = 2) -> str:
+def claim_markdown(ev: Evaluated, level: int = 2) -> str:
   """One claim: the source's words, our conditions, the rows of every declared analysis, and
   where each result file came from."""
   c = ev.claim
@@ -135,7 +146,7 @@ def claim_markdown(ev: Evaluated, results=RESULTS, level: int = 2) -> str:
     "Reproduce: " + ", ".join(f"`{x}`" for x in commands),
     "",
   ]
-  src = _sources(pathlib.Path(results), ev.rows)
+  src = _sources(ev.results, ev.rows)
   if src:
     out += ["**Sources:**", "", *src, ""]
   return "\n".join(out)
@@ -170,7 +181,7 @@ def results_markdown(results=RESULTS, claims=CLAIMS, command="python scripts/res
     "",
   ]
   for ev in evs:
-    out.append(claim_markdown(ev, results))
+    out.append(claim_markdown(ev))
   rest = unclaimed(results, evs)
   if rest:
     out += [
