@@ -7,11 +7,13 @@ import dataclasses
 import datetime
 import json
 import pathlib
+import re
 from typing import Any
 
 from sao_jax.analysis.declare import Analysis
 
 NOT_RECORDED = "CPU not recorded"
+SEED_IN_PATH = re.compile(r"(?:^|[/_])seed(\d+)(?:[/_.]|$)")
 
 
 def load(path: pathlib.Path) -> Any:
@@ -124,6 +126,8 @@ def units(results: pathlib.Path, a: Analysis) -> list[Unit]:
       seed = one(u, a.seed_path)
       if seed is None and isinstance(doc, dict):
         seed = one(doc, "config/seed")
+      if seed is None and (m := SEED_IN_PATH.search(rel)):
+        seed = int(m.group(1))  # a run's metrics.jsonl under .../seed<k>/ records none
       p = provenance(doc)
       out.append(
         Unit(

@@ -52,6 +52,7 @@ class Estimate:
   values: tuple[float, ...] = ()
   seeds: tuple[int | None, ...] = ()
   label: str = ""
+  unit: data.Unit | None = None  # the one unit a per-unit row ('each') is about
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,7 +244,7 @@ def _each(a: Analysis, us: list[data.Unit]) -> list[Estimate]:
     if v is not None:
       label = data.one(u.doc, a.label_path) if a.label_path else u.key or u.seed
       out.append(
-        Estimate(a.format(v), 1, estimate=v, values=(v,), seeds=(u.seed,), label=str(label))
+        Estimate(a.format(v), 1, estimate=v, values=(v,), seeds=(u.seed,), label=str(label), unit=u)
       )
   return out
 
@@ -255,7 +256,7 @@ def _each_mean(a: Analysis, us: list[data.Unit]) -> list[Estimate]:
     if xs:
       label = data.one(u.doc, a.label_path) if a.label_path else u.key or u.seed
       e = _seed_estimate(a, [(u, x) for x in xs])
-      out.append(dataclasses.replace(e, seeds=(), label=str(label)))
+      out.append(dataclasses.replace(e, seeds=(), label=str(label), unit=u))
   return out
 
 
@@ -325,11 +326,14 @@ def _rows(a: Analysis, us: list[data.Unit], exploratory: str) -> list[Row]:
   for u in kept:
     groups.setdefault(u.host, []).append(u)
   out = []
+  before = lambda us: sum(1 for u in us if u.time is not None and u.time.date() < a.declared)  # noqa: E731
   for h, g in groups.items():
-    retro = sum(1 for u in g if u.time is not None and u.time.date() < a.declared)
-    files = tuple(dict.fromkeys(u.file for u in g))
     for e in STATISTICS[a.statistic].fn(a, g):
-      out.append(Row(a, e, h, status(a, e), exploratory, tuple(excluded), files, retro, len(g)))
+      about = [e.unit] if e.unit is not None else g
+      files = tuple(dict.fromkeys(u.file for u in about))
+      out.append(
+        Row(a, e, h, status(a, e), exploratory, tuple(excluded), files, before(about), len(about))
+      )
   return out
 
 
