@@ -228,3 +228,24 @@ def test_claim_notebooks_run_on_the_committed_results(repo_root):
     md = "".join(o.get("data", {}).get("text/markdown", "") for o in outputs)
     assert "| analysis |" in md, path
     assert any("image/png" in o.get("data", {}) for o in outputs), f"{path}: no figure"
+
+
+def test_each_mean_gives_one_row_per_unit_with_its_spread(tmp_path):
+  results, claims = tmp_path / "results", tmp_path / "claims"
+  results.mkdir()
+  claims.mkdir()
+  doc = {
+    "provenance": {"command": "python sweep.py", "time": "2026-12-01T00:00:00+0000"},
+    "points": [{"varied": "lr=1", "acc": [0.5, 0.7]}, {"varied": "lr=2", "acc": [0.1, 0.1, 0.4]}],
+  }
+  (results / "sweep.json").write_text(json.dumps(doc))
+  (claims / "s.toml").write_text(
+    'key = "s"\ntitle = "sweep"\nseed = "-"\n[[analysis]]\nid = "acc"\nlabel = "accuracy"\n'
+    'declared = "2026-12-02"\nfiles = ["sweep.json"]\nunit = "points/*"\nlabel_path = "varied"\n'
+    'statistic = "each_mean"\nmetric = "acc/*"\ncommand = "python sweep.py"\n'
+  )
+  rows = render.evaluate_claim("s", results, claims).rows
+  assert [r.label for r in rows] == ["accuracy: lr=1", "accuracy: lr=2"]
+  assert [r.estimate.estimate for r in rows] == [pytest.approx(0.6), pytest.approx(0.2)]
+  assert rows[1].estimate.se == pytest.approx(0.1)
+  assert [(r.retrospective, r.units) for r in rows] == [(1, 1), (1, 1)]

@@ -115,7 +115,7 @@ def _sources(results: pathlib.Path, rows: list[Row]) -> list[str]:
   for f in dict.fromkeys(f for r in rows for f in r.files):
     doc = data.load(results / f)
     p = data.provenance(doc)
-    commit = p.get("commit")
+    commit = p.get("commit") or p.get("git_commit")
     bits = [
       f"command `{p['command']}`" if isinstance(p.get("command"), str) else "command not recorded",
       f"commit `{commit[:12]}`" if isinstance(commit, str) else "commit not recorded",
