@@ -269,12 +269,12 @@ def write_plot(
     ax.grid(alpha=0.3)
   grid[0][0].set_ylabel(f"{sweep.metric} ({sweep.direction})")
   grid[0][-1].legend(fontsize=7, loc="best")
-  fig.suptitle(
+  title = (
     f"sweep {sweep.name}: {len(all_done)} complete trials, {len(points)} points, "
-    f"{sweep.seeds} seed(s) each"
-    + (f"\n{textwrap.fill(verdict, 64 * len(axes))}" if verdict else ""),
-    fontsize=9,
+    f"{sweep.seeds} seed(s) each. {verdict}"
   )
+  # Wrapped to the figure's width (about 64 characters a panel at this size).
+  fig.suptitle(textwrap.fill(title, 64 * len(axes)), fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
@@ -297,6 +297,10 @@ def _x_of(ax, axis):
   if axis.numeric:
     if axis.log or _spans_decades(axis):
       ax.set_xscale("log")
+      values = getattr(axis, "values", ())
+      if values:  # a few choices: label them, not the log axis's crowded minor ticks
+        ax.set_xticks(values, [f"{v:g}" for v in values])
+        ax.minorticks_off()
     return lambda row: row[axis.key]
   labels = [str(v) for v in axis.values]
   ax.set_xticks(range(len(labels)), labels)
