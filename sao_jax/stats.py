@@ -105,3 +105,23 @@ def fmt(s: dict, spec: str = "{:.3g}", scale: float = 1.0) -> str:
     return "-"
   m = spec.format(s["mean"] * scale)
   return m if s.get("se") is None else f"{m} ± {spec.replace('+', '').format(s['se'] * scale)}"
+
+
+def welch_interval(a: SeedStats, b: SeedStats, confidence: float = 0.95) -> tuple[float, float]:
+  """Interval for mean(a) - mean(b) from two independent sets of seeds (Welch):
+
+    d = m_a - m_b,  se_d = sqrt(se_a^2 + se_b^2),  d -/+ t_{(1 + c)/2, nu} * se_d
+    nu = se_d^4 / (se_a^4 / (n_a - 1) + se_b^4 / (n_b - 1))   (Welch-Satterthwaite)
+
+  Welch rather than a pooled t because sweep points differ in their spread (a diverging
+  learning rate scatters its seeds). Both sides with no spread at all (every seed equal):
+  the interval is the point d. NaN when either side has fewer than two seeds."""
+  d = a.mean - b.mean
+  if a.n < 2 or b.n < 2:
+    return math.nan, math.nan
+  va, vb = a.se**2, b.se**2
+  if va + vb == 0.0:
+    return d, d
+  nu = (va + vb) ** 2 / (va**2 / (a.n - 1) + vb**2 / (b.n - 1))
+  half = float(sp_stats.t.ppf(0.5 + confidence / 2, nu)) * math.sqrt(va + vb)
+  return d - half, d + half

@@ -9,8 +9,10 @@
   the seeds that completed (sao_jax.stats), and how many seeds ended how;
 * sweep.png: the metric against each axis, every seed as a dot and each point's mean with
   its 95 % interval;
-* best_config.py: the best point (best mean among points whose seeds all completed) as a
-  config file that `sao-jax train --config` runs.
+* best_config.py: the best point as a config file that `sao-jax train --config` runs,
+  written only when the points can be told apart (`ranking`: the best mean among points
+  whose seeds all completed, its difference from every other such point outside a 95 %
+  interval); otherwise the report's verdict says that no point is distinguishable.
 
 The writers take plain rows, so notebooks can rebuild any of them from trials.json.
 """
@@ -22,6 +24,7 @@ import json
 import math
 import os
 import pathlib
+import textwrap
 from typing import Any
 
 from sao_jax import stats
@@ -97,12 +100,71 @@ def point_rows(sweep, rows: list[dict]) -> list[dict]:
 
 
 def best_point(sweep, points: list[dict]) -> dict | None:
-  """The point with the best mean among those whose every seed completed (None if none)."""
+  """The point with the best mean among those whose every seed completed (None if none).
+  The highest mean, not yet a verdict: `ranking` says whether it is told apart."""
   full = [p for p in points if p["n_complete"] == sweep.seeds]
   if not full:
     return None
   sign = 1.0 if sweep.direction == "maximize" else -1.0
   return max(full, key=lambda p: (sign * p["mean"], -p["point"]))
+
+
+def _seed_stats(p: dict) -> stats.SeedStats:
+  return stats.SeedStats(p["n_complete"], p["mean"], p["se"], p["ci_low"], p["ci_high"])
+
+
+def _tied(a: dict, b: dict) -> bool:
+  low, high = stats.welch_interval(_seed_stats(a), _seed_stats(b))
+  return low <= 0.0 <= high
+
+
+def ranking(sweep, points: list[dict]) -> dict:
+  """Whether the sweep names a best point, and why (or why not).
+
+  Among the points whose every seed completed, the leader has the best mean. Another such
+  point is tied with it when the 95 % Welch interval of the difference of their means
+  (sao_jax.stats.welch_interval) contains 0, and always when there is one seed per point
+  (no spread to judge by). The leader is named best only when nothing is tied with it:
+  a sweep of indistinguishable points otherwise names an arbitrary one, and its
+  best_config.py would look like a finding.
+
+  Returns {"best": the point's row or None, "leading": the leader and the points tied with
+  it, "verdict": one sentence for the console and trials.json}.
+  """
+  n = sweep.seeds
+  full = [p for p in points if p["n_complete"] == n]
+  leader = best_point(sweep, points)
+  if leader is None:
+    return {"best": None, "leading": [], "verdict": f"no point has all its {n} seed(s) complete"}
+  if len(full) == 1:
+    verdict = f"point {leader['point']} is the only point whose {n} seed(s) all completed"
+    return {"best": leader, "leading": [leader["point"]], "verdict": verdict}
+  if n == 1:
+    return {
+      "best": None,
+      "leading": [p["point"] for p in full],
+      "verdict": "one seed per point: no spread, so no point is distinguishable from the "
+      "others; set seeds >= 2 to name a best",
+    }
+  tied = [p["point"] for p in full if p is not leader and _tied(leader, p)]
+  if not tied:
+    verdict = (
+      f"point {leader['point']} is best: the 95 % interval of its difference from every "
+      f"other point excludes 0 ({n} seeds)"
+    )
+    return {"best": leader, "leading": [leader["point"]], "verdict": verdict}
+  leading = sorted([leader["point"], *tied])
+  if len(leading) == len(full):
+    verdict = (
+      f"no point is distinguishable from the others at {n} seeds (the highest mean, point "
+      f"{leader['point']}, is within the 95 % interval of every difference): no best"
+    )
+  else:
+    verdict = (
+      f"no single best at {n} seeds: points {', '.join(map(str, leading))} cannot be told "
+      "apart (95 % interval of each difference contains 0); the other points are worse"
+    )
+  return {"best": None, "leading": leading, "verdict": verdict}
 
 
 def _write_csv(path: pathlib.Path, rows: list[dict]) -> None:
@@ -145,7 +207,9 @@ def write_table_files(
   )
 
 
-def write_plot(path: pathlib.Path, sweep, rows: list[dict], points: list[dict]) -> bool:
+def write_plot(
+  path: pathlib.Path, sweep, rows: list[dict], points: list[dict], verdict: str = ""
+) -> bool:
   """Metric against each axis; False (and no file) when matplotlib is not installed. Under
   strategy 'oat' each axis's panel shows only the points that vary that axis alone (the
   others at the base point), so a panel reads as that knob's effect."""
@@ -205,11 +269,12 @@ def write_plot(path: pathlib.Path, sweep, rows: list[dict], points: list[dict]) 
     ax.grid(alpha=0.3)
   grid[0][0].set_ylabel(f"{sweep.metric} ({sweep.direction})")
   grid[0][-1].legend(fontsize=7, loc="best")
-  fig.suptitle(
+  title = (
     f"sweep {sweep.name}: {len(all_done)} complete trials, {len(points)} points, "
-    f"{sweep.seeds} seed(s) each",
-    fontsize=9,
+    f"{sweep.seeds} seed(s) each. {verdict}"
   )
+  # Wrapped to the figure's width (about 64 characters a panel at this size).
+  fig.suptitle(textwrap.fill(title, 64 * len(axes)), fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
@@ -232,6 +297,10 @@ def _x_of(ax, axis):
   if axis.numeric:
     if axis.log or _spans_decades(axis):
       ax.set_xscale("log")
+      values = getattr(axis, "values", ())
+      if values:  # a few choices: label them, not the log axis's crowded minor ticks
+        ax.set_xticks(values, [f"{v:g}" for v in values])
+        ax.minorticks_off()
     return lambda row: row[axis.key]
   labels = [str(v) for v in axis.values]
   ax.set_xticks(range(len(labels)), labels)
@@ -295,34 +364,37 @@ def best_config_source(
   return "\n".join(lines)
 
 
-def write_tables(runner) -> tuple[list[dict], list[dict], dict | None]:
+def write_tables(runner) -> tuple[list[dict], list[dict], dict]:
   if getattr(runner, "provenance", None) is None:  # once per sweep process
     runner.provenance = provenance(devices=False)  # the trials record their own devices
   rows = trial_rows(runner.study, runner.sweep)
   points = point_rows(runner.sweep, rows)
-  best = best_point(runner.sweep, points)
+  rank = ranking(runner.sweep, points)
   write_table_files(
     runner.dir,
     runner.sweep,
     rows,
     points,
-    best,
+    rank["best"],
     {
       "base_config": str(runner.base),
       "base_variant": runner.variant,
       # the sweep command, its commit and machine (a resumed sweep: the latest invocation)
       "provenance": runner.provenance,
+      "verdict": rank["verdict"],
+      "leading": rank["leading"],
     },
   )
-  return rows, points, best
+  return rows, points, rank
 
 
 def write_all(runner) -> dict:
   """Tables, plot and best config; returns a short summary for the console."""
-  rows, points, best = write_tables(runner)
+  rows, points, rank = write_tables(runner)
+  best = rank["best"]
   sweep, out = runner.sweep, runner.dir
   files = ["trials.csv", "trials.json", "points.csv"]
-  if write_plot(out / "sweep.png", sweep, rows, points):
+  if write_plot(out / "sweep.png", sweep, rows, points, rank["verdict"]):
     files.append("sweep.png")
   else:
     print("sweep.png not written: matplotlib is not installed (pip install matplotlib)")
@@ -331,6 +403,9 @@ def write_all(runner) -> dict:
       best_config_source(sweep, runner.base, runner.variant, best, out)
     )
     files.append("best_config.py")
+  else:
+    # A resumed sweep whose earlier report named a best may no longer have one.
+    (out / "best_config.py").unlink(missing_ok=True)
   counts: dict[str, int] = {}
   for r in rows:
     counts[r["status"]] = counts.get(r["status"], 0) + 1
@@ -341,8 +416,12 @@ def write_all(runner) -> dict:
     "status": counts,
     "points": len(points),
     "files": files,
+    "verdict": rank["verdict"],
+    "best": None,
   }
-  if best is not None:
+  if best is None:
+    summary["leading"] = rank["leading"]
+  else:
     summary["best"] = {
       "point": best["point"],
       **{a.key: best[a.key] for a in sweep.axes},

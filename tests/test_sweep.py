@@ -305,6 +305,76 @@ def test_points_and_best():
   assert sweep_report.best_point(s_min, points)["point"] == 0
 
 
+def _points(values: dict[int, list[float | None]], seeds: int) -> tuple[Sweep, list[dict]]:
+  """Point rows over one learning-rate axis from {point: per-seed metric (None: failed)}."""
+  lrs = tuple(10.0 ** -(p + 1) for p in values)
+  s = Sweep(name="v", config=BASE, strategy="grid", seeds=seeds, axes=(Choice("rl.optim.lr", lrs),))
+  rows = [
+    {
+      "point": p,
+      "seed": k,
+      "status": "failed" if v is None else "complete",
+      "rl.optim.lr": lrs[p],
+      "rl.accuracy": v,
+    }
+    for p, vs in values.items()
+    for k, v in enumerate(vs)
+  ]
+  return s, sweep_report.point_rows(s, rows)
+
+
+def test_ranking_names_a_best_only_when_points_can_be_told_apart():
+  # Every trial scored the same (a sweep that learned nothing): no best, and the verdict says so.
+  s, pts = _points({0: [0.0, 0.0], 1: [0.0, 0.0], 2: [0.0, 0.0]}, seeds=2)
+  r = sweep_report.ranking(s, pts)
+  assert r["best"] is None and r["leading"] == [0, 1, 2]
+  assert "no point is distinguishable from the others at 2 seeds" in r["verdict"]
+  # Different means, overlapping spreads: still no best.
+  s, pts = _points({0: [0.50, 0.70], 1: [0.55, 0.75], 2: [0.45, 0.72]}, seeds=2)
+  assert sweep_report.ranking(s, pts)["best"] is None
+  # Clearly separated: the best is named, and its difference excludes 0 against every point.
+  s, pts = _points({0: [0.10, 0.12, 0.11], 1: [0.60, 0.62, 0.61], 2: [0.30, 0.33, 0.31]}, seeds=3)
+  r = sweep_report.ranking(s, pts)
+  assert r["best"]["point"] == 1 and r["leading"] == [1] and "point 1 is best" in r["verdict"]
+  s_min = dataclasses.replace(s, direction="minimize")
+  assert sweep_report.ranking(s_min, pts)["best"]["point"] == 0
+  # Two leaders tied, a third clearly worse: no single best, the tie is named.
+  s, pts = _points({0: [0.60, 0.64], 1: [0.61, 0.65], 2: [0.10, 0.11]}, seeds=2)
+  r = sweep_report.ranking(s, pts)
+  assert r["best"] is None and r["leading"] == [0, 1]
+  assert "no single best at 2 seeds: points 0, 1" in r["verdict"]
+  # Constant within each point but different between them: told apart with no spread at all.
+  s, pts = _points({0: [0.5, 0.5], 1: [0.25, 0.25]}, seeds=2)
+  assert sweep_report.ranking(s, pts)["best"]["point"] == 0
+  # One seed per point: no spread to judge by, whatever the values.
+  s, pts = _points({0: [0.9], 1: [0.1]}, seeds=1)
+  r = sweep_report.ranking(s, pts)
+  assert r["best"] is None and "one seed per point" in r["verdict"]
+  # A point with a failed seed does not compete; the only complete point is named as such.
+  s, pts = _points({0: [0.2, None], 1: [0.1, 0.1]}, seeds=2)
+  r = sweep_report.ranking(s, pts)
+  assert r["best"]["point"] == 1 and "only point" in r["verdict"]
+  s, pts = _points({0: [0.2, None]}, seeds=2)
+  assert sweep_report.ranking(s, pts) == {
+    "best": None,
+    "leading": [],
+    "verdict": "no point has all its 2 seed(s) complete",
+  }
+
+
+def test_welch_interval():
+  a, b = stats.seed_stats([0.60, 0.62, 0.61]), stats.seed_stats([0.10, 0.12, 0.11])
+  low, high = stats.welch_interval(a, b)
+  # Equal spreads and sizes: Welch's degrees of freedom equal the pooled test's,
+  # n_a + n_b - 2 = 4, so the half-width is t_{0.975, 4} * sqrt(2) * se.
+  half = stats.t_quantile(0.95, 4) * math.sqrt(2) * a.se
+  assert (low, high) == (pytest.approx(0.5 - half), pytest.approx(0.5 + half))
+  assert stats.welch_interval(a, stats.seed_stats([0.1])) == (
+    pytest.approx(math.nan, nan_ok=True),
+    pytest.approx(math.nan, nan_ok=True),
+  )
+
+
 def test_writers(tmp_path, repo_root, monkeypatch):
   monkeypatch.chdir(repo_root)
   s, rows = _rows()
@@ -398,7 +468,9 @@ def test_pruning_stops_the_trial_group(tmp_path, repo_root, monkeypatch):
   summary = _runner(s, tmp_path / "d", parallel=1).run()
   rows = json.loads((tmp_path / "d" / "trials.json").read_text())["trials"]
   assert [r["status"] for r in rows] == ["complete", "complete", "pruned", "pruned"]
-  assert summary["best"]["point"] == 0
+  # One seed per point: the report names no best, whatever the values.
+  assert summary["best"] is None and summary["leading"] == [0, 1]
+  assert not (tmp_path / "d" / "best_config.py").exists()
   for r in rows[2:]:
     wd = tmp_path / "d" / r["workdir"]
     assert not (wd / "summary.json").exists() and "pruned at eval" in r["reason"]

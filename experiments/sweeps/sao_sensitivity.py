@@ -6,7 +6,10 @@ the importance-ratio cap, and rl.optim.lr. Three seeds per point; TPE after 8 ra
 Run (default: 24 points x 3 seeds of the default SAO config, ~6 min each on a 2-core CPU;
 hours: run it on a bigger machine or shrink `points`):
   sao-jax sweep experiments/sweeps/sao_sensitivity.py --dir runs/sweeps/sao_sensitivity
-Run the tiny variant (6 points x 3 seeds of the tiny config, a few minutes):
+Run the tiny variant (6 points x 3 seeds of the tiny config, a few minutes), a smoke test of
+the machinery: at that budget the tiny policy scores 0 held-out accuracy at every point, and
+the report says that no point is distinguishable (experiments/sweeps/warm_start_tiny.py is
+the small sweep whose points differ):
   sao-jax sweep experiments/sweeps/sao_sensitivity.py:tiny --dir runs/sweeps/sao_tiny
 Rerun the same command to resume an interrupted sweep. Results: DIR/trials.csv, points.csv,
 sweep.png, best_config.py.

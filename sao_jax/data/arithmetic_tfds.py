@@ -53,7 +53,7 @@ def load_tasks(
   data_dir: str | None = None,
 ) -> list[Task]:
   """The `split` tasks for this spec, sizes and seed, sorted by task_id; equals
-  `make_split(spec, split, ...)`. Builds into `data_dir` on first use (see
-  `tfds_base.load_split`: call it once before starting sampler processes)."""
+  `make_split(spec, split, ...)`. Builds into `data_dir` on first use (concurrent
+  builders take turns: `tfds_base.load_split`)."""
   config = ArithmeticTasksConfig.create(spec, num_train, num_test, seed)
   return load_split(ArithmeticTasks, config, split, data_dir)

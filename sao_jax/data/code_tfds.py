@@ -51,7 +51,7 @@ def load_tasks(
   data_dir: str | None = None,
 ) -> list[Task]:
   """The `split` tasks for this spec, sizes and seed, sorted by task_id; equal to
-  `make_split(spec, split, ...)`. Builds into `data_dir` on first use. Call it once before
-  starting sampler processes (concurrent builds of one config race on TFDS's rename)."""
+  `make_split(spec, split, ...)`. Builds into `data_dir` on first use (concurrent
+  builders take turns: `tfds_base.load_split`)."""
   config = CodeTasksConfig.create(spec, num_train, num_test, seed)
   return load_split(CodeTasks, config, split, data_dir)

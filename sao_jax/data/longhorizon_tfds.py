@@ -50,8 +50,8 @@ def load_tasks(
 ) -> list[Task]:
   """The `split` tasks for this spec, sizes and seed, sorted by task_id; equals `make_split`.
 
-  Builds into `data_dir` on first use. Call once before starting sampler processes (two
-  processes building the same config race on TFDS's final rename).
+  Builds into `data_dir` on first use (concurrent builders take turns:
+  `tfds_base.load_split`).
   """
   config = LongHorizonTasksConfig.create(spec, num_train, num_test, seed)
   return load_split(LongHorizonTasks, config, split, data_dir)

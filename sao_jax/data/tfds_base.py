@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import io
 import os
 from collections.abc import Iterator
@@ -142,13 +143,15 @@ def load_split(
   generator makes exactly; sorting is needed because TFDS stores records in the order of
   their hashed keys.
 
-  Call it once before starting sampler processes: two processes building the same config at
-  the same time race on TFDS's final rename of the build folder, and one of them fails.
+  Processes that build the same config at once (a sweep's first trials, samplers) take
+  turns on a file lock in the data directory: unguarded, they race on TFDS's final rename of
+  the build folder and all but one fail. The lock is held only while building or checking.
   """
   if split not in SPLITS:
     raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-  with quiet_tfds():
-    builder = builder_cls(config=config, data_dir=data_dir or default_data_dir())
+  data_dir = data_dir or default_data_dir()
+  with quiet_tfds(), _build_lock(data_dir):
+    builder = builder_cls(config=config, data_dir=data_dir)
     builder.download_and_prepare()
   source = builder.as_data_source(split=split)
   # One batched read is about twice as fast as indexing record by record.
@@ -163,6 +166,19 @@ def load_split(
     for ex in source.__getitems__(range(len(source)))
   ]
   return sorted(tasks, key=lambda t: t.task_id)
+
+
+@contextlib.contextmanager
+def _build_lock(data_dir: str) -> Iterator[None]:
+  """An exclusive flock on DATA_DIR/.build.lock (released when the process dies, so a
+  killed builder never leaves it held)."""
+  os.makedirs(data_dir, exist_ok=True)
+  with open(os.path.join(data_dir, ".build.lock"), "a") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def default_data_dir() -> str:
