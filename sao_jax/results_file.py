@@ -73,6 +73,7 @@ def atomic_write(path: str | pathlib.Path, text: str) -> pathlib.Path:
   path.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
   try:
+    os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide a shared result from other users
     with os.fdopen(fd, "w") as f:
       f.write(text)
       f.flush()

@@ -48,6 +48,7 @@ def test_write_is_atomic_a_failed_write_leaves_the_old_file_and_no_temporary(tmp
     rf.finish({"bad": object()})
   assert (tmp_path / "r.json").read_text() == before
   assert os.listdir(tmp_path) == ["r.json"]
+  assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644  # readable as write_text's was
 
 
 def test_resume_keeps_finished_parts_and_records_the_run_it_continued(tmp_path):
