@@ -81,4 +81,4 @@ def test_bench_learner_variants_tiny(tmp_path, repo_root):
   sync = r["lora_sync"]
   small, big = sync["adapters"]["2"]["bytes"], sync["adapters"]["4"]["bytes"]
   assert 0 < small < big < 0.2 * sync["full_bytes"]
-  assert r["git_commit"] and r["command"] and r["cpu_count"] >= 1
+  assert r["provenance"]["commit"] and r["provenance"]["command"] and r["cpu_count"] >= 1
