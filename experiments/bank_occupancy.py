@@ -38,9 +38,10 @@ import numpy as np  # noqa: E402
 from bench_compression import memory_log, question_facts, seen_at, snapshot_long_spec  # noqa: E402
 
 from sao_jax import checkpoint as ckpt  # noqa: E402
+from sao_jax import config as config_lib  # noqa: E402
 from sao_jax.config import load_config  # noqa: E402
 from sao_jax.envs.longhorizon import SEP, make_split  # noqa: E402
-from sao_jax.provenance import write_result  # noqa: E402
+from sao_jax.results_file import ResultFile  # noqa: E402
 
 SETTINGS = {"trained": None, "off": False, "on": True}
 
@@ -107,6 +108,7 @@ def main(argv=None) -> dict:
   cfg_path, _, spec = snapshot_long_spec(args, _parser())
   base = load_config(cfg_path)
   tasks = make_split(spec, "test", args.episodes, args.gen_seed)
+  rf = ResultFile(args.out, series=f"bank_occupancy/{args.task}/steps{args.steps}", config=base)
   result = {
     "command": "python experiments/bank_occupancy.py " + " ".join(argv or sys.argv[1:]),
     "task": args.task,
@@ -120,7 +122,8 @@ def main(argv=None) -> dict:
   for d in args.params_dir.split(","):
     where = pathlib.Path(d) / args.task / "compressed"
     params, step, meta = ckpt.restore_params(where, like.params, args.steps)
-    trained = (meta.get("config") or {}).get("compression", {}).get("salient_turning", False)
+    # a snapshot from before the gate existed trained without it (its default)
+    trained = config_lib.upgrade(meta.get("config") or {})["compression"]["salient_turning"]
     seed = (meta.get("bench_key") or {}).get("seed")
     for setting in settings:
       gate = trained if SETTINGS[setting] is None else SETTINGS[setting]
@@ -141,10 +144,9 @@ def main(argv=None) -> dict:
         f"evicted {out['evicted_mean']:.1f}, by entries {out['by_entries_when_asked']}",
         flush=True,
       )
-  if args.out:
-    write_result(args.out, result)
+  if rf.finish(result):
     print(f"wrote {args.out}")
-  return result
+  return rf.doc
 
 
 if __name__ == "__main__":

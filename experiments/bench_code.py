@@ -53,7 +53,7 @@ from sao_jax.envs.code import precheck
 from sao_jax.evaluation import evaluate
 from sao_jax.families import Code
 from sao_jax.metrics import MetricsWriter, peak_memory_mb
-from sao_jax.provenance import write_result
+from sao_jax.results_file import ResultFile
 from sao_jax.runners.grpo import run_grpo
 from sao_jax.runners.sao import run_sao
 from sao_jax.runners.sft import run_sft
@@ -205,8 +205,8 @@ def main(argv=None) -> dict:
     runs.append(
       _one_seed(dataclasses.replace(base, seed=seed), arm_names, args, work / f"seed{seed}")
     )
+  rf = ResultFile(out, series=f"bench_code/{base.name}/{'+'.join(arm_names)}", config=base)
   results = {
-    "config": config_lib.to_dict(base),
     "seeds": [r["seed"] for r in runs],
     "seconds_per_arm": args.seconds,
     "evals_per_arm": args.evals,
@@ -218,7 +218,8 @@ def main(argv=None) -> dict:
     "wall_s": time.time() - t0,
     "bench_peak_memory_mb": peak_memory_mb(),
   }
-  write_result(out, results)
+  rf.finish(results)
+  results = rf.doc
   print_table(results)
   plot(results, plot_path)
   print(f"results: {out}, {plot_path}")

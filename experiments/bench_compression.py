@@ -85,6 +85,7 @@ import lh_common as L  # noqa: E402
 from sao_jax import checkpoint as ckpt  # noqa: E402
 from sao_jax import config as config_lib  # noqa: E402
 from sao_jax.batches import MemoryBatch, RLBatch  # noqa: E402
+from sao_jax.compression.arms import LONG_ARM_NAMES, LONG_ARM_OF  # noqa: E402
 from sao_jax.compression.memory import graveyard_nbytes  # noqa: E402
 from sao_jax.compression.rollout import (  # noqa: E402
   bury,
@@ -99,8 +100,8 @@ from sao_jax.envs.longhorizon import BOUNDARIES, SEP, graded_steps, make_split  
 from sao_jax.learner import make_optimizer, make_rl_update  # noqa: E402
 from sao_jax.models.transformer import TransformerLM  # noqa: E402
 from sao_jax.packing import right_pad  # noqa: E402
-from sao_jax.provenance import cpu, provenance, write_result  # noqa: E402
-from sao_jax.report import LONG_ARM_NAMES  # noqa: E402
+from sao_jax.provenance import cpu, provenance  # noqa: E402
+from sao_jax.results_file import ResultFile, ResultFileError, config_file_id  # noqa: E402
 from sao_jax.runners.compiled import compile_programs  # noqa: E402
 from sao_jax.startup import enable_compile_cache  # noqa: E402
 
@@ -383,9 +384,6 @@ def attribute_errors(
   out["per_question"] = per_question
   return out
 
-
-# The name an arm's 1,000-step accuracy goes by (the token-level control reads a window).
-LONG_ARM_OF = {"full_context": "full_context_window"}
 
 # Recall distance buckets (question step - fact step) of the 1,000-step accuracy.
 GAP_EDGES = (32, 64, 128, 256, 512, 1000)
@@ -940,44 +938,13 @@ def _measured_at(prov: dict) -> dict:
   }
 
 
-# What a stopped run must share with its rerun for --resume to keep its measurements.
-RESUME_KEYS = ("overrides", "quick", "steps", "control_steps", "num_test", "seed")
-
-
-def _config_id(path: str) -> str:
-  """A config path as the checkout names it, wherever the checkout lay (a frozen copy
-  elsewhere holds the same file)."""
-  p = _portable(path)
-  return p[p.index("experiments/") :] if "experiments/" in p else p
-
-
-def _resumable(out: pathlib.Path, result: dict, parser) -> dict:
-  """With --resume: the tasks of the stopped run's JSON at `out` (none if there is no file),
-  after checking that it ran with this run's settings; `result` records what was kept."""
-  if not out.exists():
-    return {}
-  try:
-    prev = json.loads(out.read_text())
-  except (OSError, ValueError) as e:
-    parser.error(f"--resume: cannot read {out}: {e}")
-  differ = [k for k in RESUME_KEYS if prev.get(k) != result[k]]
-  if _config_id(prev.get("config", "")) != _config_id(result["config"]):
-    differ.insert(0, "config")
-  if differ:
-    parser.error(
-      f"--resume: {out} was written with other settings ("
-      + ", ".join(f"{k}: {prev.get(k)!r} there, {result[k]!r} here" for k in differ)
-      + "): pass another --out, or drop --resume to measure again"
-    )
-  result["resumed_from"] = {
-    "commit": (prev.get("provenance") or {}).get("commit"),
-    "eval_overrides": prev.get("eval_overrides", []),
-    "done": prev.get("done"),
-    "seconds": prev.get("seconds"),
-    "arms_run": prev.get("arms_run"),
-    "resumed_from": prev.get("resumed_from"),  # the run before that, if it resumed one
-  }
-  return prev.get("tasks") or {}
+def series(tasks, overrides, steps: int, control_steps: int, quick: bool) -> str:
+  """The series a run belongs to: its tasks, training budget and --set overrides (the seeds of
+  one series differ in nothing else; --eval-set and --arms add to a file, not a series)."""
+  parts = ["bench_compression", "+".join(tasks), f"steps{steps}"]
+  parts += [f"control{control_steps}"] if control_steps != steps else []
+  parts += [",".join(overrides)] if overrides else []
+  return "/".join(parts + (["quick"] if quick else []))
 
 
 def eval_config(cfg_path: str, overrides, eval_overrides, parser) -> Config:
@@ -1019,21 +986,6 @@ def _portable(cfg_path: str) -> str:
     return str(pathlib.Path(cfg_path).resolve().relative_to(ROOT))
   except ValueError:
     return cfg_path
-
-
-def _with_new_defaults(saved: dict) -> dict:
-  """A snapshot's resolved configuration with the fields added to `Config` since it was
-  saved, at their defaults: a field that did not exist then trained as its default does
-  (every new field defaults to the behaviour before it), so it does not make the snapshot
-  another configuration's. Fields it has keep its values."""
-  default = json.loads(json.dumps(config_lib.to_dict(Config())))
-  out = dict(saved)
-  for k, v in default.items():
-    if k not in out:
-      out[k] = v
-    elif isinstance(v, dict) and isinstance(out[k], dict):
-      out[k] = {**{f: x for f, x in v.items() if f not in out[k]}, **out[k]}
-  return out
 
 
 def _settings(key) -> dict:
@@ -1085,7 +1037,7 @@ def train_arm(
     # resolved only once the settings match (`cfg` may be None in a settings mismatch).
     if resolved is None:
       resolved = json.loads(json.dumps(config_lib.to_dict(cfg)))
-    saved = _with_new_defaults(meta.get("config") or {})
+    saved = config_lib.upgrade(meta.get("config") or {})
     if saved != resolved:
       mngr.close()
       changed = sorted(k for k in resolved if resolved[k] != saved.get(k))
@@ -1186,8 +1138,11 @@ def main(argv=None) -> dict:
   def save(done: str, complete: bool = False):
     """Writes what is measured so far (a long run stopped part-way keeps its finished parts):
     `complete` false until the end, `done` the last part finished."""
-    result.update(complete=complete, done=done, seconds=time.time() - t_start)
-    write_result(out, result, default=float)  # keeps the provenance read at the start
+    result["seconds"] = time.time() - t_start
+    if complete:
+      rf.finish()
+    else:
+      rf.write(done=done)
 
   if args.resume and not args.params_dir:
     _parser().error("--resume keeps measurements of restored arms: add --params-dir")
@@ -1199,22 +1154,40 @@ def main(argv=None) -> dict:
     _parser().error(
       f"--arms {args.arms!r}: choose from {','.join(every_arm)} (the arms these flags ask for)"
     )
-  result = {
-    "provenance": provenance(),
-    "config": cfg_path,
+  # What a stopped run must share with its rerun for --resume to keep its measurements (the
+  # resolved config too; --eval-set and --arms may differ: they add to the file).
+  settings = {
+    "config_file": config_file_id(_portable(cfg_path)),
     "overrides": list(args.set),
-    "eval_overrides": list(args.eval_set),
     "quick": args.quick,
     "steps": steps,
     "control_steps": control_steps,
     "num_test": num_test,
     "seed": args.seed,
-    "machine": {"platform": platform.platform(), "devices": str(jax.devices())},
-    "arms_run": run_arms,
-    "compile_cache": cache,
-    "tasks": {},
   }
-  kept_tasks = _resumable(out, result, _parser()) if args.resume else {}
+  try:
+    rf = ResultFile(
+      out,
+      series=series(names, args.set, steps, control_steps, args.quick),
+      config=cfg,
+      settings=settings,
+      resume=args.resume,
+    )
+  except ResultFileError as e:
+    _parser().error(f"--resume: {e}")
+  result = rf.update(
+    eval_overrides=list(args.eval_set),
+    machine={"platform": platform.platform(), "devices": str(jax.devices())},
+    arms_run=run_arms,
+    compile_cache=cache,
+    tasks={},
+  ).doc
+  if "resumed_from" in result:
+    result["resumed_from"].update(
+      {k: rf.kept.get(k) for k in ("seconds", "arms_run")},
+      eval_overrides=rf.kept.get("eval_overrides", []),
+    )
+  kept_tasks = rf.kept.get("tasks") or {}
   # Parts measured with the compressed arm's evaluation config (peak memory) are kept only
   # when the stopped run evaluated under the same --eval-set.
   same_eval = (result.get("resumed_from") or {}).get("eval_overrides", []) == args.eval_set

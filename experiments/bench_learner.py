@@ -12,7 +12,8 @@ about a minute on a 2-core CPU):
 Smoke run (seconds):
   python experiments/bench_learner.py --tiny --out /tmp/bench_learner_tiny.json
 
-Writes JSON (default results/bench_learner.json) and prints a short table.
+Writes a result file (`sao_jax.results_file`; default results/bench_learner.json) and prints a
+short table.
 
 Variants side by side (f32 GPT, bf16 GPT, Llama-style f32 and bf16, each run `--repeats`
 times in this process; mean and standard error over the repeats), plus the bytes one
@@ -45,11 +46,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import io
-import json
 import os
-import pathlib
-import platform
-import subprocess
 import sys
 import time
 
@@ -62,6 +59,8 @@ from sao_jax.batches import SFTBatch
 from sao_jax.config import Config, ModelConfig, OptimConfig
 from sao_jax.learner import make_optimizer, make_sft_update
 from sao_jax.models import lora, make_model
+from sao_jax.provenance import cpu
+from sao_jax.results_file import ResultFile
 from sao_jax.runners.compiled import compile_programs
 from sao_jax.tokenizer import CharTokenizer
 from sao_jax.transport.params import flatten
@@ -242,21 +241,17 @@ def xla_flops(compiled) -> float | None:
   return float(flops) if flops else None
 
 
-def _cpu_model() -> str:
-  try:
-    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-      if line.startswith("model name"):
-        return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
+def bench_config(args: argparse.Namespace) -> Config:
+  """The resolved config of one run: the model the flags describe."""
+  vocab = args.vocab or CharTokenizer().vocab_size
+  seq_len = args.prompt_len + args.completion_len
+  return Config(name="bench_learner", model=model_config(args, vocab, seq_len))
 
 
 def run(args: argparse.Namespace) -> dict:
-  vocab = args.vocab or CharTokenizer().vocab_size
+  cfg = bench_config(args)
+  model_cfg, vocab = cfg.model, cfg.model.vocab_size
   seq_len = args.prompt_len + args.completion_len
-  model_cfg = model_config(args, vocab, seq_len)
-  cfg = Config(name="bench_learner", model=model_cfg)
   model = make_model(model_cfg)
   tx = make_optimizer(OptimConfig(lr=1e-4, warmup_steps=10))
   progs = compile_programs(
@@ -334,7 +329,8 @@ def run(args: argparse.Namespace) -> dict:
   achieved_xla = flops_xla / step_med if flops_xla else None
   dev = jax.devices()[0]
   return {
-    "config": {
+    # the benchmark's shape (the resolved config is the result file's `config`)
+    "bench": {
       "arch": args.arch,
       "width": args.width,
       "depth": args.depth,
@@ -372,34 +368,11 @@ def run(args: argparse.Namespace) -> dict:
     "mfu_xla": achieved_xla / peak["flops_per_s"] if achieved_xla else None,
     "jax_version": jax.__version__,
     "backend": jax.default_backend(),
-    "device": f"{dev.platform}:{dev.device_kind} ({_cpu_model()})",
+    "device": f"{dev.platform}:{dev.device_kind} ({cpu()['model']})",
     "num_devices": jax.device_count(),
     "cpu_count": os.cpu_count(),
     "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-    "python": platform.python_version(),
-    "platform": platform.platform(),
-    "argv": sys.argv[1:],
-    "command": " ".join([sys.executable, *sys.argv]),
-    "git_commit": _git_commit(),
   }
-
-
-def _git_commit() -> str | None:
-  try:
-    root = pathlib.Path(__file__).resolve().parents[1]
-    head = subprocess.run(
-      ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-    ).stdout.strip()
-    dirty = subprocess.run(
-      ["git", "status", "--porcelain", "--untracked-files=no"],
-      cwd=root,
-      capture_output=True,
-      text=True,
-      check=True,
-    ).stdout.strip()
-    return head + ("-dirty" if dirty else "")
-  except (OSError, subprocess.CalledProcessError):
-    return None
 
 
 def _mean_se(xs: list[float]) -> dict:
@@ -422,7 +395,7 @@ def run_variants(args: argparse.Namespace) -> dict:
   summary = {}
   for name, rs in runs.items():
     summary[name] = {
-      "config": rs[0]["config"],
+      "bench": rs[0]["bench"],
       "params": rs[0]["params"],
       "mfu": _mean_se([r["mfu"] for r in rs]),
       "mfu_xla": _mean_se([r["mfu_xla"] for r in rs]) if rs[0]["mfu_xla"] else None,
@@ -438,7 +411,7 @@ def run_variants(args: argparse.Namespace) -> dict:
     "variants": summary,
     "lora_sync": dict(
       lora_sync_bytes(
-        model_config(llama_args, first["config"]["vocab"], first["config"]["seq_len"]), ranks
+        model_config(llama_args, first["bench"]["vocab"], first["bench"]["seq_len"]), ranks
       ),
       model="llama-f32 of this run",
     ),
@@ -452,11 +425,6 @@ def run_variants(args: argparse.Namespace) -> dict:
         "num_devices",
         "cpu_count",
         "cpu_affinity",
-        "python",
-        "platform",
-        "argv",
-        "command",
-        "git_commit",
       )
     },
   }
@@ -488,7 +456,7 @@ def _fmt_variants(r: dict) -> str:
 
 
 def _fmt_table(r: dict) -> str:
-  c = r["config"]
+  c = r["bench"]
   gf = lambda x: "n/a" if x is None else f"{x / 1e9:.2f} GFLOP/s"
   pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"
   rows = [
@@ -536,10 +504,12 @@ def _fmt_table(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
   args = parse_args(argv)
+  # One run has one resolved config; each variant's differs (arch, dtype).
+  series = f"bench_learner/{args.variants or args.arch + '-' + args.dtype}"
+  series += "/tiny" if args.tiny else ""
+  rf = ResultFile(args.out, series=series, config=None if args.variants else bench_config(args))
   result = run_variants(args) if args.variants else run(args)
-  out = pathlib.Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(result, indent=2) + "\n")
+  out = rf.finish(result)
   print(_fmt_variants(result) if args.variants else _fmt_table(result))
   print(f"wrote {out}")
   return 0

@@ -45,7 +45,7 @@ import bench_compression as B  # noqa: E402
 import lh_common as L  # noqa: E402
 
 from sao_jax.envs.longhorizon import make_split  # noqa: E402
-from sao_jax.provenance import provenance, write_result  # noqa: E402
+from sao_jax.results_file import ResultFile, config_file_id  # noqa: E402
 from sao_jax.stats import summarize  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -81,16 +81,17 @@ def main(argv=None) -> dict:
   train = make_split(spec, "train", 64, 0, num_test=0)
   arms = {"compressed": cfg, "uncompressed_memory": B.uncompressed_cfg(cfg, spec.n_steps)}
   kw = dict(length=L.full_len(train), seed=0)
-  result = {
-    "provenance": provenance(),
-    "config": f"{B._portable(args.config)}:{variant}",
-    "task": task,
-    "spec": dict(vars(spec)),
-    "batch_size": cfg.sft.batch_size,
-    "steps": steps,
-    "repeats": repeats,
-    "arms": {},
-  }
+  series = f"bench_memory_update/{task}" + ("/quick" if args.quick else "")
+  rf = ResultFile(args.out, series=series, config=cfg)
+  result = rf.update(
+    config_file=config_file_id(f"{B._portable(args.config)}:{variant}"),
+    task=task,
+    spec=dict(vars(spec)),
+    batch_size=cfg.sft.batch_size,
+    steps=steps,
+    repeats=repeats,
+    arms={},
+  ).doc
   runs = {}
   for arm, acfg in arms.items():
     for mode, share in MODES.items():
@@ -124,7 +125,7 @@ def main(argv=None) -> dict:
   if args.eval_steps:
     n = 24 if args.quick else args.eval_steps
     result["sampler"] = sampler_bench(cfg, spec, n, args.eval_episodes, repeats)
-  write_result(args.out, result, default=float)
+  rf.finish()
   return result
 
 

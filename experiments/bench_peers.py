@@ -35,9 +35,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import pathlib
-import platform
 import subprocess
 import sys
 import time
@@ -102,6 +100,7 @@ def main(argv=None) -> dict:
 
   from sao_jax import config as config_lib
   from sao_jax.learner import make_sft_update
+  from sao_jax.results_file import ResultFile
   from sao_jax.runners.common import programs_for
   from sao_jax.setup import load_config, make_setup
 
@@ -260,17 +259,12 @@ def main(argv=None) -> dict:
     f"{a}_over_tunix": arms[a]["trajectories_per_s"] / tun["trajectories_per_s"]
     for a in ("ours_grpo", "ours_sao")
   }
+  # Our arms' resolved config as they ran (bench_sync_vs_async's, with the peer's seconds).
+  series = "bench_peers/tunix" + ("/quick" if args.quick else "")
+  rf = ResultFile(args.out, series=series, config=bench["config"])
   result = {
-    "command": " ".join([sys.executable.split("/")[-1], *sys.argv]),
-    "commit": subprocess.run(
-      ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip(),
-    "machine": {
-      "platform": platform.platform(),
-      "cpus": os.cpu_count(),
-      "jax": jax.__version__,
-      "loadavg_1_5_15": load,
-    },
+    # the machine's load over the run (its provenance has the rest of the machine)
+    "machine": {"loadavg_1_5_15": load},
     "tunix": {
       "version": tun["tunix_version"],
       "jax": tun["jax"],
@@ -293,7 +287,8 @@ def main(argv=None) -> dict:
     "throughput_ratios": ratios,
     "wall_s": time.time() - t0,
   }
-  pathlib.Path(args.out).write_text(json.dumps(result, indent=2, default=float))
+  rf.finish(result)
+  result = rf.doc
   print(f"\n{'':28s}{'Tunix GRPO':>14s}{'ours GRPO':>14s}{'ours SAO':>14s}")
   for key, fmt in (
     ("model_params", "{:d}"),

@@ -19,18 +19,15 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
 import os
-import pathlib
 import platform
-import subprocess
-import sys
 import time
 
 import numpy as np
 
 from sao_jax.envs.code import CodeSpec, generate_task, task_job
 from sao_jax.envs.humaneval import load_problems, problem_job
+from sao_jax.results_file import ResultFile
 from sao_jax.sandbox import Job, SandboxPool, default_num_workers, resolve_isolation, run_job
 
 
@@ -71,9 +68,9 @@ def main(argv: list[str] | None = None) -> dict:
   iso = resolve_isolation()
   cores = default_num_workers()
   arms = {"no_pool": None, "pool_1": 1, f"pool_{cores}": cores, f"pool_{2 * cores}": 2 * cores}
+  # No JAX backend in this process: the sandboxes are what is measured.
+  rf = ResultFile(args.out, series=f"bench_sandbox/{iso.mode}", devices=False)
   results: dict = {
-    "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-    "git_commit": _git_commit(),
     "isolation": iso.mode,
     "machine": {
       "platform": platform.platform(),
@@ -106,24 +103,8 @@ def main(argv: list[str] | None = None) -> dict:
         flush=True,
       )
   results["load_average_after"] = os.getloadavg()
-  out = pathlib.Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(results, indent=2))
-  print(f"results: {out}")
-  return results
-
-
-def _git_commit() -> str:
-  try:
-    return subprocess.run(
-      ["git", "rev-parse", "HEAD"],
-      capture_output=True,
-      text=True,
-      cwd=pathlib.Path(__file__).parent,
-      check=True,
-    ).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    return ""
+  print(f"results: {rf.finish(results)}")
+  return rf.doc
 
 
 def _version(dist: str) -> str:

@@ -33,10 +33,9 @@ import pathlib
 import shutil
 import time
 
-from sao_jax import config as config_lib
 from sao_jax import stats
 from sao_jax.metrics import MetricsWriter, peak_memory_mb
-from sao_jax.provenance import write_result
+from sao_jax.results_file import ResultFile
 from sao_jax.runners.grpo import run_grpo, run_grpo_samplers
 from sao_jax.runners.sao import run_sao
 from sao_jax.runners.sft import run_sft
@@ -114,8 +113,12 @@ def main(argv=None) -> dict:
   for seed in range(args.seeds):
     cfg = dataclasses.replace(base, seed=seed)
     runs.append(_one_seed(cfg, arm_names, work / f"seed{seed}", eval_every, args.no_progress))
+  rf = ResultFile(
+    out / "results.json",
+    series=f"bench_sync_vs_async/{base.name}/{'+'.join(arm_names)}",
+    config=base,
+  )
   results = {
-    "config": config_lib.to_dict(base),
     "seeds": args.seeds,
     "seconds_per_arm": args.seconds,
     "runs": runs,
@@ -124,7 +127,8 @@ def main(argv=None) -> dict:
     "loadavg_end": [round(x, 2) for x in os.getloadavg()],
     "bench_peak_memory_mb": peak_memory_mb(),
   }
-  write_result(out / "results.json", results)
+  rf.finish(results)
+  results = rf.doc
   print_table(results)
   plot(results, out / "accuracy_vs_time.png")
   print(f"results: {out}/results.json")

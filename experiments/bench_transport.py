@@ -43,7 +43,7 @@ import uuid
 import numpy as np
 
 from sao_jax.procs import train_argv
-from sao_jax.provenance import provenance, write_result
+from sao_jax.results_file import ResultFile
 from sao_jax.transport import records
 from sao_jax.transport.base import EmbeddedSpec
 from sao_jax.transport.broker import LocalBroker
@@ -257,11 +257,10 @@ def main(argv=None) -> dict:
         )
   if args.sao_seconds or sao_steps:
     results["sao"] = sao_arms(args.sao_config, args.sao_seconds, sao_steps, args.sao_repeats)
-  # read after the runs: reading the machine starts a JAX backend, not wanted while measuring
-  results["provenance"] = provenance()
-  out = write_result(args.out, results)
-  print(f"results: {out}")
-  return results
+  # opened after the runs: reading the machine starts a JAX backend, not wanted while measuring
+  rf = ResultFile(args.out, series="bench_transport" + ("/quick" if args.quick else ""))
+  print(f"results: {rf.finish(results)}")
+  return rf.doc
 
 
 if __name__ == "__main__":

@@ -55,8 +55,6 @@ import multiprocessing as mp
 import os
 import pathlib
 import platform
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -99,15 +97,6 @@ def _machine() -> dict:
     "devices": [str(d) for d in jax.devices()],
     "loadavg_1_5_15": [float(v) for v in load],
   }
-
-
-def _commit() -> str:
-  try:
-    return subprocess.run(
-      ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE, check=True
-    ).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    return "unknown"
 
 
 def _setup(cfg_dict: dict):
@@ -486,6 +475,7 @@ def _calibrate(argv, tmp: pathlib.Path) -> dict:
   from sao_jax.learner import make_rl_update, make_sao_update, make_sft_update
   from sao_jax.metrics import MetricsWriter
   from sao_jax.packing import encode_prompts
+  from sao_jax.results_file import ResultFile
   from sao_jax.runners.common import programs_for
   from sao_jax.runners.run import restore_init
   from sao_jax.runners.sft import run_sft
@@ -498,6 +488,7 @@ def _calibrate(argv, tmp: pathlib.Path) -> dict:
   t_start = time.time()
   machine_before = _machine()
   cfg = load_config(args.config, args.variant, args.set)
+  rf = ResultFile(args.out, series=f"calibrate_sim/{cfg.name}", config=cfg)
   s = make_setup(cfg)
   rl, sao = cfg.rl, cfg.sao
   reps = 2 if args.quick else args.reps
@@ -824,11 +815,9 @@ def _calibrate(argv, tmp: pathlib.Path) -> dict:
   matmul_flops = 2 * n**3 * 10 / (time.perf_counter() - t0)
 
   result = {
-    "command": " ".join([sys.executable.split("/")[-1], *sys.argv]),
-    "commit": _commit(),
+    # the machine's load before and after (its provenance has the rest of the machine)
     "machine": machine_before,
     "machine_after": _machine(),
-    "config": config_lib.to_dict(cfg),
     "calibration_s": time.time() - t_start,
     "costs": costs.to_dict(),
     "details": {
@@ -855,11 +844,9 @@ def _calibrate(argv, tmp: pathlib.Path) -> dict:
       ],
     },
   }
-  path = pathlib.Path(args.out)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(result, indent=1, default=float))
+  path = rf.finish(result)
   print(f"calibration: {time.time() - t_start:.0f} s -> {path}", flush=True)
-  return result
+  return rf.doc
 
 
 if __name__ == "__main__":

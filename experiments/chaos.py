@@ -40,8 +40,9 @@ import sys
 import time
 
 from sao_jax import recovery
+from sao_jax.config import load_config
 from sao_jax.procs import kill_and_wait
-from sao_jax.provenance import provenance, write_result
+from sao_jax.results_file import ResultFile, config_file_id
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -178,19 +179,24 @@ def audit_embedded(workdir: pathlib.Path) -> dict:
   return dict(a, steps=steps, source="journal (every record the learner took) vs ledger")
 
 
-def chaos(transport: str, kills: int, out: pathlib.Path, args, rng: random.Random) -> dict:
-  workdir = out / transport / "run"
-  if workdir.exists():
-    raise SystemExit(f"{workdir} exists: pass a new --out")
-  workdir.mkdir(parents=True)
-  overrides = [
+def run_overrides(args) -> list[str]:
+  """The config overrides of every transport's run (each adds its `transport.kind`)."""
+  return [
     f"rl.steps={args.rl_steps}",
     f"sft.steps={args.sft_steps}",
     f"checkpoint_every={args.checkpoint_every}",
     "recovery.keep_journal=True",
     "log_every=1",
-    f"transport.kind={transport}",
-  ] + args.set
+    *args.set,
+  ]
+
+
+def chaos(transport: str, kills: int, out: pathlib.Path, args, rng: random.Random) -> dict:
+  workdir = out / transport / "run"
+  if workdir.exists():
+    raise SystemExit(f"{workdir} exists: pass a new --out")
+  workdir.mkdir(parents=True)
+  overrides = [*run_overrides(args), f"transport.kind={transport}"]
   broker = None
   if transport == "kafka":  # external: started here, outlives every learner process
     from sao_jax.transport.broker import LocalBroker
@@ -265,16 +271,19 @@ def main(argv=None) -> int:
   out = pathlib.Path(args.out).absolute()
   out.mkdir(parents=True, exist_ok=True)
   rng = random.Random(args.seed)
-  result = {
-    "provenance": provenance(sys.argv if argv is None else argv),
-    "config": CONFIG,
-    "transports": {},
-  }
+  # The runs' resolved config but for `transport.kind`, which each transport's run sets.
+  rf = ResultFile(
+    out / "chaos.json",
+    series="chaos/" + args.transports.replace(",", "+"),
+    config=load_config(CONFIG, overrides=run_overrides(args)),
+    argv=sys.argv if argv is None else argv,
+  )
+  result = rf.update(config_file=config_file_id(CONFIG), transports={}).doc
   ok = True
   for transport in args.transports.split(","):
     r = chaos(transport, args.kills, out, args, rng)
     result["transports"][transport] = r
-    write_result(out / "chaos.json", result, default=float)
+    rf.write(done=transport)
     a = r["audit"]
     ok &= (
       r["returncode"] == 0 and a["lost"] == 0 and a["applied_twice"] == 0 and a["steps_contiguous"]
@@ -285,6 +294,7 @@ def main(argv=None) -> int:
       f"{'1..' + str(a.get('steps', '?')) if a['steps_contiguous'] else 'NOT contiguous'}",
       flush=True,
     )
+  rf.finish()
   print(f"wrote {out / 'chaos.json'}")
   return 0 if ok else 1
 

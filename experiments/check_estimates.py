@@ -17,7 +17,6 @@ Run (~8 min on a shared 2-core CPU, all compilation; writes results/check_estima
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import time
 
@@ -28,7 +27,7 @@ from sao_jax.batches import SAOBatch, SFTBatch
 from sao_jax.config import Config, MeshConfig, ModelConfig, RLConfig, SAOConfig
 from sao_jax.learner import make_optimizer, make_sao_update, make_sft_update
 from sao_jax.models import lora, make_model
-from sao_jax.provenance import provenance
+from sao_jax.results_file import ResultFile
 from sao_jax.runners.compiled import compile_learner
 from sao_jax.sharding import make_mesh
 
@@ -112,7 +111,6 @@ def main(argv=None) -> None:
   rows = [check(*case) for case in CASES]
   temp = [r["temp_ratio"] for r in rows]
   out = {
-    **provenance(),
     "cases": rows,
     "temp_ratio_range": [min(temp), max(temp)],
     "argument_ratio_range": [
@@ -120,9 +118,7 @@ def main(argv=None) -> None:
       max(r["argument_ratio"] for r in rows),
     ],
   }
-  path = pathlib.Path(args.out)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(out, indent=2) + "\n")
+  path = ResultFile(args.out, series="check_estimates").finish(out)
   print(f"temporaries XLA / estimate: {min(temp):.2f} .. {max(temp):.2f}; results: {path}")
 
 

@@ -22,7 +22,7 @@ import os
 import subprocess
 import sys
 
-from sao_jax.provenance import provenance, write_result
+from sao_jax.results_file import ResultFile
 from sao_jax.stats import fmt, summarize
 
 WORKER = r"""
@@ -92,7 +92,8 @@ def main() -> None:
   if len(os.sched_getaffinity(0)) < 2:
     raise SystemExit("needs at least two cores")
   a, b = sorted(os.sched_getaffinity(0))[:2]
-  out = {"provenance": provenance(), "cores": [a, b], "seconds": args.seconds, "kinds": {}}
+  rf = ResultFile(args.out, series="core_interference")
+  out = {"cores": [a, b], "seconds": args.seconds, "kinds": {}}
   for kind in ("matmul", "memory"):
     solo, shared = [], []
     for _ in range(args.rounds):
@@ -109,7 +110,7 @@ def main() -> None:
       f"{kind}: core {a} alone {fmt(summarize(solo))}, with core {b} busy "
       f"{fmt(summarize(shared))}: {fmt(summarize(ratio), '{:.2f}')}x"
     )
-  path = write_result(args.out, out)
+  path = rf.finish(out)
   print(f"results: {path}")
 
 

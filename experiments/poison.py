@@ -29,7 +29,7 @@ import time
 from sao_jax import config as config_lib
 from sao_jax import stats
 from sao_jax.metrics import MetricsWriter
-from sao_jax.provenance import write_result
+from sao_jax.results_file import ResultFile
 from sao_jax.runners.sao import run_sao
 from sao_jax.runners.sft import run_sft
 from sao_jax.setup import load_config, make_setup
@@ -138,8 +138,8 @@ def main(argv=None) -> dict:
     [r["poisoned"]["accuracy"] - r["clean"]["accuracy"] for r in runs]
   )
   summary["all_rejected"] = all(v["rejected"] == v["injected"] for v in per_kind.values())
+  rf = ResultFile(args.out, series=f"poison/{base.name}/{args.transport}", config=base)
   result = {
-    "config": config_lib.to_dict(base),
     "transport": args.transport,
     "updates": args.updates,
     "seeds": args.seeds,
@@ -150,7 +150,8 @@ def main(argv=None) -> dict:
     "wall_s": time.time() - t0,
     "loadavg_end": [round(x, 2) for x in os.getloadavg()],
   }
-  out = write_result(args.out, result)
+  out = rf.finish(result)
+  result = rf.doc
   for k, v in per_kind.items():
     print(
       f"{k:>15}: injected {v['injected']}, rejected {v['rejected']} (clean runs: "

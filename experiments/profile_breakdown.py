@@ -21,7 +21,7 @@ import argparse
 import collections
 import pathlib
 
-from sao_jax.provenance import provenance, write_result
+from sao_jax.results_file import ResultFile
 
 # (stage, frames that put a sample in it), first match wins.
 STAGES = {
@@ -76,7 +76,8 @@ def main(argv=None) -> dict:
   ap.add_argument("profiles", nargs="+", help="RAW_FILE:ROLE (role: learner or sampler)")
   ap.add_argument("--out", default="")
   args = ap.parse_args(argv)
-  out = {"provenance": provenance(), "profiles": {}}
+  rf = ResultFile(args.out, series="profile_breakdown")
+  out = rf.update(profiles={}).doc
   for spec in args.profiles:
     path, _, role = spec.rpartition(":")
     if role not in STAGES:
@@ -86,8 +87,7 @@ def main(argv=None) -> dict:
     print(f"{path} ({role}, {b['samples']} main-thread samples)")
     for k, v in b["fractions"].items():
       print(f"  {100 * v:5.1f} %  {k}")
-  if args.out:
-    write_result(args.out, out)
+  if rf.finish():
     print(f"results: {args.out}")
   return out
 

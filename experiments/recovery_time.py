@@ -28,8 +28,9 @@ import subprocess
 import sys
 import time
 
+from sao_jax.config import load_config
 from sao_jax.procs import kill_and_wait
-from sao_jax.provenance import provenance, write_result
+from sao_jax.results_file import ResultFile, config_file_id
 from sao_jax.stats import summarize
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -203,12 +204,14 @@ def main(argv=None) -> int:
     "cache": (args.kills, base + ["recovery.compile_cache=workdir"]),
     "no_cache": (args.control_kills, base + ["recovery.compile_cache=off"]),
   }
-  result = {
-    "provenance": provenance(sys.argv if argv is None else argv),
-    "config": CONFIG,
-    "overrides": base,
-    "arms": {},
-  }
+  # The runs' resolved config but for `recovery.compile_cache`, which each arm sets.
+  rf = ResultFile(
+    out / "recovery_time.json",
+    series="recovery_time",
+    config=load_config(CONFIG, overrides=base),
+    argv=sys.argv if argv is None else argv,
+  )
+  result = rf.update(config_file=config_file_id(CONFIG), overrides=base, arms={}).doc
   for name, (kills, overrides) in arms.items():
     if not kills:
       continue
@@ -221,7 +224,7 @@ def main(argv=None) -> int:
       "restarts": restarts,
       "summary": _summary(restarts),
     }
-    write_result(out / "recovery_time.json", result)
+    rf.write(done=name)
   plot(result, out / "recovery_time.png")
   for name, arm in result["arms"].items():
     s = arm["summary"]
@@ -229,6 +232,7 @@ def main(argv=None) -> int:
       f"{name}: {s['restarts']} restarts, median {s['median_s']:.1f} s, max "
       f"{s['max_s']:.1f} s; median per stage {s['breakdown_median_s']}"
     )
+  rf.finish()
   print(f"wrote {out / 'recovery_time.json'}")
   return 0
 

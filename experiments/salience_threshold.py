@@ -34,13 +34,13 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 import jax  # noqa: E402
 import lh_common as L  # noqa: E402
-from bench_compression import _with_new_defaults, filter_row, snapshot_long_spec  # noqa: E402
+from bench_compression import filter_row, snapshot_long_spec  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from sao_jax import checkpoint as ckpt  # noqa: E402
 from sao_jax import config as config_lib  # noqa: E402
 from sao_jax.envs.longhorizon import make_split  # noqa: E402
-from sao_jax.provenance import write_result  # noqa: E402
+from sao_jax.results_file import ResultFile, dumps  # noqa: E402
 
 
 def _parser():
@@ -83,6 +83,8 @@ def main(argv=None) -> dict:
   _, _, spec = snapshot_long_spec(args, _parser())
   # Training-split episodes (disjoint from the test split's first `episodes` by construction).
   tasks = make_split(spec, "train", args.episodes, args.gen_seed, num_test=args.episodes)
+  # Each snapshot's own resolved config is measured (recorded by its `params` path).
+  rf = ResultFile(args.out, series=f"salience_threshold/{args.task}/steps{args.steps}")
   result = {
     "command": "python experiments/salience_threshold.py " + " ".join(argv or sys.argv[1:]),
     "task": args.task,
@@ -103,7 +105,7 @@ def main(argv=None) -> dict:
     _, meta = ckpt.read_meta(where, args.steps)
     if not meta.get("config"):
       raise SystemExit(f"{where} step {args.steps}: no resolved configuration in its metadata")
-    cfg = config_lib.from_dict(_with_new_defaults(meta["config"]))
+    cfg = config_lib.from_dict(config_lib.upgrade(meta["config"]))
     if cfg.compression.salience != "learned":
       raise SystemExit(f"{where}: trained without the learned salience head (nothing to set)")
     like = L.build(cfg, True, mode="sft")[0].init(jax.random.key(0))  # the parameters' shapes
@@ -131,10 +133,9 @@ def main(argv=None) -> dict:
     if result["chosen"] is not None
     else f"no threshold of {thresholds} keeps {args.min_kept} of the facts in every seed"
   )
-  if args.out:
-    write_result(args.out, result)
+  if rf.finish(result):
     print(f"wrote {args.out}")
-  return json.loads(json.dumps(result))
+  return json.loads(dumps(rf.doc))
 
 
 if __name__ == "__main__":

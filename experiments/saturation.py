@@ -27,10 +27,9 @@ import time
 
 import numpy as np
 
-from sao_jax import config as config_lib
 from sao_jax import stats
 from sao_jax.metrics import MetricsWriter, read_jsonl
-from sao_jax.provenance import write_result
+from sao_jax.results_file import ResultFile
 from sao_jax.runners.sao import run_sao
 from sao_jax.runners.sft import run_sft
 from sao_jax.setup import load_config, make_setup
@@ -134,8 +133,8 @@ def main(argv=None) -> dict:
     summary[arm]["collapsed_seeds"] = sum(
       r[arm]["reward_max_drop"] > 0.05 or r[arm]["accuracy_max_drop"] > 0.05 for r in runs
     )
+  rf = ResultFile(args.out, series=f"saturation/{base.name}", config=base)
   result = {
-    "config": config_lib.to_dict(base),
     "updates": args.updates,
     "seeds": args.seeds,
     "runs": runs,
@@ -143,7 +142,8 @@ def main(argv=None) -> dict:
     "wall_s": time.time() - t0,
     "loadavg_end": [round(x, 2) for x in os.getloadavg()],
   }
-  out = write_result(args.out, result)
+  out = rf.finish(result)
+  result = rf.doc
   for arm in ARMS:
     sm = summary[arm]
     print(

@@ -29,7 +29,7 @@ import subprocess
 import numpy as np
 
 from sao_jax.metrics import read_jsonl
-from sao_jax.provenance import provenance, write_result
+from sao_jax.results_file import ResultFile
 from sao_jax.stats import fmt, summarize
 
 COLLAPSE_DROP = 0.05
@@ -226,8 +226,9 @@ def main() -> None:
   args = ap.parse_args()
   sweep_dir, out = pathlib.Path(args.sweep_dir), pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  result = analyse(sweep_dir)
-  result["provenance"] = provenance()
+  # The trials' configs are the sweep's (its directory); this file reads their results.
+  rf = ResultFile(out / "sensitivity.json", series=f"sensitivity_report/{sweep_dir.name}")
+  result = rf.update(analyse(sweep_dir)).doc
   events = sweep_dir / "events.jsonl"
   if events.exists():
     rows = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
@@ -244,7 +245,7 @@ def main() -> None:
       "first_event": min(r["time"] for r in rows),
       "last_event": max(r["time"] for r in rows),
     }
-  write_result(out / "sensitivity.json", result)
+  rf.finish()
   plot(result, out / "sensitivity.png")
   for name in ("trials.csv", "points.csv", "sweep.png"):
     if (sweep_dir / name).exists():

@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import pathlib
 import shutil
@@ -68,7 +67,7 @@ from sao_jax import config as config_lib
 from sao_jax import stats
 from sao_jax.learner import make_sft_update
 from sao_jax.metrics import MetricsWriter, peak_memory_mb
-from sao_jax.provenance import provenance
+from sao_jax.results_file import ResultFile
 from sao_jax.runners.common import eval_fn, programs_for
 from sao_jax.runners.grpo import run_grpo
 from sao_jax.runners.sft import run_sft
@@ -186,6 +185,7 @@ def main(argv=None) -> dict:
     shutil.rmtree(out)
   out.mkdir(parents=True)
   (out / "config.json").write_text(config_lib.to_json(cfg))
+  rf = ResultFile(out / "results.json", series=f"sft_grpo_arith/{args.setting}", config=cfg)
   t_start = time.time()
   eval_every = args.eval_every
   if eval_every is None:
@@ -207,9 +207,7 @@ def main(argv=None) -> dict:
       )
     )
   results = {
-    "provenance": provenance(),
     "setting": args.setting,
-    "config": config_lib.to_dict(cfg),
     "seeds": [r["seed"] for r in runs],
     "num_test_problems": runs[0]["sft"]["num_problems"],
     "runs": runs,
@@ -236,7 +234,8 @@ def main(argv=None) -> dict:
       },
       "accuracy": "held-out on the RL tasks' test split (hard); easy_*: the SFT tasks' one",
     }
-  (out / "results.json").write_text(json.dumps(results, indent=2))
+  rf.finish(results)
+  results = rf.doc
   print_table(results)
   plot(results, out / "curves.png")
   print(f"results: {out}/results.json, {out}/curves.png")

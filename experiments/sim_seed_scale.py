@@ -36,18 +36,15 @@ today's sampler (a call waits for its longest row) as a third line.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import pathlib
 import platform
-import subprocess
-import sys
 import time
 
 import numpy as np
 
-from sao_jax import sim
+from sao_jax import results_file, sim
 
 SEED = {  # the source document's setting, and the hardware assumptions that fill its gaps
   "model_params": 750e9,
@@ -241,16 +238,16 @@ def main(argv=None) -> dict:
   p.add_argument("--out", default="results/sim_scale.json")
   args = p.parse_args(argv)
   t0 = time.time()
-  cal = json.loads(pathlib.Path(args.costs).read_text())
+  cal = results_file.load(args.costs)
   nodes = [int(x) for x in args.nodes.split(",")]
+  # The calibrated run's resolved config: the one the simulation scales up.
+  rf = results_file.ResultFile(
+    args.out, series="sim_seed_scale", config=cal["config"], devices=False
+  )
   result = {
-    "command": " ".join([sys.executable.split("/")[-1], *sys.argv]),
-    "commit": subprocess.run(
-      ["git", "rev-parse", "HEAD"], capture_output=True, text=True
-    ).stdout.strip(),
     "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
     "costs_from": args.costs,
-    "calibration_commit": cal.get("commit"),
+    "calibration_commit": cal["provenance"].get("commit"),
     "seed_setting": SEED,
     "seed_claims": SEED_CLAIMS,
     "runs": {},
@@ -339,9 +336,8 @@ def main(argv=None) -> dict:
       "delay_own_ratio": a["delay_own_mean_s"] / g["delay_own_mean_s"],
     }
   result["wall_s"] = time.time() - t0
-  out = pathlib.Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(result, indent=1, default=float))
+  out = rf.finish(result)
+  result = rf.doc
   plot(result, out.with_suffix(".png"))
   for dist, t in result["table"].items():
     print(

@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 from sao_jax.procs import descendants, kill_and_wait
-from sao_jax.provenance import provenance, write_result
+from sao_jax.results_file import ResultFile
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -87,13 +87,19 @@ def main():
 
   out = pathlib.Path(args.out)
   workdir = out / "run"
-  previous = {}
+  if (args.report_only or args.resume) and not (out / "soak.json").exists():
+    p.error(f"--report-only and --resume read {out / 'soak.json'}: there is none")
+  # The run's config is the train command's (its workdir's config.json): the NaN steps are
+  # drawn here, so a resumed soak is checked on its series alone.
+  rf = ResultFile(
+    out / "soak.json",
+    series=f"soak/{args.variant}",
+    resume=args.resume or args.report_only,
+  )
+  previous = {k: v for k, v in rf.kept.items() if k not in rf.doc}  # its data, not its header
   if args.report_only:
-    result = json.loads((out / "soak.json").read_text())
-    return _report(result, out, workdir, result["returncode"])
-  if args.resume:
-    previous = json.loads((out / "soak.json").read_text())
-  else:
+    return _report(previous, out, workdir, previous["returncode"], rf)
+  if not args.resume:
     shutil.rmtree(workdir, ignore_errors=True)
   out.mkdir(parents=True, exist_ok=True)
   rng = np.random.default_rng(args.seed + 1000 * bool(args.resume))
@@ -195,13 +201,11 @@ def main():
     "faults": events,
     "driver_restarts": driver_restarts,
     "nan_steps": nan_steps,
-    "command": " ".join(sys.argv),
-    "provenance": provenance(),
   }
-  return _report(result, out, workdir, rc)
+  return _report(result, out, workdir, rc, rf)
 
 
-def _report(result: dict, out: pathlib.Path, workdir: pathlib.Path, rc: int) -> int:
+def _report(result: dict, out: pathlib.Path, workdir: pathlib.Path, rc: int, rf) -> int:
   """Adds the run's numbers to `result`. Fault counts come from the driver's log and the
   attempt logs, not from the final summary: the summary's counters describe the lineage of
   the final state, which forgets events between a snapshot and the crash that followed it."""
@@ -247,7 +251,7 @@ def _report(result: dict, out: pathlib.Path, workdir: pathlib.Path, rc: int) -> 
       applied_twice=audit["applied_twice"],
       final_metrics_finite=all(math.isfinite(v) for v in (rl["accuracy"],)),
     )
-  write_result(out / "soak.json", result)
+  rf.finish(result)
   print(json.dumps({k: v for k, v in result.items() if k not in ("faults", "audit")}, indent=2))
   if rc == 0:
     print("\n| what | value |\n|---|---|")

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 
+from sao_jax.results_file import ResultFile
 from sao_jax.sweep import kill_leftovers, trial_processes
 
 REPORTS = (
@@ -51,15 +52,6 @@ def _events(d: pathlib.Path) -> list[dict]:
 
 def _snapshots(d: pathlib.Path, trial: int) -> list[pathlib.Path]:
   return [p for p in (d / "trials" / str(trial) / "checkpoints").glob("*/*") if p.name.isdigit()]
-
-
-def _git_commit() -> str:
-  try:
-    return subprocess.run(
-      ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    return "unknown"
 
 
 def main(argv=None) -> int:
@@ -167,7 +159,6 @@ def main(argv=None) -> int:
     "seconds_to_kill": round(t_kill, 1),
     "seconds_resume": round(t_resume, 1),
     "best": json.loads(rerun.stdout[rerun.stdout.index("{") :]).get("best"),
-    "git_commit": _git_commit(),
     "machine": {
       "platform": platform.platform(),
       "cpus": os.cpu_count(),
@@ -179,7 +170,9 @@ def main(argv=None) -> int:
   for f in REPORTS:
     if (d / f).exists():
       shutil.copy(d / f, out / f)
-  (out / "demo.json").write_text(json.dumps(result, indent=2))
+  # No JAX backend here: the sweep's trials ran in their own processes.
+  rf = ResultFile(out / "demo.json", series="sweep_resume_demo", devices=False)
+  rf.finish(result)
   print(json.dumps(result, indent=2))
   ok = result["duplicates"] == 0 and result["lost"] == 0 and not survivors
   return 0 if ok else 1

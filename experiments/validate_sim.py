@@ -44,9 +44,8 @@ import threading
 
 import numpy as np
 
-from sao_jax import sim
+from sao_jax import results_file, sim
 from sao_jax.metrics import read_jsonl
-from sao_jax.provenance import provenance, write_result
 
 HERE = pathlib.Path(__file__).resolve().parent
 METRICS = (
@@ -323,7 +322,7 @@ def main(argv=None) -> dict:
         *sets,
       ]
     )
-  bres = json.loads((bench / "results.json").read_text())
+  bres = results_file.load(bench / "results.json")
   if args.calibrate:
     sft = work / f"seed{bres['runs'][0]['seed']}" / "sft" if "runs" in bres else bench / "sft"
     load["calibrate"] = _run(
@@ -342,7 +341,7 @@ def main(argv=None) -> dict:
     old = json.loads(prev.read_text())
     if old.get("bench") == str(bench):
       load = old.get("load_during", {})
-  cal = json.loads(pathlib.Path(args.costs).read_text())
+  cal = results_file.load(args.costs)
   costs = sim.Costs.from_dict(cal["costs"])
   cfg = bres["config"]
   rl = cfg["rl"]
@@ -355,10 +354,10 @@ def main(argv=None) -> dict:
   rows = rl["prompts_per_step"] * rl["group_size"]
   runs = bench_runs(bench, work)
   sao_policy = sao_policy_for(cfg) if args.sao_policy == "auto" else args.sao_policy
+  # The bench run's resolved config: what the simulation reproduces.
+  rf = results_file.ResultFile(args.out, series=f"validate_sim/{cfg['name']}", config=cfg)
   report = {
-    "provenance": provenance(),
-    "command": " ".join([sys.executable.split("/")[-1], *sys.argv]),
-    "commit": cal.get("commit"),  # the calibration's; this run's is in provenance
+    "commit": cal["provenance"].get("commit"),  # the calibration's; this run's is in provenance
     "bench": str(bench),
     "workdir": str(work),
     "bench_runs": len(runs),
@@ -432,7 +431,8 @@ def main(argv=None) -> dict:
         for key in ("trajectories_per_s", "learner_busy", "delay_mean_s")
         if g["real"].get(key) and g["simulated"].get(key)
       }
-  out = write_result(args.out, report, default=float)
+  out = rf.finish(report)
+  report = rf.doc
   print(f"\n{'metric':30s} {'arm':13s} {'real':>10s} {'simulated':>10s} {'error':>8s}")
   for arm, r in report["arms"].items():
     for key, err in r["relative_error"].items():

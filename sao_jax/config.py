@@ -898,6 +898,30 @@ def to_dict(cfg) -> dict:
   return dataclasses.asdict(cfg)
 
 
+def upgrade(d: dict, cls=Config) -> dict:
+  """A serialised config (`to_dict` output, read back from JSON) written by an older version of
+  this code, in today's schema, JSON-shaped (lists for tuples): every field added to `cls`
+  since it was written is filled in at its default, in sections nested at any depth.
+
+  That is a faithful upgrade because every new field defaults to the behaviour before it (the
+  rule for adding one), so a checkpoint or result from before the field ran as its default
+  does, and compares equal to a config resolved today with the field at its default. No field
+  has been renamed or moved between sections in the project's history; a rename would map its
+  old key here. Keys unknown today are kept, for `from_dict` to refuse by name."""
+  default = json.loads(json.dumps(to_dict(cls())))
+  return _fill(json.loads(json.dumps(d)), default)
+
+
+def _fill(saved: dict, default: dict) -> dict:
+  out = dict(saved)
+  for k, v in default.items():
+    if k not in out:
+      out[k] = v
+    elif isinstance(v, dict) and isinstance(out[k], dict):
+      out[k] = _fill(out[k], v)
+  return out
+
+
 def from_dict(d: dict, cls=Config):
   """Rebuilds a config from `to_dict` output (e.g. from a checkpoint); unknown keys fail."""
   hints = typing.get_type_hints(cls)

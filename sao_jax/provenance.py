@@ -1,17 +1,14 @@
 """Where a result came from: the command, the code version and the machine, written into
-every result JSON so that a number can be traced back and rerun."""
+every result file (`sao_jax.results_file`) so that a number can be traced back and rerun."""
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import platform
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from typing import Any
 
 
 def _git(*args: str) -> str | None:
@@ -86,27 +83,3 @@ def provenance(argv: list[str] | None = None, devices: bool = True) -> dict:
     "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     "machine": machine(devices),
   }
-
-
-def write_result(
-  path: str | pathlib.Path,
-  doc: dict,
-  *,
-  default: Callable[[Any], Any] | None = None,
-  **provenance_kwargs,
-) -> pathlib.Path:
-  """Writes the result `doc` as JSON indented by 2 at `path`, creating its directory, and
-  returns the path. `doc` keeps the "provenance" block it holds (read when its caller chose:
-  before a measurement, or once for a file rewritten as a run goes on); one without gets this
-  process's, read now (`provenance(**provenance_kwargs)`) and put first among its keys, in
-  `doc` itself, so what the caller goes on to use or return is what was written. `default`
-  is `json.dumps`'s, for values JSON has no type for."""
-  if "provenance" not in doc:
-    body = dict(doc)
-    doc.clear()
-    doc["provenance"] = provenance(**provenance_kwargs)
-    doc.update(body)
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(doc, indent=2, default=default))
-  return path

@@ -397,12 +397,12 @@ def test_snapshot_config_gains_new_fields_at_their_defaults(repo_root):
   assert resolved["compression"]["salient_turning"] is True
   old = json.loads(json.dumps(resolved))
   del old["compression"]["salient_turning"]
-  assert B._with_new_defaults(old) != resolved  # trained without the gate
+  assert config_lib.upgrade(old) != resolved  # trained without the gate
   unc = json.loads(json.dumps(config_lib.to_dict(B.uncompressed_cfg(cfg, 12))))
   old_unc = json.loads(json.dumps(unc))
   del old_unc["compression"]["salient_turning"]
-  assert B._with_new_defaults(old_unc) == unc  # the control never had it
-  assert B._with_new_defaults(dict(old, model={"width": 7}))["model"]["width"] == 7
+  assert config_lib.upgrade(old_unc) == unc  # the control never had it
+  assert config_lib.upgrade(dict(old, model={"width": 7}))["model"]["width"] == 7
 
 
 def test_long_accuracy_keeps_finished_arms(repo_root):

@@ -29,7 +29,10 @@ def test_bench_learner_tiny(tmp_path, repo_root):
   assert "MFU" in proc.stdout
   r = json.loads(out.read_text())
 
-  c = r["config"]
+  c = r["bench"]
+  assert (
+    r["config"]["model"]["width"] == c["width"] and r["series"] == "bench_learner/gpt-float32/tiny"
+  )
   assert c["tiny"] and c["seq_len"] == c["prompt_len"] + c["completion_len"]
   assert r["tokens_per_step"] == c["batch"] * c["seq_len"]
   assert 0 < r["params"]["non_embedding"] < r["params"]["total"]
@@ -71,11 +74,11 @@ def test_bench_learner_variants_tiny(tmp_path, repo_root):
   assert proc.returncode == 0, proc.stderr
   r = json.loads(out.read_text())
   v = r["variants"]["llama-f32"]
-  assert v["config"]["arch"] == "llama" and v["config"]["dtype"] == "float32"
-  assert v["config"]["kv_heads"] == 1 and v["config"]["mlp_dim"] == 192  # 2/3 * 4 * 64 -> 192
+  assert v["bench"]["arch"] == "llama" and v["bench"]["dtype"] == "float32"
+  assert v["bench"]["kv_heads"] == 1 and v["bench"]["mlp_dim"] == 192  # 2/3 * 4 * 64 -> 192
   assert len(v["runs"]) == 2 and v["mfu"]["n"] == 2 and v["mfu"]["se"] is not None
   assert 0 < v["mfu"]["mean"] < 1.5
   sync = r["lora_sync"]
   small, big = sync["adapters"]["2"]["bytes"], sync["adapters"]["4"]["bytes"]
   assert 0 < small < big < 0.2 * sync["full_bytes"]
-  assert r["git_commit"] and r["command"] and r["cpu_count"] >= 1
+  assert r["provenance"]["commit"] and r["provenance"]["command"] and r["cpu_count"] >= 1

@@ -226,7 +226,9 @@ def test_calibrate_sim_tiny_writes_loadable_costs(tmp_path):
   costs = Costs.from_dict(r["costs"])
   assert costs.update("sao", 16) > 0 and costs.publish_s > 0 and costs.load_s > 0
   assert costs.profiles["sampler"].start_s > 0 and len(costs.lengths) > 0
-  assert r["commit"] and r["machine"]["cpus"] >= 1 and r["details"]["model_params"] > 0
+  assert (
+    r["provenance"]["commit"] and r["machine"]["cpus"] >= 1 and r["details"]["model_params"] > 0
+  )
   prof = costs.profiles["sampler"]  # the continuous sampler's programs, measured
   assert prof.slot_rows == 8 and prof.decode_call_s > 0 and prof.score_s > 0
   assert all(sec > 0 for pts in (prof.fill_s, prof.slot_decode_s, prof.refresh_s) for _, sec in pts)

@@ -65,7 +65,7 @@ def eval_humaneval_workdir(
   """
   directory = ckpt_lib.checkpoint_dir(pathlib.Path(workdir))
   step, meta = ckpt_lib.read_meta(directory)
-  cfg = config_lib.from_dict(meta["config"])
+  cfg = config_lib.from_dict(config_lib.upgrade(meta["config"]))
   tok = get_tokenizer(cfg.tokenizer)
   problems = humaneval.load_problems()[:num_problems]
   encoded = []

@@ -88,8 +88,8 @@ def _check_resume(cfg: Config, workdir: pathlib.Path) -> dict | None:
   old_path = workdir / "config.json"
   if not (workdir / "checkpoints").exists() or not old_path.exists():
     return None
-  try:  # keys added to the code since (absent from the file) take their defaults
-    old_cfg = config_lib.from_dict(json.loads(old_path.read_text()))
+  try:  # keys added to the code since (absent from the file) take their defaults: upgrade
+    old_cfg = config_lib.from_dict(config_lib.upgrade(json.loads(old_path.read_text())))
   except (config_lib.ConfigError, TypeError, ValueError) as err:
     raise config_lib.ConfigError(
       f"{workdir} holds a run whose config.json this code cannot read ({err}); pass a new --workdir"
@@ -217,7 +217,7 @@ def eval_workdir(workdir: str | pathlib.Path, num: int | None = None) -> dict[st
   """Held-out greedy accuracy of the latest checkpoint in `workdir`, rebuilt from its config."""
   directory = ckpt_lib.checkpoint_dir(pathlib.Path(workdir))
   step, meta = ckpt_lib.read_meta(directory)
-  cfg = config_lib.from_dict(meta["config"])
+  cfg = config_lib.from_dict(config_lib.upgrade(meta["config"]))
   s = make_setup(cfg)
   if s.memory is not None:
     progs = compile_memory_sampler(
