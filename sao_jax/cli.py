@@ -73,7 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     help="discrete-event model of GRPO/SAO on measured costs "
     "(experiments/calibrate_sim.py writes them)",
   )
-  si.add_argument("--costs", required=True, help="costs JSON (results/sim_costs.json)")
+  si.add_argument(
+    "--costs", required=True, help="costs JSON written by experiments/calibrate_sim.py"
+  )
   si.add_argument(
     "--policy",
     default="grpo_inline,sao_batch,sao_continuous,sao_inflight",

@@ -21,8 +21,8 @@ tokens, K = P + T cache slots per row):
                     log-softmax of the T completion positions and, in RL updates (which
                     report the entropy), its exponential (x = 2; SFT: x = 1). Fitted to the
                     temporaries (less the gradients) that XLA's CPU compiler allocates for
-                    the SAO and SFT updates of Llama-family models (ratios in
-                    results/check_estimates.json, from experiments/check_estimates.py); XLA
+                    the SAO and SFT updates of Llama-family models (the ratios are what
+                    experiments/check_estimates.py measures); XLA
                     on a GPU or TPU fuses differently
   KV cache          rows x K x L x 2 x KV x Dh x e (keys and values)
   training FLOPs    6 N_tok per token of the B x K each update processes (N_tok: parameters

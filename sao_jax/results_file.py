@@ -3,7 +3,7 @@
 A result file is a JSON document that says what it is without its file name:
 
   schema      the layout's version (SCHEMA); `load` upgrades older files to it
-  series      a tag naming the experiment series ("bench_compression/retention8/steps800"):
+  series      a tag naming the experiment series (e.g. "<script>/<task>/<setting>"):
               the runs of one series differ only in their seed and in when they ran
   provenance  `sao_jax.provenance.provenance()`: command, commit, dirty, time, machine with
               the CPU model (read when the file is opened, before the measurement)

@@ -5,32 +5,32 @@ seed or threshold of its own.
 
 A claim file::
 
-  key = "c"                                   # short id, the section's anchor
-  title = "Three-stage context compression"
-  seed = "2.4 GB -> 380 MB per trajectory, < 1.2 % performance loss"  # the source's words
+  key = "x"                                   # short id, the section's anchor
+  title = "..."
+  seed = "..."                                # the source's words
   conditions = "..."                          # how ours is run (optional)
-  notebook = "notebooks/claim_c_compression.ipynb"  # optional
+  notebook = "notebooks/claim_x.ipynb"        # optional
 
   [[analysis]]
-  id = "retention8-lost-1000"                 # unique within the claim
-  label = "retention8, 1,000-step episodes: questions lost to compression"
+  id = "taskA-lost"                           # unique within the claim
+  label = "task A: questions lost to the treatment"
   declared = "2026-12-06"                     # when this analysis was fixed (ISO date)
   fixed_in = "commit 1234abcd: ..."           # optional: where the plan was fixed earlier
   primary = true                              # a headline: shown in 'At a glance'
   exploratory = false                         # chosen after results were seen: say so
   why = "..."                                 # required for an exploratory analysis
-  files = ["bench_compression_retention8_ctl1600*.json"]  # globs under results/
+  files = ["bench_x_taskA_seed*.json"]       # globs under results/
   unit = ""                                   # path to one seed's record in a file ("" = file)
   seed_path = "seed"                          # the unit's seed, relative to the unit
-  seeds = [0, 1, 4]                           # the seeds fixed before the runs (optional)
+  seeds = [0, 1, 2]                           # the seeds fixed before the runs (optional)
   where = [{ path = "arms/control/accuracy", op = ">=", value = 0.5 }]  # unit filters
   statistic = "pooled_loss"                   # see sao_jax.analysis.estimate.STATISTICS
   metric = "..."                              # or treatment + control, by statistic
   reduce = "mean"                             # how a path with '*' becomes one value per unit
-  goal = { op = "<=", value = 0.012, on = "bound" }
-  seed_figure = "< 1.2 %"                     # the source's figure for this row
+  goal = { op = "<=", value = 0.05, on = "bound" }
+  seed_figure = "< 5 %"                       # the source's figure for this row
   format = { spec = "{:.2f}", scale = 100, suffix = " %" }
-  command = "python experiments/bench_compression.py ..."  # what writes the files
+  command = "python experiments/bench_x.py ..."  # what writes the files
 
 Paths are '/'-separated keys into a JSON document (keys may hold dots); `*` expands every
 element of a list or value of an object; an integer indexes a list. A `.jsonl` file is a

@@ -1,7 +1,7 @@
 """A discrete-event model of the SAO pipeline (samplers -> transport -> learner) and of
 synchronous GRPO, driven by costs measured on a machine (`experiments/calibrate_sim.py`).
 
-  costs = Costs.from_dict(json.load(open("results/sim_costs.json"))["costs"])
+  costs = Costs.from_dict(json.load(open(costs_json))["costs"])
   metrics = simulate(costs, preset("sao_inflight", Scenario(seconds=240, refill_rows=8)))
 
 `sao-jax simulate` runs it from the command line.
