@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -38,15 +39,50 @@ def _bench(tmp_path, repo_root, *flags, out_name="bench.json") -> tuple[dict, st
   return json.loads(out.read_text()), proc.stdout
 
 
-def _refused(repo_root, *flags) -> subprocess.CompletedProcess:
-  """A run that refuses `flags`: a usage error, exit status 2, before any training."""
-  return _run(repo_root, *flags, expect=2)
+def _refused(repo_root, capsys, *flags) -> str:
+  """A run that refuses `flags`: a usage error, exit status 2, before any training; its
+  stderr. In this process: a refusal needs no programs, and a new process would spend longer
+  importing JAX than the check takes."""
+  sys.path.insert(0, str(repo_root / "experiments"))
+  import bench_compression
+
+  capsys.readouterr()
+  with pytest.raises(SystemExit) as exit_:
+    bench_compression.main(["--quick", *flags])
+  assert exit_.value.code == 2
+  return capsys.readouterr().err
+
+
+# The run the --quick tests below start from, made once for the module (its three arms'
+# training and every measurement are most of their time): its directory (bench.json, the
+# arms' parameters under params/), its JSON and its stdout. Tests that resume from it write
+# to copies; they run on one pytest-xdist worker, so that the run is made once.
+QUICK = pytest.mark.xdist_group("bench_compression_quick")
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory, repo_root):
+  where = tmp_path_factory.mktemp("bench_quick")
+  r, stdout = _bench(where, repo_root, *_quick_flags(where))
+  return where, r, stdout
+
+
+def _quick_flags(where) -> tuple[str, ...]:
+  return ("--uncompressed-control", "--params-dir", str(where / "params"))
+
+
+def _resume_from(quick_run, name: str) -> pathlib.Path:
+  """A copy of the first run's bench.json under `name`, for a run with --resume to write."""
+  where = quick_run[0]
+  out = where / name
+  shutil.copyfile(where / "bench.json", out)
+  return out
 
 
 @pytest.mark.slow
-def test_bench_compression_quick(tmp_path, repo_root):
-  flags = ("--uncompressed-control", "--params-dir", str(tmp_path / "params"))
-  r, stdout = _bench(tmp_path, repo_root, *flags)
+@QUICK
+def test_bench_compression_quick(quick_run):
+  _, r, stdout = quick_run
   assert "SAO / GRPO" in stdout
   assert r["quick"] and r["tasks"]
   assert r["complete"] and r["done"] == "all"  # partial writes along the way say otherwise
@@ -150,10 +186,17 @@ def test_bench_compression_quick(tmp_path, repo_root):
     g1, s1 = lm["grpo_n8_stage1_memory"]["peak"], lm["sao_stage1_memory"]["peak"]
     assert g1 > s1 > lm["sao_compressed"]["peak"]
     assert lm["ratio_sao_over_grpo_stage1"] == pytest.approx(lm["sao_compressed"]["peak"] / g1)
-  # --resume after a run stopped in its 1,000-step accuracy (one arm done): the finished parts
-  # are kept as measured, the missing arm is measured (the same greedy episodes, so the same
-  # numbers), and its paired comparison with the kept arm is made from the kept answers.
-  out = tmp_path / "bench.json"
+
+
+@pytest.mark.slow
+@QUICK
+def test_bench_compression_quick_resumes_a_stopped_run(quick_run, repo_root, capsys):
+  """--resume after a run stopped in its 1,000-step accuracy (one arm done): the finished
+  parts are kept as measured, the missing arm is measured (the same greedy episodes, so the
+  same numbers), and its paired comparison with the kept arm is made from the kept answers."""
+  where, r, _ = quick_run
+  flags = _quick_flags(where)
+  out = _resume_from(quick_run, "stopped.json")
   stopped = json.loads(out.read_text())
   la = stopped["tasks"]["retention"]["bytes_per_stage"]["long_accuracy"]
   full = dict(la)
@@ -161,7 +204,7 @@ def test_bench_compression_quick(tmp_path, repo_root):
     del la[k]
   stopped.update(complete=False, done="retention: 120-step accuracy of compressed")
   out.write_text(json.dumps(stopped))
-  r2, stdout2 = _bench(tmp_path, repo_root, *flags, "--resume")
+  r2, stdout2 = _bench(where, repo_root, *flags, "--resume", out_name=out.name)
   assert "short episodes: kept from" in stdout2 and "bytes and filters: kept from" in stdout2
   assert r2["complete"] and r2["resumed_from"]["done"] == stopped["done"]
   t, t2 = r["tasks"]["retention"], r2["tasks"]["retention"]
@@ -172,8 +215,18 @@ def test_bench_compression_quick(tmp_path, repo_root):
   assert (u2["correct"], u2["accuracy"]) == (u["correct"], u["accuracy"])
   assert la2["vs_uncompressed"] == full["vs_uncompressed"]
   # Other settings are refused, not mixed into the file.
-  proc = _refused(repo_root, *flags, "--resume", "--seed", "1", "--out", str(out))
-  assert "seed: 0 there, 1 here" in proc.stderr
+  err = _refused(repo_root, capsys, *flags, "--resume", "--seed", "1", "--out", str(out))
+  assert "seed: 0 there, 1 here" in err
+
+
+@pytest.mark.slow
+@QUICK
+def test_bench_compression_quick_arms_one_at_a_time(quick_run, repo_root):
+  """--arms: the first run's arms measured again, each in a run of its own, into one file."""
+  where, r, _ = quick_run
+  flags = _quick_flags(where)
+  t = r["tasks"]["retention"]
+  full = t["bytes_per_stage"]["long_accuracy"]
   # --arms: a seed's arms run one at a time into one file (runs that each fit a session, or
   # on other machines). Restored from --params-dir here, so each arm's numbers are the one
   # run's; the file is incomplete until the last arm, and its pairings and error attribution
@@ -181,7 +234,7 @@ def test_bench_compression_quick(tmp_path, repo_root):
   # runs first (a seed whose control trains on alone): no bytes without the compressed arm,
   # and its 1,000-step accuracy stays when the compressed arm's bytes are measured after it.
   s1, out1 = _bench(
-    tmp_path, repo_root, *flags, "--arms", "uncompressed_memory", out_name="split.json"
+    where, repo_root, *flags, "--arms", "uncompressed_memory", out_name="split.json"
   )
   assert not s1["complete"] and s1["done"].startswith("all but retention: compressed")
   assert "| retention | uncompressed_memory |" in out1  # the closing tables print what it has
@@ -195,7 +248,7 @@ def test_bench_compression_quick(tmp_path, repo_root):
     "uncompressed_memory",
   }
   s2, out2 = _bench(
-    tmp_path,
+    where,
     repo_root,
     *flags,
     "--resume",
@@ -227,19 +280,30 @@ def test_bench_compression_quick(tmp_path, repo_root):
   u1 = t1["arms"]["uncompressed_memory"]["measured_at"]
   assert t2["arms"]["uncompressed_memory"]["measured_at"] == u1
   assert t2["arms"]["full_context"]["measured_at"]["time"] >= s2["provenance"]["time"]
-  # --eval-set: the same trained arms, the compressed one measured under another compression
-  # setting (here the trained filter at keep-probability threshold 0). Its controls do not
-  # read it, so with --resume they are kept as measured and the compressed arm is measured
-  # again and paired with their kept answers; its bank at threshold 0 is the one the earlier
-  # run's filter ablation measured at 0, and the ablations now hold the trained 0.5.
+
+
+@pytest.mark.slow
+@QUICK
+def test_bench_compression_quick_eval_set(quick_run, repo_root, capsys):
+  """--eval-set: the same trained arms, the compressed one measured under another
+  compression setting (here the trained filter at keep-probability threshold 0). Its
+  controls do not read it, so with --resume they are kept as measured and the compressed arm
+  is measured again and paired with their kept answers; its bank at threshold 0 is the one
+  the earlier run's filter ablation measured at 0, and the ablations now hold the trained
+  0.5."""
+  where, r, _ = quick_run
+  flags = _quick_flags(where)
+  t2 = r["tasks"]["retention"]
+  la2 = t2["bytes_per_stage"]["long_accuracy"]
+  out = _resume_from(quick_run, "eval_set.json")
   s3, out3 = _bench(
-    tmp_path,
+    where,
     repo_root,
     *flags,
     "--resume",
     "--eval-set",
     "compression.salience_threshold=0",
-    out_name="split.json",
+    out_name=out.name,
   )
   assert "measured with compression.salience_threshold=0 (trained without)" in out3
   assert s3["complete"] and s3["eval_overrides"] == ["compression.salience_threshold=0"]
@@ -268,12 +332,15 @@ def test_bench_compression_quick(tmp_path, repo_root):
     )
   )
   assert t3["peak_memory"]["long_episodes"]["sao_compressed"]["peak"] > 0  # measured again
+
+
+def test_bench_compression_refuses_settings_it_cannot_honour(tmp_path, repo_root, capsys):
   # A training setting, or one that would not fit the trained parameters, is refused.
-  proc = _refused(repo_root, "--eval-set", "sft.optim.lr=1", "--out", str(tmp_path / "x.json"))
-  assert "only compression.* fields" in proc.stderr
+  err = _refused(repo_root, capsys, "--eval-set", "sft.optim.lr=1", "--out", str(tmp_path / "x"))
+  assert "only compression.* fields" in err
   # An arm these flags do not ask for is refused.
-  proc = _refused(repo_root, "--arms", "uncompressed_memory", "--out", str(tmp_path / "x.json"))
-  assert "choose from compressed,full_context" in proc.stderr
+  err = _refused(repo_root, capsys, "--arms", "uncompressed_memory", "--out", str(tmp_path / "x"))
+  assert "choose from compressed,full_context" in err
 
 
 @pytest.mark.slow
