@@ -97,3 +97,12 @@ def kafka_broker():
   with LocalBroker() as broker:
     yield broker
 
+
+def pytest_collection_modifyitems(config, items):
+  """Orders the end-to-end runs (marked slow) first, so that under pytest-xdist the workers
+  share them out early instead of one finishing a long run while the other has nothing left;
+  and keeps the tests of the one tiny training run on one worker, so that it is made once."""
+  for item in items:
+    if "tiny_run_dir" in getattr(item, "fixturenames", ()):
+      item.add_marker(pytest.mark.xdist_group("tiny_run"))
+  items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
