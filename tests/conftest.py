@@ -10,7 +10,9 @@ import subprocess
 # Sharding tests run on a fake 8-device CPU mesh, which must be requested before JAX is
 # imported by any test module.
 _FAKE_DEVICES = "--xla_force_host_platform_device_count=8"
-_USER_XLA_FLAGS = os.environ.get("XLA_FLAGS", "")
+# (A pytest-xdist worker inherits the flags this file set in the controller: the fake mesh is
+# not the user's.)
+_USER_XLA_FLAGS = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if f != _FAKE_DEVICES)
 # The tests' programs are tiny and run a few steps each, so compiling dominates the suite's time
 # (minutes per end-to-end run); LLVM's optimisation passes are most of each compile and save
 # little at run time here. Level 0 keeps the programs' semantics (the same tokens and losses), so
@@ -99,10 +101,12 @@ def kafka_broker():
 
 
 def pytest_collection_modifyitems(config, items):
-  """Orders the end-to-end runs (marked slow) first, so that under pytest-xdist the workers
-  share them out early instead of one finishing a long run while the other has nothing left;
-  and keeps the tests of the one tiny training run on one worker, so that it is made once."""
+  """Orders the modules with the most end-to-end runs (marked slow) first, each module's tests
+  together and in their order, so that pytest-xdist's workers (one module at a time: a
+  module's fixtures are made once) share the long ones out early instead of one finishing a
+  long module while the other has nothing left."""
+  slow: dict[str, int] = {}
   for item in items:
-    if "tiny_run_dir" in getattr(item, "fixturenames", ()):
-      item.add_marker(pytest.mark.xdist_group("tiny_run"))
-  items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
+    module = item.nodeid.split("::")[0]
+    slow[module] = slow.get(module, 0) + bool(item.get_closest_marker("slow"))
+  items.sort(key=lambda item: -slow[item.nodeid.split("::")[0]])  # stable

@@ -11,6 +11,7 @@ import pytest
 from conftest import subprocess_env
 
 
+@pytest.mark.slow
 def test_bench_memory_update_quick(tmp_path, repo_root, capsys):
   out = tmp_path / "x.json"
   cmd = [sys.executable, str(repo_root / "experiments" / "bench_memory_update.py"), "--quick"]

@@ -162,18 +162,12 @@ def _play(sample_fn, policy, progs, params, tasks, seed):
   )
 
 
-# The tests of the sampled episodes run on one pytest-xdist worker, so that they are sampled
-# (and their programs compiled) once.
-SAMPLED = pytest.mark.xdist_group("compression_memory_sampled")
-
-
 @pytest.fixture(scope="module")
 def sampled():
   spec = LongHorizonSpec("navigation", n_steps=12, n_facts=2, min_gap=4, period=5)
   return _sampled(MODEL, COMP, spec)
 
 
-@SAMPLED
 def test_learner_recomputes_the_sampler_log_probs_from_the_shipped_bank(sampled):
   policy, _, state, trajs = sampled
   assert all(len(t.rewards) == 12 for t in trajs)
@@ -206,7 +200,6 @@ def test_learner_recomputes_the_sampler_log_probs_from_the_shipped_bank(sampled)
   assert np.max(np.abs(np.asarray(logp0)[mask] - batch.logp_brt[mask])) > 1e-3
 
 
-@SAMPLED
 def test_rl_update_on_sampled_trajectories_is_finite_and_changes_the_encoder(sampled):
   _, progs, state, trajs = sampled
   batch = trajectories_to_batch(trajs, 12)
@@ -227,7 +220,6 @@ def test_rl_update_on_sampled_trajectories_is_finite_and_changes_the_encoder(sam
     assert max(diff) > 0, part
 
 
-@SAMPLED
 def test_memory_update_skips_non_finite_gradients(sampled):
   """The memory policy's update goes through learner.apply_gradients: a NaN in the batch
   (here the behaviour log-probs) leaves params and optimizer state exactly as they were and
@@ -295,7 +287,6 @@ def test_a_bank_shared_across_rows_gives_each_rows_log_probs_and_gradients():
       assert max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(g_s[part])) > 0, part
 
 
-@SAMPLED
 def test_the_samplers_memory_cache_samples_as_the_whole_memory(sampled):
   """Where the bank is append-only and all visible (the stage-1 control), the sampler keeps
   the memory's keys and values between steps (`MemoryPolicy.sample_cached`): at every step
