@@ -10,8 +10,17 @@ import subprocess
 # Sharding tests run on a fake 8-device CPU mesh, which must be requested before JAX is
 # imported by any test module.
 _FAKE_DEVICES = "--xla_force_host_platform_device_count=8"
-_USER_XLA_FLAGS = os.environ.get("XLA_FLAGS", "")
-os.environ["XLA_FLAGS"] = f"{_USER_XLA_FLAGS} {_FAKE_DEVICES}".strip()
+# (A pytest-xdist worker inherits the flags this file set in the controller: the fake mesh is
+# not the user's.)
+_USER_XLA_FLAGS = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if f != _FAKE_DEVICES)
+# The tests' programs are tiny and run a few steps each, so compiling dominates the suite's time
+# (minutes per end-to-end run); LLVM's optimisation passes are most of each compile and save
+# little at run time here. Level 0 keeps the programs' semantics (the same tokens and losses), so
+# tests and the processes they start compile with it unless the user's XLA_FLAGS set a level.
+_TEST_XLA_FLAGS = _USER_XLA_FLAGS
+if "xla_backend_optimization_level" not in _USER_XLA_FLAGS:
+  _TEST_XLA_FLAGS = f"{_USER_XLA_FLAGS} --xla_backend_optimization_level=0".strip()
+os.environ["XLA_FLAGS"] = f"{_TEST_XLA_FLAGS} {_FAKE_DEVICES}"
 
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
@@ -21,13 +30,20 @@ import pytest  # noqa: E402
 from sao_jax import procs  # noqa: E402  (no JAX: a foundation module)
 
 # One persistent compilation cache for the whole session (runs started by tests, in this
-# process or in subprocesses, share compiled programs), never the user's own.
-_CACHE = tempfile.mkdtemp(prefix="sao_jax_test_xla_")
-os.environ["SAO_JAX_CACHE"] = _CACHE
+# process or in subprocesses, share compiled programs), never the user's own. pytest-xdist's
+# workers inherit the controller's directory, so that they share it too; the process that made
+# it removes it.
+_OWN_CACHE = "PYTEST_XDIST_WORKER" not in os.environ
+if _OWN_CACHE:
+  _CACHE = tempfile.mkdtemp(prefix="sao_jax_test_xla_")
+  os.environ["SAO_JAX_CACHE"] = _CACHE
+else:
+  _CACHE = os.environ["SAO_JAX_CACHE"]
 
 
 def pytest_sessionfinish(session, exitstatus):
-  shutil.rmtree(_CACHE, ignore_errors=True)
+  if _OWN_CACHE:
+    shutil.rmtree(_CACHE, ignore_errors=True)
 
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -36,7 +52,17 @@ TINY_CONFIG = REPO_ROOT / "experiments" / "configs" / "arith_grpo.py"
 
 def subprocess_env() -> dict[str, str]:
   """Environment for child processes: the real devices, not the fake 8-device mesh."""
-  return dict(os.environ, XLA_FLAGS=_USER_XLA_FLAGS)
+  return dict(os.environ, XLA_FLAGS=_TEST_XLA_FLAGS)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_compile_cache():
+  """This process compiles into the session's cache too, as `sao-jax train` does with its
+  default setting ("user"): tests that build the programs a run or another test built load
+  them."""
+  from sao_jax import startup
+
+  startup.enable_compile_cache("user")
 
 
 # `sao-jax train` of config ("path:name") into workdir, with "key=value" overrides as --set.
@@ -72,3 +98,15 @@ def kafka_broker():
 
   with LocalBroker() as broker:
     yield broker
+
+
+def pytest_collection_modifyitems(config, items):
+  """Orders the modules with the most end-to-end runs (marked slow) first, each module's tests
+  together and in their order, so that pytest-xdist's workers (one module at a time: a
+  module's fixtures are made once) share the long ones out early instead of one finishing a
+  long module while the other has nothing left."""
+  slow: dict[str, int] = {}
+  for item in items:
+    module = item.nodeid.split("::")[0]
+    slow[module] = slow.get(module, 0) + bool(item.get_closest_marker("slow"))
+  items.sort(key=lambda item: -slow[item.nodeid.split("::")[0]])  # stable

@@ -7,16 +7,6 @@ import json
 
 import pytest
 
-from sao_jax import startup
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compile_cache():
-  """The session's compilation cache ($SAO_JAX_CACHE, set by conftest), as `sao-jax train`
-  uses it: the second seed and the next run load the tiny programs instead of compiling them
-  again (JAX takes the first cache directory a process sets)."""
-  startup.enable_compile_cache("user")
-
 
 @pytest.fixture(scope="module")
 def arith(repo_root):
