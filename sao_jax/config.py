@@ -176,6 +176,10 @@ class MeshConfig:
       len(set(self.axes)) == len(self.axes) and all(self.axes),
       f"mesh.axes {self.axes} must be distinct non-empty names",
     )
+    _check(
+      all(isinstance(s, int) and not isinstance(s, bool) for s in self.shape),
+      f"mesh.shape {self.shape} must hold integers",
+    )
     _check(sum(s == -1 for s in self.shape) <= 1, "at most one mesh axis may be -1")
     _check(all(s == -1 or s > 0 for s in self.shape), f"bad mesh.shape {self.shape}")
 

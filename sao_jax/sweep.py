@@ -563,21 +563,29 @@ def group_alive(pgid: int) -> bool:
 def stop_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
   """SIGTERM to the trial's process group, SIGKILL to whatever is left after `grace_s`;
   reaps the leader and waits (briefly) until the group is empty."""
-  pgid = proc.pid
-  try:
-    os.killpg(pgid, signal.SIGTERM)
-  except ProcessLookupError:
-    pass
+  stop_groups([proc], grace_s)
+
+
+def stop_groups(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+  """`stop_group` for several trials at once: every group gets SIGTERM first and they share
+  one grace period, so a Ctrl-C with N trials running takes one grace, not N."""
+
+  def signal_all(sig):
+    for p in procs:
+      try:
+        os.killpg(p.pid, sig)
+      except ProcessLookupError:
+        pass
+
+  signal_all(signal.SIGTERM)
   deadline = time.time() + grace_s
-  while proc.poll() is None and time.time() < deadline:
+  while any(p.poll() is None for p in procs) and time.time() < deadline:
     time.sleep(0.05)
-  try:
-    os.killpg(pgid, signal.SIGKILL)
-  except ProcessLookupError:
-    pass
-  proc.wait()
+  signal_all(signal.SIGKILL)
+  for p in procs:
+    p.wait()
   deadline = time.time() + grace_s
-  while group_alive(pgid) and time.time() < deadline:
+  while any(group_alive(p.pid) for p in procs) and time.time() < deadline:
     time.sleep(0.05)
 
 
@@ -1039,8 +1047,8 @@ class SweepRunner:
         time.sleep(self.poll_s)
       return sweep_report.write_all(self)
     finally:
+      stop_groups([r.proc for r in running.values()])
       for r in running.values():
-        stop_group(r.proc)
         self._event(event="stopped", trial=r.trial.number, point=r.point, seed=r.seed)
       if bar is not None:
         bar.close()
