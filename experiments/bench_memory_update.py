@@ -63,6 +63,13 @@ def _parser() -> argparse.ArgumentParser:
   )
   p.add_argument("--eval-episodes", type=int, default=8)
   p.add_argument("--quick", action="store_true", help="tiny config, 2 steps, 2 repeats")
+  p.add_argument(
+    "--set",
+    action="append",
+    default=[],
+    metavar="KEY=VALUE",
+    help="config override, as for sao-jax train (e.g. model.depth=1); recorded in the JSON",
+  )
   p.add_argument("--out", default=str(ROOT / "results/bench_memory_update.json"))
   return p
 
@@ -70,7 +77,11 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None) -> dict:
   args = _parser().parse_args(argv)
   variant = "tiny" if args.quick else "default"
-  cfg, mod = B.load_config(f"{args.config}:{variant}"), B._config_module(args.config)
+  try:
+    cfg = B.load_config(f"{args.config}:{variant}", overrides=args.set)
+  except B.ConfigError as e:
+    _parser().error(str(e))
+  mod = B._config_module(args.config)
   task = "retention" if args.quick else args.task
   steps, repeats = (2, 2) if args.quick else (args.steps, args.repeats)
   if task not in mod.TRAIN_TASKS[variant] or min(steps, repeats) < 1:
@@ -86,6 +97,7 @@ def main(argv=None) -> dict:
   result = rf.update(
     config_file=config_file_id(f"{B._portable(args.config)}:{variant}"),
     task=task,
+    overrides=args.set,
     spec=dict(vars(spec)),
     batch_size=cfg.sft.batch_size,
     steps=steps,

@@ -10,13 +10,16 @@ import sys
 import pytest
 from conftest import subprocess_env
 
+_SMALL = ("--set", "model.depth=1", "--set", "compression.enc_depth=1")
+
 
 @pytest.mark.slow
 def test_bench_memory_update_quick(tmp_path, repo_root, capsys):
   out = tmp_path / "x.json"
   cmd = [sys.executable, str(repo_root / "experiments" / "bench_memory_update.py"), "--quick"]
   proc = subprocess.run(
-    [*cmd, "--out", str(out)],
+    # One layer in the policy and the step encoder: the same programs, compiled sooner.
+    [*cmd, *_SMALL, "--out", str(out)],
     cwd=repo_root,
     capture_output=True,
     text=True,
@@ -26,6 +29,7 @@ def test_bench_memory_update_quick(tmp_path, repo_root, capsys):
   assert proc.returncode == 0, proc.stderr
   r = json.loads(out.read_text())
   assert r["provenance"]["commit"] and r["task"] == "retention" and r["repeats"] == 2
+  assert r["overrides"] == list(_SMALL[1::2])
   arms = r["arms"]
   # Only the stage-1 control's bank is shared (the compressed arm evicts; its salience pass is
   # shared in the "shared" mode).
