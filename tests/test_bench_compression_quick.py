@@ -24,15 +24,7 @@ def quick_run(tmp_path_factory, repo_root):
 
 
 def _quick_flags(where) -> tuple[str, ...]:
-  # One compilation cache for the module: the reruns load the first run's programs (the
-  # peak-memory ones included) instead of compiling them again, most of their time.
-  return (
-    "--uncompressed-control",
-    "--params-dir",
-    str(where / "params"),
-    "--compile-cache",
-    str(where / "jax_cache"),
-  )
+  return ("--uncompressed-control", "--params-dir", str(where / "params"))
 
 
 def _resume_from(quick_run, name: str) -> pathlib.Path:
