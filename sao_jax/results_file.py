@@ -111,8 +111,7 @@ def upgrade(doc: dict) -> dict:
     top = {k: out[k] for k in _PROVENANCE_KEYS if k in out}
     if "commit" not in top and "git_commit" in out:
       top["commit"] = out["git_commit"]
-    if top:
-      out["provenance"] = top
+    out["provenance"] = top  # empty where the file recorded none: readers need not check
   return out
 
 
