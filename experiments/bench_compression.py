@@ -104,6 +104,7 @@ from sao_jax.provenance import cpu, provenance  # noqa: E402
 from sao_jax.results_file import ResultFile, ResultFileError, config_file_id  # noqa: E402
 from sao_jax.runners.compiled import compile_programs  # noqa: E402
 from sao_jax.startup import enable_compile_cache  # noqa: E402
+from sao_jax.stats import wilson  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -633,14 +634,11 @@ def _accuracy_stats(trajs) -> dict:
   interval (the s.e. is 0 at 0 or 1; the interval is not)."""
   r = _rewards(trajs)
   n, p = len(r), float(r.mean())
-  z = 1.96
-  centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-  half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
   return {
     "accuracy": p,
     "questions": n,
     "stderr": float(np.sqrt(p * (1 - p) / n)),
-    "wilson95": [float(centre - half), float(centre + half)],
+    "wilson95": list(wilson(p, n, z=1.96)),
   }
 
 

@@ -125,3 +125,11 @@ def welch_interval(a: SeedStats, b: SeedStats, confidence: float = 0.95) -> tupl
   nu = (va + vb) ** 2 / (va**2 / (a.n - 1) + vb**2 / (b.n - 1))
   half = float(sp_stats.t.ppf(0.5 + confidence / 2, nu)) * math.sqrt(va + vb)
   return d - half, d + half
+
+
+def wilson(p: float, n: int, z: float = 1.959964) -> tuple[float, float]:
+  """Wilson score interval of a proportion p seen over n trials (z: the normal quantile,
+  1.96 for 95 %). Unlike p -/+ z s.e. it does not collapse to a point at p = 0 or 1."""
+  centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+  half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+  return max(0.0, centre - half), min(1.0, centre + half)

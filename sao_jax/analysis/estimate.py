@@ -153,7 +153,7 @@ def _pooled_rate(a: Analysis, us: list[data.Unit]) -> list[Estimate]:
   if not per:
     return []
   k, n = sum(sum(o) for _, o in per), sum(len(o) for _, o in per)
-  lo, hi = _wilson(k, n)
+  lo, hi = stats.wilson(k / n, n)
   f = a.format
   return [
     Estimate(
@@ -166,13 +166,6 @@ def _pooled_rate(a: Analysis, us: list[data.Unit]) -> list[Estimate]:
       seeds=tuple(u.seed for u, _ in per),
     )
   ]
-
-
-def _wilson(k: float, n: int, z: float = 1.959964) -> tuple[float, float]:
-  p = k / n
-  mid = (p + z * z / (2 * n)) / (1 + z * z / n)
-  half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-  return max(0.0, mid - half), min(1.0, mid + half)
 
 
 def upper_bound(k: int, n: int, confidence: float = 0.95) -> float:
