@@ -136,10 +136,13 @@ def test_bench_compression_quick(quick_run):
     assert lm["ratio_sao_over_grpo_window"] == pytest.approx(
       lm["sao_compressed"]["peak"] / lm["grpo_n8_window_control"]["peak"]
     )
-    # With the stage-1 control: its memory (every step, float32) costs more than the
-    # compressed bank, and eight trajectories a task more than one.
+    # With the stage-1 control: eight trajectories a task cost more than one, with either
+    # memory. (Whether the stage-1 bank costs more than the compressed one shows at 1,000
+    # steps, in the committed results; at 120 steps of the tiny policy the two single-
+    # trajectory updates are within 1 % of each other, either way round.)
     g1, s1 = lm["grpo_n8_stage1_memory"]["peak"], lm["sao_stage1_memory"]["peak"]
-    assert g1 > s1 > lm["sao_compressed"]["peak"]
+    assert g1 > 4 * max(s1, lm["sao_compressed"]["peak"])
+    assert s1 == pytest.approx(lm["sao_compressed"]["peak"], rel=0.05)
     assert lm["ratio_sao_over_grpo_stage1"] == pytest.approx(lm["sao_compressed"]["peak"] / g1)
 
 

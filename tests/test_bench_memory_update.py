@@ -18,7 +18,7 @@ def test_bench_memory_update_quick(tmp_path, repo_root, capsys):
   out = tmp_path / "x.json"
   cmd = [sys.executable, str(repo_root / "experiments" / "bench_memory_update.py"), "--quick"]
   proc = subprocess.run(
-    # One layer in the policy and the step encoder: the same programs, compiled sooner.
+    # --set as for sao-jax train (here the tiny variant's own depths): recorded in the JSON.
     [*cmd, *_SMALL, "--out", str(out)],
     cwd=repo_root,
     capture_output=True,

@@ -166,8 +166,10 @@ def get_config(variant: str = "default") -> Config:
   recovery = RecoveryConfig()
   num_train, num_test = 4000, 256
   if variant == "tiny":
-    comp = dataclasses.replace(comp, capacity=16, budget=4, visible=16)
-    model = dataclasses.replace(model, width=32, heads=2, max_len=128, memory_slots=32)
+    # One layer in the policy and the step encoder, as the other configs' tiny variants:
+    # the same programs, compiled in about three quarters of the time (the tests' runs).
+    comp = dataclasses.replace(comp, capacity=16, budget=4, visible=16, enc_depth=1)
+    model = dataclasses.replace(model, width=32, depth=1, heads=2, max_len=128, memory_slots=32)
     sft = dataclasses.replace(sft, batch_size=4)
     rl = dataclasses.replace(rl, steps=3, prompts_per_step=2, group_size=4)
     sao = dataclasses.replace(sao, num_samplers=1, sampler_slots=4, batch_size=4, refill_rows=4)
