@@ -1327,7 +1327,6 @@ def main(argv=None) -> dict:
           f"{v['facts_visible_at_question_frac']:.3f}"
         )
       task.update(long_spec=dataclasses.asdict(long_specs[name]), bytes_per_stage=stages)
-      task.pop("peak_memory", None)
       save(f"{name}: bytes per stage and filters")
     if long_eval:
       evals = make_split(long_specs[name], "test", long_eval, 2)
