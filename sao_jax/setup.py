@@ -15,6 +15,7 @@ from sao_jax.envs.base import Task
 from sao_jax.models import hf, make_model
 from sao_jax.models.transformer import TransformerLM
 from sao_jax.rl import advantages, losses, trackers  # noqa: F401  (fill the registries)
+from sao_jax.rl.advantages import GROUP_ESTIMATORS
 from sao_jax.rl.registry import ADVANTAGES, LOSSES
 from sao_jax.tasks import TaskFamily, get_family
 from sao_jax.tokenizer import Tokenizer, get_tokenizer
@@ -43,6 +44,11 @@ def validate(cfg: Config) -> TaskFamily:
     raise ConfigError(f"rl.advantage {cfg.rl.advantage!r} unknown; known: {ADVANTAGES.names()}")
   if cfg.rl.loss not in LOSSES.names():
     raise ConfigError(f"rl.loss {cfg.rl.loss!r} unknown; known: {LOSSES.names()}")
+  if cfg.rl.algorithm == "grpo" and cfg.rl.advantage not in GROUP_ESTIMATORS:
+    raise ConfigError(
+      f"rl.advantage {cfg.rl.advantage!r} is not a group estimator, which GRPO needs; "
+      f"known: {', '.join(GROUP_ESTIMATORS)}"
+    )
   if cfg.compression.enabled:
     _check_memory_rl(cfg)
   if cfg.init_from and not pathlib.Path(cfg.init_from).is_dir():
@@ -104,7 +110,6 @@ def _check_memory_rl(cfg: Config) -> None:
     what = "SAO learner of the policy with compressed memory"
   else:
     unsupported = {
-      "rl.advantage": (rl.advantage, "group_norm", ""),
       "rl.loss": (rl.loss, "ppo_clip", ""),
       "rl.loss_agg": (rl.loss_agg, "token_mean", ""),
       "rl.ppo_epochs": (rl.ppo_epochs, 1, ""),

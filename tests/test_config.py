@@ -29,6 +29,7 @@ def test_override_nested_and_types():
     ("seed.x=1", "is a value, not a section"),
     ("model.width=130", "not divisible by heads"),
     ("rl.advantage='nope'", "rl.advantage 'nope' unknown"),
+    ("rl.advantage='spo_tracker'", "not a group estimator, which GRPO needs"),
     ("rl.loss='nope'", "rl.loss 'nope' unknown"),
     ("rl.clip_eps=1.5", "clip_eps"),
     ("rl.lr=1e-3", "did you mean 'rl.optim.lr'"),

@@ -30,6 +30,27 @@ class RLMathTest(chex.TestCase):
     np.testing.assert_allclose(advantages.grouped("group_center", r, 2), [0.5, -0.5, 0.0, 0.0])
 
   @chex.all_variants
+  def test_a_mask_leaves_the_invalid_entries_out(self):
+    # The masked estimators on a group equal the plain ones on its valid entries alone, and
+    # give the others 0 (whatever their reward): the memory policy's ungraded rows.
+    r = jnp.array([1.0, 7.0, 0.0, 0.0, -3.0, 1.0])
+    v = jnp.array([True, False, True, True, False, True])
+    for name in ("group_norm", "group_center"):
+      fn = self.variant(lambda r, v, name=name: advantages.grouped(name, r, 6, v))
+      want = np.zeros(6)
+      want[np.asarray(v)] = advantages.grouped(name, r[v], 4)
+      np.testing.assert_allclose(fn(r, v), want, rtol=1e-5, atol=1e-6)
+      # All valid: the unmasked estimator; none valid: all 0 (no signal, not NaN).
+      np.testing.assert_allclose(
+        fn(r, jnp.ones(6, bool)), advantages.grouped(name, r, 6), rtol=1e-5, atol=1e-6
+      )
+      np.testing.assert_array_equal(fn(r, jnp.zeros(6, bool)), np.zeros(6))
+
+  def test_grouped_refuses_an_estimator_that_is_not_one_of_groups(self):
+    with pytest.raises(ValueError, match="not a group estimator"):
+      advantages.grouped("spo_tracker", jnp.zeros(4), 2)
+
+  @chex.all_variants
   def test_ppo_clip(self):
     fn = self.variant(losses.ppo_clip_loss, static_argnums=(4,))
     logp = jnp.log(jnp.array([1.5, 0.5, 1.1, 1.0]))  # ratios vs old_logp=0
@@ -72,3 +93,20 @@ def test_aggregate(how, expected):
 def test_aggregate_unknown():
   with pytest.raises(KeyError, match="unknown loss aggregation"):
     losses.aggregate(jnp.zeros((1, 1)), jnp.ones((1, 1), bool), "max")
+
+
+def test_grouped_rows_of_trajectories_match_the_reference_formula():
+  """The memory policy's GRPO advantage (`make_memory_update`): rows [B, R] of B trajectories,
+  groups of `k` consecutive trajectories, only graded rows in the statistics. The registry's
+  masked estimator over the flattened rows equals the direct formula."""
+  rng = np.random.default_rng(0)
+  b, r_, k = 8, 5, 4
+  r = jnp.asarray(rng.integers(0, 2, (b, r_)).astype(np.float32))
+  g = jnp.asarray(rng.random((b, r_)) < 0.6)
+  got = advantages.grouped("group_norm", r.reshape(-1), k * r_, g.reshape(-1)).reshape(b, r_)
+  rg, gg = np.asarray(r).reshape(b // k, -1), np.asarray(g).reshape(b // k, -1)
+  n = np.maximum(gg.sum(-1, keepdims=True), 1)
+  mean = (rg * gg).sum(-1, keepdims=True) / n
+  std = np.sqrt((np.square(rg - mean) * gg).sum(-1, keepdims=True) / n)
+  want = np.where(gg, (rg - mean) / (std + 1e-6), 0.0).reshape(b, r_)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)

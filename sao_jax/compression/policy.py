@@ -40,6 +40,7 @@ from sao_jax.compression.memory import Compressor, Graveyard, Stream, graveyard
 from sao_jax.learner import apply_gradients
 from sao_jax.models import KVCache, init_cache
 from sao_jax.models.transformer import TransformerLM
+from sao_jax.rl import advantages as adv_lib
 from sao_jax.rl import losses as loss_lib
 from sao_jax.state import TrainState
 
@@ -415,22 +416,6 @@ class MemoryPolicy:
     }
 
 
-def group_advantages(r_br: jax.Array, g_br: jax.Array, group_size: int) -> jax.Array:
-  """GRPO advantages of graded rows: (r - group mean) / (group std + 1e-6), the mean and std
-  over the graded rows of the `group_size` consecutive trajectories that share a task
-  (group_size 0: the whole batch is one group); 0 on ungraded rows.
-
-  r_br [B, R] rewards of the rows, g_br [B, R] bool graded (and valid)."""
-  b = r_br.shape[0]
-  k = group_size or b
-  r_gkr = r_br.reshape(b // k, -1)
-  g_gkr = g_br.reshape(b // k, -1).astype(r_br.dtype)
-  n = jnp.maximum(jnp.sum(g_gkr, -1, keepdims=True), 1)
-  mean = jnp.sum(r_gkr * g_gkr, -1, keepdims=True) / n
-  std = jnp.sqrt(jnp.sum(jnp.square(r_gkr - mean) * g_gkr, -1, keepdims=True) / n)
-  return jnp.where(g_gkr > 0, (r_gkr - mean) / (std + 1e-6), 0.0).reshape(r_br.shape)
-
-
 def make_memory_update(
   policy: MemoryPolicy,
   tx,
@@ -440,6 +425,7 @@ def make_memory_update(
   clip_eps: float = 0.2,
   is_cap: float = 2.0,
   group_size: int = 0,
+  advantage: str = "group_norm",
   share: bool | None = None,
 ):
   """update(state, batch: MemoryBatch) -> (state, metrics) for the memory policy.
@@ -447,8 +433,9 @@ def make_memory_update(
   mode "sft": loss = mean over rows of the row's token cross-entropy weighted by
   row_weight_br (graded steps weigh more than filler steps: they carry the task).
   mode "rl": the batch carries behaviour log-probs and the shipped bank; the advantage of a
-  graded row is `group_advantages` over groups of `group_size` consecutive trajectories (one
-  task each; 0: the whole batch), ungraded rows carry no reward signal and get zero weight;
+  graded row is the registered group estimator `advantage` (`rl.advantages.grouped`) over the
+  graded rows of `group_size` consecutive trajectories (one task each; 0: the whole batch);
+  ungraded rows carry no reward signal and get zero advantage and weight;
   loss: the decoupled PPO surrogate (`rl.losses.decoupled_ppo_loss`), a token mean over the
   graded rows.
   `share`: `MemoryPolicy.row_logprobs`'s (None: the memory computed once per trajectory
@@ -482,7 +469,8 @@ def make_memory_update(
       else:
         g = batch.graded_br & sv
         r = jnp.take_along_axis(batch.rewards_bs, batch.row_step_br, axis=1)  # per row
-        adv = group_advantages(r, g, group_size)
+        k = (group_size or r.shape[0]) * r.shape[1]  # a group: its trajectories' rows
+        adv = adv_lib.grouped(advantage, r.reshape(-1), k, g.reshape(-1)).reshape(r.shape)
         rows = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
         tok_loss, _ = jax.vmap(
           lambda lp, bh, a, m: loss_lib.decoupled_ppo_loss(

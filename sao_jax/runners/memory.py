@@ -78,6 +78,7 @@ def memory_programs(s: Setup, optim: OptimConfig, *, mode: str, group_size: int 
     clip_eps=rl.clip_eps,
     is_cap=s.cfg.sao.is_cap,
     group_size=group_size,
+    advantage=rl.advantage,
   )
   learner = compile_learner(
     s.cfg, None, tx, update, with_ref=False, prompt_len=0, init_fn=s.memory.init_state_fn(tx)
@@ -212,7 +213,7 @@ def run_memory_grpo(
   """Synchronous GRPO(N=group_size) with compressed memory: `prompts_per_step` tasks, each
   played `group_size` times side by side (every slot compresses its own episode in-graph),
   then one update on the whole episodes, whose graded steps are the rows; advantages are
-  normalised within each task's group (`compression.policy.group_advantages`)."""
+  normalised within each task's group (`rl.advantage`, a registered group estimator)."""
   cfg, rl = s.cfg, s.cfg.rl
   c = cfg.compression
   max_seconds = rl.max_seconds if max_seconds is None else max_seconds
