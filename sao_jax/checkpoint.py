@@ -16,6 +16,7 @@ journal position, transport offsets, clock), so a resumed run continues where it
 
 from __future__ import annotations
 
+import logging
 import pathlib
 import warnings
 from typing import Any
@@ -83,6 +84,22 @@ def manager(
     preservation_policy=cm.AnyPreservationPolicy(policies),
   )
   return ocp.CheckpointManager(pathlib.Path(directory).absolute(), options=options)
+
+
+def reader(directory: str | pathlib.Path) -> ocp.CheckpointManager:
+  """A read-only manager: it neither creates `directory` nor starts the background clean-up
+  of unfinished snapshots (a writer's job, which `close()` does not wait for: a process that
+  only read and then exited printed that thread's traceback at exit)."""
+  if not pathlib.Path(directory).is_dir():
+    raise FileNotFoundError(f"no checkpoint directory {directory}")
+  options = ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0)
+  absl = logging.getLogger("absl")  # Orbax warns that the directory is read-only: we asked
+  level = absl.level
+  absl.setLevel(logging.ERROR)
+  try:
+    return ocp.CheckpointManager(pathlib.Path(directory).absolute(), options=options)
+  finally:
+    absl.setLevel(level)
 
 
 def save(
@@ -211,7 +228,7 @@ def read_meta(
   already open on `directory`, used and left open (reading many steps opens one, not one
   each)."""
   own = mngr is None
-  mngr = manager(directory) if own else mngr
+  mngr = reader(directory) if own else mngr
   try:
     step = mngr.latest_step() if step is None else step
     if step is None:
@@ -225,17 +242,19 @@ def read_meta(
 
 def restore_params(directory: str | pathlib.Path, like_params, step: int | None = None):
   """Params only, onto the shardings of `like_params`; returns (params, step, meta)."""
-  mngr = manager(directory)
-  step = mngr.latest_step() if step is None else step
-  if step is None:
-    raise FileNotFoundError(f"no complete checkpoint in {directory}")
-  out = mngr.restore(
-    step,
-    args=ocp.args.Composite(
-      params=ocp.args.StandardRestore(_abstract(like_params)), meta=ocp.args.JsonRestore()
-    ),
-  )
-  mngr.close()
+  mngr = reader(directory)
+  try:
+    step = mngr.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no complete checkpoint in {directory}")
+    out = mngr.restore(
+      step,
+      args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(_abstract(like_params)), meta=ocp.args.JsonRestore()
+      ),
+    )
+  finally:
+    mngr.close()
   verify(
     out["params"],
     out["meta"].get("checksums", {}).get("params"),
@@ -328,7 +347,10 @@ class ShadowBank:
 
 
 def checkpoint_dir(path: pathlib.Path) -> pathlib.Path:
-  """`path` itself if it holds steps; else the newest phase under path/checkpoints."""
+  """`path` itself if it holds steps; else the newest phase under path/checkpoints. A path
+  that does not exist is a FileNotFoundError (not a directory made for it)."""
+  if not path.is_dir():
+    raise FileNotFoundError(f"{path}: no such directory (a run's workdir or its checkpoints)")
   if (path / "checkpoints").is_dir():
     for phase in ("rl", "sft"):
       d = path / "checkpoints" / phase

@@ -892,7 +892,13 @@ def load_config(path: str, variant: str = "default", overrides: list[str] = ()) 
   spec.loader.exec_module(module)
   if not hasattr(module, "get_config"):
     raise ConfigError(f"{path} defines no get_config(variant)")
-  cfg = module.get_config(variant)
+  try:
+    cfg = module.get_config(variant)
+  except ConfigError:
+    raise
+  except (ValueError, KeyError) as err:  # e.g. a variant the file does not define
+    msg = err.args[0] if isinstance(err, KeyError) and err.args else err
+    raise ConfigError(f"{path}:{variant}: {msg}") from None
   if not isinstance(cfg, Config):
     raise ConfigError(f"{path}:get_config returned {type(cfg).__name__}, not Config")
   return apply_overrides(cfg, list(overrides))

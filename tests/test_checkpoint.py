@@ -78,8 +78,14 @@ def test_roundtrip_and_restore_on_another_mesh(tmp_path):
 
 
 def test_missing_checkpoint_is_a_clear_error(tmp_path):
+  (tmp_path / "empty").mkdir()
   with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
     ckpt.read_meta(tmp_path / "empty")
+  # A directory that is not there: said so, and readers do not create it.
+  for read in (ckpt.read_meta, lambda d: ckpt.restore_params(d, {})):
+    with pytest.raises(FileNotFoundError, match="no checkpoint directory"):
+      read(tmp_path / "absent")
+  assert not (tmp_path / "absent").exists()
 
 
 def test_sao_value_trackers_are_checkpointed(tmp_path):

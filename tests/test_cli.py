@@ -81,3 +81,12 @@ def test_errors_are_clear(tiny_run_dir, repo_root, tmp_path):
   assert proc.returncode == 0 and "already finished" in proc.stdout
   proc = _cli("eval", "--workdir", str(tmp_path), cwd=repo_root)
   assert proc.returncode == 2 and "no complete checkpoint" in proc.stderr
+  assert "Traceback" not in proc.stderr  # (Orbax's clean-up thread printed one at exit)
+  # A directory that does not exist: said so, and not created.
+  proc = _cli("eval", "--workdir", str(tmp_path / "nowhere"), cwd=repo_root)
+  assert proc.returncode == 2 and "no such directory" in proc.stderr, proc.stderr
+  assert "Traceback" not in proc.stderr and not (tmp_path / "nowhere").exists()
+  # A variant the config file does not define: its own message, no traceback.
+  proc = _cli("train", "--config", f"{CFG}:huge", "--workdir", str(tmp_path / "h"), cwd=repo_root)
+  assert proc.returncode == 2 and "unknown variant 'huge'" in proc.stderr, proc.stderr
+  assert "Traceback" not in proc.stderr and not (tmp_path / "h").exists()
