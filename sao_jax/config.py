@@ -10,12 +10,13 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import functools
 import importlib.util
 import json
 import math
 import pathlib
 import typing
-from typing import Any
+from typing import Any, Literal
 
 
 class ConfigError(ValueError):
@@ -25,6 +26,21 @@ class ConfigError(ValueError):
 def _check(ok: bool, msg: str):
   if not ok:
     raise ConfigError(msg)
+
+
+@functools.cache
+def _choices(cls) -> dict[str, tuple]:
+  """{field: its allowed values} for the `Literal`-typed fields of a config class."""
+  hints = typing.get_type_hints(cls)
+  return {k: typing.get_args(h) for k, h in hints.items() if typing.get_origin(h) is Literal}
+
+
+def _check_choices(cfg, prefix: str) -> None:
+  """The one check of enum-like settings: every `Literal`-typed field of the section `cfg`
+  (named `prefix`, e.g. "rl.") holds one of its values."""
+  for name, known in _choices(type(cfg)).items():
+    v = getattr(cfg, name)
+    _check(v in known, f"{prefix}{name} {v!r} unknown; known: {', '.join(map(str, known))}")
 
 
 def _check_finite(cfg, prefix: str = "") -> None:
@@ -83,8 +99,8 @@ class ModelConfig:
   memory_slots: int = 0
   memory_dim: int = 0
   value_head: bool = False  # a scalar head on the final hidden state (SAO's learned baseline)
-  dtype: str = "float32"
-  arch: str = "gpt"
+  dtype: Literal["float32", "bfloat16"] = "float32"
+  arch: Literal["gpt", "llama"] = "gpt"
   kv_heads: int = 0  # 0: as many as `heads` (plain multi-head attention)
   mlp_dim: int = 0  # 0: width * mlp_ratio
   rope_theta: float = 10000.0
@@ -103,10 +119,7 @@ class ModelConfig:
     )
     _check(self.max_len > 0, "model.max_len must be positive")
     _check(self.memory_slots >= 0 and self.memory_dim >= 0, "memory sizes must be >= 0")
-    _check(
-      self.dtype in ("float32", "bfloat16"), f"model.dtype {self.dtype!r} not float32/bfloat16"
-    )
-    _check(self.arch in ("gpt", "llama"), f"model.arch {self.arch!r} unknown; known: gpt, llama")
+    _check_choices(self, "model.")
     _check(
       self.kv_heads >= 0 and self.mlp_dim >= 0 and self.lora_rank >= 0,
       "model.kv_heads, mlp_dim and lora_rank must be >= 0",
@@ -251,11 +264,11 @@ class RLConfig:
   """Policy-gradient phase. 'grpo' is the synchronous group baseline; 'sao' the asynchronous
   single-trajectory learner (its own knobs are in `Config.sao`)."""
 
-  algorithm: str = "grpo"
+  algorithm: Literal["grpo", "sao"] = "grpo"
   # Where GRPO samples: "inline" in the learner process, or "samplers": the SAO sampler
   # processes, transport and pinning (sao.*), one synchronous step at a time. SAO always uses
   # samplers.
-  sampling: str = "inline"
+  sampling: Literal["inline", "samplers"] = "inline"
   steps: int = 0
   max_seconds: float = 0.0
   prompts_per_step: int = 16
@@ -264,17 +277,14 @@ class RLConfig:
   temperature: float = 1.0
   advantage: str = "group_norm"
   loss: str = "ppo_clip"
-  loss_agg: str = "token_mean"
+  loss_agg: Literal["token_mean", "seq_mean"] = "token_mean"
   clip_eps: float = 0.2
   kl_coef: float = 0.0
   ppo_epochs: int = 1
   optim: OptimConfig = OptimConfig(lr=1e-4, warmup_steps=10)
 
   def __post_init__(self):
-    _check(
-      self.algorithm in ("grpo", "sao"),
-      f"rl.algorithm {self.algorithm!r} unknown; known: grpo, sao",
-    )
+    _check_choices(self, "rl.")
     _check(self.group_size >= 1 and self.prompts_per_step >= 1, "rl sizes must be >= 1")
     _check(
       self.steps >= 0 and self.max_seconds >= 0,
@@ -282,20 +292,12 @@ class RLConfig:
     )
     _check(self.max_new_tokens >= 1, "rl.max_new_tokens must be >= 1")
     self.optim.check("rl.optim")
-    _check(
-      self.sampling in ("inline", "samplers"),
-      f"rl.sampling {self.sampling!r} unknown; known: inline, samplers",
-    )
     _check(self.temperature > 0, "rl.temperature must be > 0")
     _check(0 < self.clip_eps < 1, "rl.clip_eps must be in (0, 1)")
     _check(self.kl_coef >= 0, "rl.kl_coef must be >= 0")
     # Epochs are unrolled inside the one jitted update: a handful, not hundreds.
     _check(1 <= self.ppo_epochs <= 16, f"rl.ppo_epochs {self.ppo_epochs} not in 1..16")
     # rl.advantage and rl.loss name registry entries: checked by sao_jax.setup.validate.
-    _check(
-      self.loss_agg in ("token_mean", "seq_mean"),
-      f"rl.loss_agg {self.loss_agg!r} unknown; known: seq_mean, token_mean",
-    )
 
   @property
   def uses_samplers(self) -> bool:
@@ -321,11 +323,13 @@ class SAOConfig:
   batch_size: int = 128
   param_sync_every: int = 1
   max_staleness: int = 4
-  staleness_mode: str = "decay"  # "decay": freshness factor 2^(-s/half_life); "drop": 1 up to max
+  # "decay": freshness factor 2^(-s/half_life); "drop": 1 up to max
+  staleness_mode: Literal["decay", "drop"] = "decay"
   freshness_half_life: float = 4.0
   is_cap: float = 2.0
-  is_level: str = "token"
-  baseline: str = "tracker"  # or "value_head": a learned V(prompt) (needs model.value_head)
+  is_level: Literal["token", "sequence"] = "token"
+  # "value_head": a learned V(prompt) (needs model.value_head)
+  baseline: Literal["tracker", "value_head"] = "tracker"
   value_coef: float = 0.5  # weight of the value head's squared error in the loss
   # Advantage r - baseline over the batch std, floored (see sao_jax.rl.trackers.spo_advantage);
   # adv_center also subtracts the batch mean (the SPO recipe; collapses on saturated rewards).
@@ -343,7 +347,7 @@ class SAOConfig:
   # "off" between trajectories (see sao_jax.rollout.ContinuousSampler).
   continuous: bool = True
   refill_rows: int = 8
-  inflight: str = "tokens"
+  inflight: Literal["off", "steps", "tokens"] = "tokens"
   sampler_threads: int = 0  # XLA intra-op threads per sampler process (0: XLA default)
   pin_cores: bool = False  # learner on core 0, samplers on the others (needs >= 2 cores)
   max_sampler_restarts: int = 5  # a sampler that dies is restarted, this many times per run
@@ -363,26 +367,11 @@ class SAOConfig:
     _check(self.priority_eps > 0, "sao.priority_eps must be > 0")
     _check(self.tracker_d_half > 0, "sao.tracker_d_half must be > 0")
     _check(self.sampler_threads >= 0, "sao.sampler_threads must be >= 0 (0: XLA default)")
-    _check(
-      self.staleness_mode in ("decay", "drop"),
-      f"sao.staleness_mode {self.staleness_mode!r} unknown; known: decay, drop",
-    )
-    _check(
-      self.is_level in ("token", "sequence"),
-      f"sao.is_level {self.is_level!r} unknown; known: sequence, token",
-    )
-    _check(
-      self.baseline in ("tracker", "value_head"),
-      f"sao.baseline {self.baseline!r} unknown; known: tracker, value_head",
-    )
+    _check_choices(self, "sao.")
     _check(self.value_coef >= 0, "sao.value_coef must be >= 0")
     _check(
       1 <= self.refill_rows <= self.sampler_slots,
       f"sao.refill_rows {self.refill_rows} not in 1..sampler_slots {self.sampler_slots}",
-    )
-    _check(
-      self.inflight in ("off", "steps", "tokens"),
-      f"sao.inflight {self.inflight!r} unknown; known: off, steps, tokens",
     )
     _check(self.adv_std_floor > 0, "sao.adv_std_floor must be > 0")
     _check(self.max_sampler_restarts >= 0, "sao.max_sampler_restarts must be >= 0")
@@ -403,17 +392,14 @@ class TransportConfig:
   no server). 'kafka': topics on `bootstrap_servers`, or on a local broker started for the
   run when that is empty."""
 
-  kind: str = "embedded"
+  kind: Literal["embedded", "kafka"] = "embedded"
   bootstrap_servers: str = ""
   run_id: str = ""  # topic namespace; empty: derived from the config name and start time
   partitions: int = 4
   broker_timeout_s: float = 30.0  # a lost broker is retried this long, then a clear error
 
   def __post_init__(self):
-    _check(
-      self.kind in ("embedded", "kafka"),
-      f"transport.kind {self.kind!r} unknown; known: embedded, kafka",
-    )
+    _check_choices(self, "transport.")
     _check(self.partitions >= 1, "transport.partitions must be >= 1")
     _check(self.broker_timeout_s > 0, "transport.broker_timeout_s must be > 0")
     _check(
@@ -519,9 +505,6 @@ class FaultsConfig:
     )
 
 
-SALIENCE = ("none", "learned")
-
-
 @dataclasses.dataclass(frozen=True)
 class CompressionConfig:
   """Three-stage context compression for long-horizon tasks (see sao_jax.compression).
@@ -577,7 +560,7 @@ class CompressionConfig:
   evict: bool = False
   recon_coef: float = 1.0
   predict_coef: float = 1.0
-  salience: str = "none"
+  salience: Literal["none", "learned"] = "none"
   salience_hidden: int = 32
   salience_coef: float = 1.0
   salience_price: float = 0.05
@@ -586,10 +569,7 @@ class CompressionConfig:
   salience_threshold: float = 0.5
 
   def __post_init__(self):
-    _check(
-      self.salience in SALIENCE,
-      f"compression.salience {self.salience!r} unknown; known: {', '.join(SALIENCE)}",
-    )
+    _check_choices(self, "compression.")
     _check(
       min(self.salience_hidden, self.salience_rows) > 0
       and self.salience_coef >= 0
@@ -649,17 +629,14 @@ class LoggingConfig:
   """
 
   wandb: bool = False
-  wandb_mode: str = "offline"
+  wandb_mode: Literal["offline", "online"] = "offline"
   wandb_project: str = "sao_jax"
   wandb_entity: str = ""
   wandb_group: str = ""
   wandb_name: str = ""  # empty: the workdir's folder name
 
   def __post_init__(self):
-    _check(
-      self.wandb_mode in ("offline", "online"),
-      f"logging.wandb_mode {self.wandb_mode!r} unknown; known: offline, online",
-    )
+    _check_choices(self, "logging.")
     _check(bool(self.wandb_project), "logging.wandb_project must not be empty")
 
 
@@ -832,9 +809,14 @@ def _literal(value: Any) -> Any:
 
 def coerce(value: Any, hint, name: str):
   """`value` (a command-line string or a Python value) as type `hint`, or a ConfigError."""
+  # An enum-like field (a Literal of strings) reads as a string; its value is checked by the
+  # section (`_check_choices`), with the values it knows.
+  is_str = hint is str or (
+    typing.get_origin(hint) is Literal and all(isinstance(a, str) for a in typing.get_args(hint))
+  )
   if (
     isinstance(value, str)
-    and hint is str
+    and is_str
     and len(value) >= 2
     and value[0] in "'\""
     and value[0] == value[-1]
@@ -843,7 +825,7 @@ def coerce(value: Any, hint, name: str):
       value = ast.literal_eval(value)
     except (ValueError, SyntaxError):
       raise ConfigError(f"cannot parse {value!r} for {name}") from None
-  elif isinstance(value, str) and hint is not str:
+  elif isinstance(value, str) and not is_str:
     try:
       value = ast.literal_eval(value)
     except (ValueError, SyntaxError):
@@ -853,6 +835,8 @@ def coerce(value: Any, hint, name: str):
     value = float(value)
   if origin is tuple and isinstance(value, list):
     value = tuple(value)
+  if origin is Literal and not isinstance(value, str):
+    raise ConfigError(f"{name} expects one of {', '.join(typing.get_args(hint))}, got {value!r}")
   if origin in (int, float, str, bool, tuple) and not isinstance(value, origin):
     raise ConfigError(f"{name} expects {origin.__name__}, got {value!r}")
   if origin is int and isinstance(value, bool):
