@@ -186,6 +186,12 @@ def _parser():
     "--uncompressed-control also GRPO(N=8) and SAO with the stage-1 memory",
   )
   p.add_argument(
+    "--skip-peak-memory",
+    action="store_true",
+    help="skip part 3, the compiled peak memory (nine compiles: most of a --quick run's "
+    "measuring); a later --resume run without this flag adds it to the file",
+  )
+  p.add_argument(
     "--params-dir",
     default="",
     help="save each arm's trained parameters here; a rerun with the same settings restores "
@@ -1118,6 +1124,8 @@ def main(argv=None) -> dict:
   long_specs = dict(mod.LONG_TASKS)
   if args.quick:
     long_specs = {k: dataclasses.replace(v, n_steps=120, n_facts=3) for k, v in long_specs.items()}
+  if args.peak_memory_only and args.skip_peak_memory:
+    _parser().error("--peak-memory-only and --skip-peak-memory leave nothing to measure")
   if args.peak_memory_only and set(specs) - set(long_specs):
     _parser().error(
       f"--peak-memory-only measures 1,000-step episodes; no long episodes for "
@@ -1356,7 +1364,7 @@ def main(argv=None) -> dict:
           if k in la
         )
       )
-    if "peak_memory" not in task:
+    if "peak_memory" not in task and not args.skip_peak_memory:
       task["peak_memory"] = peak_memories(
         ecfg, test, long_tasks, length, args.uncompressed_control, log
       )

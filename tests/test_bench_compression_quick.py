@@ -1,6 +1,8 @@
-"""experiments/bench_compression.py --quick end to end: one run with every arm, then reruns
-that resume from it (a stopped run, its arms one run at a time, another --eval-set). In a
-module of their own, which pytest-xdist runs on one worker: they share the first run."""
+"""experiments/bench_compression.py --quick end to end: one run with every arm (without the
+compiled peak memory, part 3), then reruns that resume from it (adding the peak memory, a
+stopped run, its arms one run at a time, another --eval-set). In a module of their own,
+which pytest-xdist runs on one worker: they share the first run, and the compilation cache
+makes the peak-memory programs once for the two reruns that measure them."""
 
 from __future__ import annotations
 
@@ -16,15 +18,17 @@ from test_bench_compression import _bench, _refused
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory, repo_root):
   """The run the tests here start from, made once (its three arms' training and every
-  measurement are most of their time): its directory (bench.json, the arms' parameters under
-  params/), its JSON and its stdout. Tests that resume from it write to copies."""
+  measurement but the peak memory are most of their time): its directory (bench.json, the
+  arms' parameters under params/), its JSON and its stdout. Tests that resume from it write
+  to copies."""
   where = tmp_path_factory.mktemp("bench_quick")
   r, stdout = _bench(where, repo_root, *_quick_flags(where))
   return where, r, stdout
 
 
-def _quick_flags(where) -> tuple[str, ...]:
-  return ("--uncompressed-control", "--params-dir", str(where / "params"))
+def _quick_flags(where, peak_memory: bool = False) -> tuple[str, ...]:
+  flags = ("--uncompressed-control", "--params-dir", str(where / "params"))
+  return flags if peak_memory else (*flags, "--skip-peak-memory")
 
 
 def _resume_from(quick_run, name: str) -> pathlib.Path:
@@ -125,25 +129,42 @@ def test_bench_compression_quick(quick_run):
     assert lu["control_right_other_wrong"] - lu["other_right_control_wrong"] == round(
       6 * (la["uncompressed_memory"]["accuracy"] - la["compressed"]["accuracy"])
     )
-    for pm in t["peak_memory"].values():
-      assert pm["grpo_n8_full_context"]["peak"] > pm["single_trajectory_full_context"]["peak"]
-      assert 0 < pm["ratio_sao_over_grpo"] < 1
-    # Long episodes: also GRPO(N=8) on the window the control was trained on, which is
-    # shorter than the whole episode and so needs less than full attention over it.
-    lm = t["peak_memory"]["long_episodes"]
-    assert lm["steps"] == 120 and lm["control_window_tokens"] == la["control_context_tokens"]
-    assert lm["grpo_n8_window_control"]["peak"] < lm["grpo_n8_full_context"]["peak"]
-    assert lm["ratio_sao_over_grpo_window"] == pytest.approx(
-      lm["sao_compressed"]["peak"] / lm["grpo_n8_window_control"]["peak"]
-    )
-    # With the stage-1 control: eight trajectories a task cost more than one, with either
-    # memory. (Whether the stage-1 bank costs more than the compressed one shows at 1,000
-    # steps, in the committed results; at 120 steps of the tiny policy the two single-
-    # trajectory updates are within 1 % of each other, either way round.)
-    g1, s1 = lm["grpo_n8_stage1_memory"]["peak"], lm["sao_stage1_memory"]["peak"]
-    assert g1 > 4 * max(s1, lm["sao_compressed"]["peak"])
-    assert s1 == pytest.approx(lm["sao_compressed"]["peak"], rel=0.05)
-    assert lm["ratio_sao_over_grpo_stage1"] == pytest.approx(lm["sao_compressed"]["peak"] / g1)
+    assert "peak_memory" not in t  # --skip-peak-memory: the next test adds it
+
+
+@pytest.mark.slow
+def test_bench_compression_quick_adds_the_peak_memory(quick_run, repo_root):
+  """--resume without --skip-peak-memory on a complete file: every measurement is kept (the
+  arms restored, not retrained nor measured again) and part 3 is added: the compiled peak
+  memory of one update, GRPO(N=8) against SAO, with the controls."""
+  where, r, _ = quick_run
+  out = _resume_from(quick_run, "peak.json")
+  r2, stdout = _bench(
+    where, repo_root, *_quick_flags(where, peak_memory=True), "--resume", out_name=out.name
+  )
+  assert "bytes and filters: kept from" in stdout and r2["complete"]
+  t0, t = r["tasks"]["retention"], r2["tasks"]["retention"]
+  assert t["arms"] == t0["arms"] and t["bytes_per_stage"] == t0["bytes_per_stage"]
+  la = t["bytes_per_stage"]["long_accuracy"]
+  for pm in t["peak_memory"].values():
+    assert pm["grpo_n8_full_context"]["peak"] > pm["single_trajectory_full_context"]["peak"]
+    assert 0 < pm["ratio_sao_over_grpo"] < 1
+  # Long episodes: also GRPO(N=8) on the window the control was trained on, which is
+  # shorter than the whole episode and so needs less than full attention over it.
+  lm = t["peak_memory"]["long_episodes"]
+  assert lm["steps"] == 120 and lm["control_window_tokens"] == la["control_context_tokens"]
+  assert lm["grpo_n8_window_control"]["peak"] < lm["grpo_n8_full_context"]["peak"]
+  assert lm["ratio_sao_over_grpo_window"] == pytest.approx(
+    lm["sao_compressed"]["peak"] / lm["grpo_n8_window_control"]["peak"]
+  )
+  # With the stage-1 control: eight trajectories a task cost more than one, with either
+  # memory. (Whether the stage-1 bank costs more than the compressed one shows at 1,000
+  # steps, in the committed results; at 120 steps of the tiny policy the two single-
+  # trajectory updates are within 1 % of each other, either way round.)
+  g1, s1 = lm["grpo_n8_stage1_memory"]["peak"], lm["sao_stage1_memory"]["peak"]
+  assert g1 > 4 * max(s1, lm["sao_compressed"]["peak"])
+  assert s1 == pytest.approx(lm["sao_compressed"]["peak"], rel=0.05)
+  assert lm["ratio_sao_over_grpo_stage1"] == pytest.approx(lm["sao_compressed"]["peak"] / g1)
 
 
 @pytest.mark.slow
@@ -165,7 +186,7 @@ def test_bench_compression_quick_resumes_a_stopped_run(quick_run, repo_root, cap
   assert "short episodes: kept from" in stdout2 and "bytes and filters: kept from" in stdout2
   assert r2["complete"] and r2["resumed_from"]["done"] == stopped["done"]
   t, t2 = r["tasks"]["retention"], r2["tasks"]["retention"]
-  assert t2["arms"] == t["arms"] and t2["peak_memory"] == t["peak_memory"]
+  assert t2["arms"] == t["arms"] and "peak_memory" not in t2  # still skipped
   la2 = t2["bytes_per_stage"]["long_accuracy"]
   assert la2["compressed"] == full["compressed"]  # kept: the same seconds too
   u, u2 = full["uncompressed_memory"], la2["uncompressed_memory"]
@@ -247,7 +268,7 @@ def test_bench_compression_quick_eval_set(quick_run, repo_root, capsys):
   the earlier run's filter ablation measured at 0, and the ablations now hold the trained
   0.5."""
   where, r, _ = quick_run
-  flags = _quick_flags(where)
+  flags = _quick_flags(where, peak_memory=True)
   t2 = r["tasks"]["retention"]
   la2 = t2["bytes_per_stage"]["long_accuracy"]
   out = _resume_from(quick_run, "eval_set.json")
