@@ -39,7 +39,9 @@
    - aliased), for GRPO(N=8) with full context (`sao_jax.learner.make_rl_update`, 8 rows per
    graded step of one task) against SAO with compressed memory (`make_memory_update`, one
    trajectory per task), on the accuracy episodes and on the 1,000-step episodes. Plus the
-   stored context bytes of the 8 vs 1 trajectories.
+   stored context bytes of the 8 vs 1 trajectories. It needs no trained parameters:
+   --peak-memory-only measures it alone, --skip-peak-memory leaves it out (a later --resume
+   run without the flag adds it).
 
 The JSON is written as each part finishes ("complete": false and "done": the last part
 finished, until the end), so a run stopped part-way keeps what it measured. With
