@@ -835,7 +835,7 @@ def coerce(value: Any, hint, name: str):
     value = float(value)
   if origin is tuple and isinstance(value, list):
     value = tuple(value)
-  if origin is Literal and not isinstance(value, str):
+  if is_str and origin is Literal and not isinstance(value, str):
     raise ConfigError(f"{name} expects one of {', '.join(typing.get_args(hint))}, got {value!r}")
   if origin in (int, float, str, bool, tuple) and not isinstance(value, origin):
     raise ConfigError(f"{name} expects {origin.__name__}, got {value!r}")

@@ -142,12 +142,20 @@ def load_run(workdir: pathlib.Path) -> tuple[config_lib.Config, list[dict]]:
   return cfg, rows
 
 
+def _has_snapshots(directory: pathlib.Path) -> bool:
+  mngr = ckpt_lib.reader(directory)
+  try:
+    return bool(mngr.all_steps())
+  finally:
+    mngr.close()
+
+
 def _start_state(s, learner, workdir: pathlib.Path):
   """The phase's first state, built as `SAOLearner.start` built it for a new run."""
   from sao_jax.runners.run import restore_init
 
   sft = workdir / "checkpoints" / "sft"
-  if sft.is_dir() and ckpt_lib.manager(sft).all_steps():
+  if sft.is_dir() and _has_snapshots(sft):
     init = restore_init(s, str(sft))
   elif s.cfg.init_from:
     init = restore_init(s, s.cfg.init_from)
@@ -214,10 +222,11 @@ def replay(
     cls = MemorySAOLearner
   learner = cls.update_side(s)
   state = _start_state(s, learner, workdir)
-  mngr = ckpt_lib.manager(
-    workdir / "checkpoints" / "rl", every=cfg.checkpoint_every, keep=cfg.recovery.keep
-  )
-  snaps = set(mngr.all_steps())
+  # Read-only: replay never edits the run (a writer's manager would create the directory and
+  # clean up the run's unfinished snapshots).
+  rl_dir = workdir / "checkpoints" / "rl"
+  mngr = ckpt_lib.reader(rl_dir) if rl_dir.is_dir() else None
+  snaps = set(mngr.all_steps()) if mngr else set()
   start_equal = None
   if 0 in snaps:
     snap0, _ = ckpt_lib.restore_state(mngr, state, 0)
@@ -252,7 +261,8 @@ def replay(
     if not res.ok:
       bar.set_postfix_str(f"mismatch at step {step}")
   bar.close()
-  mngr.close()
+  if mngr:
+    mngr.close()
 
   bad = [r for r in results if not r.ok]
   first = bad[0] if bad else None
