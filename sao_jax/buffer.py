@@ -117,12 +117,31 @@ def decode_trajectory(
     return None
 
 
+def record_age(rec: records.Record, step: int, tree=None) -> int:
+  """Updates between the policy that made `rec` (its oldest token's) and the learner's at
+  `step`. With a `sao_jax.lineage.LineageTree`, along the tree: -1 when any of its tokens is
+  of a policy that is not an ancestor of the current one (a lineage that a resume or rollback
+  discarded, or one the run never had). Without one: `step` minus the record's version."""
+  if tree is None or tree.current is None:
+    return step - rec.policy_version
+  lineage = rec.meta.get("lineage", -1)
+  a = rec.arrays
+  if "version" in a:
+    versions = a["version"][a["valid"].astype(bool)]
+    if versions.size and not tree.holds(lineage, versions, step):
+      return -1
+  return tree.age(lineage, rec.policy_version, step)
+
+
 class TrajectoryBuffer:
   """Consumed records in order; batches of `rows` rows of trajectories at most
-  `max_staleness` policy versions old."""
+  `max_staleness` policy versions old. With a `lineage` tree (`sao_jax.lineage`), age is
+  measured along it and records of a discarded lineage are dropped like stale ones
+  (`discarded` tells them apart)."""
 
-  def __init__(self, rows: int, max_staleness: int):
+  def __init__(self, rows: int, max_staleness: int, lineage=None):
     self.rows, self.max_staleness = rows, max_staleness
+    self.lineage = lineage
     self._items: collections.deque[Item] = collections.deque()
 
   def __len__(self) -> int:
@@ -139,7 +158,12 @@ class TrajectoryBuffer:
     return self._items[0].seq if self._items else default
 
   def _stale(self, it: Item, step: int) -> bool:
-    return step - it.rec.policy_version > self.max_staleness
+    age = record_age(it.rec, step, self.lineage)
+    return age < 0 or age > self.max_staleness
+
+  def discarded(self, it: Item, step: int) -> bool:
+    """Whether `it` is of a policy off the current lineage's path (dropped as such)."""
+    return record_age(it.rec, step, self.lineage) < 0
 
   def ready(self, step: int) -> bool:
     """Whether the next batch at `step` would be full: its fresh records fill `rows`."""
@@ -154,7 +178,7 @@ class TrajectoryBuffer:
 
   def take_batch(self, step: int) -> tuple[list[Item], list[Item]]:
     """The next fresh records, in consumption order, while their rows fit in `rows`, and the
-    too-stale records met on the way (dropped)."""
+    too-stale records (or of a discarded lineage) met on the way (dropped)."""
     batch, stale, n = [], [], 0
     while self._items and n < self.rows:
       it = self._items[0]
@@ -177,12 +201,17 @@ class TrajectoryBuffer:
     return out
 
 
-def batch_rows(items: list[Item], step: int, rows: int, max_staleness: int) -> tuple[SAOBatch, int]:
+def batch_rows(
+  items: list[Item], step: int, rows: int, max_staleness: int, lineage=None
+) -> tuple[SAOBatch, int]:
   """The SAO update's batch from whole trajectories: one row per environment step, padded to
-  `rows` (numpy fields). Returns (batch, number of records whose version is ahead of `step`:
-  made by a lineage that a resume or rollback discarded; they are given the largest staleness
-  still used). Staleness is per token, from the record's per-token `version` array (the
-  record's policy_version on every token when it has none)."""
+  `rows` (numpy fields). Returns (batch, number of records with a token whose policy is not
+  an ancestor of the learner's at `step` (without a `lineage` tree: whose version is ahead
+  of `step`); the buffer drops those before they get here, and a token of one is given the
+  largest staleness still used). Staleness is per token, from the record's per-token
+  `version` array (the record's policy_version on every token when it has none), measured
+  along the `sao_jax.lineage.LineageTree` when one is given (the same numbers unless a
+  rollback is on the path)."""
   if not items:
     raise ValueError("a batch needs at least one trajectory")
   parts: dict[str, list] = collections.defaultdict(list)
@@ -192,7 +221,11 @@ def batch_rows(items: list[Item], step: int, rows: int, max_staleness: int) -> t
     version = a.get("version")
     if version is None:
       version = np.full(a["tokens"].shape, rec.policy_version, np.int64)
-    lag = step - np.where(a["valid"], version, rec.policy_version).astype(np.int64)
+    version = np.where(a["valid"], version, rec.policy_version).astype(np.int64)
+    if lineage is None or lineage.current is None:
+      lag = step - version
+    else:
+      lag = lineage.age(rec.meta.get("lineage", -1), version, step)
     if (lag < 0).any():
       orphans += 1
       lag = np.where(lag < 0, max_staleness, lag)

@@ -285,15 +285,19 @@ class ShadowBank:
     )
     self.mngr = ocp.CheckpointManager(pathlib.Path(directory).absolute(), options=options)
     self.scores: dict[int, float] = {}
+    self.lineages: dict[int, int] = {}  # step -> policy lineage of that shadow (sao_jax.lineage)
 
-  def reset_to(self, step: int, scores: dict[int, float]) -> None:
+  def reset_to(
+    self, step: int, scores: dict[int, float], lineages: dict[int, int] | None = None
+  ) -> None:
     """After a resume at `step`: forget shadows taken after it (they are retaken)."""
     for s in self.mngr.all_steps():
       if s > step or s not in scores:
         self.mngr.delete(s)
     self.scores = {s: v for s, v in scores.items() if s in self.mngr.all_steps()}
+    self.lineages = {s: v for s, v in (lineages or {}).items() if s in self.scores}
 
-  def save(self, step: int, params, val_accuracy: float) -> None:
+  def save(self, step: int, params, val_accuracy: float, lineage: int | None = None) -> None:
     if step in self.mngr.all_steps():
       self.mngr.delete(step)
     self.mngr.save(
@@ -307,6 +311,9 @@ class ShadowBank:
     self.mngr.wait_until_finished()
     kept = set(self.mngr.all_steps())
     self.scores = {s: v for s, v in {**self.scores, step: val_accuracy}.items() if s in kept}
+    if lineage is not None:
+      self.lineages[step] = lineage
+    self.lineages = {s: v for s, v in self.lineages.items() if s in kept}
 
   def best(self) -> tuple[int, float] | None:
     if not self.scores:

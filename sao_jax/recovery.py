@@ -126,9 +126,12 @@ class Journal:
 
 
 class Ledger:
-  """`ledger.jsonl`: {"step": k, "applied": [ids], "stale": [ids]} per update; with the
-  journal kept (`recovery.keep_journal`), also "check": the update's exact loss, gradient
-  norm and parameter digest, which `sao-jax replay` re-derives step by step."""
+  """`ledger.jsonl`: {"step": k, "applied": [ids], "stale": [ids]} per update ("stale": every
+  record dropped, too stale or of a discarded lineage); the SAO learner also writes
+  "lineage" (the policy lineage the update extended, hex; `sao_jax.lineage`) and
+  "discarded" (the dropped ones of a discarded lineage). With the journal kept
+  (`recovery.keep_journal`), also "check": the update's exact loss, gradient norm and
+  parameter digest, which `sao-jax replay` re-derives step by step."""
 
   def __init__(self, path: str | pathlib.Path):
     self.path = pathlib.Path(path)
@@ -163,11 +166,19 @@ class Ledger:
     return {i for r in keep for i in r["applied"] + r["stale"]}
 
   def append(
-    self, step: int, applied: list[int], stale: list[int], check: dict | None = None
+    self,
+    step: int,
+    applied: list[int],
+    stale: list[int],
+    check: dict | None = None,
+    lineage: str | None = None,
+    discarded: list[int] | None = None,
   ) -> None:
     if self._file is None:
       self._file = open(self.path, "a", buffering=1)
     row = {"step": step, "applied": applied, "stale": stale}
+    if lineage is not None:
+      row["lineage"], row["discarded"] = lineage, discarded or []
     if check is not None:
       row["check"] = check
     self._file.write(json.dumps(row) + "\n")
@@ -187,7 +198,8 @@ class EventLog:
   process's phase) appends here: "start" (resumed or not, from which step), its counters as
   deltas since its own start ("counts", at every log step and at its end: a crash loses at
   most one log interval), "resume" (restart -> first update, with the breakdown), "rollback",
-  and "finish". `lifetime()` adds them up.
+  "transient" (the first updates of each new policy lineage: staleness, off-policy deviation
+  and drops, rewritten as they go) and "finish". `lifetime()` adds them up.
   """
 
   def __init__(self, path: str | pathlib.Path, phase: str):
@@ -234,6 +246,13 @@ class EventLog:
     for inc in incs.values():
       totals.update(inc["counts"])
     recovery = [r["recovery_s"] for r in rows if r["event"] == "resume" and "recovery_s" in r]
+    transients: dict[tuple, dict] = {}  # the newest row of each (incarnation, lineage)
+    for r in rows:
+      if r["event"] == "transient":
+        keep = ("event", "incarnation", "phase", "pid", "t")
+        transients[(r["incarnation"], r.get("lineage"))] = {
+          k: v for k, v in r.items() if k not in keep
+        }
     return {
       "incarnations": len(incs),
       "killed": sum(not inc["finished"] for inc in incs.values()),
@@ -241,6 +260,7 @@ class EventLog:
       "recovery_s": recovery,
       "rollbacks": sum(1 for r in rows if r["event"] == "rollback"),
       "counts": dict(totals),
+      "transients": list(transients.values()),
     }
 
 
@@ -248,20 +268,39 @@ def audit(workdir: str | pathlib.Path, journal_next: int) -> dict:
   """Checks a finished SAO run's accounting (needs `recovery.keep_journal=True` so that no
   journal segment was pruned): every record the learner consumed before `journal_next`
   (the final snapshot's) was applied or dropped as stale exactly once in the final lineage,
-  and none appears twice. Returns counts; `lost` and `applied_twice` must be 0."""
+  none appears twice, and no applied record is of a policy off the path of the lineage its
+  update extended (`sao_jax.lineage`). Returns counts; `lost`, `applied_twice` and
+  `discarded_lineage_applied` must be 0."""
   from sao_jax.transport import records
 
   workdir = pathlib.Path(workdir)
   journal = Journal(workdir / "journal", readonly=True)
   if journal.first_available() != 0:
     raise ValueError("journal segments were pruned; run with recovery.keep_journal=True")
-  consumed, unused = [], 0
+  consumed, unused, recs = [], 0, {}
   for seq, data in journal.read_from(0):
     if seq < journal_next:
-      consumed.append(records.decode(data).record_id)
+      rec = records.decode(data)
+      consumed.append(rec.record_id)
+      recs[rec.record_id] = rec
     else:
       unused += 1
   rows = Ledger(workdir / "ledger.jsonl").rows()
+  # Each applied record's policy must be an ancestor of the one its update extended (at
+  # version step - 1 of the row's lineage): none of a discarded lineage trains as current.
+  from sao_jax.buffer import record_age
+  from sao_jax.lineage import LineageLog, LineageTree
+
+  tree = LineageTree(LineageLog(workdir / "lineages.jsonl").nodes())
+  off_path = 0
+  for r in rows:
+    if r.get("lineage") is None:
+      continue
+    tree.current = int(r["lineage"], 16)
+    if tree.current not in tree.nodes:
+      off_path += len(r["applied"])  # a lineage the log never had: nothing is its ancestor
+      continue
+    off_path += sum(record_age(recs[i], r["step"] - 1, tree) < 0 for i in r["applied"] if i in recs)
   used = [i for r in rows for i in r["applied"] + r["stale"]]
   steps = [r["step"] for r in rows]
   used_set = set(used)
@@ -274,4 +313,6 @@ def audit(workdir: str | pathlib.Path, journal_next: int) -> dict:
     "lost": len(set(consumed) - used_set),
     "not_consumed": len(used_set - set(consumed)),
     "steps_contiguous": steps == list(range(1, len(steps) + 1)),
+    "discarded_lineage_applied": off_path,
+    "discarded_lineage_dropped": sum(len(r.get("discarded", [])) for r in rows),
   }

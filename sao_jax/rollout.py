@@ -45,6 +45,7 @@ class Trajectory:
   infos: list[dict]  # each step's StepResult.info (diagnostics; not shipped to the learner)
   reward_seconds: float = 0.0  # this trajectory's share of the environment-step time
   version: np.ndarray | None = None  # [S, T] int32 policy version of each token (-1: none)
+  lineage: int = -1  # the lineage of every token's policy (sao_jax.lineage; -1: none)
 
   @property
   def total_reward(self) -> float:
@@ -88,6 +89,7 @@ def sao_sampling(
   policy_version: int,
   compress: Callable[[Trajectory], Trajectory] = identity_compression,
   step_many: Callable | None = None,
+  lineage: int = -1,
 ) -> list[Trajectory]:
   """Samples one trajectory for each of `tasks` (at most `slots`), in one batch of slots.
 
@@ -149,6 +151,7 @@ def sao_sampling(
           task_index=int(task_indices[i]),
           task_id=tasks[i].task_id,
           policy_version=policy_version,
+          lineage=lineage,
           prompt=np.stack(cols[0]),
           prompt_valid=np.stack(cols[1]),
           tokens=np.stack(cols[2]),
@@ -194,6 +197,10 @@ class ContinuousSampler:
     "steps":  once no completion is in flight (refilling pauses until then), so each step's
               tokens come from one version (a multi-step trajectory may still mix);
     "off":    once no trajectory is in flight (new tasks wait), one version per trajectory.
+  Parameters of another lineage (the learner resumed or rolled back: `sao_jax.lineage`) are
+  taken at once whatever `inflight` says, and every episode in flight starts again from its
+  task's first prompt under them: no token of a discarded lineage is sent on. A trajectory's
+  tokens are therefore all of one lineage (`Trajectory.lineage`).
 
   Programs (jitted by the caller over exactly `slots` rows and `refill_rows` prompts):
     fill(params, slots, prompt_rp, prompt_valid_rp, slot_r) -> slots
@@ -229,16 +236,34 @@ class ContinuousSampler:
     self.occupant: list[_Episode | None] = [None] * slots
     self.waiting: collections.deque[_Episode] = collections.deque()  # next steps to decode
     self.params, self.version, self.pending = None, -1, None
+    self.lineage = -1
     self.idle_slot_steps = 0  # decode steps x free slots while tasks were short (diagnostic)
+    self.restarted_episodes = 0  # episodes started again under a new lineage (diagnostic)
 
   # Parameters -------------------------------------------------------------------------------
-  def offer_params(self, version: int, params) -> None:
-    """A new policy version; taken now or once the in-flight work allows (see `inflight`)."""
+  def offer_params(self, version: int, params, lineage: int = -1) -> None:
+    """A new policy version; taken now or once the in-flight work allows (see `inflight`).
+    One of another lineage is taken at once, and the episodes in flight start again."""
     if self.params is None:
-      self.params, self.version = params, version
+      self.params, self.version, self.lineage = params, version, lineage
+    elif lineage != self.lineage:
+      self.params, self.version, self.lineage, self.pending = params, version, lineage, None
+      self._restart_in_flight()
     else:
       self.pending = (version, params)
     self._maybe_swap()
+
+  def _restart_in_flight(self) -> None:
+    """Every episode in flight back to its task's first prompt, queued to refill first (its
+    task stays taken: the caller's acknowledgements are unchanged)."""
+    eps = [e for e in self.occupant if e is not None] + list(self.waiting)
+    self.occupant = [None] * self.slots
+    self.waiting.clear()
+    for ep in eps:
+      env = self.make_env()
+      context = [self.tok.bos_id] + env.reset(ep.task).tolist()
+      self.waiting.append(_Episode(ep.index, ep.task, env, context))
+    self.restarted_episodes += len(eps)
 
   def _in_flight(self) -> tuple[bool, bool]:
     decoding = any(e is not None for e in self.occupant)
@@ -339,6 +364,7 @@ class ContinuousSampler:
       task_index=ep.index,
       task_id=ep.task.task_id,
       policy_version=int(used.min()) if used.size else self.version,
+      lineage=self.lineage,
       prompt=np.stack(cols[0]),
       prompt_valid=np.stack(cols[1]),
       tokens=np.stack(cols[2]),

@@ -252,3 +252,34 @@ def test_kafka_sampler_acknowledges_tasks_in_taken_order():
   assert [e[1] for e in end._taken] == [12, 5]
   assert end._pop_taken(None) == {"p0": 13, "p1": 6}
   assert end._pop_taken(3) == {} and not end._taken
+
+
+@pytest.mark.parametrize("inflight", ["tokens", "off"])
+def test_a_new_lineage_restarts_the_episodes_in_flight_under_it(inflight):
+  """The learner resumed (or rolled back) and announces version 0 again under a new lineage:
+  the sampler takes it at once, whatever `inflight` says, and every episode in flight starts
+  again from its first prompt; no token of the old lineage is sent, and every task comes back
+  once."""
+  model, params_a = _model(0)
+  _, params_b = _model(1)
+  s = _sampler(model, params_a, slots=2, refill_rows=1, inflight=inflight, max_steps=2)
+  s.lineage = 0xA  # (what offer_params(..., lineage=0xA) would have set at the start)
+  tasks = collections.deque((i, Task(i, f"task {i}", "", "", 3)) for i in range(4))
+  take = lambda n: [tasks.popleft() for _ in range(min(n, len(tasks)))]  # noqa: E731
+  got = s.step(take)  # decoding under lineage A, version 0 ...
+  assert not got and s.active() == 2
+  s.offer_params(0, params_b, lineage=0xB)  # ... then lineage B's version 0
+  assert s.params is params_b and s.lineage == 0xB and s.pending is None
+  assert s.restarted_episodes == 2 and s.active() == 0 and len(s.waiting) == 2
+  for _ in range(200):
+    got += s.step(take)
+    if len(got) == 4:
+      break
+  assert sorted(t.task_index for t in got) == [0, 1, 2, 3]
+  for t in got:
+    assert t.lineage == 0xB and len(t.tokens) == 3  # all three steps, all under B
+    lp = completion_logprobs(model, params_b, t.prompt, t.prompt_valid, t.tokens, t.valid)
+    np.testing.assert_allclose(t.logp[t.valid], np.asarray(lp.logp_bt)[t.valid], atol=LOGP_ATOL)
+    assert t.prompt[0][-len(TOK.encode(f"task {t.task_index}")) :].tolist() == TOK.encode(
+      f"task {t.task_index}"
+    )

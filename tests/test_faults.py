@@ -100,6 +100,9 @@ def _check_finished(workdir, summary):
   a = _audit(workdir)
   assert a["lost"] == 0 and a["applied_twice"] == 0 and a["not_consumed"] == 0, a
   assert a["steps_contiguous"], a
+  # No record of a policy off the path of the lineage an update extended was trained on
+  # (sao_jax.lineage): the killed incarnation's records after its snapshot are dropped.
+  assert a["discarded_lineage_applied"] == 0, a
   assert a["applied"] + a["stale"] == a["consumed"] and a["applied"] == rl["trajectories"]
   rows = read_jsonl(workdir / "metrics.jsonl")
   last = [r for r in rows if r["phase"] == "rl"][-1]
@@ -141,15 +144,32 @@ def test_kill_9_the_learner_and_rerun(repo_root, tmp_path, seed):
   assert resume["from_step"] == expected_from, (steps_before, resume)
   if seed == 1:
     assert "unreadable" in out and resume["skipped_snapshots"] == [steps_before[-1]]
-  # Updates after the snapshot were redone from the journal on the same batches: on CPU the
-  # metrics of those steps match the crashed run's bit for bit.
+  # The resumed run is a new policy lineage; the killed one's records of versions after the
+  # snapshot are of a discarded lineage: dropped and counted, never trained on.
+  ledger = recovery.Ledger(workdir / "ledger.jsonl").rows()
+  lineages = {r["lineage"] for r in ledger}
+  assert len(lineages) == 2 and life["counts"]["lineages"] == 2, (lineages, life)
+  assert rl["lineage"] in lineages and rl["dropped_lineage"] == audit["discarded_lineage_dropped"]
+  if seed == 1:  # resumed 11 updates back: the journal held many of the lost lineage's records
+    assert audit["discarded_lineage_dropped"] > 0, audit
+  # The first updates of each lineage, the killed incarnation's (cut short by the kill) too.
+  start, resumed = rl["transients"]
+  assert (start["why"], resumed["why"]) == ("start", "resume"), rl["transients"]
+  assert 0 < start["updates"] <= 20 and resumed["updates"] == min(20, STEPS - expected_from)
+  assert resumed["dropped_lineage"] <= audit["discarded_lineage_dropped"]
+  for t in (start, resumed):
+    assert t["orphan_version"] == 0 and 0 <= t["staleness_mean"] <= t["staleness_max"], t
+  # Updates after the snapshot were redone from the journal on the same batches until the
+  # first that met a record of the lost lineage: on CPU the metrics of those steps match
+  # the crashed run's bit for bit.
   by_step: dict[int, list[dict]] = {}
   for r in rows:
     if r["phase"] == "rl" and "loss" in r:
       by_step.setdefault(r["step"], []).append(r)
   redone = [s for s, rs in by_step.items() if len(rs) == 2]
   assert redone and min(redone) == resume["from_step"] + 1
-  for s in redone:
+  first_drop = min([r["step"] for r in ledger if r["discarded"]], default=STEPS + 1)
+  for s in [s for s in redone if s < first_drop]:
     a, b = by_step[s]
     for k in ("loss", "grad_norm", "reward", "is_dev", "staleness_mean"):
       assert a[k] == b[k], (s, k, a[k], b[k])

@@ -128,16 +128,16 @@ def _tree(x):
 def test_a_damaged_published_parameter_file_is_skipped_for_the_newest_intact(tmp_path):
   pub, sub = ParamPublisher(tmp_path, keep=3), ParamSubscriber(tmp_path)
   for v in (1, 2):
-    pub.publish(v, _tree(v))
-  _flip(tmp_path / "params_v00000002.npz", at=0.5)
-  with pytest.warns(RuntimeWarning, match="params_v00000002.npz are damaged"):
-    version, flat = sub.poll(-1)
-  assert version == 1 and unflatten(_tree(0), flat)["w"][0] == 1
+    pub.publish(v, _tree(v), lineage=7)
+  _flip(tmp_path / "params_000000000007_v00000002.npz", at=0.5)
+  with pytest.warns(RuntimeWarning, match="params_000000000007_v00000002.npz are damaged"):
+    lineage, version, flat = sub.poll((-1, -1))
+  assert (lineage, version) == (7, 1) and unflatten(_tree(0), flat)["w"][0] == 1
   with warnings.catch_warnings():
     warnings.simplefilter("error")  # reported once, not on every poll
-    assert sub.poll(1) is None
-  pub.publish(3, _tree(3))  # the next intact version is taken as usual
-  assert sub.poll(1)[0] == 3
-  (tmp_path / "params_v00000003.npz").write_bytes(b"PK\x03\x04 truncated")
+    assert sub.poll((7, 1)) is None
+  pub.publish(3, _tree(3), lineage=7)  # the next intact version is taken as usual
+  assert sub.poll((7, 1))[:2] == (7, 3)
+  (tmp_path / "params_000000000007_v00000003.npz").write_bytes(b"PK\x03\x04 truncated")
   with pytest.warns(RuntimeWarning, match="damaged"):
-    assert ParamSubscriber(tmp_path).poll(-1)[0] == 1
+    assert ParamSubscriber(tmp_path).poll((-1, -1))[1] == 1

@@ -209,10 +209,13 @@ def test_event_log_adds_up_incarnations_killed_ones_included(tmp_path):
   first.write("counts", step=10, counts={"consumed": 40, "bad_records": 2})
   first.write("counts", step=20, counts={"consumed": 80, "bad_records": 3, "rollbacks": 1})
   first.write("rollback", step=18, reason="x")
+  first.write("transient", why="rollback", lineage="b", step=18, updates=2)  # killed mid-way
   # killed here: no "finish"; its last counts stand
   second = recovery.EventLog(path, "rl")
   second.write("start", resumed=True, from_step=10)
   second.write("resume", step=11, recovery_s=7.5)
+  for n in (1, 2):  # rewritten as it goes: the newest row of each lineage stands
+    second.write("transient", why="resume", lineage="c", step=10, updates=n)
   second.write("finish", step=30, counts={"consumed": 90, "sampler_restarts": 1})
   other = recovery.EventLog(path, "sft")
   other.write("start", resumed=False, from_step=0)
@@ -228,4 +231,8 @@ def test_event_log_adds_up_incarnations_killed_ones_included(tmp_path):
     "recovery_s": [7.5],
     "rollbacks": 1,
     "counts": {"consumed": 170, "bad_records": 3, "rollbacks": 1, "sampler_restarts": 1},
+    "transients": [
+      {"why": "rollback", "lineage": "b", "step": 18, "updates": 2},
+      {"why": "resume", "lineage": "c", "step": 10, "updates": 2},
+    ],
   }

@@ -27,7 +27,7 @@ import pathlib
 import numpy as np
 
 from sao_jax.batches import MemorySAOBatch
-from sao_jax.buffer import Item
+from sao_jax.buffer import Item, record_age
 from sao_jax.compression.rollout import (
   BANK_KEYS,
   GRAVE_KEYS,
@@ -141,17 +141,19 @@ def memory_sao_batch(
   completion_len: int,
   max_staleness: int,
   seed: int,
+  lineage=None,
 ) -> tuple[MemorySAOBatch, np.ndarray, int]:
   """The update's batch from whole long trajectories (a pure function of the records, the
   learner step and the config, as `buffer.batch_rows`): `trajectories_to_batch` with R =
   `rows` rows per trajectory (graded steps first, the rest drawn with `seed`). Returns
-  (batch, staleness of each trajectory, number of records whose version is ahead of `step`;
-  they get the largest staleness still used, as in `buffer.batch_rows`)."""
+  (batch, staleness of each trajectory, number of records of a policy that is not an ancestor
+  of the learner's (along the `lineage` tree when given, else whose version is ahead of
+  `step`); they get the largest staleness still used, as in `buffer.batch_rows`)."""
   if not items:
     raise ValueError("a batch needs at least one trajectory")
   trajs = [LongTrajectory.from_arrays(it.rec.arrays, it.rec.meta["task_id"]) for it in items]
   memory = trajectories_to_batch(trajs, steps, rows, seed=seed, completion_len=completion_len)
-  lag = np.asarray([step - it.rec.policy_version for it in items], np.int64)
+  lag = np.asarray([record_age(it.rec, step, lineage) for it in items], np.int64)
   orphans = int((lag < 0).sum())
   staleness = np.where(lag < 0, max_staleness, lag).astype(np.int32)
   batch = MemorySAOBatch(
@@ -232,6 +234,7 @@ class MemorySAOLearner(SAOLearner):
       completion_len=cfg.rl.max_new_tokens,
       max_staleness=cfg.sao.max_staleness,
       seed=int(np.random.default_rng((cfg.seed, 5, step)).integers(2**31)),
+      lineage=self.lineage,
     )
     self.loop.counts["orphan_version"] += orphans
     if poisoned(cfg, step + 1):

@@ -115,15 +115,18 @@ def _run(spec: SamplerSpec, end, stop, drain=None) -> None:
       unknown_task=len(s.train) - 1,
     )  # the validation tail's last
   out = _Outbox(spec, end, poisoner)
-  version = -1
+  current = (-1, -1)  # (lineage, version) of the parameters held
 
   def poll():
-    nonlocal version
-    got = sub.poll(version)
+    """(lineage, version, params) of a policy other than the one held, or None."""
+    nonlocal current
+    got = sub.poll(current)
     if got is None:
       return None
-    version, flat = got
-    return version, jax.device_put(unflatten(progs.abstract_params, flat), progs.params_sharding)
+    lineage, version, flat = got
+    current = (lineage, version)
+    params = jax.device_put(unflatten(progs.abstract_params, flat), progs.params_sharding)
+    return lineage, version, params
 
   def learner_alive() -> bool:
     return parent is None or parent.is_alive()
@@ -163,6 +166,7 @@ class _Outbox:
     from sao_jax.transport import records
 
     meta = self._meta(
+      lineage=traj.lineage,
       task_index=traj.task_index,
       task_id=traj.task_id,
       reward=traj.total_reward,
@@ -177,13 +181,14 @@ class _Outbox:
     for arrays, m, version in out:
       self._put(records.RecordKind.TRAJECTORY, version, arrays, m)
 
-  def send_long(self, traj, task_index: int, version: int, t_end: float) -> None:
+  def send_long(self, traj, task_index: int, version: int, t_end: float, lineage: int) -> None:
     """A `LongTrajectory` of the policy with compressed memory (bank and graveyard
     included), as a LONG_TRAJECTORY record of its layout."""
     from sao_jax.compression.rollout import LAYOUT
     from sao_jax.transport import records
 
     meta = self._meta(
+      lineage=lineage,
       layout=LAYOUT,
       task_index=task_index,
       task_id=traj.task_id,
@@ -204,25 +209,43 @@ class _Outbox:
     )
 
 
-def _calls(slots: int, poll, alive, end):
-  """The calls of a batch sampler, as (version, params, task indices): up to `slots` tasks
-  each, taken once parameters have arrived, with the newest parameters published by then.
-  The caller acknowledges each call's tasks before asking for the next."""
-  params, version = None, -1
+class _Held:
+  """The policy a batch sampler holds: (lineage, version, params), updated by `refresh`."""
+
+  def __init__(self, poll):
+    self.poll = poll
+    self.lineage, self.version, self.params = -1, -1, None
+
+  def refresh(self) -> bool:
+    """Takes the announced policy if it is another one; True when its lineage changed."""
+    got = self.poll()
+    if got is None:
+      return False
+    moved = self.params is not None and got[0] != self.lineage
+    self.lineage, self.version, self.params = got
+    return moved
+
+
+def _calls(slots: int, held: _Held, alive, end, sample) -> None:
+  """The calls of a batch sampler: up to `slots` tasks each, taken once parameters have
+  arrived, sampled by `sample(held, indices)` (-> what to send, sent by the caller) with the
+  newest parameters published by then. A call during which the learner began a new lineage
+  (resumed or rolled back) is sampled again under it before anything of it is sent
+  (`sao_jax.lineage`). Yields (held, indices, what to send); the caller sends it and
+  acknowledges the call's tasks before asking for the next."""
   while alive():
-    got = poll()
-    if got is not None:
-      version, params = got
-    if params is None:
+    held.refresh()
+    if held.params is None:
       time.sleep(0.05)
       continue
     indices = end.get_tasks(slots, timeout=0.2)
     if not indices:
       continue
-    got = poll()  # a learner that publishes before handing out tasks is seen at once
-    if got is not None:
-      version, params = got
-    yield version, params, indices
+    held.refresh()  # a learner that publishes before handing out tasks is seen at once
+    out = sample(held, indices)
+    while held.refresh() and alive():  # of a discarded lineage: never sent
+      out = sample(held, indices)
+    yield held, indices, out
 
 
 def _run_batches(spec, cfg, s, progs, poll, alive, end, out) -> None:
@@ -232,13 +255,15 @@ def _run_batches(spec, cfg, s, progs, poll, alive, end, out) -> None:
   from sao_jax.rollout import sao_sampling
 
   key = jax.random.key(spec.seed)
-  for version, params, indices in _calls(cfg.sao.sampler_slots, poll, alive, end):
+
+  def sample(held, indices):
+    nonlocal key
     tasks = [s.train[i] for i in indices]
     envs = [s.family.make_env(s.tok) for _ in tasks]
     key, sub_key = jax.random.split(key)
-    for traj in sao_sampling(
+    return sao_sampling(
       progs.sample,
-      params,
+      held.params,
       envs,
       tasks,
       indices,
@@ -247,9 +272,13 @@ def _run_batches(spec, cfg, s, progs, poll, alive, end, out) -> None:
       prompt_len=s.prompt_len,
       max_steps=s.max_steps,
       rng=sub_key,
-      policy_version=version,
+      policy_version=held.version,
       step_many=s.family.step_many,
-    ):
+      lineage=held.lineage,
+    )
+
+  for _, _, trajs in _calls(cfg.sao.sampler_slots, _Held(poll), alive, end, sample):
+    for traj in trajs:
       out.send(traj)
     end.ack_tasks()
 
@@ -265,14 +294,16 @@ def _run_memory(spec, cfg, s, progs, poll, alive, end, out) -> None:
   c, slots = cfg.compression, cfg.sao.sampler_slots
   streams = progs.empty_streams(slots)
   key = jax.random.key(spec.seed)
-  for version, params, indices in _calls(slots, poll, alive, end):
+
+  def sample(held, indices):
+    nonlocal key
     tasks = [s.train[i] for i in indices]
     key, sub_key = jax.random.split(key)
-    trajs = sample_long_horizon(
+    return sample_long_horizon(
       progs.sample,
       progs.compress,
       streams,
-      params,
+      held.params,
       [s.family.make_env(s.tok) for _ in tasks],
       tasks,
       s.tok,
@@ -281,9 +312,11 @@ def _run_memory(spec, cfg, s, progs, poll, alive, end, out) -> None:
       step_len=c.step_len,
       rng=sub_key,
     )
+
+  for held, indices, trajs in _calls(slots, _Held(poll), alive, end, sample):
     t_end = time.time()
     for i, traj in zip(indices, trajs, strict=True):
-      out.send_long(traj, i, version, t_end)
+      out.send_long(traj, i, held.version, t_end, held.lineage)
     end.ack_tasks()
 
 
@@ -314,7 +347,7 @@ def _run_continuous(spec, cfg, s, progs, poll, alive, end, out, draining=lambda:
   while alive():
     got = poll()
     if got is not None:
-      sampler.offer_params(*got)
+      _offer(sampler, got)
     if sampler.params is None:
       time.sleep(0.05)
       continue
@@ -325,7 +358,7 @@ def _run_continuous(spec, cfg, s, progs, poll, alive, end, out, draining=lambda:
       taken.extend([i, False] for i in indices)
       got = poll() if indices else None  # a learner that publishes before handing out tasks
       if got is not None:  # (synchronous GRPO) is seen before they start
-        sampler.offer_params(*got)
+        _offer(sampler, got)
       return [(i, s.train[i]) for i in indices]
 
     _deliver(sampler.step(take), taken, end, out)
@@ -340,6 +373,11 @@ def _run_continuous(spec, cfg, s, progs, poll, alive, end, out, draining=lambda:
     "trajectories before the restart",
     flush=True,
   )
+
+
+def _offer(sampler, got) -> None:
+  lineage, version, params = got
+  sampler.offer_params(version, params, lineage=lineage)
 
 
 def _deliver(finished, taken, end, out) -> None:

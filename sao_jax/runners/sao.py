@@ -44,6 +44,7 @@ from sao_jax import config as config_lib
 from sao_jax.batches import SAOBatch
 from sao_jax.buffer import Item, TrajectoryBuffer, batch_rows, decode_trajectory
 from sao_jax.learner import make_sao_update
+from sao_jax.lineage import LineageLog, LineageTree
 from sao_jax.metrics import MetricsWriter, peak_memory_mb
 from sao_jax.packing import round_up
 from sao_jax.rl import trackers
@@ -67,6 +68,9 @@ STALL_WARN_S = 60.0  # waiting this long for a new trajectory is reported
 # first compilations and (Kafka) the consumer-group join are paid once per run, not per update.
 STEADY_AFTER = 10
 STALENESS_BINS = 8  # histogram buckets 0..7, the last one is ">= 7"
+# Updates watched after each start, resume or rollback (staleness, off-policy deviation, drops):
+# the restart transient in the event log, the metrics and summary.json.
+TRANSIENT_UPDATES = 20
 
 
 def process_tree_rss_mb(pids) -> float:
@@ -155,7 +159,12 @@ class SAOLearner:
     self.with_ref = rl.kl_coef > 0
     self.progs = self.make_programs()
     self.rows = round_up(self.batch_rows(), self.progs.batch_divisor)
-    self.buffer = TrajectoryBuffer(self.rows, self.max_staleness())
+    # The policy's identity is (lineage, version) (sao_jax.lineage): process 0's, which
+    # publishes and forms the batches; every start, resume and rollback begins a lineage.
+    self.lineage = LineageTree()
+    self.lineage_log = LineageLog(workdir / "lineages.jsonl") if self.primary else None
+    self.buffer = TrajectoryBuffer(self.rows, self.max_staleness(), lineage=self.lineage)
+    self.transients: list[dict] = []  # the first updates after each resume or rollback
     self.mngr = ckpt_lib.manager(
       workdir / "checkpoints" / "rl", every=cfg.checkpoint_every, keep=rcfg.keep
     )
@@ -221,7 +230,7 @@ class SAOLearner:
     others get no records and no staleness."""
     items, stale, staleness = [], [], None
     if self.primary:
-      items, stale = self.buffer.take_batch(self.loop.step)
+      items, stale = self.buffer.take_batch(self.loop.step)  # (stale or of a discarded lineage)
       batch, staleness = self.batch_from(items, self.loop.step)
     if jax.process_count() > 1:
       like = self.batch_cls.abstract(self.rows, self.s.prompt_len, self.cfg.rl.max_new_tokens)
@@ -237,7 +246,7 @@ class SAOLearner:
     function of them, the step and the config: `sao-jax replay` rebuilds every batch from
     the journal with it), and the staleness of each trajectory (its oldest token's)."""
     loop, sao = self.loop, self.cfg.sao
-    batch, orphans = batch_rows(items, step, self.rows, sao.max_staleness)
+    batch, orphans = batch_rows(items, step, self.rows, sao.max_staleness, self.lineage)
     loop.counts["orphan_version"] += orphans
     if poisoned(self.cfg, step + 1):
       batch.poison_b[0] = np.nan
@@ -255,6 +264,7 @@ class SAOLearner:
     self.progs = self.make_programs()
     self.rows = round_up(self.batch_rows(), self.progs.batch_divisor)
     self.loop = LoopState()
+    self.lineage = None  # ages are version differences: the same on a path without rollbacks
     return self
 
   # Start ----------------------------------------------------------------------------------
@@ -301,7 +311,12 @@ class SAOLearner:
       loop.counts.update(st["counts"])
       self.clock.resume_at(st["train_seconds"])
       loop.snap_journal = {int(k): v for k, v in st["snap_journal"].items()}
-      self.shadows.reset_to(loop.step, {int(k): v for k, v in st["shadows"].items()})
+      self.shadows.reset_to(
+        loop.step,
+        {int(k): v for k, v in st["shadows"].items()},
+        {int(k): v for k, v in st.get("shadow_lineages", {}).items()},
+      )
+      self.lineage.restore(LineageTree.from_json(st.get("lineage")))
       if self.primary:
         loop.seen_ids = self.ledger.cut_to(loop.step)
         for seq, data in self.journal.read_from(st["journal_next"]):
@@ -331,10 +346,66 @@ class SAOLearner:
       self.shadows.reset_to(0, {})
     loop.steady_from = loop.step
     self.counts_at_start = dict(loop.counts)
+    if self.primary:  # a new lineage from the restored step (records of the lost one: dropped)
+      self.lineage.merge(self.lineage_log.nodes())  # incl. incarnations that died since
+      self.begin_lineage("resume" if resumed is not None else "start", loop.step)
     if self.primary:
-      self.events.write("start", resumed=resumed is not None, from_step=loop.step)
+      self.events.write(
+        "start", resumed=resumed is not None, from_step=loop.step, lineage=self.lineage_hex()
+      )
     self.publish()  # samplers start from the (restored) policy
     return resumed is not None
+
+  def lineage_hex(self) -> str | None:
+    return None if self.lineage.current is None else f"{self.lineage.current:012x}"
+
+  def begin_lineage(self, why: str, origin: int, parent: int | None = None) -> None:
+    """A new current lineage from this step on (process 0), started from `parent`'s (default
+    the current lineage's) version `origin`; its first updates are watched (`transients`)."""
+    loop = self.loop
+    if parent is not None and self.lineage.known(parent):
+      node = self.lineage.branch_from(parent, origin, loop.step, why)
+    else:
+      node = self.lineage.begin(loop.step, why, origin=origin)
+    self.lineage_log.append(node)
+    loop.counts["lineages"] += 1
+    self.transients.append(
+      {
+        "why": why,
+        "step": loop.step,
+        "lineage": self.lineage_hex(),
+        "updates": 0,
+        "staleness_mean": 0.0,
+        "staleness_max": 0,
+        "is_dev_mean": 0.0,
+        "is_dev_max": 0.0,
+        "kl_behaviour_mean": 0.0,
+        "dropped_stale": 0,
+        "dropped_lineage": 0,
+        "orphan_version": 0,
+      }
+    )
+
+  def watch_transient(self, metrics, staleness, stale: int, discarded: int, orphans: int) -> None:
+    """Adds one update to the transient of the newest lineage while it is in its first
+    `TRANSIENT_UPDATES` updates: written to the event log as it goes (a killed incarnation's
+    partial one is kept) and to the metrics once complete."""
+    if not self.transients or self.transients[-1]["updates"] >= TRANSIENT_UPDATES:
+      return
+    t = self.transients[-1]
+    n = t["updates"] = t["updates"] + 1
+    mean = lambda key, x: t[key] + (float(x) - t[key]) / n  # noqa: E731 - a running mean
+    t["staleness_mean"] = mean("staleness_mean", np.mean(staleness))
+    t["staleness_max"] = max(t["staleness_max"], int(np.max(staleness)))
+    t["is_dev_mean"] = mean("is_dev_mean", metrics["is_dev"])
+    t["is_dev_max"] = max(t["is_dev_max"], float(metrics["is_dev"]))
+    t["kl_behaviour_mean"] = mean("kl_behaviour_mean", metrics["kl_behaviour"])
+    t["dropped_stale"] += stale
+    t["dropped_lineage"] += discarded
+    t["orphan_version"] += orphans
+    self.events.write("transient", **t)
+    if n == TRANSIENT_UPDATES:
+      self.writer.write(self.loop.step, dict(t, event="transient"), phase="rl_event", advance=0)
 
   def count_deltas(self) -> dict[str, int]:
     """This incarnation's counters: what it added since it started (the event log sums the
@@ -434,8 +505,12 @@ class SAOLearner:
     """The next batch from the buffer through the jitted update, and its bookkeeping.
     Returns the metrics row of this update."""
     loop, sao, rcfg = self.loop, self.cfg.sao, self.cfg.recovery
-    batch, items, stale, staleness = self.next_batch()
-    loop.counts["dropped_stale"] += len(stale)
+    orphans_before = loop.counts["orphan_version"]
+    batch, items, dropped, staleness = self.next_batch()
+    # Dropped: too stale, or of a lineage that a resume or rollback discarded (sao_jax.lineage).
+    discarded = [it for it in dropped if self.buffer.discarded(it, loop.step)]
+    loop.counts["dropped_lineage"] += len(discarded)
+    loop.counts["dropped_stale"] += len(dropped) - len(discarded)
     tu = time.time()
     self.state, metrics = self.progs.update(self.state, self.progs.shard_batch(batch))
     metrics = jax.device_get(metrics)
@@ -449,8 +524,17 @@ class SAOLearner:
       self.ledger.append(
         loop.step,
         [it.rec.record_id for it in items],
-        [it.rec.record_id for it in stale],
+        [it.rec.record_id for it in dropped],
         check=check,
+        lineage=self.lineage_hex(),
+        discarded=[it.rec.record_id for it in discarded],
+      )
+      self.watch_transient(
+        metrics,
+        staleness,
+        len(dropped) - len(discarded),
+        len(discarded),
+        loop.counts["orphan_version"] - orphans_before,
       )
     if loop.resume_info is not None and "recovery_s" not in loop.resume_info:
       # The first update ended at t_done (before the ledger write): the restart's time and
@@ -524,6 +608,7 @@ class SAOLearner:
       learner_time=t_done - tu,
       trajectories=c["consumed"],
       dropped_stale=c["dropped_stale"],
+      dropped_lineage=c["dropped_lineage"],
       bad_records=c["bad_records"],
       duplicates=c["duplicates"],
       rejected=c["rejected"],
@@ -551,6 +636,8 @@ class SAOLearner:
         "train_seconds": self.clock.elapsed,
         "snap_journal": loop.snap_journal,
         "shadows": self.shadows.scores,
+        "shadow_lineages": self.shadows.lineages,
+        "lineage": self.lineage.to_json(),
       },
     }
 
@@ -586,7 +673,7 @@ class SAOLearner:
         f"{best[1]:.3f} by more than {rcfg.regress_threshold}"
       )
     else:
-      self.shadows.save(self.loop.step, self.state.params, val_acc)
+      self.shadows.save(self.loop.step, self.state.params, val_acc, self.lineage.current)
     return val_acc
 
   def rollback(self, reason: str) -> None:
@@ -616,6 +703,8 @@ class SAOLearner:
       lr_scale=jnp.asarray(lr_scale, jnp.float32),
     )
     loop.nonfinite_recent.clear()
+    if self.primary:  # the shadow's parameters go on as a new lineage (sao_jax.lineage)
+      self.begin_lineage("rollback", best[0], parent=self.shadows.lineages.get(best[0]))
     self.publish()
     event = {
       "event": "rollback",
@@ -624,6 +713,7 @@ class SAOLearner:
       "shadow_val_accuracy": best[1],
       "lr_scale": lr_scale,
       "rollbacks": loop.counts["rollbacks"],
+      "lineage": self.lineage_hex(),
     }
     print(
       f"sao: rollback at step {loop.step} to shadow {best[0]} ({reason}); lr scale {lr_scale:g}",
@@ -636,7 +726,8 @@ class SAOLearner:
       )
 
   def publish(self) -> None:
-    self.publisher.publish(self.loop.step, self.state.params)
+    lineage = -1 if self.lineage.current is None else self.lineage.current
+    self.publisher.publish(self.loop.step, self.state.params, lineage=lineage)
     self.guard.published(self.loop.step)
 
   # The loop -------------------------------------------------------------------------------
@@ -665,7 +756,8 @@ class SAOLearner:
       if not resumed:
         self.snapshot(force=True)  # step 0: a resume before the first interval starts here
         if self.n_val:
-          self.shadows.save(0, self.state.params, self.validate_fn(self.state.params)["accuracy"])
+          val = self.validate_fn(self.state.params)["accuracy"]
+          self.shadows.save(0, self.state.params, val, self.lineage.current)
       self.clock.maybe_eval(
         loop.step, self.state.params, force=bool(self.eval_every) and not resumed
       )
@@ -709,6 +801,8 @@ class SAOLearner:
       sampler_restarts=c["sampler_restarts"],
       resumes=c["resumes"],
       orphan_version=c["orphan_version"],
+      dropped_lineage=c["dropped_lineage"],
+      lineage=self.lineage_hex(),
       learner_busy=loop.busy / max(wall, 1e-9),
       learner_busy_steady=steady,
       trajectories_per_s=c["consumed"] / max(wall, 1e-9),
@@ -727,6 +821,8 @@ class SAOLearner:
       info["recovery_s"] = loop.resume_info.get("recovery_s")
     # Everything that happened, over every process that ran this phase (killed ones too).
     info["lifetime"] = recovery.EventLog.lifetime(self.workdir / "events.jsonl", "rl")
+    # The first TRANSIENT_UPDATES updates of each lineage (start, resumes, rollbacks).
+    info["transients"] = info["lifetime"].pop("transients")
     return info
 
 

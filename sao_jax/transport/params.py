@@ -1,9 +1,12 @@
 """Parameter channel: the learner publishes versioned parameters, samplers pick them up.
 
+A policy is named by (lineage, version) (`sao_jax.lineage`): a resumed or rolled-back learner
+publishes version numbers that an earlier lineage already used, so files, announcements and
+readers carry and compare the pair, and no lineage's file is ever overwritten by another's.
 Versions are written as `.npz` files (arrays only, loaded with allow_pickle=False) into a
 directory, each by write-to-temp then atomic rename, and announced by rewriting `LATEST`
-(JSON: version, file, CRC32C of the file, and the same for the older versions still kept)
-atomically. A directory on shared storage therefore works across machines as it does across
+(JSON: lineage, version, file, CRC32C of the file, and the same for the older versions still
+kept) atomically. A directory on shared storage therefore works across machines as it does across
 processes; readers never see a half-written file. A file whose bytes changed after it was
 written (a storage fault) fails its checksum: the reader reports it once and takes the
 newest intact version instead (or keeps the one it has).
@@ -64,16 +67,19 @@ class ParamPublisher:
     self.keep = keep
     self._published: list[dict] = []  # {"version", "file", "crc32c"}, oldest first
 
-  def publish(self, version: int, params) -> None:
+  def publish(self, version: int, params, lineage: int = -1) -> None:
     flat = flatten(distributed.host_value(params))
     if not distributed.is_primary():
       return
     buf = io.BytesIO()
     np.savez(buf, **flat)
     data = buf.getvalue()
-    path = self.dir / f"params_v{version:08d}.npz"
+    # (a lineage id is 48 bits: 12 hex digits; -1, no lineage, is written as "none")
+    tag = f"{lineage:012x}" if lineage >= 0 else "none"
+    path = self.dir / f"params_{tag}_v{version:08d}.npz"
     _atomic_write(path, lambda f: f.write(data))
-    self._published.append({"version": version, "file": path.name, "crc32c": crc32c.crc32c(data)})
+    entry = {"lineage": lineage, "version": version, "file": path.name}
+    self._published.append(dict(entry, crc32c=crc32c.crc32c(data)))
     # Older files stay a while: a sampler may be reading the previous version right now.
     while len(self._published) > self.keep:
       (self.dir / self._published.pop(0)["file"]).unlink(missing_ok=True)
@@ -86,24 +92,30 @@ class ParamSubscriber:
     self.dir = pathlib.Path(directory)
     self.damaged: set[str] = set()  # files that failed their checksum (reported once)
 
-  def poll(self, current: int) -> tuple[int, dict[str, np.ndarray]] | None:
-    """(version, flat arrays) if a version other than `current` is announced, else None.
-    Not only newer ones: a learner that resumed from a snapshot, or rolled back, announces
-    an older version, and its samplers must follow it. If the announced file is damaged,
-    the newest intact one still kept is taken instead (None if that is `current`)."""
+  def poll(self, current: tuple[int, int]) -> tuple[int, int, dict[str, np.ndarray]] | None:
+    """(lineage, version, flat arrays) if a policy other than `current` ((lineage, version))
+    is announced, else None. Not only newer ones: a learner that resumed from a snapshot, or
+    rolled back, announces a new lineage whose version numbers may be older or the same,
+    and its samplers must follow it. If the announced file is damaged, the newest intact one
+    still kept is taken instead (None if that is `current`)."""
     try:
       latest = json.loads((self.dir / "LATEST").read_text())
-      if int(latest["version"]) == current:
-        return None
       for entry in [latest, *latest.get("previous", [])]:
-        if int(entry["version"]) == current:
+        if _identity(entry) == tuple(current):
           return None  # the newest intact version is the one the reader has
         got = self._load(entry)
         if got is not None:
-          return int(entry["version"]), got
+          return (*_identity(entry), got)
       return None
-    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+    except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError, ValueError):
       return None  # announced file already rotated away: the next poll sees a newer one
+
+  def announced(self) -> tuple[int, int] | None:
+    """(lineage, version) announced now, without loading it (None when nothing is)."""
+    try:
+      return _identity(json.loads((self.dir / "LATEST").read_text()))
+    except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError, ValueError):
+      return None
 
   def _load(self, entry: dict) -> dict[str, np.ndarray] | None:
     """The arrays of one announced file, or None (reported once) if its bytes are damaged."""
@@ -128,3 +140,8 @@ class ParamSubscriber:
       stacklevel=3,
     )
     return None
+
+
+def _identity(entry: dict) -> tuple[int, int]:
+  """(lineage, version) of an announcement entry (lineage -1 where it has none)."""
+  return int(entry.get("lineage", -1)), int(entry["version"])
