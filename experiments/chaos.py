@@ -53,7 +53,13 @@ TARGETS = ("sft", "rl", "snapshot", "publish")
 class Run:
   """One `sao-jax train` command, started again after every kill."""
 
-  def __init__(self, workdir: pathlib.Path, overrides: list[str], log_path: pathlib.Path):
+  def __init__(
+    self,
+    workdir: pathlib.Path,
+    overrides: list[str],
+    log_path: pathlib.Path,
+    config: str = CONFIG,
+  ):
     self.workdir, self.log_path = workdir, log_path
     self.cmd = [
       sys.executable,
@@ -61,7 +67,7 @@ class Run:
       "sao_jax.cli",
       "train",
       "--config",
-      CONFIG,
+      config,
       "--workdir",
       str(workdir),
       "--no-progress",
