@@ -55,12 +55,29 @@ import multiprocessing as mp
 import os
 import pathlib
 import platform
+import queue
 import tempfile
 import time
 
 import numpy as np
 
 HERE = pathlib.Path(__file__).resolve().parent
+
+
+def _from_child(q, child, timeout: float):
+  """The child's next report; fails at once (not at the timeout) if the child has died."""
+  deadline = time.time() + timeout
+  while True:
+    try:
+      return q.get(timeout=1.0)
+    except queue.Empty:
+      if not child.is_alive():
+        raise RuntimeError(
+          f"the sampler process exited (code {child.exitcode}) before it reported; its "
+          "traceback is above"
+        ) from None
+      if time.time() > deadline:
+        raise TimeoutError(f"no report from the sampler process in {timeout:.0f} s") from None
 
 
 def _two_point(
@@ -336,7 +353,7 @@ def _sampler_child(cfg_dict, param_dir, sizes, reps, quick, t_spawn, out_q, wind
   key = [jax.random.key(1)]
 
   def load():
-    version, flat = ParamSubscriber(param_dir).poll(-1)
+    _, _, flat = ParamSubscriber(param_dir).poll((-1, -1))
     return jax.block_until_ready(
       jax.device_put(unflatten(progs.abstract_params, flat), progs.params_sharding)
     )
@@ -726,7 +743,7 @@ def _calibrate(argv, tmp: pathlib.Path) -> dict:
   win_s = 1.0 if args.quick else 6.0
   upd_times: dict[str, list[float]] = {"both": [], "update": []}
   try:
-    solo = out_q.get(timeout=1800)
+    solo = _from_child(out_q, child, 1800)
     st, up = ustates["sao"], uprogs["sao"]
     for rnd in range(1 if args.quick else 3):
       for k, kind in enumerate(kinds):
@@ -744,7 +761,7 @@ def _calibrate(argv, tmp: pathlib.Path) -> dict:
           upd_times[kind].append(time.perf_counter() - t0)
     run.value = 0
     window.value = -1
-    calls = out_q.get(timeout=600)["calls"]
+    calls = _from_child(out_q, child, 600)["calls"]
   finally:
     window.value = -1
     child.join(timeout=60)

@@ -34,7 +34,11 @@ task stream restarts from the snapshot, so it usually has).
 
 Versions: `published` keeps the highest version ever published in this workdir in a small
 file, so a resumed learner (whose step went back to its snapshot) still accepts records of
-the policies its crashed incarnation published, and nothing newer.
+the policies its crashed incarnation published, and nothing newer. A policy is named by
+(lineage, version) (`sao_jax.lineage`): given `lineage_known`, a record of a lineage this run
+never began (every incarnation's are in its lineage log) is `unknown_lineage`. One of a
+lineage the run began and then left (a resume or rollback) passes the door; the batch drops
+it, counted as `dropped_lineage`: it is stale data, not a fault of its sampler.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from sao_jax.transport import records
 REASONS = (
   "quarantined",
   "unknown_task",
+  "unknown_lineage",
   "future_version",
   "nonfinite",
   "positive_logp",
@@ -146,6 +151,7 @@ class RecordGuard:
     rate: float = 0.5,
     resumed: bool = False,
     started: float | None = None,
+    lineage_known: Callable[[int], bool] | None = None,
   ):
     if window < 0 or not 0 < rate <= 1:
       raise ValueError(f"quarantine window {window} must be >= 0 and rate {rate} in (0, 1]")
@@ -161,6 +167,7 @@ class RecordGuard:
     self.rejected_ids: set[int] = set()
     self.sources: dict[int, _Source] = {}
     self.on_quarantine: Callable[[dict], None] | None = None
+    self.lineage_known = lineage_known
     self.state_path = pathlib.Path(state_path) if state_path is not None else None
     self.max_version = -1
     if self.state_path is not None and self.state_path.exists():
@@ -208,6 +215,9 @@ class RecordGuard:
       problem = ("quarantined", f"sampler quarantined ({src.quarantined})")
     elif not (known or self._handed_out_before(index) or self._from_earlier_learner(rec, index)):
       problem = ("unknown_task", f"task {index} was never handed out")
+    elif self.lineage_known is not None and not self.lineage_known(rec.meta.get("lineage", -1)):
+      lineage = rec.meta.get("lineage")
+      problem = ("unknown_lineage", f"policy lineage {lineage!r} was never begun by this run")
     else:
       problem = value_problem(
         rec,

@@ -389,3 +389,38 @@ def test_a_live_run_rejects_every_injected_poison_and_trains(repo_root, tmp_path
       ckpt.manager(directory), progs.init(jax.random.key(0))
     )
   assert step == 0 and skipped == [6]
+
+
+def test_a_record_of_a_lineage_the_run_never_began_is_refused():
+  """Policy identity is (lineage, version): a record naming a lineage that is not in the
+  run's tree (a forged or foreign one, or none at all) is unknown_lineage; one of a lineage
+  the run began, even one a resume has since left, passes the door (the batch drops those)."""
+  from sao_jax.lineage import LineageTree
+
+  tree = LineageTree()
+  lost = tree.begin(0, "start").id
+  now = tree.begin(2, "resume").id
+  counts, dead = collections.Counter(), []
+  end = types.SimpleNamespace(
+    dead_letter=lambda data, reason: dead.append(reason), put_tasks=lambda indices: None
+  )
+  guard = admission.RecordGuard(
+    vocab_size=V,
+    num_tasks=N_TASKS,
+    counts=counts,
+    reward_range=lambda i: (0.0, 1.0),
+    window=0,
+    lineage_known=tree.known,
+  )
+  guard.published(2)
+  src = _Source(3)
+  for lineage, admitted in [(now, True), (lost, True), (12345, False), (None, False)]:
+    guard.handed_out([3])
+    arrays, meta, version = _clean()
+    if lineage is not None:
+      meta["lineage"] = lineage
+    data = src.encode(arrays, meta, version)
+    assert guard.admit(records.decode(data), data, end) is admitted, lineage
+  assert counts["rejected_unknown_lineage"] == 2 and counts["rejected"] == 2
+  assert [r.split(":")[0] for r in dead] == ["unknown_lineage"] * 2
+  assert "12345 was never begun" in dead[0]

@@ -200,6 +200,7 @@ class SAOLearner:
       state_path=workdir / "published.json" if self.primary else None,
       window=cfg.sao.quarantine_window,
       rate=cfg.sao.quarantine_rate,
+      lineage_known=self._lineage_known,
     )
 
   # What a subclass changes ---------------------------------------------------------------------
@@ -355,6 +356,11 @@ class SAOLearner:
       )
     self.publish()  # samplers start from the (restored) policy
     return resumed is not None
+
+  def _lineage_known(self, lineage) -> bool:
+    """Whether a record's meta lineage is one this run began (`admission.RecordGuard`)."""
+    ok = isinstance(lineage, int) and not isinstance(lineage, bool)
+    return ok and self.lineage.known(lineage)
 
   def lineage_hex(self) -> str | None:
     return None if self.lineage.current is None else f"{self.lineage.current:012x}"
