@@ -128,7 +128,12 @@ def record_age(rec: records.Record, step: int, tree=None) -> int:
   a = rec.arrays
   if "version" in a:
     versions = a["version"][a["valid"].astype(bool)]
-    if versions.size and not tree.holds(lineage, versions, step):
+    # A lineage's versions on the path form an interval: its ends decide for every token
+    # (two scalar walks of the tree, not one per token: the buffer asks on every fill pass).
+    if (
+      versions.size
+      and min(tree.age(lineage, int(v), step) for v in (versions.min(), versions.max())) < 0
+    ):
       return -1
   return tree.age(lineage, rec.policy_version, step)
 
