@@ -138,7 +138,12 @@ def main(argv=None) -> int:
   p.add_argument("--label", default="", help="a tag for the series (e.g. 'before')")
   p.add_argument("--quick", action="store_true", help="tiny config, one seed, 3 kills, 40 s")
   p.add_argument("--resume", action="store_true")
-  p.add_argument("--out", default="results/kill_lineage")
+  p.add_argument("--out", default="results/kill_lineage", help="result files (one per seed)")
+  p.add_argument(
+    "--workdir",
+    default="runs/kill_lineage",
+    help="the runs' workdirs and brokers go to WORKDIR/<name of --out> (~150 MB per seed)",
+  )
   args = p.parse_args(argv)
   if args.quick:
     args.config = CONFIG + ":tiny"
@@ -146,6 +151,7 @@ def main(argv=None) -> int:
     args.checkpoint_every, args.target_wait = 10, 5.0
   out = pathlib.Path(args.out).absolute()
   out.mkdir(parents=True, exist_ok=True)
+  runs = pathlib.Path(args.workdir).absolute() / out.name
   series = f"kill_lineage/sft{args.sft_steps}" + (f"/{args.label}" if args.label else "")
   settings = {
     "sft_steps": args.sft_steps,
@@ -173,9 +179,9 @@ def main(argv=None) -> int:
       if arm in arms:
         continue
       print(f"seed {seed}, SFT {args.sft_steps}: {arm}", flush=True)
-      work = out / f"sft{args.sft_steps}_seed{seed}" / arm / "run"
+      work = runs / f"sft{args.sft_steps}_seed{seed}" / arm / "run"
       if work.exists():
-        raise SystemExit(f"{work} exists: pass a new --out (or remove it to run it again)")
+        raise SystemExit(f"{work} exists: pass a new --workdir (or remove it to run it again)")
       arms[arm] = run_arm(arm, work, sets, args, random.Random(f"{seed}-{arm}"))
       a = arms[arm]
       print(

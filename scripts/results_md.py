@@ -13,7 +13,7 @@ import difflib
 import pathlib
 import sys
 
-from sao_jax.analysis import render
+from sao_jax.analysis import data, render
 
 COMMAND = "python scripts/results_md.py"
 
@@ -30,6 +30,23 @@ def main(argv=None) -> int:
   )
   args = p.parse_args(argv)
   text = render.results_markdown(args.results, args.claims, COMMAND)
+  results = pathlib.Path(args.results)
+  tracked = data.committed(results)
+  if tracked is not None:
+    read = {
+      f
+      for ev in render.evaluate_all(results, args.claims)
+      for a in ev.claim.analyses
+      for f in render.matched(results, a.files)
+    }
+    loose = sorted(read - tracked)
+    if loose:
+      print(
+        f"warning: {len(loose)} result file(s) that analyses read are not committed, so a "
+        "clean clone makes another RESULTS.md (git add -f them, or move them out of "
+        f"{results}): " + ", ".join(loose[:10]) + (" ..." if len(loose) > 10 else ""),
+        file=sys.stderr,
+      )
   out = pathlib.Path(args.out)
   if args.check:
     old = out.read_text() if out.exists() else ""

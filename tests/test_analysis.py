@@ -146,6 +146,21 @@ def test_absent_series_names_its_command_and_unread_files_are_listed(toy):
   assert "toy_seed0.json" not in text.split("no declaration reads")[1]
 
 
+def test_in_a_git_tree_only_committed_files_are_listed(toy):
+  # A run's workdir left under results/ must not make RESULTS.md differ from a clean clone's.
+  results, claims = toy
+  root = results.parent
+  env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "HOME": str(root)}
+  env |= {"GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"}
+  subprocess.run(["git", "init", "-q"], cwd=root, check=True, env=env)
+  subprocess.run(["git", "add", "results"], cwd=root, check=True, env=env)
+  (results / "seed0" / "run").mkdir(parents=True)
+  (results / "seed0" / "run" / "metrics.jsonl").write_text('{"step": 1}\n')
+  text = render.results_markdown(results, claims, "cmd")
+  assert "`unread.json`" in text.split("no declaration reads")[1]
+  assert "metrics.jsonl" not in text
+
+
 @pytest.mark.parametrize(
   "old, new, message",
   [

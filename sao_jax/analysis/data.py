@@ -8,6 +8,7 @@ import datetime
 import json
 import pathlib
 import re
+import subprocess
 from typing import Any
 
 from sao_jax.analysis.declare import Analysis
@@ -144,10 +145,32 @@ def units(results: pathlib.Path, a: Analysis) -> list[Unit]:
   return out
 
 
+def committed(results: pathlib.Path) -> set[str] | None:
+  """The files under `results` that git tracks (relative to it), or None where `results` is
+  not in a git work tree (or git is missing)."""
+  try:
+    proc = subprocess.run(
+      ["git", "ls-files", "-z", "--", "."],
+      cwd=results,
+      capture_output=True,
+      text=True,
+      timeout=60,
+    )
+  except (OSError, subprocess.SubprocessError):
+    return None
+  if proc.returncode != 0:
+    return None
+  return {f for f in proc.stdout.split("\0") if f}
+
+
 def all_result_files(results: pathlib.Path) -> list[str]:
-  """Every JSON/JSONL file under `results`, relative to it."""
-  return sorted(
+  """Every JSON/JSONL file under `results`, relative to it: the committed ones where
+  `results` is in a git work tree, so that a run's workdir left there (or any file not yet
+  committed) does not make the listing differ from a clean clone's."""
+  found = [
     p.relative_to(results).as_posix()
     for p in results.rglob("*")
     if p.is_file() and p.suffix in (".json", ".jsonl")
-  )
+  ]
+  tracked = committed(results)
+  return sorted(f for f in found if tracked is None or f in tracked)

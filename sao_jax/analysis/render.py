@@ -154,11 +154,11 @@ def claim_markdown(ev: Evaluated, level: int = 2) -> str:
 
 def unclaimed(results: pathlib.Path, evs: list[Evaluated]) -> list[str]:
   """Result files under `results` that no declared analysis reads."""
-  read = {f for ev in evs for a in ev.claim.analyses for f in _matched(results, a.files)}
+  read = {f for ev in evs for a in ev.claim.analyses for f in matched(results, a.files)}
   return [f for f in data.all_result_files(results) if f not in read]
 
 
-def _matched(results: pathlib.Path, patterns) -> list[str]:
+def matched(results: pathlib.Path, patterns) -> list[str]:
   return [p.relative_to(results).as_posix() for p in data.files(results, tuple(patterns))]
 
 
