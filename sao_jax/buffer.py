@@ -127,13 +127,7 @@ def record_age(rec: records.Record, step: int, tree=None) -> int:
   lineage = rec.meta.get("lineage", -1)
   a = rec.arrays
   if "version" in a:
-    versions = a["version"][a["valid"].astype(bool)]
-    # A lineage's versions on the path form an interval: its ends decide for every token
-    # (two scalar walks of the tree, not one per token: the buffer asks on every fill pass).
-    if (
-      versions.size
-      and min(tree.age(lineage, int(v), step) for v in (versions.min(), versions.max())) < 0
-    ):
+    if not tree.holds(lineage, a["version"][a["valid"].astype(bool)], step):
       return -1
   return tree.age(lineage, rec.policy_version, step)
 

@@ -135,8 +135,12 @@ class LineageTree:
     return int(out) if np.ndim(versions) == 0 else out
 
   def holds(self, lineage: int, versions, step: int) -> bool:
-    """Whether every version in `versions` of `lineage` is an ancestor of the current policy."""
-    return bool(np.all(np.asarray(self.age(lineage, versions, step)) >= 0))
+    """Whether every version in `versions` of `lineage` is an ancestor of the current policy.
+    A lineage's versions on the current path form an interval, so the smallest and largest
+    decide for all (the buffer asks for every record on every fill pass: two ages, not one
+    per token)."""
+    v = np.asarray(versions)
+    return not v.size or bool(np.all(self.age(lineage, np.array([v.min(), v.max()]), step) >= 0))
 
   def known(self, lineage: int) -> bool:
     return lineage in self.nodes
