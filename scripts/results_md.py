@@ -29,17 +29,12 @@ def main(argv=None) -> int:
     "--check", action="store_true", help="compare with --out instead of writing; exit 1 if differ"
   )
   args = p.parse_args(argv)
-  text = render.results_markdown(args.results, args.claims, COMMAND)
   results = pathlib.Path(args.results)
+  evs = render.evaluate_all(results, args.claims)
+  text = render.results_markdown(results, args.claims, COMMAND, evs=evs)
   tracked = data.committed(results)
   if tracked is not None:
-    read = {
-      f
-      for ev in render.evaluate_all(results, args.claims)
-      for a in ev.claim.analyses
-      for f in render.matched(results, a.files)
-    }
-    loose = sorted(read - tracked)
+    loose = sorted(render.read_files(results, evs) - tracked)
     if loose:
       print(
         f"warning: {len(loose)} result file(s) that analyses read are not committed, so a "
@@ -60,7 +55,6 @@ def main(argv=None) -> int:
     print(f"{out} differs from what {COMMAND} makes from the committed results: regenerate it")
     return 1
   out.write_text(text)
-  evs = render.evaluate_all(args.results, args.claims)
   n = sum(len(ev.rows) for ev in evs)
   print(f"{out}: {len(evs)} claims, {n} rows")
   return 0

@@ -152,19 +152,30 @@ def claim_markdown(ev: Evaluated, level: int = 2) -> str:
   return "\n".join(out)
 
 
+def read_files(results: pathlib.Path, evs: list[Evaluated]) -> set[str]:
+  """The result files under `results` that the declared analyses read."""
+  return {f for ev in evs for a in ev.claim.analyses for f in _matched(results, a.files)}
+
+
 def unclaimed(results: pathlib.Path, evs: list[Evaluated]) -> list[str]:
   """Result files under `results` that no declared analysis reads."""
-  read = {f for ev in evs for a in ev.claim.analyses for f in matched(results, a.files)}
+  read = read_files(results, evs)
   return [f for f in data.all_result_files(results) if f not in read]
 
 
-def matched(results: pathlib.Path, patterns) -> list[str]:
+def _matched(results: pathlib.Path, patterns) -> list[str]:
   return [p.relative_to(results).as_posix() for p in data.files(results, tuple(patterns))]
 
 
-def results_markdown(results=RESULTS, claims=CLAIMS, command="python scripts/results_md.py") -> str:
+def results_markdown(
+  results=RESULTS,
+  claims=CLAIMS,
+  command="python scripts/results_md.py",
+  evs: list[Evaluated] | None = None,
+) -> str:
+  """RESULTS.md's text; `evs` are the claims evaluated on `results` when the caller has them."""
   results = pathlib.Path(results)
-  evs = evaluate_all(results, claims)
+  evs = evaluate_all(results, claims) if evs is None else evs
   out = ["# Results: the source's claims against ours", "", PREAMBLE.format(command=command), ""]
   out += ["## At a glance", ""]
   glance = []
