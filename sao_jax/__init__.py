@@ -11,8 +11,8 @@ Layers, top to bottom (a module imports only its own layer, acyclically, and tho
   tasks, families, buffer, checkpoint,
   recovery, compression.{policy,rollout}
   models, rl, envs, data, transport,      components
-  compression, sampling, packing, state,
-  batches
+  compression, sampling, packing, seqpack,
+  state, batches
   config, tokenizer, procs, metrics,      foundations
   sharding, stats, provenance, startup
 
@@ -24,6 +24,7 @@ Dimension key of array names (`logp_bt`, `x_btd`, `mem_bmd`): each letter one me
   D model width / feature size                   F MLP hidden size       H heads
   V vocabulary           N tasks                 G group members (GRPO)
   R training rows taken from each trajectory (a subset of its S steps)
+  Q packed rows (several rows' tokens in one sequence, `sao_jax.seqpack`)
 Suffixes mark arrays; a scalar named `..._s` is in seconds.
 """
 

@@ -16,12 +16,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sao_jax.seqpack import PackPlan
+
 
 def _abstract(cls, rows: int, prompt_len: int, completion_len: int):
   """ShapeDtypeStructs of every field from its name's suffix and the class's dtypes."""
   dims = {"b": rows, "p": prompt_len, "t": completion_len}
   fields = {}
   for f in dataclasses.fields(cls):
+    if f.name == "pack":  # unpacked: a packed batch's shapes depend on its plan
+      continue
     suffix = f.name.rsplit("_", 1)[1]
     fields[f.name] = jax.ShapeDtypeStruct(tuple(dims[c] for c in suffix), cls.DTYPES[f.name])
   return cls(**fields)
@@ -37,6 +41,7 @@ class SFTBatch:
   tokens_bt: jax.Array
   valid_bt: jax.Array
   weight_b: jax.Array
+  pack: PackPlan | None = None  # `sao_jax.seqpack.plan` of the rows, or None: unpacked
 
   DTYPES = {
     "prompt_bp": jnp.int32,
@@ -59,6 +64,7 @@ class RLBatch:
   valid_bt: jax.Array
   logp_bt: jax.Array
   rewards_b: jax.Array
+  pack: PackPlan | None = None  # `sao_jax.seqpack.plan` of the rows, or None: unpacked
 
   DTYPES = {
     "prompt_bp": jnp.int32,
@@ -94,6 +100,7 @@ class SAOBatch:
   traj_b: jax.Array
   head_b: jax.Array
   poison_b: jax.Array
+  pack: PackPlan | None = None  # `sao_jax.seqpack.plan` of the rows, or None: unpacked
 
   DTYPES = {
     **RLBatch.DTYPES,

@@ -127,7 +127,13 @@ def make_sft_update(model: TransformerLM, tx) -> Callable[[TrainState, SFTBatch]
   def update(state: TrainState, batch: SFTBatch):
     def loss_fn(params):
       lp = completion_logprobs(
-        model, params, batch.prompt_bp, batch.prompt_valid_bp, batch.tokens_bt, batch.valid_bt
+        model,
+        params,
+        batch.prompt_bp,
+        batch.prompt_valid_bp,
+        batch.tokens_bt,
+        batch.valid_bt,
+        pack=batch.pack,
       )
       w_bt = batch.weight_b[:, None] * batch.valid_bt
       loss = -jnp.sum(lp.logp_bt * w_bt) / jnp.maximum(jnp.sum(w_bt), 1e-9)
@@ -161,6 +167,7 @@ def make_rl_update(
           batch.tokens_bt,
           mask_bt,
           temperature=cfg.temperature,
+          pack=batch.pack,
         ).logp_bt
       )
 
@@ -174,6 +181,7 @@ def make_rl_update(
         mask_bt,
         temperature=cfg.temperature,
         with_entropy=True,
+        pack=batch.pack,
       )
       tok_loss_bt, clipped_bt = jax.vmap(loss_fn_tok, in_axes=(0, 0, 0, 0, None))(
         lp.logp_bt, batch.logp_bt, adv_b, mask_bt, cfg.clip_eps
@@ -310,6 +318,7 @@ def make_sao_update(
       batch.tokens_bt,
       mask_bt,
       temperature=rl.temperature,
+      pack=batch.pack,
       **kw,
     )
     ref_logp_bt = jax.lax.stop_gradient(logprobs(state.ref_params).logp_bt) if use_kl else None

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from sao_jax import seqpack
 from sao_jax.models import KVCache, init_cache
 from sao_jax.models.transformer import TransformerLM, causal_mask, positions_from_valid
 
@@ -202,17 +203,35 @@ def completion_logprobs(
   with_entropy: bool = False,
   with_value: bool = False,
   memory_bias_bm=None,
+  pack: seqpack.PackPlan | None = None,
 ) -> LogProbs:
   """Per-token log-probs [B, T] of `tokens_bt` following each prompt (0 where invalid).
 
   Formula: logp[b, t] = log softmax(logits[b, P-1+t] / temperature)[tokens[b, t]], where
   logits come from one forward pass over [memory | prompt | completion]. With
   `with_entropy` also the per-token entropy of that distribution; with `with_value` the value
-  head's output V(prompt) at the last prompt token.
+  head's output V(prompt) at the last prompt token. With `pack` (`sao_jax.seqpack.plan` of
+  these rows; no memory) the forward pass runs over the packed rows instead: the same values,
+  computed on the rows' real tokens only.
   """
   plen = prompt_bp.shape[1]
   tokens_bl = jnp.concatenate([prompt_bp, tokens_bt], axis=1)
   valid_bl = jnp.concatenate([prompt_valid_bp, valid_bt], axis=1)
+  if pack is not None:
+    if memory_bmd is not None:
+      raise ValueError("sequence packing is for rows without a memory prefix")
+    return _packed_logprobs(
+      model,
+      params,
+      pack,
+      tokens_bl,
+      valid_bl,
+      plen,
+      valid_bt,
+      temperature,
+      with_entropy,
+      with_value,
+    )
   out = sequence_logits(
     model,
     params,
@@ -226,6 +245,38 @@ def completion_logprobs(
   logits_blv = out[0] if with_value else out
   logp = _completion_logprobs(logits_blv, plen, tokens_bt, valid_bt, temperature, with_entropy)
   return logp._replace(values_b=out[1][:, plen - 1] if with_value else None)
+
+
+def _packed_logprobs(
+  model, params, pack, tokens_bl, valid_bl, plen, valid_bt, temperature, with_entropy, with_value
+) -> LogProbs:
+  """`completion_logprobs` through the packed rows of `pack`: each packed slot predicts the
+  token that follows its row slot in the row (the same target as unpacked), and its outputs
+  are gathered back to the row slots P-1+t (and P-1 for the value)."""
+  _, mask_qlk = seqpack.packed_attention(pack, valid_bl)
+  positions_bl = positions_from_valid(valid_bl)
+  out = model.apply(
+    {"params": params},
+    seqpack.gather(pack, tokens_bl),
+    seqpack.gather(pack, positions_bl),
+    mask_qlk,
+    with_values=with_value,
+  )
+  logits_qlv = out[0] / temperature
+  next_bl = jnp.concatenate([tokens_bl[:, 1:], tokens_bl[:, :1]], axis=1)  # last: never read
+  logp_qlv = jax.nn.log_softmax(logits_qlv, axis=-1)
+  target_ql = seqpack.gather(pack, next_bl)
+  logp_bl = seqpack.scatter_back(
+    pack, jnp.take_along_axis(logp_qlv, target_ql[..., None], -1)[..., 0]
+  )
+  tlen = valid_bt.shape[1]
+  logp_bt = jnp.where(valid_bt, logp_bl[:, plen - 1 : plen - 1 + tlen], 0.0)
+  entropy_bt = None
+  if with_entropy:
+    ent_bl = seqpack.scatter_back(pack, -jnp.sum(jnp.exp(logp_qlv) * logp_qlv, axis=-1))
+    entropy_bt = jnp.where(valid_bt, ent_bl[:, plen - 1 : plen - 1 + tlen], 0.0)
+  values_b = seqpack.scatter_back(pack, out[2])[:, plen - 1] if with_value else None
+  return LogProbs(logp_bt, entropy_bt, values_b)
 
 
 def _completion_logprobs(logits_blv, plen, tokens_bt, valid_bt, temperature, with_entropy):

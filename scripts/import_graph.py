@@ -51,6 +51,7 @@ LAYERS: dict[str, int] = {
   "sao_jax.sampling": 1,
   "sao_jax.sandbox": 1,
   "sao_jax.packing": 1,
+  "sao_jax.seqpack": 1,
   "sao_jax.state": 1,
   "sao_jax.batches": 1,
   "sao_jax.slots": 1,
