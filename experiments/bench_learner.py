@@ -21,6 +21,16 @@ parameter sync would publish with LoRA adapters against full parameters (about 1
 on a 2-core CPU):
   python experiments/bench_learner.py --variants gpt-f32,gpt-bf16,llama-f32,llama-bf16 \
       --repeats 3 --out results/bench_learner_variants.json
+The learner of a training config, padded rows against packed (`learner.pack`, sao_jax.seqpack):
+its RL update (SAO's, or GRPO's for rl.algorithm='grpo') on a batch of the config's real rows
+(prompts of its train split, completions as long as their worked solutions plus EOS), timed
+unpacked and packed side by side, for each of `--seeds` a batch (a few minutes on a 2-core CPU
+for the main job's config):
+  python experiments/bench_learner.py --config experiments/configs/sao_arith.py \
+      --repeats 3 --out results/bench_learner_packing.json
+Its MFU counts only the FLOPs of real tokens (each row's span, from its first token to the last
+one the loss reads, with attention over the span); the padded update's MFU over every slot (the
+definition above) is reported next to it.
 On XLA:CPU the bf16 reference matmul ran slower than the model's own bf16 matmuls (MFU
 above 100% was measured), so on a CPU compare the bf16 variants by tokens/s. On a GPU pass
 `--matmul-n 8192`: a 2048^3 product is too small to approach the device's peak.
@@ -46,6 +56,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import io
+import math
 import os
 import sys
 import time
@@ -126,6 +137,20 @@ def _parser() -> argparse.ArgumentParser:
   )
   p.add_argument("--warmup", type=int, default=2, help="untimed steps after compilation")
   p.add_argument("--matmul-n", type=int, default=2048, help="n of the n x n @ n x n reference")
+  p.add_argument(
+    "--config",
+    default="",
+    help="PATH[:VARIANT] of a training config: time its RL update on its real rows, padded "
+    "and packed (the model flags are ignored)",
+  )
+  p.add_argument("--seeds", default="0,1,2", help="with --config: one batch of rows per seed")
+  p.add_argument(
+    "--set",
+    action="append",
+    default=[],
+    metavar="KEY=VALUE",
+    help="with --config: a config override, as for sao-jax train (repeatable)",
+  )
   p.add_argument("--out", default="results/bench_learner.json")
   p.add_argument("--tiny", action="store_true", help="seconds-long smoke run; flags still win")
   return p
@@ -375,6 +400,216 @@ def run(args: argparse.Namespace) -> dict:
   }
 
 
+def span_flops(non_emb: int, vocab: int, width: int, depth: int, spans) -> float:
+  """The FLOPs of real tokens: `analytic_flops` of each row alone at its span's length."""
+  spans = np.asarray(spans, np.float64)
+  per_token = 6.0 * non_emb + 6.0 * vocab * width
+  return float(per_token * spans.sum() + 12.0 * depth * width * np.sum(spans**2))
+
+
+def load_bench_config(args: argparse.Namespace) -> Config:
+  """The --config file's config (PATH[:VARIANT]) with the --set overrides, validated."""
+  from sao_jax.setup import load_config
+
+  path, _, variant = args.config.partition(":")
+  return load_config(path, variant or "default", args.set)
+
+
+def run_config(args: argparse.Namespace, cfg: Config) -> dict:
+  """The config's RL update on its real rows, padded and packed: for each of `--seeds` a
+  batch of its rows, timed `--reps` rounds (each round one padded update, one packed, one
+  reference matmul, so both arms see the same clocks and load); per seed the medians, then
+  the mean and standard error over the seeds."""
+  from sao_jax import seqpack, sharding
+  from sao_jax.batches import RLBatch, SAOBatch
+  from sao_jax.learner import make_rl_update, make_sao_update
+  from sao_jax.runners.common import sft_batch
+  from sao_jax.setup import make_setup
+
+  s = make_setup(cfg)
+  model = s.model  # the config's model with the tokenizer's vocabulary filled in
+  tx = make_optimizer(cfg.rl.optim)
+  sao = cfg.rl.algorithm == "sao"
+  update = make_sao_update(model, tx, cfg.rl, cfg.sao) if sao else make_rl_update(model, tx, cfg.rl)
+  progs = compile_programs(
+    cfg,
+    model,
+    tx,
+    update,
+    with_ref=cfg.rl.kl_coef > 0,
+    prompt_len=s.prompt_len,
+    max_new_tokens=cfg.rl.max_new_tokens,
+    temperature=cfg.rl.temperature,
+    eos_id=s.tok.eos_id,
+    pad_id=s.tok.pad_id,
+    num_tasks=len(s.train),
+  )
+  rows = cfg.sao.batch_size if sao else cfg.rl.prompts_per_step * cfg.rl.group_size
+  length = s.prompt_len + cfg.rl.max_new_tokens
+  bucket = math.lcm(cfg.learner.pack_bucket, sharding.batch_divisor(progs.mesh, cfg.mesh.rules))
+  counts = param_counts(jax.eval_shape(progs.init, jax.random.key(0)).params)
+  m = model.cfg
+  all_slots = analytic_flops(
+    non_emb=counts["non_embedding"],
+    vocab=m.vocab_size,
+    width=m.width,
+    depth=m.depth,
+    batch=rows,
+    seq_len=length,
+  )["total"]
+  matmul = make_matmul(args.matmul_n, jnp.dtype(m.dtype))
+  mm_flops = 2.0 * args.matmul_n**3
+  compiled: dict = {}  # (arm, packed rows) -> program: a seed whose plan has other rows compiles
+
+  def one_seed(seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    picked = [s.train[i] for i in rng.integers(0, len(s.train), rows)]
+    demo = sft_batch(s, picked, rng, rows, cfg.rl.max_new_tokens)
+    fields = dict(
+      prompt_bp=demo.prompt_bp,
+      prompt_valid_bp=demo.prompt_valid_bp,
+      tokens_bt=demo.tokens_bt,
+      valid_bt=demo.valid_bt,
+      logp_bt=np.where(demo.valid_bt, -0.5, 0.0).astype(np.float32),
+      rewards_b=rng.integers(0, 2, rows).astype(np.float32),
+    )
+    if sao:
+      batch = SAOBatch.single_steps(
+        **fields, task_b=rng.integers(0, len(s.train), rows), staleness_b=np.zeros(rows)
+      )
+    else:
+      batch = RLBatch(**fields)
+    plan = seqpack.plan(
+      batch.prompt_valid_bp, batch.valid_bt, bucket=bucket, factor=cfg.learner.pack_factor
+    )
+    if plan is None:
+      raise SystemExit(f"{args.config}: packing saves no row of its {rows}-row batch")
+    batches = {"padded": batch, "packed": dataclasses.replace(batch, pack=plan)}
+    compile_s, states = {}, {}
+    for arm, b in batches.items():
+      batches[arm] = progs.shard_batch(b)
+      key = (arm, plan.rows if arm == "packed" else rows)
+      t0 = time.perf_counter()
+      if key not in compiled:
+        state = jax.eval_shape(progs.init, jax.random.key(0))
+        compiled[key] = progs.update.lower(state, batches[arm]).compile()
+      compile_s[arm] = time.perf_counter() - t0
+      states[arm] = (compiled[key], progs.init(jax.random.key(seed)))
+
+    def step(arm):
+      fn, state = states[arm]
+      state, metrics = fn(state, batches[arm])
+      jax.block_until_ready((state, metrics))
+      states[arm] = (fn, state)
+      return metrics
+
+    # The same update: the first step's loss from the same state, padded and packed.
+    first_loss = {arm: float(step(arm)["loss"]) for arm in batches}
+    for _ in range(args.warmup):
+      for arm in batches:
+        step(arm)
+    times = {arm: np.zeros(args.reps) for arm in batches}
+    mm_times = np.zeros(args.reps)
+    for i in range(args.reps):
+      for arm in batches:
+        times[arm][i] = _seconds(lambda arm=arm: step(arm))
+      mm_times[i] = _seconds(matmul)
+    start, end = seqpack.spans(np.asarray(batch.prompt_valid_bp), np.asarray(batch.valid_bt))
+    span = end - start
+    real = span_flops(counts["non_embedding"], m.vocab_size, m.width, m.depth, span)
+    peak = mm_flops / float(np.median(mm_times))
+    out = {
+      "seed": seed,
+      "packed_rows": plan.rows,
+      "packed_slots": int(plan.src_ql.size),
+      "real_slots": int(span.sum()),
+      "real_slot_frac": float(span.sum()) / (rows * length),
+      "span_mean": float(span.mean()),
+      "span_max": int(span.max()),
+      "flops_real_tokens": real,
+      "matmul_flops_per_s": peak,
+      "first_loss_rel_diff": abs(first_loss["packed"] - first_loss["padded"])
+      / max(abs(first_loss["padded"]), 1e-12),
+      "speedup_packed": float(np.median(times["padded"] / times["packed"])),
+      "arms": {},
+    }
+    for arm in batches:
+      med = float(np.median(times[arm]))
+      out["arms"][arm] = {
+        "compile_s": compile_s[arm],
+        "step_time_s_median": med,
+        "step_times_s": times[arm].tolist(),
+        "real_tokens_per_s": float(span.sum()) / med,
+        "mfu_real_tokens": real / med / peak,
+      }
+    out["arms"]["padded"]["mfu_all_slots"] = (
+      all_slots / out["arms"]["padded"]["step_time_s_median"] / peak
+    )
+    print(
+      f"seed {seed}: padded {1e3 * out['arms']['padded']['step_time_s_median']:.0f} ms, packed "
+      f"{1e3 * out['arms']['packed']['step_time_s_median']:.0f} ms ({plan.rows} rows)",
+      flush=True,
+    )
+    return out
+
+  seeds = [one_seed(int(x)) for x in args.seeds.split(",") if x.strip()]
+  over = lambda f: _mean_se([f(r) for r in seeds])  # noqa: E731
+  summary = {
+    arm: {
+      "step_time_s_median": over(lambda r, a=arm: r["arms"][a]["step_time_s_median"]),
+      "real_tokens_per_s": over(lambda r, a=arm: r["arms"][a]["real_tokens_per_s"]),
+      "mfu_real_tokens": over(lambda r, a=arm: r["arms"][a]["mfu_real_tokens"]),
+    }
+    for arm in ("padded", "packed")
+  }
+  summary["padded"]["mfu_all_slots"] = over(lambda r: r["arms"]["padded"]["mfu_all_slots"])
+  dev = jax.devices()[0]
+  return {
+    "config_file": args.config,
+    "overrides": args.set,
+    "update": "sao" if sao else "grpo",
+    "rows": rows,
+    "row_slots": length,
+    "pack_bucket": bucket,
+    "pack_factor": cfg.learner.pack_factor,
+    "params": counts,
+    "flops_all_slots": all_slots,
+    "matmul_n": args.matmul_n,
+    "reps": args.reps,
+    "warmup": args.warmup,
+    "real_slot_frac": over(lambda r: r["real_slot_frac"]),
+    "speedup_packed": over(lambda r: r["speedup_packed"]),
+    "first_loss_rel_diff_max": max(r["first_loss_rel_diff"] for r in seeds),
+    "arms": summary,
+    "seeds": seeds,
+    "jax_version": jax.__version__,
+    "backend": jax.default_backend(),
+    "device": f"{dev.platform}:{dev.device_kind} ({cpu()['model']})",
+    "cpu_count": os.cpu_count(),
+  }
+
+
+def _fmt_config(r: dict) -> str:
+  pm = lambda m, k=1.0, f=".1f": f"{k * m['mean']:{f}} +- {k * (m['se'] or 0):{f}}"  # noqa: E731
+  lines = [
+    f"{r['config_file']} ({r['update']} update): {r['rows']} rows x {r['row_slots']} slots, "
+    f"real slots {pm(r['real_slot_frac'], 100)}%; {len(r['seeds'])} seeds x {r['reps']} rounds",
+    f"{'arm':<8} {'step (ms)':>16} {'real tok/s':>18} {'MFU real tokens':>16}",
+  ]
+  for arm, a in r["arms"].items():
+    lines.append(
+      f"{arm:<8} {pm(a['step_time_s_median'], 1e3):>16} {pm(a['real_tokens_per_s'], 1, '.0f'):>18} "
+      f"{pm(a['mfu_real_tokens'], 100):>15}%"
+    )
+  lines.append(
+    f"padded MFU over every slot {pm(r['arms']['padded']['mfu_all_slots'], 100)}%; packed "
+    f"speed-up {pm(r['speedup_packed'], 1, '.2f')}x; first loss rel. diff <= "
+    f"{r['first_loss_rel_diff_max']:.1e}"
+  )
+  lines.append(f"device: {r['device']}, {r['cpu_count']} CPUs, jax {r['jax_version']}")
+  return "\n".join(lines)
+
+
 def _mean_se(xs: list[float]) -> dict:
   a = np.asarray(xs, float)
   se = float(a.std(ddof=1) / np.sqrt(len(a))) if len(a) > 1 else None
@@ -504,6 +739,17 @@ def _fmt_table(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
   args = parse_args(argv)
+  if args.config:
+    try:
+      cfg = load_bench_config(args)
+    except ValueError as e:  # ConfigError and the config file's own refusals
+      _parser().error(str(e))
+    rf = ResultFile(args.out, series=f"bench_learner/packing/{cfg.name}", config=cfg)
+    result = run_config(args, cfg)
+    out = rf.finish(result)
+    print(_fmt_config(result))
+    print(f"wrote {out}")
+    return 0
   # One run has one resolved config; each variant's differs (arch, dtype).
   series = f"bench_learner/{args.variants or args.arch + '-' + args.dtype}"
   series += "/tiny" if args.tiny else ""

@@ -506,6 +506,32 @@ class FaultsConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class LearnerConfig:
+  """How the learner computes its updates, not what they compute.
+
+  pack: "on" runs each text batch's forward and backward pass over packed rows
+    (`sao_jax.seqpack`: several rows' real tokens per row of the same length, attention kept
+    within each), so padding stops costing; the updates equal the unpacked ones up to the
+    order of float sums. For one learner process (rows are packed over the whole batch) and
+    the text policy (the compressed-memory policy's batches are not packed).
+  pack_factor: a packed row holds this many times a batch row's slots, so that several rows
+    share one even where each fills most of a row; its attention costs grow with it
+    (`sao_jax.seqpack`).
+  pack_bucket: packed rows are a multiple of this (and of the mesh's batch divisor), so a
+    run compiles a few packed programs (one per multiple its batches need), not one per batch.
+  """
+
+  pack: Literal["off", "on"] = "off"
+  pack_factor: int = 4
+  pack_bucket: int = 2
+
+  def __post_init__(self):
+    _check_choices(self, "learner.")
+    _check(self.pack_factor >= 1, f"learner.pack_factor must be >= 1, got {self.pack_factor}")
+    _check(self.pack_bucket >= 1, f"learner.pack_bucket must be >= 1, got {self.pack_bucket}")
+
+
+@dataclasses.dataclass(frozen=True)
 class CompressionConfig:
   """Three-stage context compression for long-horizon tasks (see sao_jax.compression).
 
@@ -699,6 +725,7 @@ class Config:
   recovery: RecoveryConfig = RecoveryConfig()
   faults: FaultsConfig = FaultsConfig()
   compression: CompressionConfig = CompressionConfig()
+  learner: LearnerConfig = LearnerConfig()
   logging: LoggingConfig = LoggingConfig()
   distributed: DistributedConfig = DistributedConfig()
   log_every: int = 10
@@ -732,6 +759,11 @@ class Config:
       f"eval.num_problems {self.eval.num_problems} > task.num_test {self.task.num_test}",
     )
     c = self.compression
+    _check(
+      self.learner.pack == "off" or not c.enabled,
+      "learner.pack='on' packs text rows; the compressed-memory policy's batches "
+      "(compression.enabled) are not packed",
+    )
     _check(
       not c.enabled
       or (

@@ -82,3 +82,39 @@ def test_bench_learner_variants_tiny(tmp_path, repo_root):
   small, big = sync["adapters"]["2"]["bytes"], sync["adapters"]["4"]["bytes"]
   assert 0 < small < big < 0.2 * sync["full_bytes"]
   assert r["provenance"]["commit"] and r["provenance"]["command"] and r["cpu_count"] >= 1
+
+
+def test_bench_learner_config_padded_against_packed(tmp_path, repo_root):
+  """--config: the config's SAO update on its real rows, padded and packed, from one state:
+  the same first loss, fewer rows packed, MFU counted over real tokens."""
+  out = tmp_path / "p.json"
+  config = repo_root / "experiments" / "configs" / "sao_arith.py"
+  cmd = [
+    sys.executable,
+    str(repo_root / "experiments" / "bench_learner.py"),
+    "--config",
+    f"{config}:tiny",
+    *("--seeds", "0,1", "--reps", "2", "--warmup", "0", "--matmul-n", "128"),
+    # 16 rows of 51-60-slot spans in 72-slot rows: 3 packed rows of 5 x 72 hold them.
+    *("--set", "learner.pack_factor=5", "--set", "learner.pack_bucket=1"),
+    *("--out", str(out)),
+  ]
+  proc = subprocess.run(
+    cmd, cwd=repo_root, capture_output=True, text=True, timeout=300, env=subprocess_env()
+  )
+  assert proc.returncode == 0, proc.stderr
+  assert "speed-up" in proc.stdout
+  r = json.loads(out.read_text())
+  assert r["series"] == "bench_learner/packing/sao_arith_tiny" and r["update"] == "sao"
+  assert r["config"]["sao"]["batch_size"] == r["rows"] == 16
+  assert r["pack_factor"] == r["config"]["learner"]["pack_factor"] == 5
+  assert [s["seed"] for s in r["seeds"]] == [0, 1]
+  for s in r["seeds"]:
+    assert s["packed_rows"] % r["pack_bucket"] == 0
+    assert s["packed_slots"] == s["packed_rows"] * 5 * r["row_slots"] < r["rows"] * r["row_slots"]
+    assert 0 < s["real_slot_frac"] < 1 and s["span_max"] <= r["row_slots"]
+    assert s["first_loss_rel_diff"] < 1e-5
+    assert 0 < s["flops_real_tokens"] < r["flops_all_slots"]
+    for a in s["arms"].values():
+      assert len(a["step_times_s"]) == 2 and a["mfu_real_tokens"] > 0
+  assert r["arms"]["padded"]["mfu_all_slots"]["n"] == 2 and r["speedup_packed"]["mean"] > 0

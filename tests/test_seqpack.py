@@ -16,7 +16,17 @@ import pytest
 
 from sao_jax import seqpack
 from sao_jax.batches import RLBatch, SAOBatch, SFTBatch
-from sao_jax.config import ModelConfig, OptimConfig, RLConfig, SAOConfig
+from sao_jax.config import (
+  Config,
+  ConfigError,
+  LearnerConfig,
+  MeshConfig,
+  ModelConfig,
+  OptimConfig,
+  RLConfig,
+  SAOConfig,
+  load_config,
+)
 from sao_jax.learner import (
   init_state_fn,
   make_rl_update,
@@ -24,6 +34,7 @@ from sao_jax.learner import (
   make_sft_update,
 )
 from sao_jax.models import make_model
+from sao_jax.runners.compiled import compile_programs
 from sao_jax.sampling import completion_logprobs
 
 B, P, T, V = 12, 10, 14, 23
@@ -68,6 +79,12 @@ def test_the_plan_packs_every_span_once_without_mixing_rows():
   # Each packed slot holds at most one row slot; the padding row takes none.
   assert (seg > 0).sum() == (end - start).sum()
   assert start[-1] == end[-1] == 0
+  # Longer packed rows hold more spans each; the mapping stays one to one.
+  long = seqpack.plan(pvalid, tvalid, factor=3)
+  assert long.src_ql.shape == (long.rows, 3 * length) and long.rows < plan.rows
+  assert np.array_equal(
+    np.asarray(long.src_ql).reshape(-1)[np.asarray(long.dst_bl)[0, : end[0]]], np.arange(end[0])
+  )
   # A bucket rounds the packed rows up; full rows leave nothing to save.
   assert seqpack.plan(pvalid, tvalid, bucket=4).rows % 4 == 0
   assert seqpack.plan(np.ones((B, P), bool), np.ones((B, T), bool)) is None
@@ -94,8 +111,8 @@ def _model(arch: str, value_head: bool):
 def test_packed_logprobs_and_gradients_equal_the_unpacked(arch, value_head):
   model, params = _model(arch, value_head)
   prompt, pvalid, tokens, tvalid = _rows(seed=1)
-  plan = seqpack.plan(pvalid, tvalid)
-  assert plan is not None and plan.rows < B  # the packing saves something here
+  plan = seqpack.plan(pvalid, tvalid, factor=2)  # packed rows twice a row's length
+  assert plan is not None and plan.rows < B // 2  # the packing saves something here
   w_bt = jnp.asarray(np.random.default_rng(2).normal(size=(B, T)), jnp.float32)
 
   def outputs(params, pack):
@@ -178,3 +195,56 @@ def test_an_update_on_a_packed_batch_equals_the_unpacked_update(kind):
     jax.tree.leaves(got_state.params), jax.tree.leaves(want_state.params), strict=True
   ):
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_learner_pack_on_packs_in_shard_batch_and_counts(repo_root):
+  """learner.pack='on': the learner's programs pack each text batch on its way to the device
+  (the same update as unpacked) and count what they packed; the compressed-memory policy's
+  batches are refused at config time."""
+  model_cfg = ModelConfig(vocab_size=V, width=32, depth=1, heads=2, max_len=P + T)
+  model = make_model(model_cfg)
+  tx = optax.sgd(0.1)
+  prompt, pvalid, tokens, tvalid = _rows(seed=3, empty=0)
+  batch = SFTBatch(
+    prompt_bp=prompt,
+    prompt_valid_bp=pvalid,
+    tokens_bt=tokens,
+    valid_bt=tvalid,
+    weight_b=np.ones(B, np.float32),
+  )
+  progs = {}
+  one_device = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1), MeshConfig().axes)
+  for pack in ("off", "on"):
+    cfg = Config(
+      model=model_cfg, mesh=MeshConfig(shape=(1, 1, 1)), learner=LearnerConfig(pack=pack)
+    )
+    progs[pack] = compile_programs(
+      cfg,
+      model,
+      tx,
+      make_sft_update(model, tx),
+      with_ref=False,
+      prompt_len=P,
+      max_new_tokens=T,
+      temperature=1.0,
+      eos_id=1,
+      pad_id=0,
+      mesh=one_device,
+    )
+  assert progs["off"].packer is None
+  packer = progs["on"].packer
+  sent = progs["on"].shard_batch(batch)
+  # The defaults: packed rows of 4 x (P + T) slots, an even number of them.
+  assert sent.pack is not None and sent.pack.rows % 2 == 0 and packer.counts["packed"] == 1
+  assert sent.pack.src_ql.shape[1] == 4 * (P + T)
+  assert packer.counts["slots"] == sent.pack.src_ql.size < packer.counts["padded_slots"]
+  got, got_m = progs["on"].update(progs["on"].init(jax.random.key(0)), sent)
+  want, want_m = progs["off"].update(
+    progs["off"].init(jax.random.key(0)), progs["off"].shard_batch(batch)
+  )
+  np.testing.assert_allclose(got_m["loss"], want_m["loss"], rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(got.params), jax.tree.leaves(want.params), strict=True):
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+  longhorizon = repo_root / "experiments" / "configs" / "longhorizon.py"
+  with pytest.raises(ConfigError, match="compressed-memory"):
+    load_config(str(longhorizon), "tiny", ["learner.pack=on"])

@@ -227,8 +227,10 @@ def finish_phase(
   step: int,
   phase: str,
   meta: dict | None = None,
+  packer=None,
 ) -> dict:
-  """Final snapshot, then the final held-out eval; returns the phase's common summary."""
+  """Final snapshot, then the final held-out eval; returns the phase's common summary (with
+  the sequence packer's counts where the learner packed, `learner.pack='on'`)."""
   ckpt_lib.save(mngr, state, cfg, meta or {"phase": phase}, force=True)
   mngr.wait_until_finished()
   mngr.close()
@@ -239,6 +241,7 @@ def finish_phase(
     "seconds": seconds,
     "eval_curve": clock.curve,
     **{k.removeprefix("eval_"): v for k, v in final.items()},
+    **({"packing": dict(packer.counts, rows=packer.rows)} if packer is not None else {}),
   }
 
 

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
 import jax
 
-from sao_jax import distributed, sampling, sharding
+from sao_jax import distributed, sampling, seqpack, sharding
 from sao_jax import slots as slots_lib
-from sao_jax.config import Config
+from sao_jax.config import Config, ConfigError
 from sao_jax.learner import init_state_fn
 from sao_jax.models.transformer import TransformerLM
 from sao_jax.state import TrainState, tree_digest
@@ -32,10 +33,14 @@ class LearnerPrograms:
   update: Callable[[TrainState, Any], tuple[TrainState, dict]]
   batch_divisor: int
   digest: Callable[[Any], jax.Array]  # params -> uint32 fingerprint of their bits (replay)
+  packer: seqpack.Packer | None = None  # learner.pack='on': packs each text batch first
 
   def shard_batch(self, batch, *, local: bool = False):
-    """The batch split over the batch axis; with several processes, `local` says the batch
-    holds only this process's rows (`process_rows`), else each process keeps its own."""
+    """The batch (packed, with learner.pack='on') split over the batch axis; with several
+    processes, `local` says the batch holds only this process's rows (`process_rows`), else
+    each process keeps its own."""
+    if self.packer is not None:
+      batch = self.packer(batch)
     return sharding.put_batch(batch, self.batch_sharding, local=local)
 
   def process_rows(self, rows: int) -> slice:
@@ -132,7 +137,21 @@ def compile_learner(
     ),
     batch_divisor=sharding.batch_divisor(mesh, rules),
     digest=jax.jit(tree_digest, in_shardings=(state_sh.params,), out_shardings=repl),
+    packer=_packer(cfg, mesh, rules),
   )
+
+
+def _packer(cfg: Config, mesh, rules) -> seqpack.Packer | None:
+  """learner.pack's packer: packed rows a multiple of the bucket and of the batch divisor."""
+  if cfg.learner.pack == "off":
+    return None
+  if jax.process_count() > 1:
+    raise ConfigError(
+      "learner.pack='on' packs rows over the whole batch, which one learner process of "
+      f"{jax.process_count()} does not hold: set learner.pack=off"
+    )
+  bucket = math.lcm(cfg.learner.pack_bucket, sharding.batch_divisor(mesh, rules))
+  return seqpack.Packer(bucket, cfg.learner.pack_factor)
 
 
 def compile_sampler(

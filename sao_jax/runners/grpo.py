@@ -126,7 +126,7 @@ def run_grpo(
       row["format_rate"] = float(np.mean(fmt))
     log_step(writer, clock, cfg, step, state.params, row, "rl")
   wall = time.time() - t_loop
-  info = finish_phase(mngr, state, cfg, clock, step, "rl", meta())
+  info = finish_phase(mngr, state, cfg, clock, step, "rl", meta(), progs.packer)
   return (
     state,
     progs,

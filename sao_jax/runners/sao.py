@@ -800,7 +800,9 @@ class SAOLearner:
       self.ledger.close()
       self.events.write("finish", step=loop.step, counts=self.count_deltas())
       self.events.close()
-    info = finish_phase(self.mngr, self.state, self.cfg, self.clock, loop.step, "rl")
+    info = finish_phase(
+      self.mngr, self.state, self.cfg, self.clock, loop.step, "rl", packer=self.progs.packer
+    )
     steady = None
     if loop.steady_mark is not None and wall > loop.steady_mark[1]:
       steady = (loop.busy - loop.steady_mark[0]) / (wall - loop.steady_mark[1])

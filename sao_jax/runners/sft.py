@@ -91,4 +91,4 @@ def run_sft(
     ckpt_lib.save(mngr, state, cfg, meta())
     row = supervised_row(cfg, step, metrics, ts, tokens, clock)
     log_step(writer, clock, cfg, step, state.params, row, tag)
-  return state, progs, finish_phase(mngr, state, cfg, clock, step, tag, meta())
+  return state, progs, finish_phase(mngr, state, cfg, clock, step, tag, meta(), progs.packer)
