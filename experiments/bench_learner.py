@@ -60,6 +60,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 
 import flax.linen as nn
 import jax
@@ -144,6 +145,12 @@ def _parser() -> argparse.ArgumentParser:
     "and packed (the model flags are ignored)",
   )
   p.add_argument("--seeds", default="0,1,2", help="with --config: one batch of rows per seed")
+  p.add_argument(
+    "--profile",
+    action="store_true",
+    help="with --config: also time the padded update's parts (forward, forward + backward) "
+    "and its dense and attention matmuls alone, in the same rounds",
+  )
   p.add_argument(
     "--set",
     action="append",
@@ -407,6 +414,59 @@ def span_flops(non_emb: int, vocab: int, width: int, depth: int, spans) -> float
   return float(per_token * spans.sum() + 12.0 * depth * width * np.sum(spans**2))
 
 
+def _timed(fn) -> Callable[[], None]:
+  """`fn` jitted and warmed up, as a blocking call."""
+  jitted = jax.jit(fn)
+  jax.block_until_ready(jitted())
+  return lambda: jax.block_until_ready(jitted())
+
+
+def profile_parts(model, params, batch, temperature: float) -> dict[str, tuple[Callable, float]]:
+  """Parts of a padded learner update, each a blocking call with its analytic FLOPs (0 where
+  not counted): the forward pass (log-probs and entropies), forward + backward (the gradient
+  of their sum), and the model's matmuls alone at this batch's shapes, three times each (a
+  forward and its two backward products): the dense layers with the logits, and attention's
+  scores and weighted values."""
+  from sao_jax.sampling import completion_logprobs
+
+  m = model.cfg
+  args = (batch.prompt_bp, batch.prompt_valid_bp, batch.tokens_bt, batch.valid_bt)
+
+  def forward(p):
+    lp = completion_logprobs(model, p, *args, temperature=temperature, with_entropy=True)
+    return jnp.sum(lp.logp_bt) + jnp.sum(lp.entropy_bt)
+
+  b, length = batch.prompt_bp.shape[0], batch.prompt_bp.shape[1] + batch.tokens_bt.shape[1]
+  n, w, f, hd = b * length, m.width, m.ffn_dim, m.width // m.heads
+  rng = np.random.default_rng(0)
+  mat = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)  # noqa: E731
+  # Distinct operands for every product (XLA would compute repeated identical ones once).
+  x, xf, reps = mat(n, w), mat(n, f), 3 * m.depth
+  dense_w = [[mat(w, 3 * w), mat(w, w), mat(w, f), mat(f, w)] for _ in range(reps)]
+  heads_w = [mat(w, m.vocab_size) for _ in range(3)]
+  qs = [mat(b, length, m.heads, hd) for _ in range(reps)]
+  ss = [mat(b, m.heads, length, length) for _ in range(reps)]
+
+  def dense():
+    outs = [[x @ a, x @ c, x @ d, xf @ e] for a, c, d, e in dense_w]
+    return outs + [x @ h for h in heads_w]
+
+  def attention():
+    return [
+      (jnp.einsum("bqhd,bkhd->bhqk", q, q), jnp.einsum("bhqk,bkhd->bqhd", s_, q))
+      for q, s_ in zip(qs, ss, strict=True)
+    ]
+
+  dense_flops = 3 * m.depth * 2 * n * (w * 3 * w + w * w + 2 * w * f) + 3 * 2 * n * w * m.vocab_size
+  attention_flops = 3 * m.depth * 2 * 2 * b * m.heads * length * length * hd
+  return {
+    "forward": (_timed(lambda: forward(params)), 0.0),
+    "forward_backward": (_timed(lambda: jax.grad(forward)(params)), 0.0),
+    "dense_matmuls": (_timed(dense), float(dense_flops)),
+    "attention_matmuls": (_timed(attention), float(attention_flops)),
+  }
+
+
 def load_bench_config(args: argparse.Namespace) -> Config:
   """The --config file's config (PATH[:VARIANT]) with the --set overrides, validated."""
   from sao_jax.setup import load_config
@@ -508,11 +568,18 @@ def run_config(args: argparse.Namespace, cfg: Config) -> dict:
     for _ in range(args.warmup):
       for arm in batches:
         step(arm)
+    parts = {}
+    if args.profile:
+      params = jax.device_get(states["padded"][1].params)
+      parts = profile_parts(model, params, batch, cfg.rl.temperature)
     times = {arm: np.zeros(args.reps) for arm in batches}
+    part_times = {k: np.zeros(args.reps) for k in parts}
     mm_times = np.zeros(args.reps)
     for i in range(args.reps):
       for arm in batches:
         times[arm][i] = _seconds(lambda arm=arm: step(arm))
+      for k, (call, _) in parts.items():
+        part_times[k][i] = _seconds(call)
       mm_times[i] = _seconds(matmul)
     start, end = seqpack.spans(np.asarray(batch.prompt_valid_bp), np.asarray(batch.valid_bt))
     span = end - start
@@ -545,6 +612,19 @@ def run_config(args: argparse.Namespace, cfg: Config) -> dict:
     out["arms"]["padded"]["mfu_all_slots"] = (
       all_slots / out["arms"]["padded"]["step_time_s_median"] / peak
     )
+    if parts:
+      update_s = out["arms"]["padded"]["step_time_s_median"]
+      out["profile_padded"] = {
+        k: {
+          "seconds_median": float(np.median(part_times[k])),
+          "share_of_update": float(np.median(part_times[k])) / update_s,
+          "flops": flops,
+          "fraction_of_matmul_peak": flops / float(np.median(part_times[k])) / peak
+          if flops
+          else None,
+        }
+        for k, (_, flops) in parts.items()
+      }
     print(
       f"seed {seed}: padded {1e3 * out['arms']['padded']['step_time_s_median']:.0f} ms, packed "
       f"{1e3 * out['arms']['packed']['step_time_s_median']:.0f} ms ({plan.rows} rows)",
@@ -606,6 +686,16 @@ def _fmt_config(r: dict) -> str:
     f"speed-up {pm(r['speedup_packed'], 1, '.2f')}x; first loss rel. diff <= "
     f"{r['first_loss_rel_diff_max']:.1e}"
   )
+  prof = r["seeds"][0].get("profile_padded")
+  if prof:
+    lines.append(
+      "padded update's parts (seed 0): "
+      + ", ".join(
+        f"{k} {1e3 * v['seconds_median']:.0f} ms ({100 * v['share_of_update']:.0f} %"
+        + (f", {100 * v['fraction_of_matmul_peak']:.0f} % of peak)" if v["flops"] else ")")
+        for k, v in prof.items()
+      )
+    )
   lines.append(f"device: {r['device']}, {r['cpu_count']} CPUs, jax {r['jax_version']}")
   return "\n".join(lines)
 
