@@ -52,6 +52,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 MODES = {"per_row": False, "shared": None}  # `make_memory_update(share=...)`
 
 
+# The compressed policy, and its stage-1 control (`uncompressed_cfg`: every step kept, float32).
+ARMS = ("compressed", "uncompressed_memory")
+
+
 def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--config", default=str(ROOT / "experiments/configs/longhorizon.py"))
@@ -63,6 +67,11 @@ def _parser() -> argparse.ArgumentParser:
   )
   p.add_argument("--eval-episodes", type=int, default=8)
   p.add_argument("--quick", action="store_true", help="tiny config, 2 steps, 2 repeats")
+  p.add_argument(
+    "--arms",
+    default=",".join(ARMS),
+    help=f"comma-separated, from {', '.join(ARMS)} (each compiles its update in both modes)",
+  )
   p.add_argument(
     "--set",
     action="append",
@@ -88,9 +97,13 @@ def main(argv=None) -> dict:
     _parser().error(
       f"--task {task!r} (known: {', '.join(mod.TRAIN_TASKS[variant])}), --steps and --repeats >= 1"
     )
+  chosen = [a.strip() for a in args.arms.split(",") if a.strip()]
+  if not chosen or set(chosen) - set(ARMS):
+    _parser().error(f"--arms {args.arms!r}: known {', '.join(ARMS)}")
   spec = mod.TRAIN_TASKS[variant][task]
   train = make_split(spec, "train", 64, 0, num_test=0)
   arms = {"compressed": cfg, "uncompressed_memory": B.uncompressed_cfg(cfg, spec.n_steps)}
+  arms = {k: v for k, v in arms.items() if k in chosen}
   kw = dict(length=L.full_len(train), seed=0)
   series = f"bench_memory_update/{task}" + ("/quick" if args.quick else "")
   rf = ResultFile(args.out, series=series, config=cfg)
