@@ -414,11 +414,12 @@ def span_flops(non_emb: int, vocab: int, width: int, depth: int, spans) -> float
   return float(per_token * spans.sum() + 12.0 * depth * width * np.sum(spans**2))
 
 
-def _timed(fn) -> Callable[[], None]:
-  """`fn` jitted and warmed up, as a blocking call."""
+def _timed(fn, *args) -> Callable[[], None]:
+  """`fn(*args)` jitted and warmed up, as a blocking call. The arrays are arguments, never
+  closed over: XLA would fold a computation on constants at compile time."""
   jitted = jax.jit(fn)
-  jax.block_until_ready(jitted())
-  return lambda: jax.block_until_ready(jitted())
+  jax.block_until_ready(jitted(*args))
+  return lambda: jax.block_until_ready(jitted(*args))
 
 
 def profile_parts(model, params, batch, temperature: float) -> dict[str, tuple[Callable, float]]:
@@ -430,10 +431,13 @@ def profile_parts(model, params, batch, temperature: float) -> dict[str, tuple[C
   from sao_jax.sampling import completion_logprobs
 
   m = model.cfg
-  args = (batch.prompt_bp, batch.prompt_valid_bp, batch.tokens_bt, batch.valid_bt)
+  rows = tuple(
+    jnp.asarray(x)
+    for x in (batch.prompt_bp, batch.prompt_valid_bp, batch.tokens_bt, batch.valid_bt)
+  )
 
-  def forward(p):
-    lp = completion_logprobs(model, p, *args, temperature=temperature, with_entropy=True)
+  def forward(p, rows):
+    lp = completion_logprobs(model, p, *rows, temperature=temperature, with_entropy=True)
     return jnp.sum(lp.logp_bt) + jnp.sum(lp.entropy_bt)
 
   b, length = batch.prompt_bp.shape[0], batch.prompt_bp.shape[1] + batch.tokens_bt.shape[1]
@@ -447,11 +451,11 @@ def profile_parts(model, params, batch, temperature: float) -> dict[str, tuple[C
   qs = [mat(b, length, m.heads, hd) for _ in range(reps)]
   ss = [mat(b, m.heads, length, length) for _ in range(reps)]
 
-  def dense():
+  def dense(x, xf, dense_w, heads_w):
     outs = [[x @ a, x @ c, x @ d, xf @ e] for a, c, d, e in dense_w]
     return outs + [x @ h for h in heads_w]
 
-  def attention():
+  def attention(qs, ss):
     return [
       (jnp.einsum("bqhd,bkhd->bhqk", q, q), jnp.einsum("bhqk,bkhd->bqhd", s_, q))
       for q, s_ in zip(qs, ss, strict=True)
@@ -460,10 +464,10 @@ def profile_parts(model, params, batch, temperature: float) -> dict[str, tuple[C
   dense_flops = 3 * m.depth * 2 * n * (w * 3 * w + w * w + 2 * w * f) + 3 * 2 * n * w * m.vocab_size
   attention_flops = 3 * m.depth * 2 * 2 * b * m.heads * length * length * hd
   return {
-    "forward": (_timed(lambda: forward(params)), 0.0),
-    "forward_backward": (_timed(lambda: jax.grad(forward)(params)), 0.0),
-    "dense_matmuls": (_timed(dense), float(dense_flops)),
-    "attention_matmuls": (_timed(attention), float(attention_flops)),
+    "forward": (_timed(forward, params, rows), 0.0),
+    "forward_backward": (_timed(jax.grad(forward), params, rows), 0.0),
+    "dense_matmuls": (_timed(dense, x, xf, dense_w, heads_w), float(dense_flops)),
+    "attention_matmuls": (_timed(attention, qs, ss), float(attention_flops)),
   }
 
 
