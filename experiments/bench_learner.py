@@ -409,9 +409,8 @@ def run(args: argparse.Namespace) -> dict:
 
 def span_flops(non_emb: int, vocab: int, width: int, depth: int, spans) -> float:
   """The FLOPs of real tokens: `analytic_flops` of each row alone at its span's length."""
-  spans = np.asarray(spans, np.float64)
-  per_token = 6.0 * non_emb + 6.0 * vocab * width
-  return float(per_token * spans.sum() + 12.0 * depth * width * np.sum(spans**2))
+  model = dict(non_emb=non_emb, vocab=vocab, width=width, depth=depth)
+  return sum(analytic_flops(**model, batch=1, seq_len=int(n))["total"] for n in spans)
 
 
 def _timed(fn, *args) -> Callable[[], None]:

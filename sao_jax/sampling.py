@@ -253,7 +253,7 @@ def _packed_logprobs(
   """`completion_logprobs` through the packed rows of `pack`: each packed slot predicts the
   token that follows its row slot in the row (the same target as unpacked), and its outputs
   are gathered back to the row slots P-1+t (and P-1 for the value)."""
-  _, mask_qlk = seqpack.packed_attention(pack, valid_bl)
+  mask_qlk = seqpack.packed_attention(pack, valid_bl)
   positions_bl = positions_from_valid(valid_bl)
   out = model.apply(
     {"params": params},
@@ -262,31 +262,38 @@ def _packed_logprobs(
     mask_qlk,
     with_values=with_value,
   )
-  logits_qlv = out[0] / temperature
   next_bl = jnp.concatenate([tokens_bl[:, 1:], tokens_bl[:, :1]], axis=1)  # last: never read
-  logp_qlv = jax.nn.log_softmax(logits_qlv, axis=-1)
-  target_ql = seqpack.gather(pack, next_bl)
-  logp_bl = seqpack.scatter_back(
-    pack, jnp.take_along_axis(logp_qlv, target_ql[..., None], -1)[..., 0]
+  logp_ql, ent_ql = _token_logprobs(
+    out[0] / temperature, seqpack.gather(pack, next_bl), with_entropy
   )
   tlen = valid_bt.shape[1]
-  logp_bt = jnp.where(valid_bt, logp_bl[:, plen - 1 : plen - 1 + tlen], 0.0)
-  entropy_bt = None
-  if with_entropy:
-    ent_bl = seqpack.scatter_back(pack, -jnp.sum(jnp.exp(logp_qlv) * logp_qlv, axis=-1))
-    entropy_bt = jnp.where(valid_bt, ent_bl[:, plen - 1 : plen - 1 + tlen], 0.0)
+  # Back to the row slots; slot P-1+t predicts completion token t.
+  read = (
+    lambda x_ql: jnp.where(  # noqa: E731
+      valid_bt, seqpack.scatter_back(pack, x_ql)[:, plen - 1 : plen - 1 + tlen], 0.0
+    )
+  )
+  entropy_bt = read(ent_ql) if with_entropy else None
   values_b = seqpack.scatter_back(pack, out[2])[:, plen - 1] if with_value else None
-  return LogProbs(logp_bt, entropy_bt, values_b)
+  return LogProbs(read(logp_ql), entropy_bt, values_b)
+
+
+def _token_logprobs(logits_xv, targets_x, with_entropy: bool):
+  """log softmax(logits)[target] at every position, and the distribution's entropy (None
+  without `with_entropy`)."""
+  logp_xv = jax.nn.log_softmax(logits_xv, axis=-1)
+  logp_x = jnp.take_along_axis(logp_xv, targets_x[..., None], axis=-1)[..., 0]
+  entropy_x = -jnp.sum(jnp.exp(logp_xv) * logp_xv, axis=-1) if with_entropy else None
+  return logp_x, entropy_x
 
 
 def _completion_logprobs(logits_blv, plen, tokens_bt, valid_bt, temperature, with_entropy):
   """LogProbs of the completion `tokens_bt` from the logits of [prompt (plen) | completion]."""
-  logits_btv = logits_blv[:, plen - 1 : -1] / temperature
-  logp_btv = jax.nn.log_softmax(logits_btv, axis=-1)
-  logp_bt = jnp.take_along_axis(logp_btv, tokens_bt[..., None], axis=-1)[..., 0]
-  entropy_bt = None
+  logp_bt, entropy_bt = _token_logprobs(
+    logits_blv[:, plen - 1 : -1] / temperature, tokens_bt, with_entropy
+  )
   if with_entropy:
-    entropy_bt = jnp.where(valid_bt, -jnp.sum(jnp.exp(logp_btv) * logp_btv, axis=-1), 0.0)
+    entropy_bt = jnp.where(valid_bt, entropy_bt, 0.0)
   return LogProbs(jnp.where(valid_bt, logp_bt, 0.0), entropy_bt)
 
 

@@ -45,6 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sao_jax.packing import round_up
+
 
 @flax.struct.dataclass
 class PackPlan:
@@ -97,8 +99,7 @@ def plan(prompt_valid_bp, valid_bt, *, bucket: int = 1, factor: int = 1) -> Pack
       fill.append(0)
     where[i], offset[i] = n, fill[n]
     fill[n] += size[i]
-  bucket = max(int(bucket), 1)
-  rows = -(-max(len(fill), 1) // bucket) * bucket
+  rows = round_up(max(len(fill), 1), max(int(bucket), 1))
   if rows * length >= b * row_len:
     return None
   src = np.zeros((rows, length), np.int32)
@@ -115,14 +116,13 @@ def plan(prompt_valid_bp, valid_bt, *, bucket: int = 1, factor: int = 1) -> Pack
   return PackPlan(src_ql=src, seg_ql=seg, dst_bl=dst)
 
 
-def packed_attention(plan_: PackPlan, valid_bl: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """(key validity [Q, L] and the [Q, L, L] mask) of the packed rows: a query sees the valid
-  keys of its own segment at or before it."""
-  kvalid_ql = jnp.take(valid_bl.reshape(-1), plan_.src_ql) & (plan_.seg_ql > 0)
+def packed_attention(plan_: PackPlan, valid_bl: jax.Array) -> jax.Array:
+  """The [Q, L, L] attention mask of the packed rows: a query sees the valid keys of its own
+  segment at or before it."""
+  kvalid_ql = gather(plan_, valid_bl) & (plan_.seg_ql > 0)
   s = jnp.arange(plan_.seg_ql.shape[1])
   same = plan_.seg_ql[:, :, None] == plan_.seg_ql[:, None, :]
-  mask = same & kvalid_ql[:, None, :] & (s[None, None, :] <= s[None, :, None])
-  return kvalid_ql, mask
+  return same & kvalid_ql[:, None, :] & (s[None, None, :] <= s[None, :, None])
 
 
 def gather(plan_: PackPlan, x_bl: jax.Array) -> jax.Array:

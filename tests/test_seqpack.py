@@ -36,6 +36,7 @@ from sao_jax.learner import (
 from sao_jax.models import make_model
 from sao_jax.runners.compiled import compile_programs
 from sao_jax.sampling import completion_logprobs
+from sao_jax.sharding import make_mesh
 
 B, P, T, V = 12, 10, 14, 23
 
@@ -212,7 +213,6 @@ def test_learner_pack_on_packs_in_shard_batch_and_counts(repo_root):
     weight_b=np.ones(B, np.float32),
   )
   progs = {}
-  one_device = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1), MeshConfig().axes)
   for pack in ("off", "on"):
     cfg = Config(
       model=model_cfg, mesh=MeshConfig(shape=(1, 1, 1)), learner=LearnerConfig(pack=pack)
@@ -228,7 +228,7 @@ def test_learner_pack_on_packs_in_shard_batch_and_counts(repo_root):
       temperature=1.0,
       eos_id=1,
       pad_id=0,
-      mesh=one_device,
+      mesh=make_mesh(cfg.mesh, jax.devices()[:1]),
     )
   assert progs["off"].packer is None
   packer = progs["on"].packer
