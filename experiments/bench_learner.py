@@ -56,7 +56,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import io
-import math
 import os
 import sys
 import time
@@ -73,7 +72,7 @@ from sao_jax.learner import make_optimizer, make_sft_update
 from sao_jax.models import lora, make_model
 from sao_jax.provenance import cpu
 from sao_jax.results_file import ResultFile
-from sao_jax.runners.compiled import compile_programs
+from sao_jax.runners.compiled import compile_programs, make_packer
 from sao_jax.tokenizer import CharTokenizer
 from sao_jax.transport.params import flatten
 
@@ -483,7 +482,7 @@ def run_config(args: argparse.Namespace, cfg: Config) -> dict:
   batch of its rows, timed `--reps` rounds (each round one padded update, one packed, one
   reference matmul, so both arms see the same clocks and load); per seed the medians, then
   the mean and standard error over the seeds."""
-  from sao_jax import seqpack, sharding
+  from sao_jax import seqpack
   from sao_jax.batches import RLBatch, SAOBatch
   from sao_jax.learner import make_rl_update, make_sao_update
   from sao_jax.runners.common import sft_batch
@@ -509,7 +508,7 @@ def run_config(args: argparse.Namespace, cfg: Config) -> dict:
   )
   rows = cfg.sao.batch_size if sao else cfg.rl.prompts_per_step * cfg.rl.group_size
   length = s.prompt_len + cfg.rl.max_new_tokens
-  bucket = math.lcm(cfg.learner.pack_bucket, sharding.batch_divisor(progs.mesh, cfg.mesh.rules))
+  packer = make_packer(cfg, progs.mesh)  # as learner.pack=on would pack
   counts = param_counts(jax.eval_shape(progs.init, jax.random.key(0)).params)
   m = model.cfg
   all_slots = analytic_flops(
@@ -542,12 +541,11 @@ def run_config(args: argparse.Namespace, cfg: Config) -> dict:
       )
     else:
       batch = RLBatch(**fields)
-    plan = seqpack.plan(
-      batch.prompt_valid_bp, batch.valid_bt, bucket=bucket, factor=cfg.learner.pack_factor
-    )
+    packed = packer(batch)
+    plan = packed.pack
     if plan is None:
       raise SystemExit(f"{args.config}: packing saves no row of its {rows}-row batch")
-    batches = {"padded": batch, "packed": dataclasses.replace(batch, pack=plan)}
+    batches = {"padded": batch, "packed": packed}
     compile_s, states = {}, {}
     for arm, b in batches.items():
       batches[arm] = progs.shard_batch(b)
@@ -653,7 +651,7 @@ def run_config(args: argparse.Namespace, cfg: Config) -> dict:
     "update": "sao" if sao else "grpo",
     "rows": rows,
     "row_slots": length,
-    "pack_bucket": bucket,
+    "pack_bucket": packer.bucket,
     "pack_factor": cfg.learner.pack_factor,
     "params": counts,
     "flops_all_slots": all_slots,

@@ -137,20 +137,19 @@ def compile_learner(
     ),
     batch_divisor=sharding.batch_divisor(mesh, rules),
     digest=jax.jit(tree_digest, in_shardings=(state_sh.params,), out_shardings=repl),
-    packer=_packer(cfg, mesh, rules),
+    packer=make_packer(cfg, mesh) if cfg.learner.pack == "on" else None,
   )
 
 
-def _packer(cfg: Config, mesh, rules) -> seqpack.Packer | None:
-  """learner.pack's packer: packed rows a multiple of the bucket and of the batch divisor."""
-  if cfg.learner.pack == "off":
-    return None
+def make_packer(cfg: Config, mesh: jax.sharding.Mesh) -> seqpack.Packer:
+  """The packer of `cfg.learner`'s settings on `mesh` (whether or not learner.pack is on):
+  packed rows a multiple of learner.pack_bucket and of the mesh's batch divisor."""
   if jax.process_count() > 1:
     raise ConfigError(
       "learner.pack='on' packs rows over the whole batch, which one learner process of "
       f"{jax.process_count()} does not hold: set learner.pack=off"
     )
-  bucket = math.lcm(cfg.learner.pack_bucket, sharding.batch_divisor(mesh, rules))
+  bucket = math.lcm(cfg.learner.pack_bucket, sharding.batch_divisor(mesh, cfg.mesh.rules))
   return seqpack.Packer(bucket, cfg.learner.pack_factor)
 
 
