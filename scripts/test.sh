@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test suite: sets up .venv if needed, lints, then runs pytest (extra args go to pytest,
-# e.g. scripts/test.sh -m "not slow" for the fast half, or -n 0 for one process). About 18-20
+# e.g. scripts/test.sh -m "not slow" for the fast half, or -n 0 for one process). About 18-21
 # minutes on 2 cores from a fresh clone, setup included (32-43 minutes before the tests ran on
 # two workers), most of it compiling the end-to-end runs' programs (tests/conftest.py sets the
 # compiler flags that keep that short).
