@@ -95,7 +95,9 @@ def _start(cmd, logs, port, n=2) -> list[subprocess.Popen]:
   for i in range(n):
     env = dict(
       subprocess_env(),
-      XLA_FLAGS="--xla_force_host_platform_device_count=4",
+      # The suite's compiler flags (conftest) with 4 fake devices: these programs compile
+      # in each of the processes, on the same 2 cores.
+      XLA_FLAGS=f"{subprocess_env()['XLA_FLAGS']} --xla_force_host_platform_device_count=4",
       JAX_PLATFORMS="cpu",
       SAO_JAX_COORDINATOR=f"127.0.0.1:{port}",
       SAO_JAX_NUM_PROCESSES=str(n),
