@@ -3,6 +3,10 @@
 * ``arithmetic``: generated GSM8K-style word problems, one step (`sao_jax.envs.arithmetic`);
   parameters are `task.n_ops`, `task.n_ops_mix`, `task.max_operand`, `task.ops`,
   `task.reverse_digits`.
+* ``chain``: arithmetic chains whose number of steps follows a declared heavy-tailed law
+  (zipf or lognormal over 1..24 steps by default: completions of 12 to ~200 tokens, like
+  reasoning traces), one step (`sao_jax.envs.chain`); parameters in `task.options`
+  (`ChainSpec`).
 * ``code``: one-line Python function bodies from a docstring and two examples, rewarded by
   the fraction of hidden tests passed in the sandbox (`sao_jax.envs.code`); parameters in
   `task.options` (`CodeOptions`). Each process scores its batch of completions concurrently on
@@ -21,9 +25,10 @@ from __future__ import annotations
 import dataclasses
 
 from sao_jax.config import ConfigError
-from sao_jax.data import arithmetic_tfds, code_tfds, gsm8k_tfds, longhorizon_tfds
+from sao_jax.data import arithmetic_tfds, chain_tfds, code_tfds, gsm8k_tfds, longhorizon_tfds
 from sao_jax.envs.arithmetic import ArithmeticEnv, ArithmeticSpec
 from sao_jax.envs.base import Task
+from sao_jax.envs.chain import ChainSpec
 from sao_jax.envs.code import CodeEnv, CodeSpec
 from sao_jax.envs.gsm8k import GSM8KEnv
 from sao_jax.envs.longhorizon import SEP, LongHorizonEnv, LongHorizonSpec, graded_steps
@@ -67,6 +72,23 @@ class Arithmetic(TaskFamily):
     # A mixture interleaves its parts, so any prefix of the test split (eval.num_problems)
     # holds every part in equal measure.
     return _interleave([arithmetic_tfds.load_tasks(spec, split, **kw) for spec in specs])
+
+  def make_env(self, tok: Tokenizer) -> ArithmeticEnv:
+    return ArithmeticEnv(tok)
+
+
+@register_family("chain")
+class Chain(TaskFamily):
+  """Reward 1 for the right final answer (after '#'), else 0; the number of steps of each
+  problem follows the law its options declare (`ChainSpec`: the options are the spec)."""
+
+  Options = ChainSpec
+
+  def tasks(self, split: str) -> list[Task]:
+    t = self.cfg
+    return chain_tfds.load_tasks(
+      self.options, split, t.num_train, t.num_test, t.seed, data_dir=t.data_dir or None
+    )
 
   def make_env(self, tok: Tokenizer) -> ArithmeticEnv:
     return ArithmeticEnv(tok)
