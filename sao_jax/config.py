@@ -410,9 +410,16 @@ class TransportConfig:
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
+  """Held-out greedy evaluation: `num_problems` test problems in batches of `batch_size`,
+  every `every_seconds` of training (0: only at phase ends). With `deferred`, a periodic
+  eval saves the parameters and they are evaluated after the phase (nothing runs beside the
+  learner while its clock is stopped for an eval: benchmarks of SAO against GRPO); one
+  learner process only."""
+
   num_problems: int = 500
   batch_size: int = 250
   every_seconds: float = 0.0
+  deferred: bool = False
 
   def __post_init__(self):
     _check(

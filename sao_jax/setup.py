@@ -51,6 +51,11 @@ def validate(cfg: Config) -> TaskFamily:
     )
   if cfg.compression.enabled:
     _check_memory_rl(cfg)
+  if cfg.eval.deferred and (cfg.distributed.num_processes > 1 or cfg.distributed.coordinator):
+    raise ConfigError(
+      "eval.deferred saves the parameters from one learner process, which a learner of "
+      "several (distributed.*) does not hold: set eval.deferred=False"
+    )
   if cfg.init_from and not pathlib.Path(cfg.init_from).is_dir():
     raise ConfigError(f"init_from {cfg.init_from!r}: no such checkpoint directory")
   if cfg.init_from and hf.is_checkpoint(cfg.init_from):

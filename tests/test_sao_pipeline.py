@@ -122,6 +122,27 @@ def test_sao_run_trains_and_cleans_up(start, tmp_path):
   assert _tagged_pids(tag) == []
 
 
+def test_synchronous_grpo_through_the_samplers_with_deferred_evals(start, tmp_path):
+  """rl.sampling='samplers': GRPO(N=8) one synchronous step at a time through the sampler
+  processes (staleness 0), as the benchmark's `grpo_samplers` arm runs it, with its periodic
+  evals deferred (eval.deferred: the parameters saved at each, evaluated after the phase)."""
+  sets = ("rl.algorithm='grpo'", "rl.sampling='samplers'", "rl.steps=6")
+  sets += ("eval.every_seconds=1e-9", "eval.deferred=True", "eval.num_problems=16")
+  proc, tag = start(tmp_path / "w", *[a for kv in sets for a in ("--set", kv)])
+  out, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, err
+  rl = json.loads((tmp_path / "w" / "summary.json").read_text())["rl"]
+  assert rl["steps"] == 6 and rl["trajectories"] == 6 * 2 * 8  # prompts_per_step 2, N=8
+  assert rl["dropped_stale"] == 0 and rl["transients"][0]["staleness_max"] == 0
+  # An eval at each update (deferred: run after the phase, in order), then the closing one.
+  curve = rl["eval_curve"]
+  assert [step for _, step, _ in curve] == [0, 1, 2, 3, 4, 5, 6, 6], curve
+  assert [t for t, _, _ in curve] == sorted(t for t, _, _ in curve)
+  assert curve[-1][2] == rl["accuracy"] and all(0 <= a <= 1 for _, _, a in curve)
+  assert not list((tmp_path / "w" / "deferred_eval" / "rl").iterdir())
+  assert _tagged_pids(tag) == []
+
+
 @pytest.mark.parametrize("to", ["learner", "group"])
 def test_ctrl_c_stops_everything(start, tmp_path, to):
   """SIGINT to the learner alone, or to its whole process group as a terminal's Ctrl-C (the

@@ -6,6 +6,7 @@ import pathlib
 import time
 from collections.abc import Callable
 
+import flax.serialization
 import jax
 import numpy as np
 
@@ -26,10 +27,22 @@ from sao_jax.state import TrainState
 
 class PhaseClock:
   """Training wall-clock of a phase, excluding held-out evaluation, so that time budgets and
-  accuracy-vs-time curves compare arms on training time alone."""
+  accuracy-vs-time curves compare arms on training time alone.
+
+  With `defer_dir` (`eval.deferred`), a periodic eval only writes the parameters there, and
+  `run_deferred` evaluates them after the phase: nothing that runs beside the learner (SAO's
+  samplers) goes on working while the clock is stopped for an eval, so an arm's training
+  seconds buy it the same work however often it is evaluated. The phase's closing eval is
+  made at once either way."""
 
   def __init__(
-    self, steps: int, max_seconds: float, eval_every: float, eval_fn, eval_every_steps: int = 0
+    self,
+    steps: int,
+    max_seconds: float,
+    eval_every: float,
+    eval_fn,
+    eval_every_steps: int = 0,
+    defer_dir: pathlib.Path | None = None,
   ):
     self.steps, self.max_seconds = steps, max_seconds
     self.eval_every, self.eval_fn = eval_every, eval_fn
@@ -38,6 +51,8 @@ class PhaseClock:
     self.eval_seconds = 0.0
     self.last_eval = 0.0
     self.curve: list[tuple[float, int, float]] = []  # (train seconds, step, eval accuracy)
+    self.defer_dir = defer_dir
+    self.deferred: list[tuple[float, int, pathlib.Path]] = []  # (train seconds, step, params)
 
   def resume_at(self, seconds: float) -> None:
     """Continues a phase that already trained `seconds` before a restart."""
@@ -57,25 +72,50 @@ class PhaseClock:
       return False
     return not (self.max_seconds and distributed.agree(self.elapsed >= self.max_seconds))
 
-  def maybe_eval(self, step: int, params, force: bool = False) -> dict[str, float]:
+  def maybe_eval(
+    self, step: int, params, force: bool = False, final: bool = False
+  ) -> dict[str, float]:
     """Held-out eval every `eval_every` training seconds and/or every `eval_every_steps`
-    steps (and at step 0 / the end). The last step of a step budget is left to the phase's
-    closing eval, so that step is not evaluated twice. Steps are the same in every process;
-    the wall clock is process 0's (`distributed.agree`)."""
+    steps (and at step 0 / the end: `final`). The last step of a step budget is left to the
+    phase's closing eval, so that step is not evaluated twice. Steps are the same in every
+    process; the wall clock is process 0's (`distributed.agree`). Deferred (`defer_dir`),
+    an eval that is not `final` saves `params` and returns nothing."""
     k = self.eval_every_steps
     by_step = k and step % k == 0 and not (self.steps and step >= self.steps)
     if not (
       force
+      or final
       or by_step
       or (self.eval_every and distributed.agree(self.elapsed - self.last_eval >= self.eval_every))
     ):
       return {}
     te = time.time()
+    if self.defer_dir is not None and not final:
+      self.defer_dir.mkdir(parents=True, exist_ok=True)
+      path = self.defer_dir / f"{len(self.deferred):05d}.msgpack"
+      path.write_bytes(flax.serialization.to_bytes(jax.device_get(params)))
+      self.eval_seconds += time.time() - te
+      self.last_eval = self.elapsed
+      self.deferred.append((round(self.elapsed, 2), step, path))
+      return {}
     result = self.eval_fn(params)
     self.eval_seconds += time.time() - te
     self.last_eval = self.elapsed
     self.curve.append((round(self.elapsed, 2), step, result["accuracy"]))
     return {f"eval_{k}": v for k, v in result.items()}
+
+  def run_deferred(self, params_like) -> None:
+    """Evaluates the parameters deferred evals saved (`params_like`: a tree of the same
+    structure), in order, into `curve`; removes their files."""
+    for seconds, step, path in self.deferred:
+      params = flax.serialization.from_bytes(params_like, path.read_bytes())
+      te = time.time()
+      result = self.eval_fn(params)
+      self.eval_seconds += time.time() - te
+      self.curve.append((seconds, step, result["accuracy"]))
+      path.unlink()
+    self.deferred.clear()
+    self.curve.sort(key=lambda point: point[0])
 
 
 def programs_for(
@@ -152,6 +192,11 @@ def phase_manager(cfg: Config, workdir: pathlib.Path, name: str):
     keep=cfg.recovery.keep,
     keep_best=False,
   )
+
+
+def defer_dir(cfg: Config, workdir: pathlib.Path, tag: str) -> pathlib.Path | None:
+  """Where a phase's deferred evals keep their parameters (`eval.deferred`), else None."""
+  return pathlib.Path(workdir) / "deferred_eval" / tag if cfg.eval.deferred else None
 
 
 def phase_meta(phase: str, rng: np.random.Generator, clock: PhaseClock, key=None) -> dict:
@@ -235,7 +280,8 @@ def finish_phase(
   mngr.wait_until_finished()
   mngr.close()
   seconds = clock.elapsed
-  final = clock.maybe_eval(step, state.params, force=True)
+  clock.run_deferred(state.params)
+  final = clock.maybe_eval(step, state.params, final=True)
   return {
     "steps": step,
     "seconds": seconds,

@@ -17,6 +17,7 @@ from sao_jax.metrics import MetricsWriter, peak_memory_mb
 from sao_jax.packing import encode_prompts
 from sao_jax.runners.common import (
   PhaseClock,
+  defer_dir,
   delay_stats,
   eval_fn,
   finish_phase,
@@ -60,7 +61,9 @@ def run_grpo(
   rng = np.random.default_rng((cfg.seed, 2))
   key = jax.random.key(cfg.seed + 2)
   mngr = phase_manager(cfg, workdir, "rl")
-  clock = PhaseClock(rl.steps, max_seconds, eval_every, eval_fn(s, progs))
+  clock = PhaseClock(
+    rl.steps, max_seconds, eval_every, eval_fn(s, progs), defer_dir=defer_dir(cfg, workdir, "rl")
+  )
   writer.progress("grpo", rl.steps or None)
   step, busy, tokens, delays, reward_s, lengths = 0, 0.0, 0, [], 0.0, []
   sandbox_runs = 0

@@ -41,6 +41,7 @@ from sao_jax.metrics import MetricsWriter, peak_memory_mb
 from sao_jax.packing import round_up
 from sao_jax.runners.common import (
   PhaseClock,
+  defer_dir,
   finish_phase,
   log_step,
   phase_manager,
@@ -169,7 +170,13 @@ def run_memory_sft(
   experts = ExpertEpisodes(s)
   rows = min(s.max_steps, experts.max_graded() + FILLER_ROWS)
   rng = np.random.default_rng((cfg.seed, 1, zlib.crc32(tag.encode())))
-  clock = PhaseClock(steps, max_seconds, eval_every, memory_eval_fn(s, progs))
+  clock = PhaseClock(
+    steps,
+    max_seconds,
+    eval_every,
+    memory_eval_fn(s, progs),
+    defer_dir=defer_dir(cfg, workdir, tag),
+  )
   writer.progress(tag, steps or None)
   mngr = phase_manager(cfg, workdir, tag)
   step, tokens = 0, 0
@@ -229,7 +236,13 @@ def run_memory_grpo(
   rng = np.random.default_rng((cfg.seed, 2))
   key = jax.random.key(cfg.seed + 2)
   mngr = phase_manager(cfg, workdir, "rl")
-  clock = PhaseClock(rl.steps, max_seconds, eval_every, memory_eval_fn(s, progs))
+  clock = PhaseClock(
+    rl.steps,
+    max_seconds,
+    eval_every,
+    memory_eval_fn(s, progs),
+    defer_dir=defer_dir(cfg, workdir, "rl"),
+  )
   writer.progress("grpo", rl.steps or None)
   step, busy, trajectories = 0, 0.0, 0
   resumed = resume_phase(mngr, state, clock, rng, "grpo", with_key=True)

@@ -50,6 +50,7 @@ from sao_jax.packing import round_up
 from sao_jax.rl import trackers
 from sao_jax.runners.common import (
   PhaseClock,
+  defer_dir,
   delay_stats,
   eval_fn,
   finish_phase,
@@ -181,6 +182,7 @@ class SAOLearner:
       rl.max_seconds if max_seconds is None else max_seconds,
       eval_every,
       self.make_eval_fn(),
+      defer_dir=defer_dir(cfg, workdir, "rl"),
     )
     self.eval_every = eval_every
     self.validate_fn = self.make_eval_fn(self.val_tasks)
@@ -403,9 +405,10 @@ class SAOLearner:
     mean = lambda key, x: t[key] + (float(x) - t[key]) / n  # noqa: E731 - a running mean
     t["staleness_mean"] = mean("staleness_mean", np.mean(staleness))
     t["staleness_max"] = max(t["staleness_max"], int(np.max(staleness)))
-    t["is_dev_mean"] = mean("is_dev_mean", metrics["is_dev"])
-    t["is_dev_max"] = max(t["is_dev_max"], float(metrics["is_dev"]))
-    t["kl_behaviour_mean"] = mean("kl_behaviour_mean", metrics["kl_behaviour"])
+    if "is_dev" in metrics:  # SAO's update; synchronous GRPO's (through samplers) has none
+      t["is_dev_mean"] = mean("is_dev_mean", metrics["is_dev"])
+      t["is_dev_max"] = max(t["is_dev_max"], float(metrics["is_dev"]))
+      t["kl_behaviour_mean"] = mean("kl_behaviour_mean", metrics["kl_behaviour"])
     t["dropped_stale"] += stale
     t["dropped_lineage"] += discarded
     t["orphan_version"] += orphans

@@ -17,6 +17,7 @@ from sao_jax.metrics import MetricsWriter
 from sao_jax.packing import round_up
 from sao_jax.runners.common import (
   PhaseClock,
+  defer_dir,
   eval_fn,
   finish_phase,
   log_step,
@@ -67,7 +68,12 @@ def run_sft(
   bs = round_up(cfg.sft.batch_size, progs.batch_divisor)
   rng = np.random.default_rng((cfg.seed, 1, zlib.crc32(tag.encode())))
   clock = PhaseClock(
-    steps, max_seconds, eval_every, held_out or eval_fn(s, progs), eval_every_steps
+    steps,
+    max_seconds,
+    eval_every,
+    held_out or eval_fn(s, progs),
+    eval_every_steps,
+    defer_dir=defer_dir(cfg, workdir, tag),
   )
   writer.progress(tag, steps or None)
   mngr = phase_manager(cfg, workdir, tag)
