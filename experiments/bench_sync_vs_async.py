@@ -1,53 +1,68 @@
 """Synchronous GRPO(N=8) against asynchronous SAO: same model, tasks, rows per update and
-machine, side by side in one run, from one shared SFT checkpoint per seed.
+machine, from one shared SFT checkpoint per seed, each arm a `sao-jax train` process of its own.
 
-  python experiments/bench_sync_vs_async.py                      # 3 seeds x 240 s per arm
-  python experiments/bench_sync_vs_async.py --arms sao --seconds 720 --out results/bench_sao_long
-                                                   # 3x longer, SAO only
-  python experiments/bench_sync_vs_async.py --config experiments/configs/sao_longtail.py \
-      --arms grpo,grpo_samplers,sao --set sao.pin_cores=True --out results/bench_longtail_pinned
-                                                   # long-tailed lengths, roles on own cores
-  python experiments/bench_sync_vs_async.py --variant tiny --seconds 15 --seeds 1  # smoke test
+  python experiments/bench_sync_vs_async.py                      # 5 seeds x 240 s per arm
+  python experiments/bench_sync_vs_async.py --config experiments/configs/sao_chain.py \\
+      --out results/bench_chain                                  # heavy-tailed lengths
+  python experiments/bench_sync_vs_async.py --config experiments/configs/sao_chain.py \\
+      --set sao.pin_cores=True --out results/bench_chain_pinned  # roles on their own cores
+  python experiments/bench_sync_vs_async.py --variant tiny --seconds 15 --seeds 2  # smoke test
 
 Arms: `grpo` samples in the learner process (sample, score, update, repeat); `grpo_samplers`
 is the same synchronous GRPO through the SAO sampler processes, transport and core pinning
-(staleness 0: the learner waits for samples, the samplers for the new version), so that
-only the algorithm differs from `sao`. Every arm updates on the same number of rows per step
-(GRPO: prompts_per_step x 8 rows of the same prompts; SAO: sao.batch_size single
-trajectories of as many different tasks) from the same SFT parameters, for the same training
-wall-clock (held-out evaluation excluded), and is evaluated on the same held-out problems.
-Each seed (`--seeds N`: seeds 0..N-1 of the model, SFT data order and RL sampling; the tasks
-are the same) trains its own SFT start and every arm from it; each figure is reported as
-mean ± standard error over seeds, with a 95 % t-interval in the JSON, and SAO's ratio to the
-synchronous arm (through the samplers when it ran). Writes OUT/results.json (with the
-command, commit, machine and load) and OUT/accuracy_vs_time.png, and prints the table.
-Checkpoints and metrics of the runs go to --workdir.
+(staleness 0: the learner waits for samples, the samplers for the new version, and the
+samplers' continuous batching works inside each step); `sao` is SAO. Every arm updates on the
+same number of rows per step (GRPO: prompts_per_step x 8 rows of the same prompts; SAO:
+sao.batch_size single trajectories of as many tasks) from the same SFT parameters, for the
+same training wall-clock.
+
+Method, the same for every arm:
+  * each arm runs as its own process tree (`sao-jax train` with init_from the seed's SFT
+    run, which is a process of its own too); its peak memory is the peak, sampled every
+    second by this process, of the PSS summed over that tree (learner, samplers, broker if the
+    run starts one: `sao_jax.procs.TreeMemoryPeak`), so that pages the processes share count
+    once;
+  * the arms' order is drawn per seed (recorded in `runs[i].order`);
+  * held-out accuracy on a fixed grid of `--eval-points` evaluations per arm (every
+    seconds / points training seconds), deferred: the parameters are saved at each point and
+    evaluated after the arm's training (`eval.deferred`), so nothing runs while an arm's clock
+    is stopped; the time to a target accuracy is interpolated linearly between the two
+    evaluations around it;
+  * the baseline is the best synchronous GRPO of the run: of the GRPO arms that ran, the one
+    with the most learner steps per second over the seeds (`summary.baseline` names it and
+    why). The target of each seed is the baseline's final accuracy in that seed. A seed in
+    which an arm never reaches it is censored at the arm's budget (its time a lower bound),
+    counted in `censored`;
+  * SAO / baseline ratios per seed, summarised as mean ± s.e., a 95 % t-interval and a 95 %
+    percentile bootstrap interval over seeds (`summary.ratio`); also against each GRPO arm.
+
+Writes OUT/results.json (the command, commit, machine, the resolved config and every run) and
+OUT/accuracy_vs_time.png, and prints the table. The runs' workdirs go to --workdir.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import pathlib
 import shutil
+import subprocess
 import time
 
+import numpy as np
+
 from sao_jax import stats
-from sao_jax.metrics import MetricsWriter, peak_memory_mb
+from sao_jax.procs import TreeMemoryPeak, kill_and_wait, train_argv
 from sao_jax.results_file import ResultFile
-from sao_jax.runners.grpo import run_grpo, run_grpo_samplers
-from sao_jax.runners.sao import run_sao
-from sao_jax.runners.sft import run_sft
-from sao_jax.setup import load_config, make_setup
+from sao_jax.setup import load_config
 
 HERE = pathlib.Path(__file__).resolve().parent
-# arm -> (phase, rl.algorithm, rl.sampling)
-ARMS = {
-  "grpo": (run_grpo, "grpo", "inline"),
-  "grpo_samplers": (run_grpo_samplers, "grpo", "samplers"),
-  "sao": (run_sao, "sao", "inline"),
-}
+REPO = HERE.parent
+# arm -> (rl.algorithm, rl.sampling)
+ARMS = {"grpo": ("grpo", "inline"), "grpo_samplers": ("grpo", "samplers"), "sao": ("sao", "inline")}
+SYNC_ARMS = ("grpo", "grpo_samplers")
 ARM_LABELS = {"grpo": "GRPO(N=8), in learner", "grpo_samplers": "GRPO(N=8), samplers", "sao": "SAO"}
 ROWS = [
   ("trajectories_per_s", "trajectories/s", "{:.1f}"),
@@ -57,13 +72,14 @@ ROWS = [
   ("learner_busy", "learner busy fraction", "{:.1%}"),
   ("delay_mean_s", "sampling->training delay mean (s)", "{:.2f}"),
   ("delay_p95_s", "sampling->training delay p95 (s)", "{:.2f}"),
-  ("learner_peak_mb", "peak memory, learner process (MiB)", "{:.0f}"),
-  ("peak_rss_all_mb", "peak memory, all processes (MiB)", "{:.0f}"),
+  ("peak_tree_pss_mb", "peak memory, arm's process tree (PSS MiB)", "{:.0f}"),
   ("length_mean", "completion tokens per trajectory, mean", "{:.1f}"),
   ("length_p90", "completion tokens per trajectory, p90", "{:.0f}"),
   ("accuracy", "final held-out accuracy", "{:.1%}"),
-  ("time_to_target_s", "training s to GRPO's final accuracy", "{:.0f}"),
+  ("time_to_target_s", "training s to the baseline's final accuracy", "{:.0f}"),
 ]
+# Ratios summarised over seeds (SAO / baseline); the others are in the JSON per arm.
+RATIO_KEYS = [k for k, _, _ in ROWS if k not in ("length_mean", "length_p90")]
 
 
 def main(argv=None) -> dict:
@@ -72,8 +88,14 @@ def main(argv=None) -> dict:
   p.add_argument("--variant", default="default")
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
   p.add_argument("--seconds", type=float, default=240.0, help="RL training seconds per arm")
-  p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
-  p.add_argument("--eval-every", type=float, default=None)
+  p.add_argument("--seeds", type=int, default=5, help="how many seeds (default 5)")
+  p.add_argument("--first-seed", type=int, default=0, help="seeds first..first+N-1 (default 0)")
+  p.add_argument(
+    "--eval-points", type=int, default=20, help="held-out evaluations per arm (default 20)"
+  )
+  p.add_argument(
+    "--eval-every", type=float, default=None, help="seconds between evaluations (overrides)"
+  )
   p.add_argument(
     "--out",
     default="results/bench_sync_vs_async",
@@ -82,50 +104,60 @@ def main(argv=None) -> dict:
   p.add_argument(
     "--workdir",
     default="runs/bench_sync_vs_async",
-    help="checkpoints and metrics of every run (large)",
+    help="checkpoints, metrics and logs of every run (large)",
   )
   p.add_argument(
     "--arms",
-    default="grpo,sao",
+    default="grpo,grpo_samplers,sao",
     help="comma-separated subset of: grpo (synchronous GRPO(N=8), sampling in the "
     "learner process), grpo_samplers (the same, through the SAO sampler "
-    "processes: only the algorithm differs from sao), sao",
+    "processes), sao",
   )
-  p.add_argument("--no-progress", action="store_true")
+  p.add_argument("--no-progress", action="store_true", help="(the runs never show one)")
   args = p.parse_args(argv)
-  arm_names = args.arms.split(",")
-  if not arm_names or set(arm_names) - set(ARMS):
+  arm_names = [a for a in ARMS if a in args.arms.split(",")]
+  if not arm_names or set(args.arms.split(",")) - set(ARMS):
     raise SystemExit(f"--arms takes some of {', '.join(ARMS)}, got {args.arms!r}")
-  if args.seeds < 1:
-    raise SystemExit("--seeds must be >= 1")
+  if args.seeds < 1 or args.first_seed < 0:
+    raise SystemExit("--seeds must be >= 1 and --first-seed >= 0")
+  if args.eval_points < 1:
+    raise SystemExit("--eval-points must be >= 1")
 
-  base = load_config(args.config, args.variant, args.set)
-  base = dataclasses.replace(
-    base, rl=dataclasses.replace(base.rl, steps=0, max_seconds=args.seconds), log_every=1
-  )
+  base = load_config(args.config, args.variant, args.set)  # a bad config fails here, at once
+  config = f"{args.config}:{args.variant}"
   out, work = pathlib.Path(args.out), pathlib.Path(args.workdir)
   for d in (out, work):
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
-  eval_every = args.eval_every or args.seconds / 6
+  eval_every = args.eval_every or args.seconds / args.eval_points
   t0 = time.time()
-  runs = []
-  for seed in range(args.seeds):
-    cfg = dataclasses.replace(base, seed=seed)
-    runs.append(_one_seed(cfg, arm_names, work / f"seed{seed}", eval_every, args.no_progress))
+  seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+  runs = [
+    _one_seed(config, args.set, seed, arm_names, work / f"seed{seed}", args.seconds, eval_every)
+    for seed in seeds
+  ]
+  summary = summarize(runs, arm_names)
   rf = ResultFile(
     out / "results.json",
     series=f"bench_sync_vs_async/{base.name}/{'+'.join(arm_names)}",
-    config=base,
+    config=dataclasses.replace(base, rl=dataclasses.replace(base.rl, max_seconds=args.seconds)),
   )
   results = {
-    "seeds": args.seeds,
+    "seeds": len(seeds),
+    "seed_list": seeds,
     "seconds_per_arm": args.seconds,
+    "eval_every_s": eval_every,
+    "method": {
+      "process": "each arm a `sao-jax train` process tree of its own",
+      "memory": "peak of the PSS summed over the arm's process tree, sampled every 1 s",
+      "order": "arms in an order drawn per seed (runs[i].order)",
+      "eval": "deferred held-out evals every eval_every_s training seconds, interpolated",
+      "baseline": "the synchronous GRPO arm with the most learner steps/s over seeds",
+    },
     "runs": runs,
-    "summary": _summary(runs, arm_names),
+    "summary": summary,
     "wall_s": time.time() - t0,
     "loadavg_end": [round(x, 2) for x in os.getloadavg()],
-    "bench_peak_memory_mb": peak_memory_mb(),
   }
   rf.finish(results)
   results = rf.doc
@@ -135,91 +167,184 @@ def main(argv=None) -> dict:
   return results
 
 
-def _one_seed(cfg, arm_names, work: pathlib.Path, eval_every: float, no_progress: bool) -> dict:
-  s_sao = make_setup(cfg)
+def _train(config: str, workdir: pathlib.Path, sets: list[str]) -> tuple[dict, dict]:
+  """One `sao-jax train` process tree: its summary.json and its peak memory (PSS and RSS
+  summed over the tree). Its output goes to workdir/../<name>.log; on a failure, or when this
+  process is interrupted, the whole tree is stopped."""
+  log_path = workdir.with_suffix(".log")
+  t0 = time.monotonic()
+  with open(log_path, "w") as log:
+    proc = subprocess.Popen(
+      train_argv(config, workdir, sets),
+      cwd=REPO,
+      stdout=log,
+      stderr=subprocess.STDOUT,
+      start_new_session=True,  # its own process group: stopped as a whole
+    )
+    memory = TreeMemoryPeak(proc.pid).start()
+    try:
+      proc.wait()
+    finally:
+      mem = memory.stop()
+      if proc.poll() is None:
+        kill_and_wait(proc, whole_group=True, timeout=10)
+  if proc.returncode != 0:
+    tail = log_path.read_text()[-3000:]
+    raise RuntimeError(f"sao-jax train into {workdir} failed ({proc.returncode}):\n{tail}")
+  summary = json.loads((workdir / "summary.json").read_text())
+  return summary, dict(mem, process_wall_s=time.monotonic() - t0)
 
-  def writer(name):
-    return MetricsWriter(work / name, show_progress=not no_progress)
 
-  w = writer("sft")
-  sft_state, _, sft = run_sft(s_sao, w, None, work / "sft")
-  w.close()
+def _one_seed(
+  config: str,
+  sets: list[str],
+  seed: int,
+  arm_names: list[str],
+  work: pathlib.Path,
+  seconds: float,
+  eval_every: float,
+) -> dict:
+  work.mkdir(parents=True, exist_ok=True)
+  common = [*sets, f"seed={seed}"]
+  sft, _ = _train(config, work / "sft", [*common, "rl.steps=0", "rl.max_seconds=0"])
   print(
-    f"seed {cfg.seed}: SFT {sft['steps']} steps, held-out accuracy {sft['accuracy']:.3f}",
+    f"seed {seed}: SFT {sft['sft']['steps']} steps, held-out accuracy {sft['sft']['accuracy']:.3f}",
     flush=True,
   )
-  arms = {}
-  for name in [a for a in ARMS if a in arm_names]:
-    fn, algorithm, sampling = ARMS[name]
-    s = dataclasses.replace(
-      s_sao,
-      cfg=dataclasses.replace(
-        cfg, rl=dataclasses.replace(cfg.rl, algorithm=algorithm, sampling=sampling)
-      ),
+  order = [str(a) for a in np.random.default_rng((seed, 17)).permutation(arm_names)]
+  run: dict = {"seed": seed, "order": order, "sft": sft["sft"]}
+  for name in order:
+    algorithm, sampling = ARMS[name]
+    summary, mem = _train(
+      config,
+      work / name,
+      [
+        *common,
+        f"init_from={work / 'sft'}",
+        "sft.steps=0",
+        "sft.max_seconds=0",
+        "rl.steps=0",
+        f"rl.max_seconds={seconds}",
+        f"rl.algorithm={algorithm}",
+        f"rl.sampling={sampling}",
+        f"eval.every_seconds={eval_every}",
+        "eval.deferred=True",
+      ],
     )
-    w = writer(name)
-    _, _, info = fn(s, w, sft_state, work / name, eval_every=eval_every)
-    w.close()
-    info["learner_steps_per_s"] = info["steps"] / info["seconds"]
-    arms[name] = info
+    info = summary["rl"]
+    info.update(
+      learner_steps_per_s=info["steps"] / info["seconds"],
+      peak_tree_pss_mb=mem["pss_peak_mb"],
+      peak_tree_rss_mb=mem["rss_peak_mb"],
+      peak_tree_processes=mem["processes_peak"],
+      memory_samples=mem["samples"],
+      process_wall_s=mem["process_wall_s"],
+      start_accuracy=summary.get("start", {}).get("accuracy"),
+    )
+    run[name] = info
     print(
-      f"seed {cfg.seed}: {name} {info['steps']} steps, held-out accuracy {info['accuracy']:.3f}",
+      f"seed {seed}: {name} {info['steps']} steps, {info['trajectories_per_s']:.1f} traj/s, "
+      f"held-out accuracy {info['accuracy']:.3f}, peak memory {mem['pss_peak_mb']:.0f} MiB "
+      f"(PSS, {mem['processes_peak']} processes)",
       flush=True,
     )
-  base = baseline(arms)
-  if base:  # wall-clock to the synchronous arm's final accuracy, for every arm
-    target = arms[base]["accuracy"]
-    for info in arms.values():
-      info["time_to_target_s"] = _time_to(info["eval_curve"], target)
-  return {"seed": cfg.seed, "sft": sft, **arms}
+  return run
 
 
-def baseline(arms) -> str | None:
-  """The synchronous arm SAO is compared with: through the samplers when it ran (only the
-  algorithm differs), else sampling in the learner."""
-  return next((a for a in ("grpo_samplers", "grpo") if a in arms), None)
+def best_baseline(runs: list[dict], arm_names: list[str]) -> dict | None:
+  """The synchronous arm SAO is compared with: of the GRPO arms that ran, the one with the
+  most learner steps/s, mean over seeds."""
+  speeds = {
+    a: float(np.mean([r[a]["learner_steps_per_s"] for r in runs]))
+    for a in SYNC_ARMS
+    if a in arm_names
+  }
+  if not speeds:
+    return None
+  arm = max(speeds, key=speeds.get)
+  return {"arm": arm, "by": "learner_steps_per_s, mean over seeds", "values": speeds}
 
 
-def _summary(runs: list[dict], arm_names: list[str]) -> dict:
-  """Per arm and metric, and per SAO/baseline ratio: mean, s.e. and 95 % interval over
-  seeds. With both GRPO arms, also SAO / GRPO-in-the-learner (`ratio_inline`)."""
-  keys = [k for k, _, _ in ROWS]
-  out = {"sft_accuracy": stats.summarize([r["sft"]["accuracy"] for r in runs])}
-  for arm in arm_names:
-    out[arm] = {k: stats.summarize([r[arm].get(k) for r in runs]) for k in keys}
-  base = baseline(arm_names)
-  pairs = [("ratio", base)] + (
-    [("ratio_inline", "grpo")] if base == "grpo_samplers" and "grpo" in arm_names else []
-  )
-  for name, ref in pairs:
-    if "sao" in arm_names and ref:
-      out[name] = {
-        "baseline": ref,
-        **{
-          k: stats.summarize(
-            [
-              r["sao"][k] / r[ref][k] if r["sao"].get(k) is not None and r[ref].get(k) else None
-              for r in runs
-            ]
-          )
-          for k in keys
-        },
-      }
+def time_to(curve, target: float) -> float | None:
+  """Training seconds at which the accuracy curve [(seconds, step, accuracy), ...] first
+  reaches `target`, interpolated linearly between the evaluations before and at it (the
+  first evaluation's own time when it is already there); None when it never does."""
+  prev = None
+  for t, _, acc in curve:
+    if acc >= target - 1e-9:
+      if prev is None or prev[1] >= target:
+        return float(t)
+      t0, a0 = prev
+      return float(t0 + (target - a0) / (acc - a0) * (t - t0))
+    prev = (t, acc)
+  return None
+
+
+def _with_times(runs: list[dict], arm_names: list[str], base: str) -> None:
+  """Each arm's time to the baseline's final accuracy of its seed (censored: the budget)."""
+  for r in runs:
+    target = r[base]["accuracy"]
+    r["target_accuracy"] = target
+    for a in arm_names:
+      t = time_to(r[a]["eval_curve"], target)
+      r[a]["time_to_target_s"] = t
+      r[a]["reached_target"] = t is not None
+
+
+def _seed_ratio(r: dict, num: str, den: str, k: str) -> tuple[float | None, int]:
+  """One seed's num/den of metric `k`, and how many of the two were censored (time to
+  target: an arm that did not reach it counts with its budget, a lower bound on its time)."""
+  a, b, censored = r[num].get(k), r[den].get(k), 0
+  if k == "time_to_target_s":
+    censored = (a is None) + (b is None)
+    a = r[num]["seconds"] if a is None else a
+    b = r[den]["seconds"] if b is None else b
+  return (a / b if a is not None and b else None), censored
+
+
+def _ratio(runs: list[dict], num: str, den: str) -> dict:
+  """Per-seed num/den of every RATIO_KEYS metric: mean, s.e., t-interval and bootstrap
+  interval over seeds; for the time to target, the seeds `censored` (see `_seed_ratio`)."""
+  out: dict = {"numerator": num, "denominator": den}
+  for k in RATIO_KEYS:
+    pairs = [_seed_ratio(r, num, den, k) for r in runs]
+    values = [v for v, _ in pairs]
+    s = stats.summarize(values)
+    s["bootstrap95"] = stats.bootstrap_ci([v for v in values if v is not None])
+    if k == "time_to_target_s":
+      s["censored"] = sum(c for _, c in pairs)
+    out[k] = s
   return out
 
 
-def _time_to(curve, target):
-  """First training second at which a held-out eval reached `target` (None: never)."""
-  return next((t for t, _, acc in curve if acc >= target - 1e-9), None)
+def summarize(runs: list[dict], arm_names: list[str]) -> dict:
+  """Per arm and metric over seeds; the baseline and SAO's ratios to it and to each GRPO arm."""
+  out: dict = {"sft_accuracy": stats.summarize([r["sft"]["accuracy"] for r in runs])}
+  base = best_baseline(runs, arm_names)
+  if base:
+    _with_times(runs, arm_names, base["arm"])
+    out["baseline"] = base
+  for arm in arm_names:
+    out[arm] = {k: stats.summarize([r[arm].get(k) for r in runs]) for k, _, _ in ROWS}
+  if base and "sao" in arm_names:
+    out["ratio"] = _ratio(runs, "sao", base["arm"])
+    for r in runs:  # each seed's ratios too: the unit a declared analysis reads
+      r["vs_baseline"] = {
+        "arm": base["arm"],
+        **{k: _seed_ratio(r, "sao", base["arm"], k)[0] for k in RATIO_KEYS},
+      }
+    for a in SYNC_ARMS:
+      if a in arm_names:
+        out[f"ratio_vs_{a}"] = _ratio(runs, "sao", a)
+  return out
 
 
 def print_table(r: dict):
   sm = r["summary"]
   arms = [a for a in ARMS if a in sm]
-  ratios = [k for k in ("ratio", "ratio_inline") if k in sm]
-  print(f"\n{r['seeds']} seeds, mean ± s.e.")
-  head = [ARM_LABELS[a] for a in arms] + [f"SAO/{sm[k]['baseline']}" for k in ratios]
-  print(f"{'':40s}" + "".join(f"{h:>22s}" for h in head))
+  print(f"\n{r['seeds']} seeds, mean ± s.e.; SAO/baseline: mean [95 % bootstrap interval]")
+  head = [ARM_LABELS[a] for a in arms] + ([f"SAO/{sm['baseline']['arm']}"] if "ratio" in sm else [])
+  print(f"{'':44s}" + "".join(f"{h:>24s}" for h in head))
   for key, label, spec in ROWS:
     pct = "%" in spec
     spec = spec.replace("%", "f") if pct else spec
@@ -228,13 +353,20 @@ def print_table(r: dict):
       stats.fmt(sm[a].get(key, {}), spec, scale) + ("%" if pct and sm[a].get(key) else "")
       for a in arms
     ]
-    cells += [
-      stats.fmt(sm[k].get(key, {}), "{:.2f}")
-      + ("x" if sm[k].get(key, {}).get("mean") is not None else "")
-      for k in ratios
-    ]
-    print(f"{label:40s}" + "".join(f"{c:>22s}" for c in cells))
-  print(f"held-out accuracy of the SFT start: {stats.fmt(sm['sft_accuracy'], '{:.3f}')}\n")
+    if "ratio" in sm:
+      q = sm["ratio"].get(key, {})
+      ci = q.get("bootstrap95")
+      cells.append(
+        "-"
+        if q.get("mean") is None
+        else f"{q['mean']:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+      )
+    print(f"{label:44s}" + "".join(f"{c:>24s}" for c in cells))
+  print(f"held-out accuracy of the SFT start: {stats.fmt(sm['sft_accuracy'], '{:.3f}')}")
+  if "baseline" in sm:
+    b = sm["baseline"]
+    speeds = ", ".join(f"{a} {v:.3f}" for a, v in b["values"].items())
+    print(f"baseline: {b['arm']} (learner steps/s: {speeds})\n")
 
 
 def plot(r: dict, path: pathlib.Path):
@@ -243,7 +375,6 @@ def plot(r: dict, path: pathlib.Path):
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  import numpy as np
 
   fig, ax = plt.subplots(figsize=(6, 4))
   colors = {"grpo": "tab:blue", "grpo_samplers": "tab:green", "sao": "tab:orange"}
@@ -256,7 +387,7 @@ def plot(r: dict, path: pathlib.Path):
     n = min(len(c) for c in curves)
     t = np.mean([[x[0] for x in c[:n]] for c in curves], axis=0)
     acc = np.mean([[100 * x[2] for x in c[:n]] for c in curves], axis=0)
-    ax.plot(t, acc, color=colors[key], marker="o", lw=2, label=f"{label} (mean of {len(curves)})")
+    ax.plot(t, acc, color=colors[key], lw=2, label=f"{label} (mean of {len(curves)})")
   ax.set_xlabel("training seconds after the SFT checkpoint")
   ax.set_ylabel("held-out greedy accuracy (%)")
   ax.axhline(

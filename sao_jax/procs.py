@@ -30,20 +30,88 @@ def train_argv(config: str, workdir, overrides: Sequence[str] = ()) -> list[str]
   ] + [a for kv in overrides for a in ("--set", kv)]
 
 
+def _children() -> dict[int, list[int]]:
+  """Every process's children, from one pass over /proc."""
+  kids: dict[int, list[int]] = {}
+  for d in pathlib.Path("/proc").iterdir():
+    if d.name.isdigit():
+      try:
+        ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+      except (OSError, IndexError, ValueError):
+        continue
+      kids.setdefault(ppid, []).append(int(d.name))
+  return kids
+
+
 def descendants(pid: int) -> list[int]:
   """Every process below `pid` (children, their children, ...)."""
-  out, frontier = [], [pid]
+  kids, out, frontier = _children(), [], [pid]
   while frontier:
-    parent = frontier.pop()
-    for d in pathlib.Path("/proc").iterdir():
-      if d.name.isdigit():
-        try:
-          if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent:
-            out.append(int(d.name))
-            frontier.append(int(d.name))
-        except (OSError, IndexError, ValueError):
-          pass
+    below = kids.get(frontier.pop(), [])
+    out += below
+    frontier += below
   return out
+
+
+def tree_memory_mb(pid: int) -> dict[str, float]:
+  """Memory now of `pid` and every process below it, in MiB (Linux /proc smaps_rollup):
+  "pss" sums each process's proportional set size, so that a page shared by processes (the
+  libraries each of them maps, a copy-on-write page) is counted once in all; "rss" sums
+  their resident sets, counting a shared page in each process; "processes" how many."""
+  pss = rss = n = 0
+  for p in [pid, *descendants(pid)]:
+    try:
+      text = pathlib.Path(f"/proc/{p}/smaps_rollup").read_text()
+    except OSError:  # exited meanwhile
+      continue
+    fields = dict(line.split(":", 1) for line in text.splitlines()[1:] if ":" in line)
+    try:
+      pss += int(fields["Pss"].split()[0])
+      rss += int(fields["Rss"].split()[0])
+    except (KeyError, ValueError, IndexError):
+      continue
+    n += 1
+  return {"pss": pss / 1024, "rss": rss / 1024, "processes": n}
+
+
+class TreeMemoryPeak:
+  """The peak of `tree_memory_mb(pid)` (PSS and RSS, each its own peak), sampled every
+  `interval` seconds on a thread from `start()` to `stop()`: one method for a process tree
+  of any shape (a learner alone, or with its sampler processes and broker)."""
+
+  def __init__(self, pid: int, interval: float = 1.0):
+    import threading
+
+    self.pid, self.interval = pid, interval
+    self.peak = {"pss": 0.0, "rss": 0.0, "processes": 0}
+    self.samples = 0
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, daemon=True, name="tree-memory")
+
+  def _run(self) -> None:
+    while not self._stop.is_set():
+      now = tree_memory_mb(self.pid)
+      if now["processes"]:
+        self.samples += 1
+        self.peak = {k: max(self.peak[k], v) for k, v in now.items()}
+      self._stop.wait(self.interval)
+
+  def start(self) -> TreeMemoryPeak:
+    self._thread.start()
+    return self
+
+  def stop(self) -> dict:
+    """Stops sampling; {"pss_peak_mb", "rss_peak_mb", "processes_peak", "samples",
+    "interval_s"}."""
+    self._stop.set()
+    self._thread.join()
+    return {
+      "pss_peak_mb": self.peak["pss"],
+      "rss_peak_mb": self.peak["rss"],
+      "processes_peak": self.peak["processes"],
+      "samples": self.samples,
+      "interval_s": self.interval,
+    }
 
 
 def pin_process(cores) -> list[int]:

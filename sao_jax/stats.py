@@ -98,6 +98,26 @@ def summarize(values: Iterable[float | None], confidence: float = 0.95) -> dict:
   }
 
 
+def bootstrap_ci(
+  values: Iterable[float], confidence: float = 0.95, n_resamples: int = 10_000, seed: int = 0
+) -> list[float] | None:
+  """Percentile bootstrap interval of the mean of `values` (one per seed: a per-seed ratio,
+  say), by scipy.stats.bootstrap with a fixed generator so that it is reproducible; None
+  with fewer than 2 values, or when they are all equal (no spread to resample)."""
+  x = np.asarray([float(v) for v in values], np.float64)
+  if x.size < 2 or np.allclose(x, x[0], rtol=1e-12, atol=0.0):
+    return None
+  ci = sp_stats.bootstrap(
+    (x,),
+    np.mean,
+    confidence_level=confidence,
+    n_resamples=n_resamples,
+    method="percentile",
+    rng=np.random.default_rng(seed),
+  ).confidence_interval
+  return [float(ci.low), float(ci.high)]
+
+
 def fmt(s: dict, spec: str = "{:.3g}", scale: float = 1.0) -> str:
   """'mean ± se' of a `summarize` result ('-' when empty). A signed `spec` ('{:+.1f}') signs
   the mean only: a standard error has no sign."""
