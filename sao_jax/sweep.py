@@ -8,8 +8,9 @@ survives `kill -9` and rerunning the same command resumes it.
 
 Vocabulary: a *point* is one assignment of the axes; a *trial* is one point run with one
 seed, i.e. one `sao-jax train --workdir DIR/trials/<trial number>` process, and one Optuna
-trial. Every point runs with seeds 0..seeds-1 (`--set seed=s`) and is reported as the mean,
-standard error and 95 % t-interval of the metric over its seeds (sao_jax.stats).
+trial. Every point runs with seeds 0..seeds-1 (`--set seed=s`; first_seed.. when set) and
+is reported as the mean, standard error and 95 % t-interval of the metric over its seeds
+(sao_jax.stats).
 
 Resume. A trial that was running when the sweep died is still RUNNING in the journal; the
 next run starts it again on the same workdir, where `sao-jax train` resumes from its own
@@ -256,7 +257,9 @@ class Sweep:
     directory, else to the sweep file).
   axes: what varies (Choice, Uniform, LogUniform, IntRange), each over one dotted config key.
   fixed: 'key=value' overrides applied to every trial (like `--set`).
-  seeds: runs per point, with seeds 0..seeds-1.
+  seeds: runs per point, with seeds first_seed..first_seed+seeds-1.
+  first_seed: 0, unless the sweep's seeds must be disjoint from another experiment's (a
+    benchmark whose settings the sweep tunes runs seeds of its own).
   metric, direction: a dotted path into summary.json (e.g. 'rl.accuracy'); maximize/minimize.
   strategy: 'grid' (every point of the product of the axes' grids, in order), 'oat' (one
     at a time, a sensitivity analysis: the base point, made of each axis's first grid value,
@@ -272,6 +275,7 @@ class Sweep:
   axes: tuple[Axis, ...] = ()
   fixed: tuple[str, ...] = ()
   seeds: int = 1
+  first_seed: int = 0
   metric: str = "rl.accuracy"
   direction: str = "maximize"
   strategy: str = "tpe"
@@ -303,6 +307,7 @@ class Sweep:
       _check(k.strip() not in keys, f"{k.strip()} is both fixed and an axis")
       _check(k.strip() != "seed", "seed cannot be fixed: set sweep.seeds")
     _check(self.seeds >= 1, "sweep.seeds must be >= 1")
+    _check(self.first_seed >= 0, "sweep.first_seed must be >= 0")
     _check(
       self.direction in ("maximize", "minimize"),
       f"sweep.direction {self.direction!r}: maximize or minimize",
@@ -418,10 +423,12 @@ def format_value(v: Any) -> str:
 
 
 def trial_overrides(sweep: Sweep, params: dict[str, Any], seed: int) -> list[str]:
+  """The trial's `--set` overrides: the fixed ones, its point, and its seed (`seed` is the
+  trial's index among its point's seeds, 0..seeds-1; the run's seed is first_seed + it)."""
   return [
     *sweep.fixed,
     *(f"{a.key}={format_value(params[a.key])}" for a in sweep.axes),
-    f"seed={seed}",
+    f"seed={sweep.first_seed + seed}",
   ]
 
 

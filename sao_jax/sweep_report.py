@@ -63,7 +63,7 @@ def trial_rows(study, sweep) -> list[dict]:
     row = {
       "trial": t.number,
       "point": attrs.get("point"),
-      "seed": attrs.get("seed"),
+      "seed": None if attrs.get("seed") is None else sweep.first_seed + attrs["seed"],
       "status": status,
     }
     row.update({a.key: params.get(a.key) for a in sweep.axes})

@@ -194,6 +194,8 @@ def test_overrides_round_trip_through_the_config(repo_root, monkeypatch):
   ]
   cfg = config_lib.load_config(BASE, overrides=o)
   assert (cfg.rl.steps, cfg.rl.optim.lr, cfg.task.reverse_digits, cfg.seed) == (3, 3e-4, True, 2)
+  # Seeds disjoint from another experiment's: the run's seed is first_seed + the index.
+  assert trial_overrides(dataclasses.replace(s, first_seed=100), params, seed=2)[-1] == "seed=102"
   assert lookup({"rl": {"accuracy": 0.5}}, "rl.accuracy") == 0.5
   with pytest.raises(KeyError, match="no 'acc'"):
     lookup({"rl": {}}, "rl.acc")
