@@ -12,9 +12,12 @@ disjoint from the benchmark's 0..4. A variant per (task, arm):
 
 Every trial is one `sao-jax train` of the config (its own SFT, as each benchmark seed trains
 one) scored on the held-out accuracy at the end of RL; each point is the mean of its two
-seeds. The chosen value of each arm is the best point's (`best_config.py`, and the
-report's table); the benchmark runs with the chosen values of each arm named in its command
-and JSON. One trial at a time (`--parallel 1`): the benchmark's arms have the machine to
+seeds. The rule that picks each arm's values, fixed before any trial ran: the point with the
+highest mean; where the sweep cannot tell it from the config's own values (their 95 % Welch
+interval of the difference contains 0: the report's `leading` points), the config's own
+values stay. The benchmark runs each arm with its chosen values (`--arm-set`), named in its
+command and JSON; the trials (trials.json, points.csv, sweep.png) are committed under
+results/tuning/<variant>/. One trial at a time (`--parallel 1`): the benchmark's arms have the machine to
 themselves, so must their tuning runs.
 
 Run (about 6 min a trial on a 2-core CPU: 8 trials for SAO, 18 for each GRPO arm):
