@@ -7,6 +7,8 @@ machine, from one shared SFT checkpoint per seed, each arm a `sao-jax train` pro
   python experiments/bench_sync_vs_async.py --config experiments/configs/sao_chain.py \\
       --set sao.pin_cores=True --out results/bench_chain_pinned  # roles on their own cores
   python experiments/bench_sync_vs_async.py --variant tiny --seconds 15 --seeds 2  # smoke test
+  python experiments/bench_sync_vs_async.py --arm-set sao:rl.optim.lr=3e-4 \\
+      --arm-set grpo:rl.prompts_per_step=8                       # each arm's tuned values
 
 Arms: `grpo` samples in the learner process (sample, score, update, repeat); `grpo_samplers`
 is the same synchronous GRPO through the SAO sampler processes, transport and core pinning
@@ -75,11 +77,12 @@ ROWS = [
   ("peak_tree_pss_mb", "peak memory, arm's process tree (PSS MiB)", "{:.0f}"),
   ("length_mean", "completion tokens per trajectory, mean", "{:.1f}"),
   ("length_p90", "completion tokens per trajectory, p90", "{:.0f}"),
+  ("length_cv", "completion tokens per trajectory, CV", "{:.2f}"),
   ("accuracy", "final held-out accuracy", "{:.1%}"),
   ("time_to_target_s", "training s to the baseline's final accuracy", "{:.0f}"),
 ]
 # Ratios summarised over seeds (SAO / baseline); the others are in the JSON per arm.
-RATIO_KEYS = [k for k, _, _ in ROWS if k not in ("length_mean", "length_p90")]
+RATIO_KEYS = [k for k, _, _ in ROWS if not k.startswith("length_")]
 
 
 def main(argv=None) -> dict:
@@ -87,6 +90,13 @@ def main(argv=None) -> dict:
   p.add_argument("--config", default=str(HERE / "configs" / "sao_arith.py"))
   p.add_argument("--variant", default="default")
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+  p.add_argument(
+    "--arm-set",
+    action="append",
+    default=[],
+    metavar="ARM:KEY=VALUE",
+    help="an override for one arm only, e.g. sao:rl.optim.lr=3e-4 (each arm's tuned values)",
+  )
   p.add_argument("--seconds", type=float, default=240.0, help="RL training seconds per arm")
   p.add_argument("--seeds", type=int, default=5, help="how many seeds (default 5)")
   p.add_argument("--first-seed", type=int, default=0, help="seeds first..first+N-1 (default 0)")
@@ -123,7 +133,15 @@ def main(argv=None) -> dict:
   if args.eval_points < 1:
     raise SystemExit("--eval-points must be >= 1")
 
+  arm_sets: dict[str, list[str]] = {a: [] for a in ARMS}
+  for item in args.arm_set:
+    arm, sep, kv = item.partition(":")
+    if not sep or arm not in ARMS or "=" not in kv:
+      raise SystemExit(f"--arm-set takes ARM:KEY=VALUE with ARM one of {', '.join(ARMS)}: {item!r}")
+    arm_sets[arm].append(kv)
   base = load_config(args.config, args.variant, args.set)  # a bad config fails here, at once
+  for arm in arm_names:
+    load_config(args.config, args.variant, [*args.set, *arm_sets[arm]])
   config = f"{args.config}:{args.variant}"
   out, work = pathlib.Path(args.out), pathlib.Path(args.workdir)
   for d in (out, work):
@@ -133,7 +151,9 @@ def main(argv=None) -> dict:
   t0 = time.time()
   seeds = list(range(args.first_seed, args.first_seed + args.seeds))
   runs = [
-    _one_seed(config, args.set, seed, arm_names, work / f"seed{seed}", args.seconds, eval_every)
+    _one_seed(
+      config, args.set, arm_sets, seed, arm_names, work / f"seed{seed}", args.seconds, eval_every
+    )
     for seed in seeds
   ]
   summary = summarize(runs, arm_names)
@@ -147,6 +167,7 @@ def main(argv=None) -> dict:
     "seed_list": seeds,
     "seconds_per_arm": args.seconds,
     "eval_every_s": eval_every,
+    "arm_overrides": {a: arm_sets[a] for a in arm_names},
     "method": {
       "process": "each arm a `sao-jax train` process tree of its own",
       "memory": "peak of the PSS summed over the arm's process tree, sampled every 1 s",
@@ -198,6 +219,7 @@ def _train(config: str, workdir: pathlib.Path, sets: list[str]) -> tuple[dict, d
 def _one_seed(
   config: str,
   sets: list[str],
+  arm_sets: dict[str, list[str]],
   seed: int,
   arm_names: list[str],
   work: pathlib.Path,
@@ -229,6 +251,7 @@ def _one_seed(
         f"rl.sampling={sampling}",
         f"eval.every_seconds={eval_every}",
         "eval.deferred=True",
+        *arm_sets[name],
       ],
     )
     info = summary["rl"]

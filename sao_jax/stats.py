@@ -118,6 +118,18 @@ def bootstrap_ci(
   return [float(ci.low), float(ci.high)]
 
 
+def length_histogram(lengths: Iterable[float]) -> dict:
+  """A histogram of lengths (tokens) on power-of-two bins, [0, 8), [8, 16), [16, 32), ...,
+  the last one up to the longest: what a heavy-tailed law of lengths looks like at a glance
+  and on a log axis. {"edges": [...], "counts": [...]}."""
+  x = np.asarray(list(lengths), np.float64)
+  top = int(x.max()) if x.size else 0
+  edges = [0, *(2**i for i in range(3, max(4, math.ceil(math.log2(max(top, 1))) + 1)))]
+  edges[-1] = max(edges[-1], top + 1)
+  counts, _ = np.histogram(x, bins=edges)
+  return {"edges": [int(e) for e in edges], "counts": counts.tolist()}
+
+
 def fmt(s: dict, spec: str = "{:.3g}", scale: float = 1.0) -> str:
   """'mean ± se' of a `summarize` result ('-' when empty). A signed `spec` ('{:+.1f}') signs
   the mean only: a standard error has no sign."""

@@ -146,3 +146,14 @@ def test_deferred_evals_need_one_learner_process(repo_root):
     load_config(
       str(repo_root / "experiments/configs/sao_arith.py"), "tiny", ["eval.deferred=True", *sets]
     )
+
+
+def test_per_arm_overrides_are_checked_before_any_run(bench, tmp_path):
+  from sao_jax.config import ConfigError
+
+  out = ["--out", str(tmp_path / "o"), "--workdir", str(tmp_path / "w"), "--variant", "tiny"]
+  with pytest.raises(SystemExit, match="--arm-set takes ARM:KEY=VALUE"):
+    bench.main([*out, "--arm-set", "ppo:rl.optim.lr=1e-4"])
+  with pytest.raises(ConfigError, match="nope"):
+    bench.main([*out, "--arm-set", "sao:rl.nope=1"])
+  assert not (tmp_path / "o").exists() and not (tmp_path / "w").exists()  # nothing started

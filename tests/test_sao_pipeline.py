@@ -134,6 +134,8 @@ def test_synchronous_grpo_through_the_samplers_with_deferred_evals(start, tmp_pa
   rl = json.loads((tmp_path / "w" / "summary.json").read_text())["rl"]
   assert rl["steps"] == 6 and rl["trajectories"] == 6 * 2 * 8  # prompts_per_step 2, N=8
   assert rl["dropped_stale"] == 0 and rl["transients"][0]["staleness_max"] == 0
+  # The completion lengths' law, as the benchmark's JSON carries it: every trajectory binned.
+  assert sum(rl["length_hist"]["counts"]) == rl["trajectories"] and rl["length_cv"] >= 0
   # An eval at each update (deferred: run after the phase, in order), then the closing one.
   curve = rl["eval_curve"]
   assert [step for _, step, _ in curve] == [0, 1, 2, 3, 4, 5, 6, 6], curve

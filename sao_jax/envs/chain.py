@@ -37,6 +37,7 @@ import zlib
 import numpy as np
 
 from sao_jax.envs.base import Task
+from sao_jax.stats import length_histogram
 
 LAWS = ("zipf", "lognormal")
 _OPS = "+-"
@@ -208,9 +209,6 @@ def length_summary(lengths) -> dict:
     return {"n": 0}
   mean = float(x.mean())
   top = int(x.max())
-  edges = [0, *(2**i for i in range(3, max(4, math.ceil(math.log2(max(top, 1))) + 1)))]
-  edges[-1] = max(edges[-1], top + 1)
-  counts, _ = np.histogram(x, bins=edges)
   return {
     "n": int(x.size),
     "mean": mean,
@@ -220,5 +218,5 @@ def length_summary(lengths) -> dict:
     "p99": float(np.percentile(x, 99)),
     "max": top,
     "max_over_mean": top / mean if mean else 0.0,
-    "histogram": {"edges": [int(e) for e in edges], "counts": counts.tolist()},
+    "histogram": length_histogram(x),
   }

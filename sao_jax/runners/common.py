@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from sao_jax import checkpoint as ckpt_lib
-from sao_jax import distributed, interrupt
+from sao_jax import distributed, interrupt, stats
 from sao_jax.batches import SFTBatch
 from sao_jax.config import Config, OptimConfig
 from sao_jax.envs.base import Task
@@ -297,10 +297,12 @@ def length_stats(lengths: list[int]) -> dict:
   x = np.asarray(lengths or [0])
   return {
     "length_mean": float(x.mean()),
+    "length_cv": float(x.std() / x.mean()) if x.mean() else 0.0,
     "length_p10": float(np.percentile(x, 10)),
     "length_p50": float(np.percentile(x, 50)),
     "length_p90": float(np.percentile(x, 90)),
     "length_max": int(x.max()),
+    "length_hist": stats.length_histogram(lengths),
   }
 
 
