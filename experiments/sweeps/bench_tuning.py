@@ -17,8 +17,8 @@ highest mean; where the sweep cannot tell it from the config's own values (their
 interval of the difference contains 0: the report's `leading` points), the config's own
 values stay. The benchmark runs each arm with its chosen values (`--arm-set`), named in its
 command and JSON; the trials (trials.json, points.csv, sweep.png) are committed under
-results/tuning/<variant>/. One trial at a time (`--parallel 1`): the benchmark's arms have the machine to
-themselves, so must their tuning runs.
+results/tuning/<variant>/. One trial at a time (`--parallel 1`): the benchmark's arms have
+the machine to themselves, so must their tuning runs.
 
 Run (about 6 min a trial on a 2-core CPU: 8 trials for SAO, 18 for each GRPO arm):
   sao-jax sweep experiments/sweeps/bench_tuning.py:arith_sao --dir runs/sweeps/tune_arith_sao \\
