@@ -9,7 +9,7 @@ rather than text so the decode loop never round-trips through strings except at 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -104,3 +104,40 @@ class SingleTurnEnv:
   def _grade(self, task: Task, action_tokens: Sequence[int] | np.ndarray) -> StepResult:
     """The final StepResult (done=True, empty observation) of `action_tokens` on `task`."""
     raise NotImplementedError(f"{type(self).__name__} must define _grade")
+
+
+def draw_hashed_split(
+  num: int,
+  *,
+  want_test: bool,
+  draw_kind: Callable[[], int],
+  generate: Callable[[int, int], Task],
+  is_test: Callable[[str], bool],
+  kinds: Sequence[int],
+  max_rejects: int,
+  what: Callable[[int], str],
+) -> list[Task]:
+  """`num` tasks of one split of a family whose splits are disjoint by a hash of the
+  solution (`is_test`): for each task a kind is drawn first (`draw_kind`: a depth, a number
+  of steps), then tasks of that kind (`generate(index, kind)`) until one lies in the wanted
+  split. The test split keeps each kind's tasks unique until `max_rejects` draws in a row
+  find no new one (that kind looks exhausted), then repeats them; `what(kind)` names the
+  tasks in the error raised when a kind has no task of the split at all."""
+  unique = dict.fromkeys(kinds, want_test)
+  seen: set[str] = set()
+  tasks: list[Task] = []
+  split = "test" if want_test else "train"
+  while len(tasks) < num:
+    kind = draw_kind()
+    for _ in range(max_rejects):
+      task = generate(len(tasks), kind)
+      if is_test(task.solution) == want_test and not (unique[kind] and task.solution in seen):
+        break
+    else:
+      if not unique[kind]:
+        raise ValueError(f"no {split} {what(kind)} found in {max_rejects} draws")
+      unique[kind] = False  # this kind's test tasks look exhausted: repeat them
+      continue
+    seen.add(task.solution)
+    tasks.append(task)
+  return tasks

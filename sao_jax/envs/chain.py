@@ -36,7 +36,7 @@ import zlib
 
 import numpy as np
 
-from sao_jax.envs.base import Task
+from sao_jax.envs.base import Task, draw_hashed_split
 from sao_jax.stats import length_histogram
 
 LAWS = ("zipf", "lognormal")
@@ -175,30 +175,18 @@ def make_split(spec: ChainSpec, split: str, num: int, seed: int) -> list[Task]:
   if not isinstance(num, (int, np.integer)) or isinstance(num, bool) or num < 0:
     raise ValueError(f"num must be an int >= 0, got {num!r}")
   rng = np.random.default_rng(np.random.SeedSequence([seed, zlib.crc32(split.encode())]))
-  want_test = split == "test"
-  offset = 0 if want_test else TRAIN_ID_OFFSET
+  offset = 0 if split == "test" else TRAIN_ID_OFFSET
   steps, pmf = spec.steps(), spec.step_pmf()
-  unique = dict.fromkeys(steps.tolist(), want_test)
-  seen: set[str] = set()
-  tasks: list[Task] = []
-  while len(tasks) < num:
-    k = int(rng.choice(steps, p=pmf))
-    for _ in range(_MAX_CONSECUTIVE_REJECTS):
-      task = generate_task(rng, spec, offset + len(tasks), k)
-      if is_test_problem(task.solution, spec, seed) == want_test and not (
-        unique[k] and task.solution in seen
-      ):
-        break
-    else:
-      if not unique[k]:
-        raise ValueError(
-          f"no {split} problem of {k} steps found in {_MAX_CONSECUTIVE_REJECTS} draws"
-        )
-      unique[k] = False  # this step count's test problems look exhausted: repeat them
-      continue
-    seen.add(task.solution)
-    tasks.append(task)
-  return tasks
+  return draw_hashed_split(
+    num,
+    want_test=split == "test",
+    draw_kind=lambda: int(rng.choice(steps, p=pmf)),
+    generate=lambda i, k: generate_task(rng, spec, offset + i, k),
+    is_test=lambda solution: is_test_problem(solution, spec, seed),
+    kinds=steps.tolist(),
+    max_rejects=_MAX_CONSECUTIVE_REJECTS,
+    what=lambda k: f"problem of {k} steps",
+  )
 
 
 def length_summary(lengths) -> dict:

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sao_jax.envs.base import SingleTurnEnv, StepResult, Task
+from sao_jax.envs.base import SingleTurnEnv, StepResult, Task, draw_hashed_split
 from sao_jax.sandbox import Job, Limits, RunResult, SandboxPool
 from sao_jax.tokenizer import Tokenizer
 
@@ -271,30 +271,17 @@ def make_split(spec: CodeSpec, split: str, num: int, seed: int) -> list[Task]:
   if not _is_int(num) or num < 0:
     raise ValueError(f"num must be an int >= 0, got {num!r}")
   rng = np.random.default_rng(np.random.SeedSequence([seed, zlib.crc32(split.encode())]))
-  want_test = split == "test"
-  offset = 0 if want_test else TRAIN_ID_OFFSET
-  unique = dict.fromkeys(range(spec.min_depth, spec.max_depth + 1), want_test)
-  seen: set[str] = set()
-  tasks: list[Task] = []
-  while len(tasks) < num:
-    depth = int(rng.integers(spec.min_depth, spec.max_depth + 1))
-    for _ in range(_MAX_CONSECUTIVE_REJECTS):
-      task = generate_task(rng, spec, offset + len(tasks), depth)
-      if is_test_program(task.solution, spec, seed) == want_test and not (
-        unique[depth] and task.solution in seen
-      ):
-        break
-    else:
-      if not unique[depth]:
-        raise ValueError(
-          f"no {split} program of depth {depth} found in "
-          f"{_MAX_CONSECUTIVE_REJECTS} draws for {spec}"
-        )
-      unique[depth] = False  # this depth's test programs look exhausted: repeat them
-      continue
-    seen.add(task.solution)
-    tasks.append(task)
-  return tasks
+  offset = 0 if split == "test" else TRAIN_ID_OFFSET
+  return draw_hashed_split(
+    num,
+    want_test=split == "test",
+    draw_kind=lambda: int(rng.integers(spec.min_depth, spec.max_depth + 1)),
+    generate=lambda i, depth: generate_task(rng, spec, offset + i, depth),
+    is_test=lambda solution: is_test_program(solution, spec, seed),
+    kinds=range(spec.min_depth, spec.max_depth + 1),
+    max_rejects=_MAX_CONSECUTIVE_REJECTS,
+    what=lambda depth: f"program of depth {depth} for {spec}",
+  )
 
 
 def hidden_tests(task: Task) -> list[str]:
