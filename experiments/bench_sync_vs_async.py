@@ -46,17 +46,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import pathlib
 import shutil
-import subprocess
 import time
 
 import numpy as np
 
 from sao_jax import stats
-from sao_jax.procs import TreeMemoryPeak, kill_and_wait, train_argv
+from sao_jax.procs import run_train
 from sao_jax.results_file import ResultFile
 from sao_jax.setup import load_config
 
@@ -189,31 +187,9 @@ def main(argv=None) -> dict:
 
 
 def _train(config: str, workdir: pathlib.Path, sets: list[str]) -> tuple[dict, dict]:
-  """One `sao-jax train` process tree: its summary.json and its peak memory (PSS and RSS
-  summed over the tree). Its output goes to workdir/../<name>.log; on a failure, or when this
-  process is interrupted, the whole tree is stopped."""
-  log_path = workdir.with_suffix(".log")
-  t0 = time.monotonic()
-  with open(log_path, "w") as log:
-    proc = subprocess.Popen(
-      train_argv(config, workdir, sets),
-      cwd=REPO,
-      stdout=log,
-      stderr=subprocess.STDOUT,
-      start_new_session=True,  # its own process group: stopped as a whole
-    )
-    memory = TreeMemoryPeak(proc.pid).start()
-    try:
-      proc.wait()
-    finally:
-      mem = memory.stop()
-      if proc.poll() is None:
-        kill_and_wait(proc, whole_group=True, timeout=10)
-  if proc.returncode != 0:
-    tail = log_path.read_text()[-3000:]
-    raise RuntimeError(f"sao-jax train into {workdir} failed ({proc.returncode}):\n{tail}")
-  summary = json.loads((workdir / "summary.json").read_text())
-  return summary, dict(mem, process_wall_s=time.monotonic() - t0)
+  """One `sao-jax train` process tree (`sao_jax.procs.run_train`): its summary.json and its
+  peak memory (PSS and RSS summed over the tree)."""
+  return run_train(config, workdir, sets, cwd=REPO)
 
 
 def _one_seed(

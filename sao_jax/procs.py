@@ -30,6 +30,66 @@ def train_argv(config: str, workdir, overrides: Sequence[str] = ()) -> list[str]
   ] + [a for kv in overrides for a in ("--set", kv)]
 
 
+def run_train(
+  config: str, workdir, overrides: Sequence[str] = (), *, cwd=None
+) -> tuple[dict, dict]:
+  """Runs one `sao-jax train` of `config` into `workdir` as a process tree of its own and
+  returns (its summary.json, its peak memory from `TreeMemoryPeak` with "process_wall_s").
+  Its output goes to `workdir`.log; on a failure, or when this process is interrupted, the
+  whole tree is stopped; a failed run raises RuntimeError with the log's tail."""
+  import json
+
+  workdir = pathlib.Path(workdir)
+  log_path = workdir.with_suffix(".log")
+  t0 = time.monotonic()
+  with open(log_path, "w") as log:
+    proc = subprocess.Popen(
+      train_argv(config, workdir, overrides),
+      cwd=cwd,
+      stdout=log,
+      stderr=subprocess.STDOUT,
+      start_new_session=True,  # its own process group: stopped as a whole
+    )
+    memory = TreeMemoryPeak(proc.pid).start()
+    try:
+      proc.wait()
+    finally:
+      mem = memory.stop()
+      if proc.poll() is None:
+        kill_and_wait(proc, whole_group=True, timeout=10)
+  if proc.returncode != 0:
+    tail = log_path.read_text()[-3000:]
+    raise RuntimeError(f"sao-jax train into {workdir} failed ({proc.returncode}):\n{tail}")
+  summary = json.loads((workdir / "summary.json").read_text())
+  return summary, dict(mem, process_wall_s=time.monotonic() - t0)
+
+
+class CpuHog:
+  """A competing job: `processes` processes that spin (pure Python, one thread each), each
+  pinned to `cores` when given. A context manager; every process is killed and reaped on
+  exit, whatever happened inside."""
+
+  def __init__(self, processes: int = 1, cores: Sequence[int] = ()):
+    self.n, self.cores = processes, tuple(cores)
+    self.procs: list[subprocess.Popen] = []
+
+  def __enter__(self) -> CpuHog:
+    pin = f"os.sched_setaffinity(0, {set(self.cores)!r})\n" if self.cores else ""
+    code = f"import os\n{pin}while True:\n  pass\n"
+    self.procs = [
+      subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL)
+      for _ in range(self.n)
+    ]
+    return self
+
+  def __exit__(self, *exc) -> None:
+    for proc in self.procs:
+      proc.kill()
+    for proc in self.procs:
+      proc.wait()
+    self.procs = []
+
+
 def _children() -> dict[int, list[int]]:
   """Every process's children, from one pass over /proc."""
   kids: dict[int, list[int]] = {}

@@ -45,3 +45,17 @@ def test_kill_and_wait_alone_returns_the_child_left_running():
   while alive(child) and time.time() < deadline:
     time.sleep(0.01)
   assert not alive(child)
+
+
+def test_cpu_hog_spins_pinned_and_is_gone_afterwards():
+  from sao_jax.procs import CpuHog
+
+  with CpuHog(2, cores=(0,)) as hog:
+    pids = [p.pid for p in hog.procs]
+    time.sleep(0.5)
+    assert all(alive(pid) for pid in pids)
+    assert all(os.sched_getaffinity(pid) == {0} for pid in pids)
+    # spinning: each has used CPU time already (utime in clock ticks, field 14 of stat)
+    ticks = [int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[11]) for pid in pids]
+    assert all(t > 0 for t in ticks), ticks
+  assert not any(alive(pid) for pid in pids)
