@@ -164,6 +164,11 @@ class TrajectoryBuffer:
     """Whether `it` is of a policy off the current lineage's path (dropped as such)."""
     return record_age(it.rec, step, self.lineage) < 0
 
+  def fresh(self, step: int) -> int:
+    """How many waiting records a batch at `step` would still take (not stale, not of a
+    discarded lineage)."""
+    return sum(not self._stale(it, step) for it in self._items)
+
   def ready(self, step: int) -> bool:
     """Whether the next batch at `step` would be full: its fresh records fill `rows`."""
     n = 0

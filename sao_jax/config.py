@@ -350,6 +350,11 @@ class SAOConfig:
   inflight: Literal["off", "steps", "tokens"] = "tokens"
   sampler_threads: int = 0  # XLA intra-op threads per sampler process (0: XLA default)
   pin_cores: bool = False  # learner on core 0, samplers on the others (needs >= 2 cores)
+  # Backpressure: work ahead of the learner (tasks outstanding + records buffered) bounded
+  # by one batch plus num_samplers x sampler_slots in flight, topped up as each batch leaves
+  # the buffer; False: the earlier bound (one batch plus two calls per sampler outstanding,
+  # buffered records not counted). See SAOLearner.work_ahead_room.
+  backpressure: bool = True
   max_sampler_restarts: int = 5  # a sampler that dies is restarted, this many times per run
   # A sampler process is quarantined (its records dropped; a local one stopped and restarted
   # by the supervision above) once `quarantine_rate` of its last `quarantine_window` records

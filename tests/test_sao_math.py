@@ -295,3 +295,35 @@ def test_bad_epoch_and_floor_settings_are_config_errors(bad):
 
   with pytest.raises(ConfigError):
     apply_overrides(Config(), [bad])
+
+
+@pytest.mark.parametrize("backpressure", [True, False])
+def test_work_ahead_of_the_learner_is_bounded(backpressure):
+  """With backpressure, tasks outstanding plus records buffered that a batch will still take
+  stay within one batch plus what the samplers hold in flight; without it (the earlier
+  bound) only the outstanding tasks are bounded, by one batch plus two calls per sampler."""
+  import types
+
+  from sao_jax.runners.sao import LoopState, SAOLearner
+
+  def waiting(version, n):  # n records of policy `version` (only their age matters here)
+    rec = types.SimpleNamespace(policy_version=version, meta={}, arrays={})
+    return [Item(rec, seq=k, pos=None) for k in range(n)]
+
+  learner = SAOLearner.__new__(SAOLearner)
+  learner.cfg = Config(sao=SAOConfig(num_samplers=2, sampler_slots=8, backpressure=backpressure))
+  learner.rows, learner.loop = 16, LoopState()
+  learner.buffer = TrajectoryBuffer(16, max_staleness=4)
+  learner.loop.step = 10
+  assert learner.work_ahead_room() == (32 if backpressure else 48)
+  learner.loop.outstanding = 20
+  learner.buffer.extend(waiting(9, 10))  # ten fresh records waiting
+  assert learner.work_ahead_room() == (2 if backpressure else 28)
+  learner.buffer.extend(waiting(9, 10))
+  assert learner.work_ahead_room() == (0 if backpressure else 28)
+  # Records no batch will take (too stale: 10 - 2 > 4) count for nothing: after a rollback
+  # or a resume a buffer full of them must not stop the hand-out.
+  learner.buffer = TrajectoryBuffer(16, max_staleness=4)
+  learner.buffer.extend(waiting(2, 40))
+  learner.loop.outstanding = 0
+  assert learner.work_ahead_room() == (32 if backpressure else 48)

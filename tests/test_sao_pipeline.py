@@ -119,6 +119,10 @@ def test_sao_run_trains_and_cleans_up(start, tmp_path):
   ):
     assert key in rl_rows[-1], key
   assert sum(rl_rows[-1]["staleness_hist"]) > 0
+  # Backpressure (on by default): after every update, the tasks outstanding plus the records
+  # buffered stay within one batch (16 rows) plus what 2 samplers of 8 slots hold in flight.
+  ahead = [r["outstanding_tasks"] + r["queue_depth"] for r in rl_rows]
+  assert max(ahead) <= 16 + 2 * 8, ahead
   assert _tagged_pids(tag) == []
 
 

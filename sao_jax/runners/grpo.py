@@ -175,6 +175,9 @@ class SyncGRPOLearner(SAOLearner):
   def max_staleness(self) -> int:
     return 0
 
+  def top_up_before_update(self) -> None:
+    """Nothing: a step's tasks are handed out by `fill`, once the policy they need exists."""
+
   def fill(self) -> None:
     loop, rl = self.loop, self.cfg.rl
     self.check_samplers()

@@ -484,19 +484,47 @@ class SAOLearner:
       p64 = p64[: self.n_sample]
       loop.probs = p64 / p64.sum()
 
+  def work_ahead_room(self) -> int:
+    """How many more tasks may be handed out now. The work ahead of the learner is bounded
+    so that nothing waits long enough to go stale (`sao.backpressure`): with it, tasks
+    outstanding plus records buffered that a batch will still take stay within one batch
+    plus what the samplers hold in flight (num_samplers x sampler_slots); without it (the
+    bound before), tasks outstanding stay at one batch plus two calls per sampler, whatever
+    is buffered."""
+    loop, sao = self.loop, self.cfg.sao
+    in_flight = max(1, sao.num_samplers) * sao.sampler_slots
+    if sao.backpressure:
+      # Records a batch will not take (stale, or of a discarded lineage) wait for nothing.
+      fresh = self.buffer.fresh(loop.step)
+      return max(0, self.rows + in_flight - loop.outstanding - fresh)
+    return max(0, self.rows + 2 * in_flight - loop.outstanding)
+
+  def top_up(self) -> None:
+    """Hands out as many new tasks as `work_ahead_room` allows."""
+    loop = self.loop
+    new = self.task_rng.choice(self.n_sample, size=self.work_ahead_room(), p=loop.probs)
+    self.hand_out(new.tolist())
+
+  def top_up_before_update(self) -> None:
+    """With backpressure, the samplers' next work is handed out as a batch leaves the
+    buffer, before the update: they sample while the learner trains. Whatever already
+    arrived is taken in first, so records the learner did not hand out (an answer
+    redelivered by the transport, a sampler that joined) count against the bound too."""
+    if not (self.primary and self.cfg.sao.backpressure):
+      return
+    got = self.pool.learner.get_records(max(self.rows, 1024), timeout=0.0)
+    if got:
+      self.ingest(got)
+    self.top_up()
+
   def fill(self) -> None:
     """Hands out tasks and gathers trajectories until the next batch is full. Tasks are
     topped up on every pass, so samplers keep working while the learner waits or updates."""
-    loop, sao = self.loop, self.cfg.sao
+    loop = self.loop
     self.check_samplers()
-    # Enough tasks in flight to fill the next batch while every sampler holds a full call.
-    target_depth = self.rows + 2 * max(1, sao.num_samplers) * sao.sampler_slots
     while not self.buffer.ready(loop.step):
       interrupt.check()  # a Ctrl-C stops here, between passes, not inside a send
-      new = self.task_rng.choice(
-        self.n_sample, size=max(0, target_depth - loop.outstanding), p=loop.probs
-      )
-      self.hand_out(new.tolist())
+      self.top_up()
       got = self.pool.learner.get_records(self.rows, timeout=0.05)
       if got:
         self.ingest(got)
@@ -524,6 +552,7 @@ class SAOLearner:
     loop, sao, rcfg = self.loop, self.cfg.sao, self.cfg.recovery
     orphans_before = loop.counts["orphan_version"]
     batch, items, dropped, staleness = self.next_batch()
+    self.top_up_before_update()
     # Dropped: too stale, or of a lineage that a resume or rollback discarded (sao_jax.lineage).
     discarded = [it for it in dropped if self.buffer.discarded(it, loop.step)]
     loop.counts["dropped_lineage"] += len(discarded)
