@@ -480,7 +480,8 @@ def test_pruning_stops_the_trial_group(tmp_path, repo_root, monkeypatch):
 
 
 _DRIVER = """
-import pathlib, sys
+import faulthandler, pathlib, signal, sys
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # a hung stop shows where it hangs
 from sao_jax.sweep import SweepRunner, Sweep, Choice
 s = Sweep(name="k", config="experiments/configs/arith_grpo.py:tiny", strategy="grid", seeds=2,
           axes=(Choice("rl.optim.lr", (0.1, 0.2, 0.3)),), fixed=("rl.max_seconds=SECS",))
@@ -612,7 +613,14 @@ def test_ctrl_c_stops_every_trial_process(tmp_path, repo_root):
     pids = [int((d / "trials" / str(n) / "child.pid").read_text()) for n in live]
     pids += [e["pid"] for e in _events(d) if e["event"] == "start"]
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=30) == 130
+    try:
+      code = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+      proc.send_signal(signal.SIGUSR1)  # every thread's stack to the output, then fail
+      time.sleep(2)
+      proc.kill()
+      pytest.fail("the sweep did not stop within 30 s:\n" + proc.communicate()[0].decode()[-6000:])
+    assert code == 130
     assert not any(_alive(p) for p in pids) and not trial_processes(d.resolve())
     assert {e["trial"] for e in _events(d) if e["event"] == "stopped"} == live
     rows = json.loads((d / "trials.json").read_text())["trials"]
