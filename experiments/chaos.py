@@ -19,9 +19,11 @@ a target that is not reached within `--target-wait` seconds falls back to a rand
 The audit counts from outside the learner. Over Kafka, a consumer of the driver's own reads
 every record of the trajectories topic from the broker (which outlives every learner
 process): produced = records on the topic; every record before the learner group's final
-committed offsets must be in the ledger (applied or dropped as stale): lost = those that are
-not; applied twice = record ids that appear in more than one update of the ledger. Over the
-embedded transport there is no broker to read from; the audit compares the journal (every
+committed offsets must be in the ledger (applied, or dropped: too stale or of a lineage a
+resume discarded, both counted in the audit's `stale`) or on the dead-letter topic (rejected
+at the learner's door, `rejected_dead_lettered`): lost = those that are neither; applied
+twice = record ids that appear in more than one update of the ledger. Over the embedded
+transport there is no broker to read from; the audit compares the journal (every
 record the learner ever took, kept in full) with the ledger (`sao_jax.recovery.audit`).
 Both check that the ledger's updates run 1..N without a gap. Writes OUT/chaos.json.
 """
@@ -153,6 +155,10 @@ def audit_kafka(bootstrap: str, workdir: pathlib.Path, partitions: int) -> dict:
   topic = f"sao.{run_id}.trajectories"
   on_topic = topic_record_ids(bootstrap, topic, partitions)
   committed = committed_offsets(bootstrap, f"sao.{run_id}.learner", topic, partitions)
+  # Records the learner's door rejected (sao_jax.admission) went to the dead-letter topic,
+  # flushed before any offset past them was committed: accounted for, not lost.
+  rejected = {rid for _, _, rid in topic_record_ids(bootstrap, f"sao.{run_id}.dead-letter", 1)}
+  rejected.discard(None)
   rows = recovery.Ledger(workdir / "ledger.jsonl").rows()
   applied = collections.Counter(i for r in rows for i in r["applied"])
   uses = collections.Counter(i for r in rows for i in r["applied"] + r["stale"])
@@ -167,10 +173,11 @@ def audit_kafka(bootstrap: str, workdir: pathlib.Path, partitions: int) -> dict:
     "covered_by_commits": len(before_commit),
     "applied": sum(applied.values()),
     "stale": sum(uses.values()) - sum(applied.values()),
-    "lost": len(before_commit - used),
+    "rejected_dead_lettered": len(rejected & ids_on_topic),
+    "lost": len(before_commit - used - rejected),
     "applied_twice": sum(1 for n in uses.values() if n > 1),
     "applied_not_on_topic": len(set(applied) - ids_on_topic),
-    "unused_after_last_commit": len(ids_on_topic - used),
+    "unused_after_last_commit": len(ids_on_topic - used - rejected),
     "steps": len(rows),
     "steps_contiguous": [r["step"] for r in rows] == list(range(1, len(rows) + 1)),
   }
