@@ -268,7 +268,14 @@ def chaos(transport: str, kills: int, out: pathlib.Path, args, rng: random.Rando
   }
 
 
+def _interrupted(*_):
+  raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
+  # SIGTERM (a `kill`, a job scheduler) stops the run like Ctrl-C: through the `finally` that
+  # kills the training process tree and the broker, which would otherwise outlive this one.
+  signal.signal(signal.SIGTERM, _interrupted)
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--transports", default="kafka,embedded")
   p.add_argument("--kills", type=int, default=20, help="per transport")
