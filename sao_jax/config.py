@@ -112,7 +112,10 @@ class ModelConfig:
   lora_targets: tuple[str, ...] = LORA_TARGETS
 
   def __post_init__(self):
-    _check(self.width > 0 and self.depth > 0 and self.heads > 0, "model sizes must be positive")
+    _check(
+      self.width > 0 and self.depth > 0 and self.heads > 0 and self.mlp_ratio > 0,
+      "model.width, depth, heads and mlp_ratio must be positive",
+    )
     _check(self.vocab_size >= 0, "model.vocab_size must be >= 0 (0: the tokenizer's)")
     _check(
       self.width % self.heads == 0, f"model.width {self.width} not divisible by heads {self.heads}"

@@ -40,6 +40,7 @@ def test_override_nested_and_types():
     ("rl.optim.b2=1.0", r"rl.optim.b2 must be in \(0, 1\)"),
     ("task.n_ops=9", r"task.n_ops must be an int in 1..4"),
     ("model.vocab_size=-1", "model.vocab_size must be >= 0"),
+    ("model.mlp_ratio=0", "mlp_ratio must be positive"),  # was a ZeroDivisionError in init
     ("sft.steps=3000000000", "does not fit in int32"),
     ("name=''", "name must not be empty"),
     ("init_from='/nowhere/ckpt'", "no such checkpoint directory"),
