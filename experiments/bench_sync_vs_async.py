@@ -56,7 +56,7 @@ import numpy as np
 from sao_jax import stats
 from sao_jax.procs import run_train
 from sao_jax.results_file import ResultFile
-from sao_jax.setup import load_config
+from sao_jax.setup import load_config, make_setup
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -173,6 +173,7 @@ def main(argv=None) -> dict:
       "eval": "deferred held-out evals every eval_every_s training seconds, interpolated",
       "baseline": "the synchronous GRPO arm with the most learner steps/s over seeds",
     },
+    "target_lengths": target_lengths(base),
     "runs": runs,
     "summary": summary,
     "wall_s": time.time() - t0,
@@ -184,6 +185,14 @@ def main(argv=None) -> dict:
   plot(results, out / "accuracy_vs_time.png")
   print(f"results: {out}/results.json")
   return results
+
+
+def target_lengths(cfg) -> dict:
+  """The lengths (tokens, EOS included) of the task family's worked solutions on the train
+  split, what the SFT start imitates: the declared law in data, beside which the JSON's
+  per-arm `length_hist` (what each arm generated) is read and the notebook plots it."""
+  s = make_setup(cfg)
+  return stats.length_summary(len(s.tok.encode(t.solution, add_eos=True)) for t in s.train)
 
 
 def _train(config: str, workdir: pathlib.Path, sets: list[str]) -> tuple[dict, dict]:
@@ -325,6 +334,9 @@ def summarize(runs: list[dict], arm_names: list[str]) -> dict:
     out["baseline"] = base
   for arm in arm_names:
     out[arm] = {k: stats.summarize([r[arm].get(k) for r in runs]) for k, _, _ in ROWS}
+    hists = [r[arm]["length_hist"] for r in runs if "length_hist" in r[arm]]
+    if hists:  # completions of every seed, pooled
+      out[arm]["length_hist"] = stats.merge_length_histograms(hists)
   if base and "sao" in arm_names:
     out["ratio"] = _ratio(runs, "sao", base["arm"])
     for r in runs:  # each seed's ratios too: the unit a declared analysis reads

@@ -130,6 +130,44 @@ def length_histogram(lengths: Iterable[float]) -> dict:
   return {"edges": [int(e) for e in edges], "counts": counts.tolist()}
 
 
+def length_summary(lengths) -> dict:
+  """What a length law looks like in data: mean, coefficient of variation, quantiles, max,
+  max/mean and a histogram (bin edges and counts), of completion lengths in tokens."""
+  x = np.asarray(list(lengths), np.float64)
+  if x.size == 0:
+    return {"n": 0}
+  mean = float(x.mean())
+  top = int(x.max())
+  return {
+    "n": int(x.size),
+    "mean": mean,
+    "cv": float(x.std() / mean) if mean else 0.0,
+    "p50": float(np.percentile(x, 50)),
+    "p90": float(np.percentile(x, 90)),
+    "p99": float(np.percentile(x, 99)),
+    "max": top,
+    "max_over_mean": top / mean if mean else 0.0,
+    "histogram": length_histogram(x),
+  }
+
+
+def merge_length_histograms(hists: Iterable[dict]) -> dict:
+  """The sum of `length_histogram`s (several seeds' or runs'): their bins share the lower
+  edges 0, 8, 16, 32, ...; only the last bin's upper edge (the longest length + 1) differs,
+  and the merged one ends at the largest. {"edges": [], "counts": []} for none."""
+  counts: dict[int, int] = {}
+  top = 0
+  for h in hists:
+    edges = h["edges"]
+    for lo, c in zip(edges[:-1], h["counts"], strict=True):
+      counts[lo] = counts.get(lo, 0) + int(c)
+    top = max(top, edges[-1])
+  if not counts:
+    return {"edges": [], "counts": []}
+  lows = sorted(counts)
+  return {"edges": [*lows, max(top, lows[-1] + 1)], "counts": [counts[lo] for lo in lows]}
+
+
 def fmt(s: dict, spec: str = "{:.3g}", scale: float = 1.0) -> str:
   """'mean ± se' of a `summarize` result ('-' when empty). A signed `spec` ('{:+.1f}') signs
   the mean only: a standard error has no sign."""

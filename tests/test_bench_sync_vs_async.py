@@ -7,6 +7,7 @@ and deferred held-out evaluation. (Its end-to-end runs are the benchmark itself:
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 
@@ -157,3 +158,46 @@ def test_per_arm_overrides_are_checked_before_any_run(bench, tmp_path):
   with pytest.raises(ConfigError, match="nope"):
     bench.main([*out, "--arm-set", "sao:rl.nope=1"])
   assert not (tmp_path / "o").exists() and not (tmp_path / "w").exists()  # nothing started
+
+
+def test_length_histograms_pool_over_seeds_and_the_notebook_plots_them(bench, tmp_path):
+  """Each arm's completion lengths, every seed pooled (their bins end at different
+  lengths), in the summary; the claim notebook's plot finds them under a results root."""
+  from sao_jax.analysis import plots
+
+  runs = [
+    _run(0, 30, 10, 12, [(0.0, 0, 0.4), (100.0, 30, 0.7)]),
+    _run(1, 30, 10, 12, [(0.0, 0, 0.4), (100.0, 30, 0.7)]),
+  ]
+  runs[0]["sao"]["length_hist"] = stats.length_histogram([3, 9, 9, 40])
+  runs[1]["sao"]["length_hist"] = stats.length_histogram([5, 20, 100])
+  assert runs[0]["sao"]["length_hist"]["edges"] == [0, 8, 16, 32, 64]
+  sm = bench.summarize(runs, ["grpo", "sao"])
+  assert sm["sao"]["length_hist"] == {
+    "edges": [0, 8, 16, 32, 64, 128],
+    "counts": [2, 2, 1, 1, 1],
+  }
+  assert "length_hist" not in sm["grpo"]  # no arm invents one
+  assert stats.merge_length_histograms([]) == {"edges": [], "counts": []}
+
+  law = stats.length_summary([10, 10, 10, 10, 60])
+  assert law["max_over_mean"] == pytest.approx(3.0) and sum(law["histogram"]["counts"]) == 5
+  (tmp_path / "bench_x").mkdir()
+  doc = {"summary": sm, "target_lengths": law, "runs": runs}
+  (tmp_path / "bench_x" / "results.json").write_text(json.dumps(doc))
+  (tmp_path / "other").mkdir()
+  (tmp_path / "other" / "results.json").write_text('{"summary": {"sao": {}}}')
+  assert [name for name, _ in plots.length_histograms(tmp_path)] == ["bench_x"]
+  fig = plots.plot_lengths(tmp_path)
+  ax = fig.axes[0]
+  assert {t.get_text() for t in ax.get_legend().get_texts()} == {"solutions (law)", "sao"}
+  assert plots.plot_lengths(tmp_path / "other") is None
+
+
+def test_target_lengths_are_the_declared_law_in_data(bench, repo_root):
+  from sao_jax.setup import load_config
+
+  cfg = load_config(str(repo_root / "experiments/configs/sao_chain.py"), "tiny")
+  law = bench.target_lengths(cfg)
+  assert law["n"] == cfg.task.num_train
+  assert law["max"] >= 8 * 9 and sum(law["histogram"]["counts"]) == law["n"]

@@ -57,3 +57,79 @@ def plot_claim(ev: Evaluated, columns: int = 3):
   fig.suptitle(f"({ev.claim.key}) {ev.claim.title}: each dot a seed, diamond the estimate")
   fig.tight_layout()
   return fig
+
+
+ARM_COLORS = {"grpo": "tab:blue", "grpo_samplers": "tab:green", "sao": "tab:orange"}
+
+
+def length_histograms(results_root) -> list[tuple[str, dict]]:
+  """(name, results document) of every benchmark result under `results_root` whose arms carry
+  a histogram of completion lengths (`summary.<arm>.length_hist`: experiments/
+  bench_sync_vs_async.py), sorted by path."""
+  import json
+  import pathlib
+
+  root = pathlib.Path(results_root)
+  found = []
+  for path in sorted(root.glob("**/results.json")):
+    try:
+      doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+      continue
+    summary = doc.get("summary") if isinstance(doc, dict) else None
+    if isinstance(summary, dict) and any(
+      isinstance(v, dict) and "length_hist" in v for v in summary.values()
+    ):
+      found.append((str(path.parent.relative_to(root)), doc))
+  return found
+
+
+def plot_lengths(results_root, columns: int = 2):
+  """Completion lengths per benchmark: the fraction of trajectories in each power-of-two bin
+  of tokens, each arm's generated completions (all seeds pooled) as a line and the task's own
+  worked solutions (the declared law in data, `target_lengths`) as grey bars. Returns the
+  matplotlib figure, None when no result carries a length histogram."""
+  import matplotlib.pyplot as plt
+
+  found = length_histograms(results_root)
+  if not found:
+    return None
+  cols = min(columns, len(found))
+  rows = math.ceil(len(found) / cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.4 * rows), squeeze=False)
+  for ax, (name, doc) in zip(axes.flat, found, strict=False):
+    series = {}
+    law = doc.get("target_lengths") or {}
+    if law.get("histogram"):
+      series["solutions (law)"] = law["histogram"]
+    for arm, v in doc["summary"].items():
+      if isinstance(v, dict) and "length_hist" in v:
+        series[arm] = v["length_hist"]
+    lows = sorted({lo for h in series.values() for lo in h["edges"][:-1]})
+    top = max(h["edges"][-1] for h in series.values())
+    x = range(len(lows))
+    for label, h in series.items():
+      frac = dict(zip(h["edges"][:-1], h["counts"], strict=True))
+      total = sum(h["counts"]) or 1
+      y = [frac.get(lo, 0) / total for lo in lows]
+      if label == "solutions (law)":
+        ax.bar(x, y, color="lightgray", label=label)
+      else:
+        ax.step(x, y, where="mid", color=ARM_COLORS.get(label), lw=1.8, label=label)
+    ax.set_yscale("log")
+    ticks = [f"{lo}-{hi - 1}" for lo, hi in zip(lows, [*lows[1:], top], strict=True)]
+    ax.set_xticks(list(x), ticks, fontsize=7, rotation=30)
+    ax.set_xlabel("completion tokens", fontsize=8)
+    ax.set_ylabel("fraction of trajectories", fontsize=8)
+    sub = ""
+    if law.get("n"):
+      sub = (
+        f"\nlaw: mean {law['mean']:.1f}, CV {law['cv']:.2f}, max/mean {law['max_over_mean']:.1f}"
+      )
+    ax.set_title(name + sub, fontsize=8)
+    ax.legend(fontsize=7)
+  for ax in list(axes.flat)[len(found) :]:
+    ax.axis("off")
+  fig.suptitle("Completion lengths: what each arm generated against the task's solutions")
+  fig.tight_layout()
+  return fig

@@ -37,7 +37,7 @@ import zlib
 import numpy as np
 
 from sao_jax.envs.base import Task, draw_hashed_split
-from sao_jax.stats import length_histogram
+from sao_jax.stats import length_summary  # noqa: F401 (re-exported: the law in data)
 
 LAWS = ("zipf", "lognormal")
 _OPS = "+-"
@@ -187,24 +187,3 @@ def make_split(spec: ChainSpec, split: str, num: int, seed: int) -> list[Task]:
     max_rejects=_MAX_CONSECUTIVE_REJECTS,
     what=lambda k: f"problem of {k} steps",
   )
-
-
-def length_summary(lengths) -> dict:
-  """What a length law looks like in data: mean, coefficient of variation, quantiles, max,
-  max/mean and a histogram (bin edges and counts), of completion lengths in tokens."""
-  x = np.asarray(lengths, np.float64)
-  if x.size == 0:
-    return {"n": 0}
-  mean = float(x.mean())
-  top = int(x.max())
-  return {
-    "n": int(x.size),
-    "mean": mean,
-    "cv": float(x.std() / mean) if mean else 0.0,
-    "p50": float(np.percentile(x, 50)),
-    "p90": float(np.percentile(x, 90)),
-    "p99": float(np.percentile(x, 99)),
-    "max": top,
-    "max_over_mean": top / mean if mean else 0.0,
-    "histogram": length_histogram(x),
-  }
