@@ -1,10 +1,12 @@
-"""`sao-jax` command line: train, eval, sweep, replay (re-derive an asynchronous run bit for
-bit from its journal), broker, the two roles of a multi-machine SAO run (learner, sampler),
-and simulate (the calibrated cluster model)."""
+"""`sao-jax` command line: train, eval, export (a run's policy for other tools), sweep, replay
+(re-derive an asynchronous run bit for bit from its journal), broker, the two roles of a
+multi-machine SAO run (learner, sampler), and simulate (the calibrated cluster model)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import sys
 
@@ -116,6 +118,21 @@ def _parser() -> argparse.ArgumentParser:
     "HumanEval, needs a tokenizer that can encode its prompts",
   )
   e.add_argument("--samples", type=int, default=10, help="humaneval: completions per problem")
+  x = sub.add_parser(
+    "export",
+    help="a workdir's policy as a directory other tools load: Hugging Face (config.json, "
+    "safetensors, tokenizer) for arch='llama' models; weights and config for the char model",
+  )
+  x.add_argument("workdir", help="the run's workdir (or one of its checkpoint folders)")
+  x.add_argument("--out", required=True, help="directory to write (new, or an earlier export)")
+  x.add_argument("--step", type=int, default=None, help="snapshot step (default: the latest)")
+  x.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+  x.add_argument(
+    "--reference",
+    action="store_true",
+    help="also write this code's logits on a few texts (sao_jax_reference.npz), for "
+    "scripts/make_hf_fixtures.py --check-export",
+  )
   return p
 
 
@@ -126,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
   import signal
 
   # `kill -USR1 PID` prints every thread's stack to stderr: for a run that seems stuck.
-  faulthandler.register(signal.SIGUSR1, all_threads=True)
+  # (Called in-process with a stderr that is no file, e.g. a notebook's: no such hook.)
+  with contextlib.suppress(io.UnsupportedOperation, ValueError, AttributeError):
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
   # kafka-python logs every reconnect attempt and slow I/O task; our own errors name the
   # broker, so only its errors are shown.
   logging.getLogger("kafka").setLevel(logging.ERROR)
@@ -181,6 +200,14 @@ def main(argv: list[str] | None = None) -> int:
 
       result = eval_humaneval_workdir(args.workdir, n=args.samples, num_problems=args.num)
       print(json.dumps({k: v for k, v in result.items() if k != "per_problem"}, indent=2))
+    elif args.command == "export":
+      from sao_jax.runners.export import export_workdir
+
+      report = export_workdir(
+        args.workdir, args.out, step=args.step, dtype=args.dtype, reference=args.reference
+      )
+      print(json.dumps(report, indent=2))
+      print(f"exported: {args.out}")
     elif args.command == "simulate":
       return _simulate(args.costs, args.policy.split(","), args.set, args.out)
     elif args.command == "eval":

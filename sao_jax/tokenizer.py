@@ -196,6 +196,64 @@ class SentencePieceTokenizer:
     return self._sp.decode(_kept_ids(ids, self.eos_id, (self.pad_id, self.bos_id), self.vocab_size))
 
 
+def save_for_hf(name: str, out: str | pathlib.Path) -> list[str]:
+  """Writes the tokenizer a config string names into the directory `out` in the files a
+  Hugging Face loader reads, with a tokenizer_config.json naming its PAD/BOS/EOS tokens (the
+  ones this code used, options after `?` included); returns the file names written.
+
+    "hf:PATH"   tokenizer.json (copied) and tokenizer_config.json (the one beside PATH, if
+                any, with the special tokens set);
+    "spm:PATH"  tokenizer.model (copied) and tokenizer_config.json;
+    "char"      a tokenizer.json built with `tokenizers` that encodes every printable ASCII
+                character to the id CharTokenizer gives it (a one-character WordLevel model;
+                anything else, which CharTokenizer refuses, becomes PAD), and
+                tokenizer_config.json.
+  """
+  import shutil
+
+  out = pathlib.Path(out)
+  out.mkdir(parents=True, exist_ok=True)
+  tok = get_tokenizer(name)
+  kind, _, spec = name.partition(":")
+  path = pathlib.Path(_parse_spec(spec)[0]) if spec else None
+  settings: dict = {}
+  if kind == "hf":
+    shutil.copyfile(path, out / "tokenizer.json")
+    beside = path.parent / "tokenizer_config.json"
+    settings = json.loads(beside.read_text()) if beside.is_file() else {}
+    settings.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
+    token = tok._tok.id_to_token
+    files = ["tokenizer.json"]
+  elif kind == "spm":
+    shutil.copyfile(path, out / "tokenizer.model")
+    settings = {"tokenizer_class": "LlamaTokenizer", "add_bos_token": False}
+    token = tok._sp.id_to_piece
+    files = ["tokenizer.model"]
+  else:
+    (out / "tokenizer.json").write_text(_char_tokenizer_json(tok))
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    token = {tok.pad_id: "<pad>", tok.bos_id: "<s>", tok.eos_id: "</s>"}.get
+    files = ["tokenizer.json"]
+  for special in _SPECIALS:
+    settings[f"{special}_token"] = token(getattr(tok, f"{special}_id"))
+  settings["model_max_length"] = settings.get("model_max_length", 1_000_000)
+  (out / "tokenizer_config.json").write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+  return [*files, "tokenizer_config.json"]
+
+
+def _char_tokenizer_json(tok: CharTokenizer) -> str:
+  from tokenizers import Regex, decoders, models, pre_tokenizers
+  from tokenizers import Tokenizer as _Backend
+
+  specials = {"<pad>": tok.pad_id, "<s>": tok.bos_id, "</s>": tok.eos_id}
+  vocab = {**specials, **{chr(c): tok.encode(chr(c))[0] for c in range(tok._FIRST, tok._LAST + 1)}}
+  backend = _Backend(models.WordLevel(vocab, unk_token="<pad>"))
+  backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
+  backend.decoder = decoders.Fuse()
+  backend.add_special_tokens(list(specials))
+  return backend.to_str(pretty=True)
+
+
 def get_tokenizer(name: str) -> Tokenizer:
   """The tokenizer a config string names (see the module docstring)."""
   if name == "char":

@@ -9,6 +9,13 @@ into each reference.json):
       sentencepiece==0.2.3 safetensors==0.8.0 numpy
   /tmp/hfvenv/bin/python scripts/make_hf_fixtures.py            # from the repository root
 
+It also checks an export against transformers (`sao-jax export RUN --out DIR --reference`
+first): this code's float32 logits on the export's reference texts within 1e-5 of
+transformers' float64 logits of the exported directory, and the exported tokenizer giving the
+same ids:
+
+  /tmp/hfvenv/bin/python scripts/make_hf_fixtures.py --check-export DIR [ATOL]
+
 Two checkpoints, each a few hundred KB, with random weights (every tensor perturbed, so that
 norm scales and biases matter too):
 
@@ -256,7 +263,65 @@ def make_llama(out_dir: pathlib.Path):
   )
 
 
+def check_export(path: pathlib.Path, atol: float) -> dict:
+  """`sao-jax export RUN --out PATH --reference` wrote this code's float32 logits on a few
+  texts (sao_jax_reference.npz). Loads PATH with transformers (eager attention) in float64,
+  the exact answer up to rounding, and in float32, and compares: the export passes when this
+  code's float32 logits lie within `atol` of transformers' float64 ones. (Two float32
+  implementations differ by their two rounding errors: on the Qwen2 fixture run transformers'
+  own float32 logits are 8e-6 from its float64 ones, this code's 7e-6, and the two float32
+  results 1.4e-5 apart; all three numbers are reported.) Also checks that the exported
+  tokenizer loads in transformers and gives the same ids. Writes PATH/transformers_check.json;
+  exit status 1 when it does not pass."""
+  ref = np.load(path / "sao_jax_reference.npz")
+  report = json.loads((path / "export.json").read_text())
+  models = {
+    name: transformers.AutoModelForCausalLM.from_pretrained(
+      path, dtype=dtype, attn_implementation="eager"
+    ).eval()
+    for name, dtype in (("float32", torch.float32), ("float64", torch.float64))
+  }
+  tok = transformers.AutoTokenizer.from_pretrained(path)
+  errs: dict[str, list[float]] = {"vs_float64": [], "vs_float32": [], "float32_vs_float64": []}
+  same_ids = []
+  with torch.no_grad():
+    for i, text in enumerate(report["reference"]["texts"]):
+      n = int(ref["lengths"][i])
+      ids = ref["input_ids"][i, :n].tolist()
+      same_ids.append(tok.encode(text, add_special_tokens=False) == ids[1:])
+      got = {k: m(torch.tensor([ids])).logits[0].double().numpy() for k, m in models.items()}
+      ours = ref["logits"][i, :n].astype(np.float64)
+      errs["vs_float64"].append(float(np.abs(ours - got["float64"]).max()))
+      errs["vs_float32"].append(float(np.abs(ours - got["float32"]).max()))
+      errs["float32_vs_float64"].append(float(np.abs(got["float32"] - got["float64"]).max()))
+  worst = {k: max(v) for k, v in errs.items()}
+  out = {
+    "export": str(path),
+    "model_type": report.get("model_type"),
+    "max_abs_logit_error": {
+      "ours_f32_vs_transformers_f64": worst["vs_float64"],
+      "ours_f32_vs_transformers_f32": worst["vs_float32"],
+      "transformers_f32_vs_its_f64": worst["float32_vs_float64"],
+    },
+    "per_text": errs,
+    "logit_scale": float(np.abs(ref["logits"]).max()),
+    "tokenizer_same_ids": same_ids,
+    "atol": atol,
+    "ok": worst["vs_float64"] <= atol and all(same_ids),
+    "made_with": {"torch": torch.__version__, "transformers": transformers.__version__},
+    "command": " ".join(["python", *sys.argv]),
+  }
+  (path / "transformers_check.json").write_text(json.dumps(out, indent=2) + "\n")
+  return out
+
+
 def main():
+  if len(sys.argv) > 1 and sys.argv[1] == "--check-export":
+    if len(sys.argv) < 3:
+      raise SystemExit("usage: make_hf_fixtures.py --check-export EXPORT_DIR [ATOL=1e-5]")
+    out = check_export(pathlib.Path(sys.argv[2]), float(sys.argv[3]) if len(sys.argv) > 3 else 1e-5)
+    print(json.dumps(out, indent=2))
+    raise SystemExit(0 if out["ok"] else 1)
   for name, make in (("qwen2_tiny", make_qwen2), ("llama_tiny", make_llama)):
     out_dir = ROOT / name
     shutil.rmtree(out_dir, ignore_errors=True)

@@ -15,6 +15,7 @@ from conftest import REPO_ROOT, subprocess_env, train_cmd
 from safetensors.numpy import load_file
 from test_gsm8k import TEST, TRAIN, _write
 
+from sao_jax import checkpoint as ckpt_lib
 from sao_jax import recovery
 from sao_jax.config import ConfigError, apply_overrides
 from sao_jax.data.gsm8k_tfds import load_tasks
@@ -138,6 +139,33 @@ def test_tiny_recipe_end_to_end(tmp_path):
   assert lrn["params"] == 4 * n and lrn["adam"] == 8 * n and lrn["ref_params"] == 0
   assert lrn["total"] == sum(v for k, v in lrn.items() if k != "total") > 0
   assert est["phases"]["rl"]["rows"] == 4 and est["phases"]["sft"]["rows"] == 8
+
+  # The post-trained policy out as a Qwen2 directory: imported back bit for bit, with the
+  # checkpoint's config carried over and the tokenizer's specials named.
+  out = tmp_path / "export"
+  proc = subprocess.run(
+    [*cmd[: cmd.index("train")], "export", str(workdir), "--out", str(out)],
+    cwd=REPO_ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=subprocess_env(),
+  )
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  config = hf.read_config(out)
+  assert config["model_type"] == "qwen2" and config["eos_token_id"] == tok.eos_id
+  assert config["bos_token_id"] == tok.bos_id == tok._tok.token_to_id("<|endoftext|>")
+  _, exported = hf.load(out)
+  cfg = load_config(
+    f"{RECIPE}:tiny",
+    overrides=[f"task.options.manual_dir={manual}", f"task.data_dir={tmp_path / 'tfds'}"],
+  )
+  like = programs_for(make_setup(cfg), cfg.sft.optim, make_sft_update).init(jax.random.key(0))
+  trained, _, _ = ckpt_lib.restore_params(ckpt_lib.checkpoint_dir(workdir), like.params)
+  for got, want in zip(jax.tree.leaves(exported), jax.tree.leaves(trained), strict=True):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  settings = json.loads((out / "tokenizer_config.json").read_text())
+  assert settings["bos_token"] == "<|endoftext|>" and (out / "tokenizer.json").is_file()
   assert est["sampler_bytes"]["processes"] == 1 and est["sampler_bytes"]["kv_cache"] > 0
   assert est["device"]["kind"] == "cpu" and "rough" in est["device"]["source"]
   assert math.isfinite(est["train_tokens_per_s_at_peak"]) and est["train_tokens_per_s_at_peak"] > 0
