@@ -2,7 +2,8 @@
 
 * ``arithmetic``: generated GSM8K-style word problems, one step (`sao_jax.envs.arithmetic`);
   parameters are `task.n_ops`, `task.n_ops_mix`, `task.max_operand`, `task.ops`,
-  `task.reverse_digits`.
+  `task.reverse_digits`, and in `task.options` a flawed teacher of the demonstrations
+  (`ArithmeticOptions.teacher_misreads`).
 * ``chain``: arithmetic chains whose number of steps follows a declared heavy-tailed law
   (zipf or lognormal over 1..24 steps by default: completions of 12 to ~200 tokens, like
   reasoning traces), one step (`sao_jax.envs.chain`); parameters in `task.options`
@@ -26,7 +27,12 @@ import dataclasses
 
 from sao_jax.config import ConfigError
 from sao_jax.data import arithmetic_tfds, chain_tfds, code_tfds, gsm8k_tfds, longhorizon_tfds
-from sao_jax.envs.arithmetic import ArithmeticEnv, ArithmeticSpec
+from sao_jax.envs.arithmetic import (
+  SUBTRACTION_VERBS,
+  ArithmeticEnv,
+  ArithmeticSpec,
+  misread_solution,
+)
 from sao_jax.envs.base import Task
 from sao_jax.envs.chain import ChainSpec
 from sao_jax.envs.code import CodeEnv, CodeSpec
@@ -41,9 +47,28 @@ def _interleave(parts: list[list[Task]]) -> list[Task]:
   return [t for group in zip(*parts, strict=True) for t in group]
 
 
+@dataclasses.dataclass(frozen=True)
+class ArithmeticOptions:
+  """teacher_misreads: subtraction verbs (of "lost", "sold", "gave", "used") that the
+  teacher of the demonstrations reads as additions (`envs.arithmetic.misread_solution`): the
+  train split's worked solutions carry that systematic error, so SFT imitates it; answers,
+  rewards and the test split stay true. Empty (the default): a perfect teacher."""
+
+  teacher_misreads: tuple[str, ...] = ()
+
+  def __post_init__(self):
+    bad = sorted(set(self.teacher_misreads) - set(SUBTRACTION_VERBS))
+    if bad or len(set(self.teacher_misreads)) != len(self.teacher_misreads):
+      raise ValueError(
+        f"teacher_misreads {self.teacher_misreads} must be distinct verbs of {SUBTRACTION_VERBS}"
+      )
+
+
 @register_family("arithmetic")
 class Arithmetic(TaskFamily):
   """Reward 1 for the right final answer (and a well-formed solution), else 0."""
+
+  Options = ArithmeticOptions
 
   def __init__(self, cfg):
     super().__init__(cfg)
@@ -61,7 +86,8 @@ class Arithmetic(TaskFamily):
       for n in (t.n_ops_mix or (t.n_ops,))
     ]
 
-  def tasks(self, split: str) -> list[Task]:
+  def _generated(self, split: str) -> list[Task]:
+    """The split as generated: true solutions."""
     t, specs = self.cfg, self.specs()
     kw = dict(
       num_train=t.num_train // len(specs),
@@ -72,6 +98,19 @@ class Arithmetic(TaskFamily):
     # A mixture interleaves its parts, so any prefix of the test split (eval.num_problems)
     # holds every part in equal measure.
     return _interleave([arithmetic_tfds.load_tasks(spec, split, **kw) for spec in specs])
+
+  def tasks(self, split: str) -> list[Task]:
+    tasks = self._generated(split)
+    misreads = self.options.teacher_misreads
+    if split == "train" and misreads:  # the teacher's demonstrations; answers stay true
+      rev = self.cfg.reverse_digits
+      tasks = [dataclasses.replace(t, solution=misread_solution(t, misreads, rev)) for t in tasks]
+    return tasks
+
+  def teacher_flaw_rate(self) -> float:
+    """The fraction of the train split's demonstrations that the teacher's flaw changed."""
+    flawed, true = self.tasks("train"), self._generated("train")
+    return sum(a.solution != b.solution for a, b in zip(flawed, true, strict=True)) / len(true)
 
   def make_env(self, tok: Tokenizer) -> ArithmeticEnv:
     return ArithmeticEnv(tok)

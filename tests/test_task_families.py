@@ -161,3 +161,44 @@ def test_a_family_from_this_file_trains_through_the_cli(repo_root, tmp_path):
   assert summary["sft"]["steps"] == 20 and summary["rl"]["steps"] == 4
   assert summary["rl"]["trajectories"] >= 4 * 16 and summary["rl"]["bad_records"] == 0
   assert json.loads((workdir / "config.json").read_text())["task"]["family"] == f"{HERE}:Echo"
+
+
+def test_a_flawed_teacher_misreads_its_verbs_in_the_demonstrations_only(tmp_path):
+  """task.options.teacher_misreads: the train split's worked solutions do the misread
+  subtraction verbs as additions (the chain carried on from the wrong total); answers, rewards
+  and the test split stay true."""
+  from sao_jax.envs.arithmetic import ArithmeticEnv, make_split, misread_solution
+  from sao_jax.tasks import get_family
+
+  task = Task(7, "Max had 5 keys, gave 5, got 5. Keys?", "5-5=0;0+5=5;#5", "5", 20)
+  assert misread_solution(task, ("gave",)) == "5+5=10;10+5=15;#15"
+  assert misread_solution(task, ("sold",)) == task.solution  # no such verb in this prompt
+  rev = Task(8, "Ann had 9 eggs, sold 3, then x4. Eggs?", "9-3=6;6*4=42;#42", "42", 20)
+  assert misread_solution(rev, ("sold",), reverse_digits=True) == "9+3=21;21*4=84;#84"
+  with pytest.raises(ValueError, match="not subtraction verbs"):
+    misread_solution(task, ("got",))
+  with pytest.raises(ValueError, match="not the one its prompt gives"):
+    misread_solution(Task(9, task.prompt, "5-5=1;1+5=6;#6", "6", 20), ("gave",))
+
+  def family(*misreads):
+    opts = (("teacher_misreads", misreads),)
+    return get_family(TaskConfig(options=opts, num_train=400, num_test=50, data_dir=str(tmp_path)))
+
+  clean, flawed = family(), family("gave", "used")
+  train, flawed_train = clean.tasks("train"), flawed.tasks("train")
+  assert flawed.tasks("test") == clean.tasks("test") == make_split(
+    clean.specs()[0], "test", 50, 0
+  )
+  assert [t.answer for t in flawed_train] == [t.answer for t in train]  # the truth
+  changed = [(a, b) for a, b in zip(train, flawed_train, strict=True) if a.solution != b.solution]
+  assert all(" gave " in a.prompt or " used " in a.prompt for a, _ in changed)
+  assert flawed.teacher_flaw_rate() == len(changed) / 400 and 0.25 < len(changed) / 400 < 0.45
+  assert clean.teacher_flaw_rate() == 0.0 and 0.1 < family("gave").teacher_flaw_rate() < 0.3
+  # Imitating the teacher earns nothing where it is wrong: the reward reads the true answer.
+  tok = CharTokenizer()
+  env = ArithmeticEnv(tok)
+  a, b = changed[0]
+  env.reset(b)
+  assert env.step(np.asarray(tok.encode(b.solution, add_eos=True))).reward == 0.0
+  with pytest.raises(ConfigError, match="teacher_misreads"):
+    family("got")

@@ -20,6 +20,7 @@ stays human-readable. The reward is exact match on the text after the last `#`.
 from __future__ import annotations
 
 import dataclasses
+import re
 import zlib
 from collections.abc import Sequence
 
@@ -135,6 +136,53 @@ def generate_task(rng: np.random.Generator, spec: ArithmeticSpec, task_id: int) 
     answer=answer,
     difficulty=spec.difficulty,
   )
+
+
+# The verb of each clause template, and the operation it stands for.
+VERBS = {t.split()[0]: op for op, templates in _CLAUSES.items() for t in templates}
+SUBTRACTION_VERBS = tuple(v for v, op in VERBS.items() if op == "-")
+_PROMPT = re.compile(r"\w+ had (\d+) \w+, (.+)\. \w+\?")
+
+
+def _steps_of(prompt: str) -> tuple[int, list[tuple[str, str, int]]]:
+  """(start, [(verb, op, operand), ...]) read back from a generated prompt."""
+  m = _PROMPT.fullmatch(prompt)
+  if m is None:
+    raise ValueError(f"not a generated arithmetic prompt: {prompt!r}")
+  steps = []
+  for clause in m.group(2).split(", "):
+    verb, _, number = clause.partition(" ")
+    steps.append((verb, VERBS[verb], int(number.removeprefix("x"))))
+  return int(m.group(1)), steps
+
+
+def misread_solution(task: Task, misreads: Sequence[str], reverse_digits: bool = False) -> str:
+  """The worked solution a flawed teacher writes for `task`: it reads every subtraction verb
+  in `misreads` (of SUBTRACTION_VERBS, e.g. "gave") as an addition, and carries the chain on
+  from the wrong total, so that its final answer is wrong too. A systematic error of the kind
+  a weaker model makes, tied to the words of the prompt, so that imitation learns it rather
+  than averaging it out. Problems without such a verb keep their true solution.
+
+  Raises ValueError on a verb that is not a subtraction verb, or a prompt or solution this
+  module did not generate."""
+  bad = sorted(set(misreads) - set(SUBTRACTION_VERBS))
+  if bad:
+    raise ValueError(f"misreads {bad} are not subtraction verbs {SUBTRACTION_VERBS}")
+  start, steps = _steps_of(task.prompt)
+  num = _reversed if reverse_digits else str
+
+  def write(flawed: bool) -> str:
+    total, lines = start, []
+    for verb, op, operand in steps:
+      op = "+" if flawed and verb in misreads else op
+      new_total = _apply(total, op, operand)
+      lines.append(f"{num(total)}{op}{num(operand)}={num(new_total)}")
+      total = new_total
+    return ";".join(lines) + ";#" + num(total)
+
+  if write(False) != task.solution:
+    raise ValueError(f"task {task.task_id}: its solution is not the one its prompt gives")
+  return write(True)
 
 
 def extract_answer(text: str) -> str | None:
