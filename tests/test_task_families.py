@@ -186,9 +186,7 @@ def test_a_flawed_teacher_misreads_its_verbs_in_the_demonstrations_only(tmp_path
 
   clean, flawed = family(), family("gave", "used")
   train, flawed_train = clean.tasks("train"), flawed.tasks("train")
-  assert flawed.tasks("test") == clean.tasks("test") == make_split(
-    clean.specs()[0], "test", 50, 0
-  )
+  assert flawed.tasks("test") == clean.tasks("test") == make_split(clean.specs()[0], "test", 50, 0)
   assert [t.answer for t in flawed_train] == [t.answer for t in train]  # the truth
   changed = [(a, b) for a, b in zip(train, flawed_train, strict=True) if a.solution != b.solution]
   assert all(" gave " in a.prompt or " used " in a.prompt for a, _ in changed)
