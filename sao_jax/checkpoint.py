@@ -16,9 +16,11 @@ journal position, transport offsets, clock), so a resumed run continues where it
 
 from __future__ import annotations
 
+import json
 import logging
 import pathlib
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import crc32c
@@ -261,6 +263,69 @@ def restore_params(directory: str | pathlib.Path, like_params, step: int | None 
     f"snapshot step {step} params in {directory}",
   )
   return out["params"], step, dict(out["meta"])
+
+
+def restore_params_readable(
+  directory: str | pathlib.Path, like_for: Callable[[dict], Any], step: int | None = None
+) -> tuple[Any, int, dict, list[int]]:
+  """Params of the newest snapshot in `directory` that reads and verifies cleanly, for a
+  reader (evaluation, export): (params, step, meta, skipped steps). `like_for(meta)` gives the
+  params to restore onto, from a snapshot's metadata (called once per distinct config).
+
+  Like `restore_latest_valid`, a damaged snapshot (unreadable metadata or arrays, checksums
+  that differ) is skipped with a warning, newest first; unlike it nothing is moved aside: a
+  reader leaves the run's directory as it found it. With `step`, only that snapshot, and its
+  damage is an error. Errors of `like_for` itself (a config this code cannot build) are not
+  damage and propagate."""
+  mngr = reader(directory)
+  try:
+    steps = [step] if step is not None else sorted(mngr.all_steps(), reverse=True)
+    if not steps:
+      raise FileNotFoundError(f"no complete checkpoint in {directory}")
+    likes: dict[str, Any] = {}
+    skipped: list[int] = []
+    for s in steps:
+      try:
+        _, meta = read_meta(directory, s, mngr=mngr)
+      except Exception as err:  # noqa: BLE001 - any failure to read means: not usable
+        _skip(directory, s, err, step, skipped)
+        continue
+      key = json.dumps(meta.get("config"), sort_keys=True, default=str)
+      if key not in likes:
+        likes[key] = like_for(meta)
+      try:
+        out = mngr.restore(
+          s,
+          args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(_abstract(likes[key])), meta=ocp.args.JsonRestore()
+          ),
+        )
+        verify(
+          out["params"],
+          out["meta"].get("checksums", {}).get("params"),
+          f"snapshot step {s} params in {directory}",
+        )
+      except Exception as err:  # noqa: BLE001
+        _skip(directory, s, err, step, skipped)
+        continue
+      return out["params"], s, dict(out["meta"]), skipped
+    raise DamagedSnapshot(f"no readable snapshot in {directory} (tried steps {skipped})")
+  finally:
+    mngr.close()
+
+
+def _skip(directory, s: int, err: Exception, asked: int | None, skipped: list[int]) -> None:
+  if asked is not None:
+    raise DamagedSnapshot(
+      f"snapshot step {s} in {directory} is unreadable ({type(err).__name__}: {str(err)[:200]})"
+    ) from err
+  skipped.append(s)
+  warnings.warn(
+    f"snapshot step {s} in {directory} is unreadable ({type(err).__name__}: "
+    f"{str(err)[:200]}); reading an earlier one",
+    RuntimeWarning,
+    stacklevel=3,
+  )
 
 
 class ShadowBank:

@@ -30,14 +30,20 @@ from sao_jax.tokenizer import CharTokenizer, HFTokenizer
 CONFIG = str(REPO_ROOT / "experiments" / "configs" / "sao_arith.py")
 
 
-def _workdir(tmp_path, *overrides):
-  """A workdir holding one snapshot (step 0) of a freshly initialised tiny policy."""
+def _workdir(tmp_path, *overrides, steps=1):
+  """A workdir holding `steps` snapshots (steps 0, 1, ...; the params moved a little each
+  time) of a freshly initialised tiny policy; returns it and the last snapshot's params."""
   cfg = load_config(CONFIG, "tiny", [f"task.data_dir={tmp_path / 'tfds'}", *overrides])
   s = make_setup(cfg)
   state = programs_for(s, cfg.sft.optim, make_sft_update).init(jax.random.key(3))
   work = tmp_path / "run"
-  mngr = ckpt_lib.manager(work / "checkpoints" / "sft", every=1, keep=1, keep_best=False)
-  ckpt_lib.save(mngr, state, cfg, force=True)
+  mngr = ckpt_lib.manager(work / "checkpoints" / "sft", every=1, keep=steps, keep_best=False)
+  for step in range(steps):
+    state = state.replace(
+      step=jax.numpy.asarray(step, state.step.dtype),
+      params=jax.tree.map(lambda x, d=0.01 * (step > 0): x + d, state.params),
+    )
+    ckpt_lib.save(mngr, state, cfg, force=True)
   mngr.wait_until_finished()
   mngr.close()
   return work, state.params
@@ -112,6 +118,28 @@ def test_char_gpt_policy_exports_its_own_weights_and_says_what_it_is_not(
   )
   memory = dataclasses.replace(cfg, compression=c, model=model)
   with monkeypatch.context() as m:
-    m.setattr(ckpt_lib, "read_meta", lambda d, step=None: (0, {"config": to_dict(memory)}))
+    m.setattr(ckpt_lib, "read_meta", lambda d, s=None, mngr=None: (0, {"config": to_dict(memory)}))
     with pytest.raises(ConfigError, match="compression.enabled"):
       export_workdir(work, tmp_path / "mem")
+
+
+def test_a_damaged_newest_snapshot_is_skipped_by_eval_and_export_and_left_in_place(tmp_path):
+  """As a resumed run does, `sao-jax eval` and `export` read the snapshot before a damaged
+  one (and say so); unlike a run, they leave the workdir as they found it."""
+  from sao_jax.runners.run import eval_workdir
+
+  work, _ = _workdir(tmp_path, steps=2)
+  ck = work / "checkpoints" / "sft"
+  for f in (ck / "1" / "params").rglob("*"):
+    if f.is_file():
+      f.write_bytes(b"\0" * 7)
+  before = sorted(str(p.relative_to(work)) for p in work.rglob("*"))
+  with pytest.warns(RuntimeWarning, match="snapshot step 1 .* unreadable"):
+    result = eval_workdir(work, num=8)
+  assert (result["step"], result["skipped"], result["num_problems"]) == (0, [1], 8)
+  with pytest.warns(RuntimeWarning, match="snapshot step 1"):
+    report = export_workdir(work, tmp_path / "out")
+  assert (report["source"]["step"], report["source"]["skipped_damaged"]) == (0, [1])
+  with pytest.raises(ckpt_lib.DamagedSnapshot, match="step 1"):
+    export_workdir(work, tmp_path / "out", step=1)
+  assert sorted(str(p.relative_to(work)) for p in work.rglob("*")) == before

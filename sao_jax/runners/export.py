@@ -108,27 +108,39 @@ def export_workdir(
   """Writes the policy of `workdir`'s latest snapshot (or `step`'s) into `out`; returns the
   report also written as out/export.json. See the module docstring for what is written."""
   directory = ckpt_lib.checkpoint_dir(pathlib.Path(workdir))
-  step, meta = ckpt_lib.read_meta(directory, step)
-  cfg = config_lib.from_dict(config_lib.upgrade(meta["config"]))
-  if cfg.compression.enabled:
-    raise config_lib.ConfigError(
-      "compression.enabled: the compressed-memory policy (encoder, LSTM filter, memory "
-      "prefix) has no exported form; export a run without compression"
-    )
   if dtype not in ("float32", "bfloat16", "float16"):
     raise config_lib.ConfigError(f"dtype {dtype!r}: one of float32, bfloat16, float16")
-  tok = get_tokenizer(cfg.tokenizer)
-  model = make_model(
-    dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or tok.vocab_size)
-  )
-  params, _, _ = ckpt_lib.restore_params(directory, _abstract_params(model), step)
+  built: dict[str, Any] = {}
+
+  def like_for(meta: dict):
+    cfg = config_lib.from_dict(config_lib.upgrade(meta["config"]))
+    if cfg.compression.enabled:
+      raise config_lib.ConfigError(
+        "compression.enabled: the compressed-memory policy (encoder, LSTM filter, memory "
+        "prefix) has no exported form; export a run without compression"
+      )
+    tok = get_tokenizer(cfg.tokenizer)
+    model = make_model(
+      dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or tok.vocab_size)
+    )
+    built.update(cfg=cfg, tok=tok, model=model)
+    return _abstract_params(model)
+
+  # The newest readable snapshot (a damaged one is skipped), or exactly `step`'s.
+  params, step, _, skipped = ckpt_lib.restore_params_readable(directory, like_for, step)
+  cfg, tok, model = built["cfg"], built["tok"], built["model"]
   out = pathlib.Path(out)
   _check_out(out)
   out.mkdir(parents=True)
   files = save_for_hf(cfg.tokenizer, out)
   specials = {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id}
   report: dict[str, Any] = {
-    "source": {"workdir": str(workdir), "checkpoint": str(directory), "step": step},
+    "source": {
+      "workdir": str(workdir),
+      "checkpoint": str(directory),
+      "step": step,
+      "skipped_damaged": skipped,
+    },
     "config": cfg.name,
     "arch": model.cfg.arch,
     "tokenizer": cfg.tokenizer,

@@ -214,32 +214,41 @@ def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True)
 
 
 def eval_workdir(workdir: str | pathlib.Path, num: int | None = None) -> dict[str, Any]:
-  """Held-out greedy accuracy of the latest checkpoint in `workdir`, rebuilt from its config."""
+  """Held-out greedy accuracy of the newest readable checkpoint in `workdir`, rebuilt from its
+  config. A damaged snapshot is skipped for the one before it (`skipped` names them), as a
+  resumed run does, but nothing in the workdir is moved or created."""
   directory = ckpt_lib.checkpoint_dir(pathlib.Path(workdir))
-  step, meta = ckpt_lib.read_meta(directory)
-  cfg = config_lib.from_dict(config_lib.upgrade(meta["config"]))
-  s = make_setup(cfg)
+  built: dict[str, Any] = {}
+
+  def like_for(meta: dict):
+    cfg = config_lib.from_dict(config_lib.upgrade(meta["config"]))
+    s = make_setup(cfg)
+    if s.memory is not None:
+      progs = compile_memory_sampler(
+        cfg,
+        s.memory,
+        max_new_tokens=cfg.rl.max_new_tokens,
+        temperature=cfg.rl.temperature,
+        eos_id=s.tok.eos_id,
+        pad_id=s.tok.pad_id,
+      )
+    else:
+      progs = compile_sampler(
+        cfg,
+        s.model,
+        prompt_len=s.prompt_len,
+        max_new_tokens=cfg.rl.max_new_tokens,
+        temperature=cfg.rl.temperature,
+        eos_id=s.tok.eos_id,
+        pad_id=s.tok.pad_id,
+      )
+    built.update(s=s, progs=progs)
+    return progs.abstract_params
+
+  params, step, _, skipped = ckpt_lib.restore_params_readable(directory, like_for)
+  s, progs = built["s"], built["progs"]
   if s.memory is not None:
-    progs = compile_memory_sampler(
-      cfg,
-      s.memory,
-      max_new_tokens=cfg.rl.max_new_tokens,
-      temperature=cfg.rl.temperature,
-      eos_id=s.tok.eos_id,
-      pad_id=s.tok.pad_id,
-    )
-    params, _, _ = ckpt_lib.restore_params(directory, progs.abstract_params)
     result = evaluate_memory(s, progs, params, batch_divisor=progs.batch_divisor, num=num)
-    return dict(result, checkpoint=str(directory), step=step)
-  progs = compile_sampler(
-    cfg,
-    s.model,
-    prompt_len=s.prompt_len,
-    max_new_tokens=cfg.rl.max_new_tokens,
-    temperature=cfg.rl.temperature,
-    eos_id=s.tok.eos_id,
-    pad_id=s.tok.pad_id,
-  )
-  params, _, _ = ckpt_lib.restore_params(directory, progs.abstract_params)
-  result = evaluate(s, progs.greedy, params, batch_divisor=progs.batch_divisor, num=num)
-  return dict(result, checkpoint=str(directory), step=step)
+  else:
+    result = evaluate(s, progs.greedy, params, batch_divisor=progs.batch_divisor, num=num)
+  return dict(result, checkpoint=str(directory), step=step, skipped=skipped)
