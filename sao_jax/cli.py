@@ -111,6 +111,14 @@ def _parser() -> argparse.ArgumentParser:
   e.add_argument("--workdir", required=True)
   e.add_argument("--num", type=int, default=None, help="number of test problems")
   e.add_argument(
+    "--set",
+    action="append",
+    default=[],
+    metavar="KEY=VALUE",
+    help="heldout: evaluate on another test split, e.g. --set task.n_ops=3 (the model stays "
+    "the checkpoint's)",
+  )
+  e.add_argument(
     "--suite",
     default="heldout",
     choices=("heldout", "humaneval"),
@@ -213,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "eval":
       from sao_jax.runners.run import eval_workdir
 
-      print(json.dumps(eval_workdir(args.workdir, args.num), indent=2))
+      print(json.dumps(eval_workdir(args.workdir, args.num, args.set), indent=2))
   except (ConfigError, FileNotFoundError, FileExistsError) as err:
     print(f"sao-jax: error: {err}", file=sys.stderr)
     return 2

@@ -143,3 +143,15 @@ def test_a_damaged_newest_snapshot_is_skipped_by_eval_and_export_and_left_in_pla
   with pytest.raises(ckpt_lib.DamagedSnapshot, match="step 1"):
     export_workdir(work, tmp_path / "out", step=1)
   assert sorted(str(p.relative_to(work)) for p in work.rglob("*")) == before
+
+
+def test_eval_on_another_test_split_keeps_the_checkpoints_model(tmp_path, capsys):
+  """`sao-jax eval --set task.n_ops=1`: the same policy on another split; a change of the
+  model is refused."""
+  from sao_jax.runners.run import eval_workdir
+
+  work, _ = _workdir(tmp_path)
+  other = eval_workdir(work, 8, ["task.n_ops=1"])
+  assert other["num_problems"] == 8 and other["step"] == 0
+  assert cli.main(["eval", "--workdir", str(work), "--num", "8", "--set", "model.width=64"]) == 2
+  assert "may not change the checkpoint's model" in capsys.readouterr().err

@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -213,16 +214,24 @@ def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True)
   return summary
 
 
-def eval_workdir(workdir: str | pathlib.Path, num: int | None = None) -> dict[str, Any]:
+def eval_workdir(
+  workdir: str | pathlib.Path, num: int | None = None, overrides: Sequence[str] = ()
+) -> dict[str, Any]:
   """Held-out greedy accuracy of the newest readable checkpoint in `workdir`, rebuilt from its
-  config. A damaged snapshot is skipped for the one before it (`skipped` names them), as a
-  resumed run does, but nothing in the workdir is moved or created."""
+  config, with `overrides` ("key=value") applied first: the same policy on another test
+  split (e.g. "task.n_ops=3"; the model's own fields must stay the checkpoint's). A damaged
+  snapshot is skipped for the one before it (`skipped` names them), as a resumed run does,
+  but nothing in the workdir is moved or created."""
   directory = ckpt_lib.checkpoint_dir(pathlib.Path(workdir))
   built: dict[str, Any] = {}
 
   def like_for(meta: dict):
     cfg = config_lib.from_dict(config_lib.upgrade(meta["config"]))
-    s = make_setup(cfg)
+    new = config_lib.apply_overrides(cfg, list(overrides))
+    if new.model != cfg.model or new.tokenizer != cfg.tokenizer:
+      raise config_lib.ConfigError("eval overrides may not change the checkpoint's model")
+    s = make_setup(new)
+    cfg = new
     if s.memory is not None:
       progs = compile_memory_sampler(
         cfg,

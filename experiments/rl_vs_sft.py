@@ -1,0 +1,301 @@
+"""Does RL earn its keep where imitation cannot? Continued SFT, GRPO(N=8) and SAO from one SFT
+start per seed, for the same training wall-clock, in the two settings where RL is known to
+win: imperfect demonstrations and test problems outside the demonstrations' distribution.
+
+  python experiments/rl_vs_sft.py --setting flawed                 # 3 seeds
+  python experiments/rl_vs_sft.py --setting flawed --misreads gave,used
+  python experiments/rl_vs_sft.py --setting ood
+  python experiments/rl_vs_sft.py --setting flawed --variant tiny --seconds 10 --seeds 1
+  python experiments/rl_vs_sft.py --setting ood --arm-set sao:rl.optim.lr=3e-4  # tuned values
+
+Settings (on top of --config, default experiments/configs/sao_arith.py):
+  flawed  the demonstrations come from a teacher who reads the subtraction verbs of
+          --misreads (default "gave") as additions (task.options.teacher_misreads: a
+          systematic error, so imitation learns it); rewards and the test split are true.
+          A reference arm, `sft_clean`, trains the same SFT start and continuation on clean
+          demonstrations, so each seed measures the gap the flaw opens (clean minus flawed
+          continued SFT) and how much of it RL recovers: (RL - continued SFT) / gap.
+  ood     everything trains on 1-2 operations with operands up to 9 (task.n_ops_mix=(1,2));
+          besides that test split, every arm is scored on problems of 3 operations (`ops3`)
+          and of operands up to 20 (`operands20`). model.max_len is raised to hold the
+          longest of them (learned positions past the training lengths stay untrained: part
+          of what out of distribution means for this model).
+
+Per seed (seeds 0..N-1 of model, data order and sampling; the tasks are the same): one SFT
+start (`sao-jax train` with rl.steps=0), then each arm as its own `sao-jax train` process from
+it, in an order drawn per seed: `sft_continued` (SFT for --seconds more on the same
+demonstrations), `grpo` (synchronous GRPO(N=8), sampling in the learner), `sao`. Held-out
+accuracy on a grid of --eval-points deferred evaluations per arm (the curve), then the final
+parameters on every test split of the setting. Per arm and split: mean ± s.e. over seeds;
+per seed the paired difference to continued SFT, summarised the same way.
+
+Writes OUT/results.json (command, commit, machine, resolved config, every run) and
+OUT/accuracy_vs_time.png; prints the table. Workdirs go to --workdir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import pathlib
+import shutil
+import time
+
+import numpy as np
+
+from sao_jax import stats
+from sao_jax.procs import run_train
+from sao_jax.results_file import ResultFile
+from sao_jax.setup import load_config, make_setup
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parent
+ARMS = ("sft_continued", "grpo", "sao")
+LABELS = {
+  "sft": "SFT start",
+  "sft_continued": "continued SFT",
+  "grpo": "GRPO(N=8)",
+  "sao": "SAO",
+  "sft_clean": "SFT on clean demonstrations (reference)",
+}
+OOD_SPLITS = {"ops3": ["task.n_ops_mix=(3,)"], "operands20": ["task.max_operand=20"]}
+
+
+def setting_sets(setting: str, misreads: list[str]) -> list[str]:
+  if setting == "flawed":
+    return [f"task.options.teacher_misreads={tuple(misreads)!r}"]
+  return ["task.n_ops_mix=(1, 2)"]
+
+
+def splits_for(setting: str, base) -> dict[str, list[str]]:
+  """Test splits every arm is scored on at the end: name -> overrides of the trained config
+  (each decodes up to its own longest solution)."""
+  out = {"test": []}
+  if setting == "ood":
+    for name, sets in OOD_SPLITS.items():
+      s = make_setup(_with(base, sets, max_len=False))
+      out[name] = [*sets, f"rl.max_new_tokens={max(s.target_len, base.rl.max_new_tokens)}"]
+  return out
+
+
+def _with(cfg, sets, max_len=True):
+  from sao_jax.config import apply_overrides
+
+  cfg = apply_overrides(cfg, sets)
+  if not max_len:  # only to measure the split: room for anything
+    cfg = dataclasses.replace(
+      cfg,
+      model=dataclasses.replace(cfg.model, max_len=4096),
+      rl=dataclasses.replace(cfg.rl, max_new_tokens=1024),
+    )
+  return cfg
+
+
+def ood_max_len(base) -> int:
+  """The context every OOD split's prompt + solution fits in (a multiple of 8)."""
+  need = 0
+  for sets in [[], *OOD_SPLITS.values()]:
+    s = make_setup(_with(base, sets, max_len=False))
+    need = max(need, s.prompt_len + max(s.target_len, base.rl.max_new_tokens))
+  return -(-need // 8) * 8
+
+
+def main(argv=None) -> dict:
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument("--setting", required=True, choices=("flawed", "ood"))
+  p.add_argument("--misreads", default="gave", help="flawed: verbs the teacher misreads")
+  p.add_argument("--config", default=str(HERE / "configs" / "sao_arith.py"))
+  p.add_argument("--variant", default="default")
+  p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+  p.add_argument("--arm-set", action="append", default=[], metavar="ARM:KEY=VALUE")
+  p.add_argument("--seconds", type=float, default=240.0, help="training seconds per arm")
+  p.add_argument("--seeds", type=int, default=3)
+  p.add_argument("--first-seed", type=int, default=0)
+  p.add_argument("--eval-points", type=int, default=12, help="deferred evaluations per arm")
+  p.add_argument("--out", default=None, help="default results/rl_vs_sft_<setting>")
+  p.add_argument("--workdir", default=None, help="default runs/rl_vs_sft_<setting>")
+  args = p.parse_args(argv)
+  if args.seeds < 1 or args.first_seed < 0 or args.eval_points < 1 or args.seconds <= 0:
+    raise SystemExit("--seeds, --eval-points and --seconds must be positive")
+  arms = [*ARMS, *(["sft_clean"] if args.setting == "flawed" else [])]
+  arm_sets: dict[str, list[str]] = {a: [] for a in arms}
+  for item in args.arm_set:
+    arm, sep, kv = item.partition(":")
+    if not sep or arm not in arm_sets or "=" not in kv:
+      raise SystemExit(f"--arm-set takes ARM:KEY=VALUE with ARM one of {', '.join(arms)}")
+    arm_sets[arm].append(kv)
+  misreads = [m for m in args.misreads.split(",") if m]
+  sets = setting_sets(args.setting, misreads) + list(args.set)
+  base = load_config(args.config, args.variant, sets)  # a bad config fails here, at once
+  if args.setting == "ood":
+    sets.append(f"model.max_len={ood_max_len(base)}")
+    base = load_config(args.config, args.variant, sets)
+  splits = splits_for(args.setting, base)
+  flaw_rate = None
+  if args.setting == "flawed":
+    flaw_rate = make_setup(base).family.teacher_flaw_rate()
+  config = f"{args.config}:{args.variant}"
+  out = pathlib.Path(args.out or f"results/rl_vs_sft_{args.setting}")
+  work = pathlib.Path(args.workdir or f"runs/rl_vs_sft_{args.setting}")
+  for d in (out, work):
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+  t0 = time.time()
+  seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+  every = args.seconds / args.eval_points
+  runs = [
+    one_seed(config, sets, arm_sets, seed, arms, splits, work / f"seed{seed}", args, every)
+    for seed in seeds
+  ]
+  summary = summarize(runs, arms, list(splits))
+  rf = ResultFile(out / "results.json", series=f"rl_vs_sft/{args.setting}/{base.name}", config=base)
+  rf.finish(
+    {
+      "setting": args.setting,
+      "misreads": misreads if args.setting == "flawed" else None,
+      "teacher_flaw_rate": flaw_rate,
+      "splits": splits,
+      "seeds": len(seeds),
+      "seed_list": seeds,
+      "seconds_per_arm": args.seconds,
+      "eval_every_s": every,
+      "arm_overrides": arm_sets,
+      "runs": runs,
+      "summary": summary,
+      "wall_s": time.time() - t0,
+    }
+  )
+  print_table(rf.doc)
+  plot(rf.doc, out / "accuracy_vs_time.png")
+  print(f"results: {out}/results.json")
+  return rf.doc
+
+
+def _score(workdir: pathlib.Path, splits: dict[str, list[str]]) -> dict[str, float]:
+  from sao_jax.runners.run import eval_workdir
+
+  return {name: eval_workdir(workdir, None, sets)["accuracy"] for name, sets in splits.items()}
+
+
+def one_seed(config, sets, arm_sets, seed, arms, splits, work, args, every) -> dict:
+  work.mkdir(parents=True, exist_ok=True)
+  common = [*sets, f"seed={seed}"]
+  starts = {"sft": work / "start"}
+  summary, _ = run_train(config, starts["sft"], [*common, "rl.steps=0", "rl.max_seconds=0"])
+  run: dict = {"seed": seed, "sft": {**summary["sft"], "splits": _score(starts["sft"], splits)}}
+  run["sft"].pop("eval_curve", None)
+  if "sft_clean" in arms:  # the same SFT start on clean demonstrations
+    starts["sft_clean"] = work / "start_clean"
+    clean = [*common, "task.options.teacher_misreads=()", "rl.steps=0", "rl.max_seconds=0"]
+    summary, _ = run_train(config, starts["sft_clean"], clean)
+    run["sft_clean_start"] = {"accuracy": summary["sft"]["accuracy"]}
+  order = [str(a) for a in np.random.default_rng((seed, 23)).permutation(arms)]
+  run["order"] = order
+  for arm in order:
+    timing = [f"eval.every_seconds={every}", "eval.deferred=True", "rl.steps=0", "sft.steps=0"]
+    timing.append("rl.sampling=inline")
+    if arm in ("sft_continued", "sft_clean"):
+      phase = [f"sft.max_seconds={args.seconds}", "rl.max_seconds=0"]
+      start = starts["sft_clean" if arm == "sft_clean" else "sft"]
+      extra = ["task.options.teacher_misreads=()"] if arm == "sft_clean" else []
+    else:
+      phase = ["sft.max_seconds=0", f"rl.max_seconds={args.seconds}", f"rl.algorithm={arm}"]
+      start, extra = starts["sft"], []
+    summary, mem = run_train(
+      config,
+      work / arm,
+      [*common, *extra, f"init_from={start}", *timing, *phase, *arm_sets[arm]],
+    )
+    info = summary["sft" if arm in ("sft_continued", "sft_clean") else "rl"]
+    info = {k: v for k, v in info.items() if k != "length_hist"}
+    info.update(splits=_score(work / arm, splits), peak_tree_pss_mb=mem["pss_peak_mb"])
+    run[arm] = info
+    print(
+      f"seed {seed}: {arm} {info['steps']} steps in {info['seconds']:.0f} s, "
+      + ", ".join(f"{k} {v:.3f}" for k, v in info["splits"].items()),
+      flush=True,
+    )
+  return run
+
+
+def summarize(runs: list[dict], arms: list[str], splits: list[str]) -> dict:
+  """Per arm and split, accuracy over seeds; each RL arm's paired difference to continued
+  SFT per seed; for the flawed setting the gap and the fraction of it each arm recovers."""
+  out: dict = {}
+  for arm in ["sft", *arms]:
+    out[arm] = {s: stats.summarize([r[arm]["splits"][s] for r in runs]) for s in splits}
+  for arm in ("grpo", "sao"):
+    out[f"{arm}_minus_sft_continued"] = {
+      s: stats.summarize([r[arm]["splits"][s] - r["sft_continued"]["splits"][s] for r in runs])
+      for s in splits
+    }
+  out["sao_minus_grpo"] = {
+    s: stats.summarize([r["sao"]["splits"][s] - r["grpo"]["splits"][s] for r in runs])
+    for s in splits
+  }
+  if "sft_clean" in arms:
+    gaps = [r["sft_clean"]["splits"]["test"] - r["sft_continued"]["splits"]["test"] for r in runs]
+    out["flaw_gap"] = stats.summarize(gaps)
+    for arm in ("grpo", "sao"):
+      rec = []
+      for r, gap in zip(runs, gaps, strict=True):
+        gain = r[arm]["splits"]["test"] - r["sft_continued"]["splits"]["test"]
+        rec.append(gain / gap if gap > 0 else None)
+        r.setdefault("recovered", {})[arm] = rec[-1]
+      out[f"{arm}_recovered_fraction"] = stats.summarize(rec)
+  return out
+
+
+def print_table(r: dict):
+  sm = r["summary"]
+  splits = list(r["splits"])
+  print(f"\n{r['setting']}: {r['seeds']} seeds, {r['seconds_per_arm']:.0f} s per arm, mean ± s.e.")
+  print(f"{'':44s}" + "".join(f"{s:>18s}" for s in splits))
+  for key in ["sft", "sft_continued", "grpo", "sao", "sft_clean"]:
+    if key in sm:
+      cells = [stats.fmt(sm[key][s], "{:.1f}", 100) for s in splits]
+      print(f"{LABELS[key]:44s}" + "".join(f"{c:>18s}" for c in cells))
+  for key in ("grpo_minus_sft_continued", "sao_minus_grpo", "sao_minus_sft_continued"):
+    cells = [stats.fmt(sm[key][s], "{:+.1f}", 100) for s in splits]
+    print(f"{key + ' (points)':44s}" + "".join(f"{c:>18s}" for c in cells))
+  if "flaw_gap" in sm:
+    print(
+      f"flaw rate {r['teacher_flaw_rate']:.1%}; gap (clean - flawed continued SFT) "
+      f"{stats.fmt(sm['flaw_gap'], '{:.1f}', 100)} points; recovered: GRPO "
+      f"{stats.fmt(sm['grpo_recovered_fraction'], '{:.2f}')}, SAO "
+      f"{stats.fmt(sm['sao_recovered_fraction'], '{:.2f}')}"
+    )
+
+
+def plot(r: dict, path: pathlib.Path):
+  """In-distribution held-out accuracy against training seconds: seeds thin, mean bold."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(6, 4))
+  colors = {"sft_continued": "tab:gray", "grpo": "tab:blue", "sao": "tab:orange"}
+  colors["sft_clean"] = "tab:green"
+  for arm, color in colors.items():
+    curves = [run[arm]["eval_curve"] for run in r["runs"] if arm in run]
+    if not curves:
+      continue
+    for c in curves:
+      ax.plot([x[0] for x in c], [100 * x[2] for x in c], color=color, alpha=0.3, lw=1)
+    n = min(len(c) for c in curves)
+    t = np.mean([[x[0] for x in c[:n]] for c in curves], axis=0)
+    acc = np.mean([[100 * x[2] for x in c[:n]] for c in curves], axis=0)
+    ax.plot(t, acc, color=color, lw=2, label=f"{LABELS[arm]} (mean of {len(curves)})")
+  ax.axhline(100 * r["summary"]["sft"]["test"]["mean"], color="k", ls="--", label="SFT start")
+  ax.set_xlabel("training seconds after the SFT start")
+  ax.set_ylabel("held-out greedy accuracy (%)")
+  ax.set_title(f"RL against continued SFT: {r['setting']}", fontsize=9)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+if __name__ == "__main__":
+  main()
