@@ -32,6 +32,12 @@ incarnation handed out; only their index range can be checked. Such a record fin
 the start is accepted only if this learner has handed its index out as well (the resumed
 task stream restarts from the snapshot, so it usually has).
 
+What can be checked against the task itself: a record's `task_id` must be the id of the task
+at its `task_index` (`task_mismatch`), and where the family's reward is cheap to recompute
+(`rescore(index, record)` gives a number; None where it is not: code, multi-step episodes) the
+claimed reward must be the reward of the record's own completion (`reward_mismatch`, within
+REWARD_TOL): a sampler cannot claim reward 1 for a wrong answer of a verifiable task.
+
 Versions: `published` keeps the highest version ever published in this workdir in a small
 file, so a resumed learner (whose step went back to its snapshot) still accepts records of
 the policies its crashed incarnation published, and nothing newer. A policy is named by
@@ -66,6 +72,8 @@ REASONS = (
   "positive_logp",
   "token_oov",
   "reward_range",
+  "task_mismatch",
+  "reward_mismatch",
 )
 LOGP_TOL = 1e-3  # a log-probability above this is not one (float32 rounding stays below)
 REWARD_TOL = 1e-4  # float32 sums of per-step rewards may overshoot a bound by rounding
@@ -152,6 +160,8 @@ class RecordGuard:
     resumed: bool = False,
     started: float | None = None,
     lineage_known: Callable[[int], bool] | None = None,
+    task_id_of: Callable[[int], int] | None = None,
+    rescore: Callable[[int, records.Record], float | None] | None = None,
   ):
     if window < 0 or not 0 < rate <= 1:
       raise ValueError(f"quarantine window {window} must be >= 0 and rate {rate} in (0, 1]")
@@ -168,6 +178,7 @@ class RecordGuard:
     self.sources: dict[int, _Source] = {}
     self.on_quarantine: Callable[[dict], None] | None = None
     self.lineage_known = lineage_known
+    self.task_id_of, self.rescore = task_id_of, rescore
     self.state_path = pathlib.Path(state_path) if state_path is not None else None
     self.max_version = -1
     if self.state_path is not None and self.state_path.exists():
@@ -224,7 +235,7 @@ class RecordGuard:
         vocab_size=self.vocab_size,
         max_version=self.max_version,
         reward_range=self._range(index),
-      )
+      ) or self._task_problem(rec, index)
     if known:
       self.outstanding[index] -= 1
     if problem is None:
@@ -285,6 +296,20 @@ class RecordGuard:
     }
 
   # Internals ----------------------------------------------------------------------------------
+  def _task_problem(self, rec: records.Record, index: int) -> tuple[str, str] | None:
+    """The record against its task: the task id at its index, and its reward recomputed."""
+    if self.task_id_of is not None and "task_id" in rec.meta and 0 <= index < self.num_tasks:
+      want = self.task_id_of(index)
+      if rec.meta["task_id"] != want:
+        return "task_mismatch", f"task id {rec.meta['task_id']!r} at index {index} is {want}'s"
+    if self.rescore is not None and 0 <= index < self.num_tasks:
+      true = self.rescore(index, rec)
+      if true is not None and abs(float(rec.meta["reward"]) - true) > REWARD_TOL:
+        return "reward_mismatch", (
+          f"claimed reward {rec.meta['reward']!r}, its completion earns {true:g}"
+        )
+    return None
+
   def _source(self, rec: records.Record) -> _Source:
     key = source_of(rec.record_id)
     src = self.sources.get(key)
@@ -344,8 +369,10 @@ def poison(
   """A copy of a trajectory record's (arrays, meta, policy version) that passes the format
   checks and is rejected at the door with reason `kind` (one of POISON_KINDS): a NaN
   behaviour log-prob, a token id past the vocabulary, a total reward above the task's range,
-  a policy version 10^6 ahead, or task index `unknown_task` (one never handed out, e.g. in
-  the validation tail)."""
+  a policy version 10^6 ahead, task index `unknown_task` (one never handed out, e.g. in
+  the validation tail), another task's id, or the opposite of the reward its completion
+  earned (the top of the range for a 0, 0 otherwise: caught where the family's reward is
+  re-scored at the door, `TaskFamily.verifiable`)."""
   a, m = {k: np.array(v) for k, v in arrays.items()}, dict(meta)
   if kind == "nonfinite":
     a["logp"][0, 0] = np.nan
@@ -359,6 +386,10 @@ def poison(
       a["version"] = np.where(a["valid"], a["version"] + 10**6, a["version"])
   elif kind == "unknown_task":
     m["task_index"] = int(unknown_task)
+  elif kind == "task_mismatch":
+    m["task_id"] = int(m.get("task_id", 0)) + 1
+  elif kind == "reward_mismatch":
+    m["reward"] = float(reward_high) if float(m["reward"]) < float(reward_high) / 2 else 0.0
   else:
     raise ValueError(f"unknown poison kind {kind!r}; known: {', '.join(POISON_KINDS)}")
   return a, m, policy_version

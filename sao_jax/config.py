@@ -484,7 +484,15 @@ class RecoveryConfig:
 
 # What a poisoned trajectory record can carry (each named by the reason the learner rejects it
 # with); defined here for validation, made by sao_jax.admission.poison.
-POISON_KINDS = ("nonfinite", "token_oov", "reward_range", "future_version", "unknown_task")
+POISON_KINDS = (
+  "nonfinite",
+  "token_oov",
+  "reward_range",
+  "future_version",
+  "unknown_task",
+  "task_mismatch",
+  "reward_mismatch",
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -69,6 +69,7 @@ class Arithmetic(TaskFamily):
   """Reward 1 for the right final answer (and a well-formed solution), else 0."""
 
   Options = ArithmeticOptions
+  verifiable = True
 
   def __init__(self, cfg):
     super().__init__(cfg)
@@ -122,6 +123,7 @@ class Chain(TaskFamily):
   problem follows the law its options declare (`ChainSpec`: the options are the spec)."""
 
   Options = ChainSpec
+  verifiable = True
 
   def tasks(self, split: str) -> list[Task]:
     t = self.cfg
@@ -281,6 +283,7 @@ class GSM8K(TaskFamily):
   """Reward 1 iff the answer extracted from the completion equals the reference answer."""
 
   Options = GSM8KOptions
+  verifiable = True
 
   def tasks(self, split: str) -> list[Task]:
     t = self.cfg

@@ -67,6 +67,9 @@ class TaskFamily:
 
   name = ""
   Options: type = NoOptions
+  # The reward of a one-step completion is cheap to recompute exactly (string checks, no
+  # sandbox): the learner's door re-scores every record's claimed reward (`rescore`).
+  verifiable: bool = False
 
   def __init__(self, cfg: TaskConfig):
     self.cfg = cfg
@@ -84,6 +87,15 @@ class TaskFamily:
     it for every active slot at once); families whose reward is costly (code execution)
     override it to score the batch concurrently."""
     return [env.step(a) for env, a in zip(envs, actions, strict=True)]
+
+  def rescore(self, task: Task, tok: Tokenizer, completion) -> float | None:
+    """The reward of `completion` (the token ids a sampler generated for `task`, padding
+    removed) recomputed here, or None where this family does not (not `verifiable`)."""
+    if not self.verifiable:
+      return None
+    env = self.make_env(tok)
+    env.reset(task)
+    return float(env.step(completion).reward)
 
   def max_steps(self, tok: Tokenizer) -> int:
     return self.make_env(tok).max_steps

@@ -426,3 +426,64 @@ def test_a_record_of_a_lineage_the_run_never_began_is_refused():
   assert counts["rejected_unknown_lineage"] == 2 and counts["rejected"] == 2
   assert [r.split(":")[0] for r in dead] == ["unknown_lineage"] * 2
   assert "12345 was never begun" in dead[0]
+
+
+def test_a_record_is_checked_against_its_task_id_and_its_rescored_reward():
+  """task_mismatch: a task id that is not the one at the record's index; reward_mismatch:
+  a claimed reward that the record's own completion does not earn (a wrong answer claiming
+  1). Both are charged to their sampler and the task handed out again."""
+  from sao_jax.envs.base import Task
+  from sao_jax.families import Arithmetic
+  from sao_jax.tokenizer import CharTokenizer
+
+  tok = CharTokenizer()
+  tasks = [
+    Task(100 + i, f"Ann had {i} eggs, got 1. Eggs?", f"{i}+1={i + 1};#{i + 1}", str(i + 1), 1)
+    for i in range(N_TASKS)
+  ]
+  family = Arithmetic(config.TaskConfig())
+  counts, dead, again = collections.Counter(), [], []
+  end = types.SimpleNamespace(
+    dead_letter=lambda data, reason: dead.append(reason), put_tasks=again.extend
+  )
+
+  def rescore(i, rec):
+    a = rec.arrays
+    return family.rescore(tasks[i], tok, a["tokens"][0][a["valid"][0]])
+
+  guard = admission.RecordGuard(
+    vocab_size=tok.vocab_size,
+    num_tasks=N_TASKS,
+    counts=counts,
+    reward_range=lambda i: (0.0, 1.0),
+    window=0,
+    task_id_of=lambda i: tasks[i].task_id,
+    rescore=rescore,
+  )
+  guard.published(2)
+  src = _Source(5)
+
+  def record(answer: str, reward: float, task_id: int = 103):
+    ids = tok.encode(f"3+1={answer};#{answer}", add_eos=True)
+    arrays, meta, version = _clean()
+    arrays["tokens"] = np.zeros((S, len(ids) + 2), np.int32)
+    arrays["tokens"][0, : len(ids)] = ids
+    arrays["valid"] = np.arange(len(ids) + 2)[None] < len(ids)
+    arrays["logp"] = np.where(arrays["valid"], -0.5, 0.0).astype(np.float32)
+    arrays["version"] = np.where(arrays["valid"], version, -1).astype(np.int32)
+    meta.update(task_id=task_id, reward=reward)
+    data = src.encode(arrays, meta, version)
+    return records.decode(data), data
+
+  for answer, reward, task_id, admitted in [
+    ("4", 1.0, 103, True),  # right and honest
+    ("5", 0.0, 103, True),  # wrong and honest
+    ("5", 1.0, 103, False),  # wrong, claims 1
+    ("4", 0.0, 103, False),  # right, claims 0 (no reason to trust either way)
+    ("4", 1.0, 104, False),  # another task's id
+  ]:
+    guard.handed_out([3])
+    assert guard.admit(*record(answer, reward, task_id), end) is admitted, (answer, reward)
+  assert counts["rejected_reward_mismatch"] == 2 and counts["rejected_task_mismatch"] == 1
+  assert "its completion earns 0" in dead[0] and "104" in dead[2]
+  assert again == [3, 3, 3] and guard.summary()["samplers_with_rejects"]

@@ -203,7 +203,17 @@ class SAOLearner:
       window=cfg.sao.quarantine_window,
       rate=cfg.sao.quarantine_rate,
       lineage_known=self._lineage_known,
+      task_id_of=lambda i: s.train[i].task_id,
+      rescore=self._rescore,
     )
+
+  def _rescore(self, index: int, rec) -> float | None:
+    """A one-step record's reward recomputed from its completion (verifiable families)."""
+    a = rec.arrays
+    if not self.s.family.verifiable or "tokens" not in a or a["tokens"].shape[0] != 1:
+      return None
+    completion = a["tokens"][0][a["valid"][0].astype(bool)]
+    return self.s.family.rescore(self.s.train[index], self.s.tok, completion)
 
   # What a subclass changes ---------------------------------------------------------------------
   def make_programs(self):
