@@ -28,20 +28,18 @@ import pathlib
 import sys
 import time
 
+import jax
+import numpy as np
+from bench_compression import memory_log, question_facts, seen_at, snapshot_long_spec
+
+from sao_jax import checkpoint as ckpt
+from sao_jax import config as config_lib
+from sao_jax.config import load_config
+from sao_jax.envs.longhorizon import SEP, make_split
+from sao_jax.results_file import ResultFile
+from sao_jax.runners import memory_lab as L
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "experiments"))
-
-import jax  # noqa: E402
-import lh_common as L  # noqa: E402
-import numpy as np  # noqa: E402
-from bench_compression import memory_log, question_facts, seen_at, snapshot_long_spec  # noqa: E402
-
-from sao_jax import checkpoint as ckpt  # noqa: E402
-from sao_jax import config as config_lib  # noqa: E402
-from sao_jax.config import load_config  # noqa: E402
-from sao_jax.envs.longhorizon import SEP, make_split  # noqa: E402
-from sao_jax.results_file import ResultFile  # noqa: E402
 
 SETTINGS = {"trained": None, "off": False, "on": True}
 

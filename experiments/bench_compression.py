@@ -74,22 +74,18 @@ import importlib.util
 import json
 import pathlib
 import platform
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import lh_common as L  # noqa: E402
-
-from sao_jax import checkpoint as ckpt  # noqa: E402
-from sao_jax import config as config_lib  # noqa: E402
-from sao_jax.batches import MemoryBatch, RLBatch  # noqa: E402
-from sao_jax.compression.arms import LONG_ARM_NAMES, LONG_ARM_OF  # noqa: E402
-from sao_jax.compression.memory import graveyard_nbytes  # noqa: E402
-from sao_jax.compression.rollout import (  # noqa: E402
+from sao_jax import checkpoint as ckpt
+from sao_jax import config as config_lib
+from sao_jax.batches import MemoryBatch, RLBatch
+from sao_jax.compression.arms import LONG_ARM_NAMES, LONG_ARM_OF
+from sao_jax.compression.memory import graveyard_nbytes
+from sao_jax.compression.rollout import (
   bury,
   episode_tokens,
   gone_record,
@@ -97,16 +93,17 @@ from sao_jax.compression.rollout import (  # noqa: E402
   script,
   segment,
 )
-from sao_jax.config import Config, ConfigError, RLConfig, load_config  # noqa: E402
-from sao_jax.envs.longhorizon import BOUNDARIES, SEP, graded_steps, make_split  # noqa: E402
-from sao_jax.learner import make_optimizer, make_rl_update  # noqa: E402
-from sao_jax.models.transformer import TransformerLM  # noqa: E402
-from sao_jax.packing import right_pad  # noqa: E402
-from sao_jax.provenance import cpu, provenance  # noqa: E402
-from sao_jax.results_file import ResultFile, ResultFileError, config_file_id  # noqa: E402
-from sao_jax.runners.compiled import compile_programs  # noqa: E402
-from sao_jax.startup import enable_compile_cache  # noqa: E402
-from sao_jax.stats import wilson  # noqa: E402
+from sao_jax.config import Config, ConfigError, RLConfig, load_config
+from sao_jax.envs.longhorizon import BOUNDARIES, SEP, graded_steps, make_split
+from sao_jax.learner import make_optimizer, make_rl_update
+from sao_jax.models.transformer import TransformerLM
+from sao_jax.packing import right_pad
+from sao_jax.provenance import cpu, provenance
+from sao_jax.results_file import ResultFile, ResultFileError, config_file_id
+from sao_jax.runners import memory_lab as L
+from sao_jax.runners.compiled import compile_programs
+from sao_jax.startup import enable_compile_cache
+from sao_jax.stats import wilson
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -217,7 +214,7 @@ def _parser():
   return p
 
 
-def _config_module(path: str):
+def config_module(path: str):
   file = path.rsplit(":", 1)[0] if ":" in path and not pathlib.Path(path).exists() else path
   spec = importlib.util.spec_from_file_location("lh_config", file)
   mod = importlib.util.module_from_spec(spec)
@@ -226,11 +223,11 @@ def _config_module(path: str):
 
 
 def snapshot_long_spec(args, parser):
-  """For the scripts over bench_compression's snapshots (`lh_common.add_snapshot_args`): the
+  """For the scripts over bench_compression's snapshots (`memory_lab.add_snapshot_args`): the
   config path (its `default` unless one is named), the config module, and --task's long
   episodes with --long-steps applied; a task without long episodes is a usage error."""
   cfg_path = args.config if ":" in args.config else f"{args.config}:default"
-  mod = _config_module(cfg_path)
+  mod = config_module(cfg_path)
   if args.task not in mod.LONG_TASKS:
     parser.error(f"--task {args.task!r}: no long episodes (have {sorted(mod.LONG_TASKS)})")
   spec = mod.LONG_TASKS[args.task]
@@ -986,7 +983,7 @@ def same_shapes(progs, eval_progs, eval_overrides, parser) -> None:
     )
 
 
-def _portable(cfg_path: str) -> str:
+def portable_path(cfg_path: str) -> str:
   """A config path relative to the checkout when it lies inside it."""
   try:
     return str(pathlib.Path(cfg_path).resolve().relative_to(ROOT))
@@ -1114,7 +1111,7 @@ def main(argv=None) -> dict:
     _parser().error(str(e))
   ecfg = eval_config(cfg_path, args.set, args.eval_set, _parser())
   cache = enable_compile_cache(args.compile_cache)
-  mod = _config_module(args.config)
+  mod = config_module(args.config)
   variant = cfg_path.rsplit(":", 1)[1]
   names = (
     args.tasks.split(",")
@@ -1165,7 +1162,7 @@ def main(argv=None) -> dict:
   # What a stopped run must share with its rerun for --resume to keep its measurements (the
   # resolved config too; --eval-set and --arms may differ: they add to the file).
   settings = {
-    "config_file": config_file_id(_portable(cfg_path)),
+    "config_file": config_file_id(portable_path(cfg_path)),
     "overrides": list(args.set),
     "quick": args.quick,
     "steps": steps,
@@ -1222,7 +1219,7 @@ def main(argv=None) -> dict:
     key = dict(
       task=name,
       train_spec=dataclasses.asdict(mod.TRAIN_TASKS[variant][name]),
-      config=_portable(cfg_path),
+      config=portable_path(cfg_path),
       overrides=list(args.set),
       num_test=num_test,
       **{k: v for k, v in train_kw.items() if k != "log"},

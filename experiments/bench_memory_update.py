@@ -19,7 +19,7 @@ The sampler's side (`sampler` in the JSON): the stage-1 control's greedy episode
 `--eval-steps` steps (`--eval-episodes` side by side, its initial parameters), with the
 memory's keys and values kept between steps (`MemoryPolicy.sample_cached`, what evaluation
 uses for such a bank) against the whole memory through the model every step in windows that
-grow with the bank (`lh_common._growing_greedy`, the previous evaluation path): seconds per
+grow with the bank (`memory_lab.growing_greedy`, the previous evaluation path): seconds per
 episode step in each mode (after one untimed round that compiles both), the speedup per
 repeat, and whether both modes played the same tokens.
 
@@ -34,19 +34,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import pathlib
-import sys
 import time
 
+import bench_compression as B
 import jax
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import bench_compression as B  # noqa: E402
-import lh_common as L  # noqa: E402
-
-from sao_jax.envs.longhorizon import make_split  # noqa: E402
-from sao_jax.results_file import ResultFile, config_file_id  # noqa: E402
-from sao_jax.stats import summarize  # noqa: E402
+from sao_jax.envs.longhorizon import make_split
+from sao_jax.results_file import ResultFile, config_file_id
+from sao_jax.runners import memory_lab as L
+from sao_jax.stats import summarize
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MODES = {"per_row": False, "shared": None}  # `make_memory_update(share=...)`
@@ -90,7 +87,7 @@ def main(argv=None) -> dict:
     cfg = B.load_config(f"{args.config}:{variant}", overrides=args.set)
   except B.ConfigError as e:
     _parser().error(str(e))
-  mod = B._config_module(args.config)
+  mod = B.config_module(args.config)
   task = "retention" if args.quick else args.task
   steps, repeats = (2, 2) if args.quick else (args.steps, args.repeats)
   if task not in mod.TRAIN_TASKS[variant] or min(steps, repeats) < 1:
@@ -108,7 +105,7 @@ def main(argv=None) -> dict:
   series = f"bench_memory_update/{task}" + ("/quick" if args.quick else "")
   rf = ResultFile(args.out, series=series, config=cfg)
   result = rf.update(
-    config_file=config_file_id(f"{B._portable(args.config)}:{variant}"),
+    config_file=config_file_id(f"{B.portable_path(args.config)}:{variant}"),
     task=task,
     overrides=args.set,
     spec=dict(vars(spec)),
@@ -162,8 +159,8 @@ def sampler_bench(cfg, spec, n: int, episodes: int, repeats: int) -> dict:
   progs, policy = L.build(acfg, True)
   params = progs.init(jax.random.key(0)).params
   modes = {
-    "growing": lambda: L._growing_greedy(acfg, progs),
-    "cached": lambda: L._cached_greedy(progs, episodes),
+    "growing": lambda: L.growing_greedy(acfg, progs),
+    "cached": lambda: L.cached_greedy(progs, episodes),
   }
   times = {mode: [] for mode in modes}
   same = []

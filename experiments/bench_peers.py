@@ -176,7 +176,6 @@ def main(argv=None) -> dict:
 
   # ours: the same RL wall-clock per arm, one seed (as Tunix runs one); held-out evaluation
   # only before and after
-  sys.path.insert(0, str(HERE))
   from bench_sync_vs_async import main as bench_main
 
   from sao_jax.metrics import read_jsonl

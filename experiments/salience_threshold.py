@@ -28,19 +28,17 @@ import json
 import pathlib
 import sys
 
+import jax
+from bench_compression import filter_row, snapshot_long_spec
+from tqdm import tqdm
+
+from sao_jax import checkpoint as ckpt
+from sao_jax import config as config_lib
+from sao_jax.envs.longhorizon import make_split
+from sao_jax.results_file import ResultFile, dumps
+from sao_jax.runners import memory_lab as L
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "experiments"))
-
-import jax  # noqa: E402
-import lh_common as L  # noqa: E402
-from bench_compression import filter_row, snapshot_long_spec  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from sao_jax import checkpoint as ckpt  # noqa: E402
-from sao_jax import config as config_lib  # noqa: E402
-from sao_jax.envs.longhorizon import make_split  # noqa: E402
-from sao_jax.results_file import ResultFile, dumps  # noqa: E402
 
 
 def _parser():

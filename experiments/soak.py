@@ -210,7 +210,6 @@ def _report(result: dict, out: pathlib.Path, workdir: pathlib.Path, rc: int, rf)
   attempt logs, not from the final summary: the summary's counters describe the lineage of
   the final state, which forgets events between a snapshot and the crash that followed it."""
   if rc == 0:
-    sys.path.insert(0, str(REPO))
     from sao_jax import checkpoint as ckpt
     from sao_jax import recovery
     from sao_jax.metrics import read_jsonl

@@ -4,6 +4,10 @@
   python scripts/import_graph.py --check    # exit 1 on a cycle or an import from a higher layer
   python scripts/import_graph.py --longest 5  # the longest functions (lines), for reviews
 
+The experiment scripts are checked too (`experiment_problems`): no sys.path changes, no
+private names of another script, no import cycles among them; scripts over 400 lines are
+listed.
+
 Imports are read from the source (module level and inside functions alike, since a function-
 level import is still a dependency), so nothing is executed. Layers, top to bottom: a module
 may import modules of its own layer (as long as there is no cycle) and of layers below it,
@@ -149,6 +153,61 @@ def upward(g: dict[str, set[str]]) -> list[tuple[str, str]]:
   return sorted((m, d) for m, deps in g.items() for d in deps if layer(d) > layer(m))
 
 
+EXPERIMENTS = "experiments"
+MAX_SCRIPT_LINES = 400
+
+
+def experiment_problems(directory: pathlib.Path | None = None) -> tuple[list[str], list[str]]:
+  """What the experiment scripts (experiments/*.py) may not do: change sys.path, import
+  another script's private names (`from other import _x`, `other._x`), or import each other
+  in a cycle; and what they should not: exceed MAX_SCRIPT_LINES (reported, not failed on).
+  Returns (violations, long scripts)."""
+  scripts = {p.stem: p for p in sorted((directory or ROOT / EXPERIMENTS).glob("*.py"))}
+  bad, deps = [], {name: set() for name in scripts}
+  for name, path in scripts.items():
+    tree = ast.parse(path.read_text(), filename=str(path))
+    aliases = {}
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Import):
+        for a in node.names:
+          if a.name in scripts:
+            deps[name].add(a.name)
+            aliases[a.asname or a.name] = a.name
+      elif isinstance(node, ast.ImportFrom) and node.module in scripts and not node.level:
+        deps[name].add(node.module)
+        bad += [
+          f"{path.name} imports {node.module}'s private {a.name}"
+          for a in node.names
+          if a.name.startswith("_")
+        ]
+      elif isinstance(node, ast.Call):
+        f = node.func
+        if (
+          isinstance(f, ast.Attribute)
+          and f.attr in ("insert", "append")
+          and isinstance(f.value, ast.Attribute)
+          and f.value.attr == "path"
+          and isinstance(f.value.value, ast.Name)
+          and f.value.value.id == "sys"
+        ):
+          bad.append(f"{path.name}:{node.lineno} changes sys.path")
+    for node in ast.walk(tree):
+      if (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in aliases
+        and node.attr.startswith("_")
+      ):
+        bad.append(f"{path.name}:{node.lineno} uses {aliases[node.value.id]}'s private {node.attr}")
+  bad += [f"cycle among experiments: {' <-> '.join(c)}" for c in cycles(deps)]
+  long = [
+    f"{p.name}: {n} lines"
+    for p in scripts.values()
+    if (n := len(p.read_text().splitlines())) > MAX_SCRIPT_LINES
+  ]
+  return sorted(set(bad)), long
+
+
 def longest_functions(n: int) -> list[tuple[int, str]]:
   rows = []
   for path in sorted((ROOT / PACKAGE).rglob("*.py")):
@@ -181,11 +240,18 @@ def main(argv=None) -> int:
     print(f"cycle: {' <-> '.join(c)}")
   for m, d in up:
     print(f"upward import: {m} (layer {layer(m)}) imports {d} (layer {layer(d)})")
+  # The package never imports a script (`modules()` holds only sao_jax's own).
+  exp_bad, exp_long = experiment_problems()
+  for line in exp_bad:
+    print(f"experiments: {line}")
+  if not args.check and exp_long:
+    print(f"experiment scripts over {MAX_SCRIPT_LINES} lines: {'; '.join(exp_long)}")
   print(
     f"{len(g)} modules, {sum(map(len, g.values()))} imports, {len(cyc)} cycles, "
-    f"{len(up)} upward imports"
+    f"{len(up)} upward imports; experiments: {len(exp_bad)} violations, "
+    f"{len(exp_long)} scripts over {MAX_SCRIPT_LINES} lines"
   )
-  return 1 if (cyc or up) else 0
+  return 1 if (cyc or up or exp_bad) else 0
 
 
 if __name__ == "__main__":

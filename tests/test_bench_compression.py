@@ -42,7 +42,6 @@ def _refused(repo_root, capsys, *flags) -> str:
   """A run that refuses `flags`: a usage error, exit status 2, before any training; its
   stderr. In this process: a refusal needs no programs, and a new process would spend longer
   importing JAX than the check takes."""
-  sys.path.insert(0, str(repo_root / "experiments"))
   import bench_compression
 
   capsys.readouterr()
@@ -87,7 +86,6 @@ def test_bench_compression_no_token_control(tmp_path, repo_root):
   assert (a2["accuracy"], a2["train_seconds"]) == (a["accuracy"], a["train_seconds"])
   assert a2["params"]["trained_at_commit"] == r["provenance"]["commit"]
   # Parameters saved under other settings are refused, not silently reused.
-  sys.path.insert(0, str(repo_root / "experiments"))
   import bench_compression
 
   with pytest.raises(SystemExit, match="pass another --params-dir"):
@@ -123,14 +121,13 @@ def test_train_arm_continues_a_shorter_snapshot_exactly(tmp_path, repo_root):
   RNG included) is trained on with the batches a single run would have had, so 2 steps then 2
   more give the parameters of 4 steps in one go; both snapshots stay and restore; and a run
   stopped in its training resumes from its last periodic snapshot."""
-  sys.path.insert(0, str(repo_root / "experiments"))
   import bench_compression as B
-  import lh_common as L
 
   from sao_jax.config import load_config
   from sao_jax.envs.longhorizon import make_split
+  from sao_jax.runners import memory_lab as L
 
-  mod = B._config_module(str(repo_root / "experiments/configs/longhorizon.py"))
+  mod = B.config_module(str(repo_root / "experiments/configs/longhorizon.py"))
   cfg = load_config(str(repo_root / "experiments/configs/longhorizon.py:tiny"))
   cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, batch_size=8))  # 8 devices
   train = make_split(mod.TRAIN_TASKS["tiny"]["retention"], "train", 16, 0, num_test=8)
@@ -171,7 +168,6 @@ def test_train_arm_continues_a_shorter_snapshot_exactly(tmp_path, repo_root):
 def test_snapshot_config_gains_new_fields_at_their_defaults(repo_root):
   """A snapshot saved before a config field existed is the same configuration as the field
   at its default (it trained as the default does), and another with the field set."""
-  sys.path.insert(0, str(repo_root / "experiments"))
   import bench_compression as B
 
   from sao_jax import config as config_lib
@@ -194,7 +190,6 @@ def test_long_accuracy_keeps_finished_arms(repo_root):
   """A resumed 1,000-step accuracy keeps the arms a stopped run finished (no evaluation: the
   arms here could not run) and still pairs them question by question; a `done` of other
   episodes keeps nothing."""
-  sys.path.insert(0, str(repo_root / "experiments"))
   import bench_compression as B
 
   from sao_jax.envs.longhorizon import LongHorizonSpec, make_split
@@ -217,17 +212,16 @@ def test_long_accuracy_keeps_finished_arms(repo_root):
 
 def test_growing_window_and_cached_memory_greedy_equal_the_whole_window(repo_root):
   """A policy that keeps every step (the stage-1 control) run with windows that grow with
-  its bank (`lh_common._growing_greedy`), and with its memory's keys and values kept between
-  steps (`lh_common._cached_greedy`, the default for such a bank), plays the same episodes as
+  its bank (`memory_lab.growing_greedy`), and with its memory's keys and values kept between
+  steps (`memory_lab.cached_greedy`, the default for such a bank), plays the same episodes as
   with every slot from step 0: the same tokens and rewards, log-probs equal up to float
   summation order."""
-  sys.path.insert(0, str(repo_root / "experiments"))
   import bench_compression as B
   import jax
-  import lh_common as L
 
   from sao_jax.config import load_config
   from sao_jax.envs.longhorizon import LongHorizonSpec, make_split
+  from sao_jax.runners import memory_lab as L
 
   n = 32
   spec = LongHorizonSpec("retention", n_steps=n, n_facts=4, min_gap=8, p_noise=0.1, period=10)
@@ -239,7 +233,7 @@ def test_growing_window_and_cached_memory_greedy_equal_the_whole_window(repo_roo
   params = progs.init(jax.random.key(0)).params
   kw = dict(length=64)
   whole = L.evaluate(cfg, progs, pol, params, tasks, True, greedy=progs.greedy, **kw)
-  grown = L._growing_greedy(cfg, progs, bucket=8)
+  grown = L.growing_greedy(cfg, progs, bucket=8)
   growing = L.evaluate(cfg, progs, pol, params, tasks, True, greedy=grown, **kw)
   assert pol.shares_bank() and progs.greedy_cached is not None
   cached = L.evaluate(cfg, progs, pol, params, tasks, True, **kw)  # the default here
@@ -250,13 +244,12 @@ def test_growing_window_and_cached_memory_greedy_equal_the_whole_window(repo_roo
       np.testing.assert_array_equal(a.tokens, b.tokens)
       np.testing.assert_array_equal(a.rewards, b.rewards)
       np.testing.assert_allclose(a.logp, b.logp, atol=1e-5)
-  assert L._growing_greedy(B.uncompressed_cfg(cfg, 8), progs, bucket=8) is progs.greedy
+  assert L.growing_greedy(B.uncompressed_cfg(cfg, 8), progs, bucket=8) is progs.greedy
 
 
 def test_table_prints_a_control_only_run(repo_root, capsys):
   """The closing tables of a run of the stage-1 control alone (`--arms uncompressed_memory`
   with the 1,000-step accuracy: no bytes, those need the compressed arm) print what it has."""
-  sys.path.insert(0, str(repo_root / "experiments"))
   import bench_compression as B
 
   by_gap = {"32-64": {"questions": 2, "accuracy": 0.5}}
@@ -276,16 +269,15 @@ def test_bank_occupancy_reads_saved_parameters_under_both_filters(tmp_path, repo
   every question counted once by the bank entries when asked, and the final banks' kinds
   adding up to their entries. experiments/salience_threshold.py on the same snapshot: each
   threshold's bank from the snapshot's own configuration, and the rule's choice."""
-  sys.path.insert(0, str(repo_root / "experiments"))
   import bank_occupancy
   import bench_compression as B
-  import lh_common as L
 
   from sao_jax.config import load_config
   from sao_jax.envs.longhorizon import make_split
+  from sao_jax.runners import memory_lab as L
 
   config = str(repo_root / "experiments/configs/longhorizon.py:tiny")
-  mod = B._config_module(config)
+  mod = B.config_module(config)
   cfg = load_config(config)
   cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, batch_size=8))  # 8 devices
   train = make_split(mod.TRAIN_TASKS["tiny"]["retention"], "train", 16, 0, num_test=8)

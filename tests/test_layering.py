@@ -51,3 +51,22 @@ def test_every_module_imports_in_dependency_order():
     timeout=300,
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_experiment_scripts_keep_to_themselves(tmp_path):
+  """experiments/: no sys.path changes, no other script's private names, no cycles (the
+  repository's scripts pass); the checker sees each on a planted set."""
+  ig = _graph_module()
+  assert ig.experiment_problems()[0] == []
+  (tmp_path / "a.py").write_text(
+    "import sys\nimport b as B\nfrom b import _x, y\nsys.path.insert(0, '.')\nB._z()\n"
+  )
+  (tmp_path / "b.py").write_text("import a\n_x = y = 1\n" + "z = 1\n" * 400)
+  bad, long = ig.experiment_problems(tmp_path)
+  assert bad == [
+    "a.py imports b's private _x",
+    "a.py:4 changes sys.path",
+    "a.py:5 uses b's private _z",
+    "cycle among experiments: a <-> b",
+  ]
+  assert long == ["b.py: 402 lines"]

@@ -1,5 +1,8 @@
-"""Shared training/evaluation code of experiments/bench_compression.py (memory policy and
-full-context control on the long-horizon tasks). Not a library module: experiments only."""
+"""Training and evaluating the policy with compressed memory and its full-context control on
+the long-horizon tasks outside `sao-jax train`: scripted supervised updates, greedy
+evaluation at any episode length, snapshot arguments. What the compression experiments
+(experiments/bench_compression.py, bench_memory_update.py, bank_occupancy.py,
+salience_threshold.py) share."""
 
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ MAX_NEW = 4  # answers are one digit or "ok"/"f", then EOS
 # (74 %) 0.98 (lr 1e-3, retention). Both arms use the same weights.
 GRADED_WEIGHT = 100.0
 # Greedy programs of a memory policy that sees more than this many bank entries are also
-# compiled for windows of every multiple of it (`_growing_greedy`).
+# compiled for windows of every multiple of it (`growing_greedy`).
 VISIBLE_BUCKET = 128
 
 
@@ -198,7 +201,7 @@ def evaluate(
   1,000-step episode costs per row); returns (accuracy over graded steps, trajectories).
 
   `greedy`: the memory policy's greedy program (default: with the memory's keys and values
-  kept between steps where its bank allows, `_cached_greedy`, else `_growing_greedy`; all
+  kept between steps where its bank allows, `cached_greedy`, else `growing_greedy`; all
   give the same episodes)."""
   slots = min(slots, round_up(len(tasks), getattr(progs, "batch_divisor", 1)))
   trajs = []
@@ -207,7 +210,7 @@ def evaluate(
   if not memory:
     greedy = progs.greedy
   elif greedy is None:
-    greedy = _cached_greedy(progs, slots) if policy.shares_bank() else _growing_greedy(cfg, progs)
+    greedy = cached_greedy(progs, slots) if policy.shares_bank() else growing_greedy(cfg, progs)
   for start in range(0, len(tasks), slots):
     chunk = tasks[start : start + slots]
     envs = [LongHorizonEnv(TOK) for _ in chunk]
@@ -243,7 +246,7 @@ def evaluate(
   return float(rewards.mean()), trajs
 
 
-def _cached_greedy(progs, slots: int):
+def cached_greedy(progs, slots: int):
   """progs.greedy of a memory policy whose bank is append-only and all visible (the stage-1
   control), with the memory's keys and values kept between steps
   (`MemoryPolicy.update_memory_cache`): each step runs only its new entry through the model,
@@ -259,7 +262,7 @@ def _cached_greedy(progs, slots: int):
   return greedy
 
 
-def _growing_greedy(cfg: Config, progs, bucket: int = VISIBLE_BUCKET):
+def growing_greedy(cfg: Config, progs, bucket: int = VISIBLE_BUCKET):
   """progs.greedy of a memory policy, run with a shorter window while the bank is short.
 
   The policy sees the last `visible` bank entries older than its step (invalid slots
