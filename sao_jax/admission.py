@@ -64,6 +64,7 @@ from sao_jax.transport import records
 
 # Reasons, in the order they are checked.
 REASONS = (
+  "unauthenticated",
   "quarantined",
   "unknown_task",
   "unknown_lineage",
@@ -261,6 +262,21 @@ class RecordGuard:
     if reason != "quarantined":
       self._charge(src, rec, True)
     return False
+
+  def reject_unauthenticated(self, data: bytes, detail: str, learner) -> None:
+    """A message without a valid tag under the run's key (`sao_jax.transport.auth`), refused
+    before anything in it was read: dead-lettered and counted. Nothing in it can be trusted,
+    so no sampler is charged and no task handed out again (the run's own samplers seal
+    every record, so it is not one of theirs)."""
+    self.counts["rejected_unauthenticated"] += 1
+    self.counts["rejected"] += 1
+    if self.counts["rejected_unauthenticated"] == 1:
+      print(
+        f"sao: rejected a message without the run's key ({detail}); further ones are only "
+        "counted (rejected_unauthenticated) and dead-lettered",
+        flush=True,
+      )
+    learner.dead_letter(data, f"unauthenticated: {detail}")
 
   def charge_malformed(self, data: bytes) -> None:
     """A record that failed decoding or the format checks counts against its sampler when

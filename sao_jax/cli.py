@@ -56,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
   sm.add_argument(
     "--wait", type=float, default=600.0, help="seconds to wait for the learner's announcement"
   )
+  sm.add_argument(
+    "--key-file",
+    default=None,
+    help="a copy of the learner's WORKDIR/run.key (or set SAO_JAX_RUN_KEY to its hex digits): "
+    "the run's messages are sealed with it",
+  )
   b = sub.add_parser("broker", help="run a local Kafka-protocol broker until Ctrl-C")
   b.add_argument("--host", default="127.0.0.1")
   b.add_argument("--port", type=int, default=9092)
@@ -183,8 +189,15 @@ def main(argv: list[str] | None = None) -> int:
       print(f"results: {args.workdir}/summary.json, metrics.jsonl, tb/")
     elif args.command == "sampler":
       from sao_jax.runners.roles import run_sampler_role
+      from sao_jax.transport import auth
 
-      return run_sampler_role(args.bootstrap, args.run_id, args.num, args.threads, wait_s=args.wait)
+      try:
+        key = auth.key_from(args.key_file)
+      except ValueError as err:
+        raise ConfigError(str(err)) from None
+      return run_sampler_role(
+        args.bootstrap, args.run_id, args.num, args.threads, wait_s=args.wait, key=key
+      )
     elif args.command == "sweep":
       from sao_jax.sweep import run_sweep
 

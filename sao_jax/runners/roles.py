@@ -19,6 +19,7 @@ import time
 from sao_jax import config as config_lib
 from sao_jax.runners.sampler_proc import SamplerSpec
 from sao_jax.runners.samplers import SamplerGroup
+from sao_jax.transport import auth
 from sao_jax.transport.broker import wait_until_answers
 from sao_jax.transport.kafka import KafkaSpec
 
@@ -30,22 +31,32 @@ def run_sampler_role(
   threads: int = 0,
   max_restarts: int = 5,
   wait_s: float = 60.0,
+  key: bytes | None = None,
 ) -> int:
+  """`key`: the run's key (`sao_jax.transport.auth`; `sao-jax sampler --key-file` or
+  SAO_JAX_RUN_KEY): without it, a run whose learner seals its messages is not seen at all."""
   wait_until_answers(bootstrap, timeout=10.0)
-  spec = KafkaSpec(bootstrap=bootstrap, run_id=run_id)
+  spec = KafkaSpec(bootstrap=bootstrap, run_id=run_id, key=key)
   spec.create_topics(only=("control",))  # so that the read below sees a later announcement
   print(f"sampler: waiting for run {run_id} at {bootstrap} (up to {wait_s:.0f} s)", flush=True)
   control = spec.read_control(timeout=wait_s)
   if control is None:
+    hint = (
+      "is the learner running, with this run id?"
+      if key is not None
+      else "is the learner running, with this run id? A learner seals its announcements "
+      "with the run's key: pass --key-file (a copy of its WORKDIR/run.key) or set "
+      f"{auth.KEY_ENV}"
+    )
     raise config_lib.ConfigError(
       f"no SAO run {run_id!r} at {bootstrap}: nothing announced on {spec.topic('control')} "
-      f"within {wait_s:.0f} s (is the learner running, with this run id?)"
+      f"within {wait_s:.0f} s that this sampler could read ({hint})"
     )
   if control.get("status") == "finished":
     print(f"run {run_id} has already finished", flush=True)
     return 0
   base_seed = int.from_bytes(os.urandom(3), "little")
-  run = _Incarnation(control, bootstrap, run_id, threads, base_seed)  # raises if params unseen
+  run = _Incarnation(control, bootstrap, run_id, threads, base_seed, key)  # params unseen: raises
   watcher = spec.watch_control()
   group = SamplerGroup(
     mp.get_context("spawn"), run.make_spec, num, max_restarts, name="sao-remote-sampler"
@@ -70,7 +81,7 @@ def run_sampler_role(
             f"{news.get('incarnation')}); following it",
             flush=True,
           )
-          run = _Incarnation(news, bootstrap, run_id, threads, base_seed)
+          run = _Incarnation(news, bootstrap, run_id, threads, base_seed, key)
           group.replace_all(run.make_spec)
       time.sleep(0.2)
   finally:
@@ -81,7 +92,15 @@ def run_sampler_role(
 class _Incarnation:
   """One learner start as announced on the control topic: what its samplers need."""
 
-  def __init__(self, control: dict, bootstrap: str, run_id: str, threads: int, base_seed: int):
+  def __init__(
+    self,
+    control: dict,
+    bootstrap: str,
+    run_id: str,
+    threads: int,
+    base_seed: int,
+    key: bytes | None = None,
+  ):
     self.cfg = config_lib.from_dict(control["config"])
     self.param_dir = pathlib.Path(control["param_dir"])
     if not self.param_dir.is_dir():
@@ -95,8 +114,9 @@ class _Incarnation:
       run_id=run_id,
       partitions=int(control["partitions"]),
       incarnation=self.incarnation,
+      key=key,
     )
-    self.threads, self.base_seed = threads, base_seed
+    self.threads, self.base_seed, self.key = threads, base_seed, key
 
   def make_spec(self, i: int, restarts: int) -> SamplerSpec:
     return SamplerSpec(
@@ -108,4 +128,5 @@ class _Incarnation:
       threads=self.threads or self.cfg.sao.sampler_threads,
       # (a path or the learner's workdir may not exist on this machine)
       compile_cache="off" if self.cfg.recovery.compile_cache == "off" else "user",
+      key=self.key,
     )

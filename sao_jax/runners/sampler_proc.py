@@ -29,6 +29,9 @@ class SamplerSpec:
   cores: tuple[int, ...] = ()  # CPU affinity (empty: inherit)
   compile_cache: str = "off"  # see sao_jax.startup.enable_compile_cache
   tasks: tuple | None = None  # (train, test) as the learner loaded them; None: load here
+  # The run's key (sao_jax.transport.auth): records sealed with it, published parameters
+  # checked against it. Held in memory only; never in `config`.
+  key: bytes | None = dataclasses.field(default=None, repr=False)
 
 
 def _configure_process(spec: SamplerSpec):
@@ -102,7 +105,7 @@ def _run(spec: SamplerSpec, end, stop, drain=None) -> None:
     progs = compile_memory_sampler(cfg, s.memory, mesh=mesh, **kw)
   else:
     progs = compile_sampler(cfg, s.model, mesh=mesh, prompt_len=s.prompt_len, **kw)
-  sub = ParamSubscriber(spec.param_dir)
+  sub = ParamSubscriber(spec.param_dir, key=spec.key)
   parent = multiprocessing.parent_process()
   poisoner = None
   if spec.sampler_id == 0 and cfg.faults.poison_records and cfg.faults.poison_kinds:
@@ -155,6 +158,7 @@ class _Outbox:
 
   def __init__(self, spec: SamplerSpec, end, poisoner=None):
     self.spec, self.end = spec, end
+    self.key = spec.key
     self.id_prefix = int.from_bytes(os.urandom(3), "little") << 40
     self.counter = 0
     self.poisoner = poisoner  # fault injection (sao_jax.admission.Poisoner) or None
@@ -201,12 +205,11 @@ class _Outbox:
     self._put(records.RecordKind.LONG_TRAJECTORY, version, traj.arrays(version), meta)
 
   def _put(self, kind, version: int, arrays: dict, meta: dict) -> None:
-    from sao_jax.transport import records
+    from sao_jax.transport import auth, records
 
     self.counter += 1
-    self.end.put_trajectory(
-      records.encode(kind, self.id_prefix | self.counter, version, arrays, meta)
-    )
+    data = records.encode(kind, self.id_prefix | self.counter, version, arrays, meta)
+    self.end.put_trajectory(auth.seal(self.key, data))
 
 
 class _Held:

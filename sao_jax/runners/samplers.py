@@ -23,6 +23,7 @@ from collections.abc import Callable
 from sao_jax import config as config_lib
 from sao_jax.procs import pin_process, stop_processes
 from sao_jax.runners.sampler_proc import SamplerError, SamplerSpec, sampler_main
+from sao_jax.transport import auth
 from sao_jax.transport.base import EmbeddedSpec
 from sao_jax.transport.broker import BrokerError, LocalBroker, wait_until_answers
 from sao_jax.transport.kafka import KafkaSpec
@@ -133,6 +134,7 @@ class SamplerPool:
     run_id: str = "",
     tasks: tuple | None = None,
     compile_cache: str | None = None,
+    key: bytes | None = None,
   ):
     """`tasks`: (train, test) as the learner loaded them, handed to local samplers so that
     they do not load them again (None: each sampler loads them). `compile_cache`: the
@@ -140,6 +142,7 @@ class SamplerPool:
     self.ctx = mp.get_context("spawn")
     self.cfg, self.param_dir, self.run_id, self.tasks = cfg, param_dir, run_id, tasks
     self.compile_cache = compile_cache or "off"
+    self.key = key  # the run's key: the samplers seal their records with it
     self.broker = None
     self.transport = None
     self.learner = None
@@ -174,6 +177,7 @@ class SamplerPool:
         cores=self.cores[i],
         compile_cache=self.compile_cache,
         tasks=self.tasks,
+        key=self.key,
       )
 
     return make
@@ -195,6 +199,7 @@ class SamplerPool:
       partitions=t.partitions,
       broker_timeout_s=t.broker_timeout_s,
       incarnation=uuid.uuid4().hex[:8],
+      key=self.key,
     )
     spec.create_topics()
     spec.announce(
@@ -206,9 +211,14 @@ class SamplerPool:
         "incarnation": spec.incarnation,
       }
     )
+    key_note = (
+      f" --key-file {self.param_dir.parent / auth.KEY_FILE} (a copy of the run's key)"
+      if self.key is not None
+      else ""
+    )
     print(
       f"sao: kafka transport at {bootstrap}, run id {run_id}; more samplers can join with: "
-      f"sao-jax sampler --bootstrap {bootstrap} --run-id {run_id}",
+      f"sao-jax sampler --bootstrap {bootstrap} --run-id {run_id}{key_note}",
       flush=True,
     )
     return spec

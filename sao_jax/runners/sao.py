@@ -61,7 +61,7 @@ from sao_jax.runners.common import (
 from sao_jax.runners.samplers import SamplerPool, new_run_id
 from sao_jax.setup import Setup
 from sao_jax.state import TrainState, copy_tree
-from sao_jax.transport import records
+from sao_jax.transport import auth, records
 from sao_jax.transport.params import ParamPublisher
 
 STALL_WARN_S = 60.0  # waiting this long for a new trajectory is reported
@@ -191,6 +191,7 @@ class SAOLearner:
     self.pool: SamplerPool | None = None
     self.publisher: ParamPublisher | None = None
     self.run_id = ""
+    self.key: bytes | None = None  # the run's key (sao_jax.transport.auth), process 0's
     self.compile_cache = jax.config.jax_compilation_cache_dir or None
     # (prompt_len, completion_len), tasks, rows: what a record must fit to be batched
     self.expect = ((s.prompt_len, rl.max_new_tokens), len(s.train), self.rows)
@@ -293,7 +294,8 @@ class SAOLearner:
         )
         id_path.write_text(self.run_id)
       shutil.rmtree(param_dir, ignore_errors=True)
-    self.publisher = ParamPublisher(param_dir)
+      self.key = auth.load_or_create(self.workdir)  # kept across resumes (records on a topic)
+    self.publisher = ParamPublisher(param_dir, key=self.key)
 
   def fresh_state(self) -> TrainState:
     """New parameters and optimizer state from the phase's key (seed + 1): the template a
@@ -439,7 +441,13 @@ class SAOLearner:
     """Decodes, de-duplicates and journals (written through before use: a crash from here
     on replays them) what arrived, then queues it for batching."""
     loop, fresh = self.loop, []
-    for data, pos in got:
+    key = getattr(self, "key", None)
+    for sealed, pos in got:
+      try:  # the tag first: nothing of a message without one under the run's key is read
+        data = auth.unseal(key, sealed)
+      except auth.Unauthenticated as err:
+        self.guard.reject_unauthenticated(sealed, str(err), self.pool.learner)
+        continue
       rec = decode_trajectory(data, self.pool.learner, loop.counts, self.expect)
       if rec is None:
         self.guard.charge_malformed(data)
@@ -799,6 +807,7 @@ class SAOLearner:
         self.run_id,
         tasks=(self.s.train, self.s.test),
         compile_cache=self.compile_cache,
+        key=self.key,
       )
       if self.primary
       else contextlib.nullcontext()

@@ -49,7 +49,7 @@ import contextlib
 import dataclasses
 import time
 
-from sao_jax.transport import records
+from sao_jax.transport import auth, records
 from sao_jax.transport.broker import BrokerError, retry_until_answers
 
 _CLIENT = dict(request_timeout_ms=10_000, retry_backoff_ms=100, reconnect_backoff_max_ms=2000)
@@ -64,6 +64,9 @@ class KafkaSpec:
   broker_timeout_s: float = 30.0  # a lost broker is retried this long, then BrokerError
   idle_probe_s: float = 5.0  # nothing received this long: is the broker still there?
   incarnation: str = ""  # the learner's start: names its task topic and sampler group
+  # The run's key (`sao_jax.transport.auth`): task records and announcements are sealed
+  # with it and checked against it. Never printed (repr) and never announced.
+  key: bytes | None = dataclasses.field(default=None, repr=False)
 
   def topic(self, name: str) -> str:
     if name == "tasks" and self.incarnation:
@@ -140,7 +143,7 @@ class KafkaSpec:
 
     producer = _producer(self)
     try:
-      producer.send(self.topic("control"), value=json.dumps(payload).encode())
+      producer.send(self.topic("control"), value=auth.seal(self.key, json.dumps(payload).encode()))
       producer.flush(timeout=10)
     finally:
       producer.close()
@@ -168,9 +171,9 @@ class KafkaSpec:
         quiet = 0 if recs else quiet + (latest is not None)
         for r in recs:
           try:
-            latest = json.loads(r.value)
-          except (ValueError, TypeError):
-            continue  # not an announcement
+            latest = json.loads(auth.unseal(self.key, r.value))
+          except (ValueError, TypeError):  # (auth.Unauthenticated is a ValueError)
+            continue  # not an announcement of this run's learner
       return latest
     finally:
       consumer.close()
@@ -322,6 +325,7 @@ class ControlWatcher:
   def __init__(self, spec: KafkaSpec):
     from kafka import KafkaConsumer, TopicPartition
 
+    self.key = spec.key
     self._consumer = KafkaConsumer(
       bootstrap_servers=spec.bootstrap,
       enable_auto_commit=False,
@@ -338,8 +342,8 @@ class ControlWatcher:
     for recs in self._consumer.poll(timeout_ms=int(timeout_s * 1000)).values():
       for r in recs:
         try:
-          news = json.loads(r.value)
-        except (ValueError, TypeError):
+          news = json.loads(auth.unseal(self.key, r.value))
+        except (ValueError, TypeError):  # not an announcement of this run's learner
           continue
         if isinstance(news, dict):
           out.append(news)
@@ -381,7 +385,10 @@ class KafkaLearnerEnd:
         self.producer.send(
           self.spec.topic("tasks"),
           key=str(self._sent).encode(),
-          value=records.encode(records.RecordKind.TASK, int(i), 0, {}, {"task_index": int(i)}),
+          value=auth.seal(
+            self.spec.key,
+            records.encode(records.RecordKind.TASK, int(i), 0, {}, {"task_index": int(i)}),
+          ),
         )
       )
     if len(self._task_sends) > _MAX_PENDING_SENDS:
@@ -474,6 +481,7 @@ class KafkaSamplerEnd:
     self._taken: collections.deque = collections.deque()
     self._acks: collections.deque = collections.deque()  # (send futures, offsets) per call
     self.commit_failures = 0  # async commits refused (e.g. a rebalance): tasks redelivered
+    self.unauthenticated = 0  # task records without a valid tag under the run's key
 
   def get_tasks(self, max_n, timeout):
     from kafka.errors import KafkaError
@@ -491,8 +499,12 @@ class KafkaSamplerEnd:
     for tp, recs in polled.items():
       for r in recs:
         try:
-          out.append(int(records.decode(r.value).meta["task_index"]))
+          task = records.decode(auth.unseal(self.spec.key, r.value))
+          out.append(int(task.meta["task_index"]))
           self._taken.append((tp, r.offset, True))
+        except auth.Unauthenticated:
+          self.unauthenticated += 1  # not from this run's learner: not done, and counted
+          self._taken.append((tp, r.offset, False))
         except (records.RecordError, TypeError, KeyError, ValueError):
           self._taken.append((tp, r.offset, False))  # not a task record: nothing to do
     return out
@@ -593,10 +605,12 @@ def topic_record_ids(
       got = [r for rs in c.poll(timeout_ms=300).values() for r in rs]
       quiet = 0 if got else quiet + 1
       for r in got:
-        try:
-          rid = records.decode(r.value).record_id
-        except records.RecordError:
-          rid = None
+        rid = None
+        # (sealed records carry their tag after the record: read, not verified, here)
+        for data in (r.value, r.value[: -auth.TAG_BYTES]):
+          with contextlib.suppress(records.RecordError):
+            rid = records.decode(data).record_id
+            break
         out.append((r.partition, r.offset, rid))
   finally:
     c.close()

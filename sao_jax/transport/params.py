@@ -9,12 +9,16 @@ directory, each by write-to-temp then atomic rename, and announced by rewriting 
 kept) atomically. A directory on shared storage therefore works across machines as it does across
 processes; readers never see a half-written file. A file whose bytes changed after it was
 written (a storage fault) fails its checksum: the reader reports it once and takes the
-newest intact version instead (or keeps the one it has).
+newest intact version instead (or keeps the one it has). With the run's key
+(`sao_jax.transport.auth`), each announced entry also carries a tag over (lineage, version)
+and the file's bytes: a reader holding the key takes no version without a valid one, so
+whoever can write the directory but lacks the key cannot hand the samplers a policy.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hmac
 import io
 import json
 import os
@@ -28,6 +32,7 @@ import jax
 import numpy as np
 
 from sao_jax import distributed
+from sao_jax.transport import auth
 
 
 def flatten(tree) -> dict[str, np.ndarray]:
@@ -60,8 +65,8 @@ class ParamPublisher:
   """Writes versions into `directory`. A learner over several processes calls `publish` in
   every process (the params are gathered from all hosts); only process 0 writes."""
 
-  def __init__(self, directory: str | pathlib.Path, keep: int = 3):
-    self.dir = pathlib.Path(directory)
+  def __init__(self, directory: str | pathlib.Path, keep: int = 3, key: bytes | None = None):
+    self.dir, self.key = pathlib.Path(directory), key
     if distributed.is_primary():
       self.dir.mkdir(parents=True, exist_ok=True)
     self.keep = keep
@@ -79,7 +84,10 @@ class ParamPublisher:
     path = self.dir / f"params_{tag}_v{version:08d}.npz"
     _atomic_write(path, lambda f: f.write(data))
     entry = {"lineage": lineage, "version": version, "file": path.name}
-    self._published.append(dict(entry, crc32c=crc32c.crc32c(data)))
+    entry["crc32c"] = crc32c.crc32c(data)
+    if self.key is not None:
+      entry["tag"] = _tag(self.key, entry, data)
+    self._published.append(entry)
     # Older files stay a while: a sampler may be reading the previous version right now.
     while len(self._published) > self.keep:
       (self.dir / self._published.pop(0)["file"]).unlink(missing_ok=True)
@@ -88,8 +96,8 @@ class ParamPublisher:
 
 
 class ParamSubscriber:
-  def __init__(self, directory: str | pathlib.Path):
-    self.dir = pathlib.Path(directory)
+  def __init__(self, directory: str | pathlib.Path, key: bytes | None = None):
+    self.dir, self.key = pathlib.Path(directory), key
     self.damaged: set[str] = set()  # files that failed their checksum (reported once)
 
   def poll(self, current: tuple[int, int]) -> tuple[int, int, dict[str, np.ndarray]] | None:
@@ -126,6 +134,10 @@ class ParamSubscriber:
     why = None
     if "crc32c" in entry and crc32c.crc32c(data) != entry["crc32c"]:
       why = "checksum mismatch"
+    elif self.key is not None and not hmac.compare_digest(
+      str(entry.get("tag", "")), _tag(self.key, entry, data)
+    ):
+      why = "no valid tag under the run's key: not published by this run's learner"
     else:
       try:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
@@ -140,6 +152,12 @@ class ParamSubscriber:
       stacklevel=3,
     )
     return None
+
+
+def _tag(key: bytes, entry: dict, data: bytes) -> str:
+  """The tag of one published version: over its (lineage, version) and its file's bytes."""
+  lineage, version = _identity(entry)
+  return auth.tag(key, f"{lineage}:{version}:".encode() + data).hex()
 
 
 def _identity(entry: dict) -> tuple[int, int]:
