@@ -62,6 +62,19 @@ def _parser() -> argparse.ArgumentParser:
     help="a copy of the learner's WORKDIR/run.key (or set SAO_JAX_RUN_KEY to its hex digits): "
     "the run's messages are sealed with it",
   )
+  sm.add_argument(
+    "--security-protocol",
+    default="PLAINTEXT",
+    choices=("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
+    help="TLS / SASL to the broker; the SASL password from SAO_JAX_KAFKA_PASSWORD",
+  )
+  sm.add_argument("--ssl-cafile", default="", help="CA bundle that signed the broker's certificate")
+  sm.add_argument("--ssl-certfile", default="", help="a client certificate (with --ssl-keyfile)")
+  sm.add_argument("--ssl-keyfile", default="")
+  sm.add_argument(
+    "--sasl-mechanism", default="PLAIN", choices=("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+  )
+  sm.add_argument("--sasl-username", default="")
   b = sub.add_parser("broker", help="run a local Kafka-protocol broker until Ctrl-C")
   b.add_argument("--host", default="127.0.0.1")
   b.add_argument("--port", type=int, default=9092)
@@ -189,14 +202,29 @@ def main(argv: list[str] | None = None) -> int:
       print(f"results: {args.workdir}/summary.json, metrics.jsonl, tb/")
     elif args.command == "sampler":
       from sao_jax.runners.roles import run_sampler_role
-      from sao_jax.transport import auth
+      from sao_jax.transport import auth, kafka_security
 
       try:
         key = auth.key_from(args.key_file)
+        security = kafka_security.settings(
+          args.security_protocol,
+          cafile=args.ssl_cafile,
+          certfile=args.ssl_certfile,
+          keyfile=args.ssl_keyfile,
+          mechanism=args.sasl_mechanism,
+          username=args.sasl_username,
+        )
+        kafka_security.with_secrets(security)  # a missing password: said now, not later
       except ValueError as err:
         raise ConfigError(str(err)) from None
       return run_sampler_role(
-        args.bootstrap, args.run_id, args.num, args.threads, wait_s=args.wait, key=key
+        args.bootstrap,
+        args.run_id,
+        args.num,
+        args.threads,
+        wait_s=args.wait,
+        key=key,
+        security=security,
       )
     elif args.command == "sweep":
       from sao_jax.sweep import run_sweep

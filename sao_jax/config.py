@@ -405,6 +405,14 @@ class TransportConfig:
   run_id: str = ""  # topic namespace; empty: derived from the config name and start time
   partitions: int = 4
   broker_timeout_s: float = 30.0  # a lost broker is retried this long, then a clear error
+  # TLS / SASL for every Kafka client (sao_jax.transport.kafka_security); the passwords come
+  # from the environment only (SAO_JAX_KAFKA_PASSWORD, SAO_JAX_KAFKA_SSL_PASSWORD).
+  security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+  ssl_cafile: str = ""  # CA bundle that signed the broker's certificate ("": the system's)
+  ssl_certfile: str = ""  # a client certificate, for brokers that require one
+  ssl_keyfile: str = ""
+  sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
+  sasl_username: str = ""
 
   def __post_init__(self):
     _check_choices(self, "transport.")

@@ -125,3 +125,74 @@ def test_over_kafka_tasks_and_announcements_need_the_key(kafka_broker):
     for end in (sampler, fake, learner):
       end.close()
   assert "key" not in repr(spec) and key.hex() not in repr(spec)  # never printed
+
+
+@pytest.fixture(scope="module")
+def tls_broker(tmp_path_factory):
+  """A local broker reachable only through TLS: (its TLS address, the CA certificate)."""
+  from tls_terminator import TlsTerminator, self_signed
+
+  from sao_jax.transport.broker import LocalBroker, free_port
+
+  cert, key = self_signed(tmp_path_factory.mktemp("tls"))
+  front = free_port()  # the terminator's port, which the broker advertises
+  broker = LocalBroker(advertised=f"127.0.0.1:{front}")
+  # The terminator first: the broker's start-up probe follows the advertised address.
+  with TlsTerminator(broker.bootstrap, cert, key, port=front) as tls, broker:
+    yield tls.address, cert
+
+
+def test_every_kafka_client_speaks_tls_when_told(tls_broker, monkeypatch):
+  """transport.security_protocol='SSL' with the CA file: topics made, tasks and trajectories
+  through, the liveness probe answered; a plain-TCP client at the same address gets nothing.
+  SASL settings are checked and their password is taken from the environment only."""
+  from sao_jax.transport import kafka_security
+  from sao_jax.transport.broker import probe
+
+  address, cert = tls_broker
+  security = kafka_security.settings("SSL", cafile=str(cert))
+  assert probe(address, security=security) is None
+  assert probe(address, timeout=1.0) is not None  # plain TCP to a TLS port
+  key = auth.new_key()
+  spec = KafkaSpec(
+    bootstrap=address, run_id=uuid.uuid4().hex[:8], partitions=1, key=key, security=security
+  )
+  spec.create_topics()
+  learner, sampler = spec.learner_end(), spec.sampler_end()
+  try:
+    learner.put_tasks([3])
+    learner.flush()
+    got = []
+    for _ in range(50):
+      got += sampler.get_tasks(1, 0.2)
+      if got:
+        break
+    assert got == [3]
+    sampler.put_trajectory(auth.seal(key, b"a record"))
+    sampler.ack_tasks()
+    sampler.flush()
+    data = []
+    for _ in range(50):
+      data += learner.get_trajectories(1, 0.2)
+      if data:
+        break
+    assert auth.unseal(key, data[0]) == b"a record"
+  finally:
+    sampler.close()
+    learner.close()
+  # SASL: a username is needed, the password only ever from the environment.
+  with pytest.raises(kafka_security.SecurityError, match="needs sasl_username"):
+    kafka_security.settings("SASL_SSL", cafile=str(cert))
+  sasl = kafka_security.settings(
+    "SASL_SSL", cafile=str(cert), username="u", mechanism="SCRAM-SHA-512"
+  )
+  monkeypatch.delenv(kafka_security.PASSWORD_ENV, raising=False)
+  with pytest.raises(kafka_security.SecurityError, match="SAO_JAX_KAFKA_PASSWORD"):
+    kafka_security.with_secrets(sasl)
+  monkeypatch.setenv(kafka_security.PASSWORD_ENV, "s3cret")
+  assert kafka_security.with_secrets(sasl)["sasl_plain_password"] == "s3cret"
+  assert "s3cret" not in repr(sasl)
+  with pytest.raises(kafka_security.SecurityError, match="no such file"):
+    kafka_security.settings("SSL", cafile="/nowhere/ca.pem")
+  with pytest.raises(kafka_security.SecurityError, match="PLAINTEXT"):
+    kafka_security.settings("PLAINTEXT", cafile=str(cert))

@@ -11,6 +11,7 @@ task topic and group; the samplers here are restarted to follow it.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import os
 import pathlib
@@ -32,11 +33,15 @@ def run_sampler_role(
   max_restarts: int = 5,
   wait_s: float = 60.0,
   key: bytes | None = None,
+  security: dict | None = None,
 ) -> int:
   """`key`: the run's key (`sao_jax.transport.auth`; `sao-jax sampler --key-file` or
-  SAO_JAX_RUN_KEY): without it, a run whose learner seals its messages is not seen at all."""
-  wait_until_answers(bootstrap, timeout=10.0)
-  spec = KafkaSpec(bootstrap=bootstrap, run_id=run_id, key=key)
+  SAO_JAX_RUN_KEY): without it, a run whose learner seals its messages is not seen at all.
+  `security`: this machine's TLS / SASL settings (`kafka_security.settings`; its own file
+  paths, not the learner's)."""
+  security = security or {}
+  wait_until_answers(bootstrap, timeout=10.0, security=security)
+  spec = KafkaSpec(bootstrap=bootstrap, run_id=run_id, key=key, security=security)
   spec.create_topics(only=("control",))  # so that the read below sees a later announcement
   print(f"sampler: waiting for run {run_id} at {bootstrap} (up to {wait_s:.0f} s)", flush=True)
   control = spec.read_control(timeout=wait_s)
@@ -56,7 +61,7 @@ def run_sampler_role(
     print(f"run {run_id} has already finished", flush=True)
     return 0
   base_seed = int.from_bytes(os.urandom(3), "little")
-  run = _Incarnation(control, bootstrap, run_id, threads, base_seed, key)  # params unseen: raises
+  run = _Incarnation(control, spec, threads, base_seed)  # raises if the params are unseen
   watcher = spec.watch_control()
   group = SamplerGroup(
     mp.get_context("spawn"), run.make_spec, num, max_restarts, name="sao-remote-sampler"
@@ -81,7 +86,7 @@ def run_sampler_role(
             f"{news.get('incarnation')}); following it",
             flush=True,
           )
-          run = _Incarnation(news, bootstrap, run_id, threads, base_seed, key)
+          run = _Incarnation(news, spec, threads, base_seed)
           group.replace_all(run.make_spec)
       time.sleep(0.2)
   finally:
@@ -92,15 +97,8 @@ def run_sampler_role(
 class _Incarnation:
   """One learner start as announced on the control topic: what its samplers need."""
 
-  def __init__(
-    self,
-    control: dict,
-    bootstrap: str,
-    run_id: str,
-    threads: int,
-    base_seed: int,
-    key: bytes | None = None,
-  ):
+  def __init__(self, control: dict, base: KafkaSpec, threads: int, base_seed: int):
+    """`base`: the run's address, key and this machine's security settings."""
     self.cfg = config_lib.from_dict(control["config"])
     self.param_dir = pathlib.Path(control["param_dir"])
     if not self.param_dir.is_dir():
@@ -109,14 +107,10 @@ class _Incarnation:
         "mount the learner's workdir at the same path (shared storage)"
       )
     self.incarnation = control.get("incarnation", "")
-    self.spec = KafkaSpec(
-      bootstrap=bootstrap,
-      run_id=run_id,
-      partitions=int(control["partitions"]),
-      incarnation=self.incarnation,
-      key=key,
+    self.spec = dataclasses.replace(
+      base, partitions=int(control["partitions"]), incarnation=self.incarnation
     )
-    self.threads, self.base_seed, self.key = threads, base_seed, key
+    self.threads, self.base_seed, self.key = threads, base_seed, base.key
 
   def make_spec(self, i: int, restarts: int) -> SamplerSpec:
     return SamplerSpec(

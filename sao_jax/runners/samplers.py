@@ -23,7 +23,7 @@ from collections.abc import Callable
 from sao_jax import config as config_lib
 from sao_jax.procs import pin_process, stop_processes
 from sao_jax.runners.sampler_proc import SamplerError, SamplerSpec, sampler_main
-from sao_jax.transport import auth
+from sao_jax.transport import auth, kafka_security
 from sao_jax.transport.base import EmbeddedSpec
 from sao_jax.transport.broker import BrokerError, LocalBroker, wait_until_answers
 from sao_jax.transport.kafka import KafkaSpec
@@ -187,11 +187,20 @@ class SamplerPool:
     if t.kind == "embedded":
       return EmbeddedSpec(self.ctx)
     bootstrap = t.bootstrap_servers
+    try:
+      security = kafka_security.from_config(t)
+    except kafka_security.SecurityError as err:
+      raise config_lib.ConfigError(f"transport: {err}") from None
     if not bootstrap:
+      if security:
+        raise config_lib.ConfigError(
+          "transport.security_protocol applies to a broker of yours "
+          "(transport.bootstrap_servers); the local broker a run starts listens on loopback only"
+        )
       self.broker = LocalBroker().start()
       bootstrap = self.broker.bootstrap
     else:
-      wait_until_answers(bootstrap, timeout=10.0)
+      wait_until_answers(bootstrap, timeout=10.0, security=security)
     run_id = self.run_id or t.run_id or new_run_id(self.cfg)
     spec = KafkaSpec(
       bootstrap=bootstrap,
@@ -200,6 +209,7 @@ class SamplerPool:
       broker_timeout_s=t.broker_timeout_s,
       incarnation=uuid.uuid4().hex[:8],
       key=self.key,
+      security=security,
     )
     spec.create_topics()
     spec.announce(

@@ -51,10 +51,13 @@ _WATCHDOG = (
 )
 
 
-def probe(bootstrap: str, timeout: float = 2.0) -> Exception | None:
-  """One Kafka metadata request to `bootstrap`: None if it answered, else the error."""
+def probe(bootstrap: str, timeout: float = 2.0, security: dict | None = None) -> Exception | None:
+  """One Kafka metadata request to `bootstrap` (TLS / SASL as `security` says:
+  `kafka_security.settings`): None if it answered, else the error."""
   from kafka import KafkaAdminClient
   from kafka.errors import KafkaError
+
+  from sao_jax.transport import kafka_security
 
   # A plain TCP connect first: kafka-python's clients retry an unreachable bootstrap for
   # tens of seconds before giving up, which would hide the real error that long.
@@ -62,7 +65,11 @@ def probe(bootstrap: str, timeout: float = 2.0) -> Exception | None:
     return ConnectionRefusedError(f"nothing listens at {bootstrap}")
   try:
     admin = KafkaAdminClient(
-      bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000), client_id="sao-jax-probe"
+      bootstrap_servers=bootstrap,
+      request_timeout_ms=int(timeout * 1000),
+      bootstrap_timeout_ms=int(timeout * 1000),  # (its default waits 30 s for a bad answer)
+      client_id="sao-jax-probe",
+      **kafka_security.with_secrets(security or {}),
     )
     try:
       admin.list_topics()
@@ -73,15 +80,27 @@ def probe(bootstrap: str, timeout: float = 2.0) -> Exception | None:
   return None
 
 
-def wait_until_answers(bootstrap: str, timeout: float = 10.0, proc=None, log=None) -> None:
-  """Blocks until a Kafka metadata request to `bootstrap` succeeds; clear error otherwise."""
+def wait_until_answers(
+  bootstrap: str,
+  timeout: float = 10.0,
+  proc=None,
+  log=None,
+  security: dict | None = None,
+  tcp_only: bool = False,
+) -> None:
+  """Blocks until a Kafka metadata request to `bootstrap` succeeds (with `tcp_only`, until
+  it accepts connections: a broker whose advertised address is not yet served); clear error
+  otherwise."""
   deadline = time.time() + timeout
   last = None
   while time.time() < deadline:
     if proc is not None and proc.poll() is not None:
       tail = pathlib.Path(log).read_text()[-2000:] if log else ""
       raise BrokerError(f"broker exited with code {proc.returncode} before answering:\n{tail}")
-    last = probe(bootstrap)
+    if tcp_only:
+      last = None if _tcp_open(bootstrap) else ConnectionRefusedError(f"nothing at {bootstrap}")
+    else:
+      last = probe(bootstrap, security=security)
     if last is None:
       return
     time.sleep(0.1)
@@ -97,6 +116,7 @@ def retry_until_answers(
   what: str = "",
   first_wait_s: float = 0.25,
   max_wait_s: float = 4.0,
+  security: dict | None = None,
 ) -> None:
   """Returns once the broker answers; probes with exponential backoff (`first_wait_s`,
   doubling, at most `max_wait_s` apart) and raises `BrokerError` naming `bootstrap` after
@@ -109,7 +129,7 @@ def retry_until_answers(
   wait, tries = first_wait_s, 0
   while True:
     tries += 1
-    last = probe(bootstrap)
+    last = probe(bootstrap, security=security)
     if last is None:
       return
     left = budget_s - (time.monotonic() - t0)
@@ -135,9 +155,18 @@ def _tcp_open(bootstrap: str) -> bool:
 class LocalBroker:
   """Context manager: `with LocalBroker() as b: ... b.bootstrap ...`."""
 
-  def __init__(self, host: str = "127.0.0.1", port: int = 0, log_dir: str | None = None):
+  def __init__(
+    self,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    log_dir: str | None = None,
+    advertised: str | None = None,
+  ):
+    """`advertised`: the HOST:PORT clients are told to connect to, when that is not the
+    broker's own listener (e.g. a TLS terminator in front of it); None: the listener."""
     self.host, self.port = host, port or free_port(host)
     self.bootstrap = f"{host}:{self.port}"
+    self.advertised = advertised or self.bootstrap
     self._log_dir = log_dir
     self.proc: subprocess.Popen | None = None  # the broker
     self.log_path: pathlib.Path | None = None
@@ -163,7 +192,7 @@ class LocalBroker:
       "--listener-url",
       url,
       "--advertised-listener-url",
-      url,
+      f"tcp://{self.advertised}",
       "--storage-engine",
       "memory://tansu/",
     ]
@@ -181,7 +210,9 @@ class LocalBroker:
     finally:
       os.close(read_end)
     try:
-      wait_until_answers(self.bootstrap, timeout, self.proc, self.log_path)
+      # (advertising another address, e.g. a TLS terminator's: only the listener is ours)
+      tcp_only = self.advertised != self.bootstrap
+      wait_until_answers(self.bootstrap, timeout, self.proc, self.log_path, tcp_only=tcp_only)
     except BaseException:
       self._keep_log = True
       self.stop()

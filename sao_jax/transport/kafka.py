@@ -49,7 +49,7 @@ import contextlib
 import dataclasses
 import time
 
-from sao_jax.transport import auth, records
+from sao_jax.transport import auth, kafka_security, records
 from sao_jax.transport.broker import BrokerError, retry_until_answers
 
 _CLIENT = dict(request_timeout_ms=10_000, retry_backoff_ms=100, reconnect_backoff_max_ms=2000)
@@ -67,6 +67,8 @@ class KafkaSpec:
   # The run's key (`sao_jax.transport.auth`): task records and announcements are sealed
   # with it and checked against it. Never printed (repr) and never announced.
   key: bytes | None = dataclasses.field(default=None, repr=False)
+  # TLS / SASL settings of every client (`kafka_security.settings`: no secrets in it).
+  security: dict = dataclasses.field(default_factory=dict)
 
   def topic(self, name: str) -> str:
     if name == "tasks" and self.incarnation:
@@ -83,7 +85,12 @@ class KafkaSpec:
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
-    admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="sao-jax-admin", **_CLIENT)
+    admin = KafkaAdminClient(
+      bootstrap_servers=self.bootstrap,
+      client_id="sao-jax-admin",
+      **_CLIENT,
+      **kafka_security.with_secrets(self.security),
+    )
     try:
       for name, n in (
         ("tasks", self.partitions),
@@ -113,7 +120,12 @@ class KafkaSpec:
     from kafka import KafkaAdminClient
     from kafka.errors import UnknownTopicOrPartitionError
 
-    admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="sao-jax-admin", **_CLIENT)
+    admin = KafkaAdminClient(
+      bootstrap_servers=self.bootstrap,
+      client_id="sao-jax-admin",
+      **_CLIENT,
+      **kafka_security.with_secrets(self.security),
+    )
     try:
       prefix = f"sao.{self.run_id}.tasks"
 
@@ -201,6 +213,7 @@ def _client(spec: KafkaSpec) -> dict:
     _CLIENT,
     bootstrap_timeout_ms=int(spec.broker_timeout_s * 1000),
     allow_auto_create_topics=False,
+    **kafka_security.with_secrets(spec.security),
   )
 
 
@@ -240,6 +253,7 @@ class _BrokerWatch:
         self.spec.bootstrap,
         self.spec.broker_timeout_s,
         what=f" ({self.role} of run {self.spec.run_id})",
+        security=self.spec.security,
       )
     except BrokerError:
       self.lost = True
@@ -332,6 +346,7 @@ class ControlWatcher:
       auto_offset_reset="latest",
       fetch_max_wait_ms=200,
       **_CLIENT,
+      **kafka_security.with_secrets(spec.security),
     )
     self._consumer.assign([TopicPartition(spec.topic("control"), 0)])
 
