@@ -107,6 +107,21 @@ def kafka_broker():
     yield broker
 
 
+@pytest.fixture(scope="session")
+def tls_broker(tmp_path_factory):
+  """A local broker reachable only through TLS: (its TLS address, the CA certificate)."""
+  from tls_terminator import TlsTerminator, self_signed
+
+  from sao_jax.transport.broker import LocalBroker, free_port
+
+  cert, key = self_signed(tmp_path_factory.mktemp("tls"))
+  front = free_port()  # the terminator's port, which the broker advertises
+  broker = LocalBroker(advertised=f"127.0.0.1:{front}")
+  # The terminator first: the broker's start-up probe follows the advertised address.
+  with TlsTerminator(broker.bootstrap, cert, key, port=front) as tls, broker:
+    yield tls.address, cert
+
+
 def pytest_collection_modifyitems(config, items):
   """Orders the modules with the most end-to-end runs (marked slow) first, each module's tests
   together and in their order, so that pytest-xdist's workers (one module at a time: a

@@ -127,21 +127,6 @@ def test_over_kafka_tasks_and_announcements_need_the_key(kafka_broker):
   assert "key" not in repr(spec) and key.hex() not in repr(spec)  # never printed
 
 
-@pytest.fixture(scope="module")
-def tls_broker(tmp_path_factory):
-  """A local broker reachable only through TLS: (its TLS address, the CA certificate)."""
-  from tls_terminator import TlsTerminator, self_signed
-
-  from sao_jax.transport.broker import LocalBroker, free_port
-
-  cert, key = self_signed(tmp_path_factory.mktemp("tls"))
-  front = free_port()  # the terminator's port, which the broker advertises
-  broker = LocalBroker(advertised=f"127.0.0.1:{front}")
-  # The terminator first: the broker's start-up probe follows the advertised address.
-  with TlsTerminator(broker.bootstrap, cert, key, port=front) as tls, broker:
-    yield tls.address, cert
-
-
 def test_every_kafka_client_speaks_tls_when_told(tls_broker, monkeypatch):
   """transport.security_protocol='SSL' with the CA file: topics made, tasks and trajectories
   through, the liveness probe answered; a plain-TCP client at the same address gets nothing.

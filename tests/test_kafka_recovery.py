@@ -37,8 +37,19 @@ def _stop(*procs):
       p.wait()
 
 
-def test_learner_and_sampler_roles_started_separately(kafka_broker, repo_root, tmp_path):
+def test_learner_and_sampler_roles_started_separately(tls_broker, repo_root, tmp_path):
+  """The two roles as on two machines: the broker reachable only over TLS, the sampler with
+  a copy of the run's key and its own TLS settings. The run completes; a sampler without the
+  key does not see the run at all."""
+  from sao_jax.transport import auth
+
+  address, cert = tls_broker
   run_id = f"roles-{uuid.uuid4().hex[:8]}"
+  key_copy = tmp_path / "copy" / auth.KEY_FILE  # made first, copied as an operator would
+  auth.load_or_create(tmp_path / "w")
+  key_copy.parent.mkdir()
+  shutil.copy(tmp_path / "w" / auth.KEY_FILE, key_copy)
+  tls = ["--set", "transport.security_protocol=SSL", "--set", f"transport.ssl_cafile={cert}"]
   learner = _popen(
     [
       "learner",
@@ -48,29 +59,27 @@ def test_learner_and_sampler_roles_started_separately(kafka_broker, repo_root, t
       str(tmp_path / "w"),
       "--no-progress",
       "--set",
-      f"transport.bootstrap_servers={kafka_broker.bootstrap}",
+      f"transport.bootstrap_servers={address}",
       "--set",
       f"transport.run_id={run_id}",
       "--set",
       "rl.steps=8",
+      *tls,
     ],
     repo_root,
   )
-  sampler = _popen(
-    [
-      "sampler",
-      "--bootstrap",
-      kafka_broker.bootstrap,
-      "--run-id",
-      run_id,
-      "--num",
-      "2",
-      "--wait",
-      "120",
-    ],
-    repo_root,
-  )
+  role = ["sampler", "--bootstrap", address, "--run-id", run_id]
+  role += ["--security-protocol", "SSL", "--ssl-cafile", str(cert)]
+  sampler = _popen([*role, "--num", "2", "--wait", "120", "--key-file", str(key_copy)], repo_root)
   try:
+    keyless = subprocess.run(
+      [sys.executable, "-m", "sao_jax.cli", *role, "--wait", "5"],
+      cwd=repo_root,
+      env=subprocess_env(),
+      capture_output=True,
+      text=True,
+      timeout=120,
+    )
     out_l, _ = learner.communicate(timeout=300)
     assert learner.returncode == 0, out_l[-3000:]
     out_s, _ = sampler.communicate(timeout=60)  # stops when the learner announces the end
@@ -78,8 +87,10 @@ def test_learner_and_sampler_roles_started_separately(kafka_broker, repo_root, t
   finally:
     _stop(learner, sampler)
   assert "2 process(es) joined" in out_s and f"run {run_id} finished" in out_s
+  assert keyless.returncode == 2 and "--key-file" in keyless.stderr, keyless.stderr
   rl = json.loads((tmp_path / "w" / "summary.json").read_text())["rl"]
   assert rl["steps"] == 8 and rl["trajectories"] >= 8 * 16 and rl["bad_records"] == 0
+  assert rl["rejected"]["unauthenticated"] == 0
 
 
 def test_sampler_role_names_a_missing_run(kafka_broker, repo_root):
@@ -137,6 +148,9 @@ def test_learner_kill_9_replays_from_committed_offsets(kafka_broker, repo_root, 
   ]
   role = None
   if samplers == "remote":
+    from sao_jax.transport import auth
+
+    auth.load_or_create(workdir)  # the run's key, before either role starts
     role = _popen(
       [
         "sampler",
@@ -148,6 +162,8 @@ def test_learner_kill_9_replays_from_committed_offsets(kafka_broker, repo_root, 
         "2",
         "--wait",
         "240",
+        "--key-file",
+        str(workdir / auth.KEY_FILE),
       ],
       repo_root,
     )
