@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sao_jax import admission, distributed, interrupt, recovery, startup
+from sao_jax import admission, distributed, interrupt, procs, recovery, startup
 from sao_jax import checkpoint as ckpt_lib
 from sao_jax import config as config_lib
 from sao_jax.batches import SAOBatch
@@ -72,16 +72,6 @@ STALENESS_BINS = 8  # histogram buckets 0..7, the last one is ">= 7"
 # Updates watched after each start, resume or rollback (staleness, off-policy deviation, drops):
 # the restart transient in the event log, the metrics and summary.json.
 TRANSIENT_UPDATES = 20
-
-
-def process_tree_rss_mb(pids) -> float:
-  """Resident memory now of the given processes (Linux /proc), in MiB."""
-  total = 0
-  for pid in pids:
-    with contextlib.suppress(OSError):
-      with open(f"/proc/{pid}/statm") as f:
-        total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-  return total / 2**20
 
 
 def poisoned(cfg: config_lib.Config, update: int) -> bool:
@@ -655,7 +645,9 @@ class SAOLearner:
 
   def _row(self, metrics, staleness: np.ndarray, tu: float, t_done: float, val_acc) -> dict:
     loop = self.loop
-    loop.rss_peak = max(loop.rss_peak, process_tree_rss_mb([os.getpid(), *self.pool.pids()]))
+    # The learner's whole process tree (samplers and a local broker included), by the one
+    # method the benchmark uses too (sao_jax.procs.tree_memory_mb), sampled at each row.
+    loop.rss_peak = max(loop.rss_peak, procs.tree_memory_mb(os.getpid())["rss"])
     wall = time.time() - loop.t_loop
     hist = np.bincount(np.minimum(staleness, STALENESS_BINS - 1), minlength=STALENESS_BINS)
     c = loop.counts
