@@ -7,7 +7,7 @@ SFT start per seed.
   python experiments/backpressure.py --seeds 1 --seconds 20 --variant tiny   # smoke test
 
 The competing job: `--hog` spinning processes (pure Python, one thread each). With the roles
-pinned (the default, `sao.pin_cores=True`: learner on core 0, samplers on the others) they
+pinned (the default, `samplers.pin_cores=True`: learner on core 0, samplers on the others) they
 are pinned to the learner's core, so the learner runs at a fraction of its speed while the
 samplers do not: the case where samplers out-produce it. `--no-pin` leaves every process
 free to move (the hog then slows samplers and learner alike).
@@ -81,7 +81,7 @@ def main(argv=None) -> dict:
   pin = not args.no_pin
   if pin and (os.cpu_count() or 1) < 2:
     raise SystemExit("pinned roles need at least 2 CPU cores (or pass --no-pin)")
-  sets = [*args.set, f"sao.pin_cores={pin}"]
+  sets = [*args.set, f"samplers.pin_cores={pin}"]
   base = load_config(args.config, args.variant, sets)  # a bad config fails here, at once
   config = f"{args.config}:{args.variant}"
   out, work = pathlib.Path(args.out), pathlib.Path(args.workdir)

@@ -5,7 +5,7 @@ machine, from one shared SFT checkpoint per seed, each arm a `sao-jax train` pro
   python experiments/bench_sync_vs_async.py --config experiments/configs/sao_chain.py \\
       --out results/bench_chain                                  # heavy-tailed lengths
   python experiments/bench_sync_vs_async.py --config experiments/configs/sao_chain.py \\
-      --set sao.pin_cores=True --out results/bench_chain_pinned  # roles on their own cores
+      --set samplers.pin_cores=True --out results/bench_chain_pinned  # roles on their own cores
   python experiments/bench_sync_vs_async.py --variant tiny --seconds 15 --seeds 2  # smoke test
   python experiments/bench_sync_vs_async.py --arm-set sao:rl.optim.lr=3e-4 \\
       --arm-set grpo:rl.prompts_per_step=8                       # each arm's tuned values

@@ -18,7 +18,7 @@ that the benchmark runs (`experiments/bench_sync_vs_async.py`, same --config/--s
   sampler profile  the same for `sao_sampling` (the batch sampler's call: padding, the
                    jitted sample; its environment steps are taken out and charged per row
                    as `score_s`: make, reset and step an environment) inside a spawned
-                   process configured as a sampler process is (`sao.sampler_threads`); plus
+                   process configured as a sampler process is (`samplers.threads`); plus
                    its start-up (spawn to the end of its first call), parameter load (poll +
                    unflatten + device_put) and per-record encode + queue put.
   continuous       in the same process, the continuous-batching programs of
@@ -321,7 +321,7 @@ def _sampler_child(cfg_dict, param_dir, sizes, reps, quick, t_spawn, out_q, wind
   """Runs in a process configured like a sampler process; reports through `out_q`."""
   from sao_jax.runners.sampler_proc import SamplerSpec, _configure_process
 
-  cfg_threads = cfg_dict["sao"]["sampler_threads"]
+  cfg_threads = cfg_dict["samplers"]["threads"]
   _configure_process(
     SamplerSpec(
       sampler_id=0,

@@ -44,6 +44,7 @@ import threading
 
 import numpy as np
 
+from sao_jax import config as config_lib
 from sao_jax import results_file, sim
 from sao_jax.metrics import read_jsonl
 
@@ -189,11 +190,11 @@ def sao_policy_for(cfg: dict) -> str:
 
 def arm_scenarios(cfg: dict, sao_policy: str) -> dict[str, tuple[str, dict]]:
   """arm -> (simulator policy, scenario fields) from the benchmark's config."""
-  rl, sao = cfg["rl"], cfg["sao"]
+  rl, sao = cfg["rl"], cfg["sao"]  # (cfg in today's schema: config.upgrade)
   rows = rl["prompts_per_step"] * rl["group_size"]
   continuous = sao.get("continuous", False)
   samplers = dict(
-    num_samplers=sao["num_samplers"],
+    num_samplers=cfg["samplers"]["num"],
     slots=sao["sampler_slots"],
     refill_rows=sao.get("refill_rows", 0) if continuous else 0,
     colocated=True,
@@ -343,13 +344,14 @@ def main(argv=None) -> dict:
       load = old.get("load_during", {})
   cal = results_file.load(args.costs)
   costs = sim.Costs.from_dict(cal["costs"])
-  cfg = bres["config"]
+  # (both in today's schema: a result written before a key moved has it at its old place)
+  cfg, cal_cfg = config_lib.upgrade(bres["config"]), config_lib.upgrade(cal["config"])
   rl = cfg["rl"]
   diffs = {
-    k: (cal["config"][s][k], cfg[s][k])
-    for s in ("model", "rl", "sao", "task")
+    k: (cal_cfg[s][k], cfg[s][k])
+    for s in ("model", "rl", "sao", "samplers", "task")
     for k in cfg[s]
-    if cal["config"][s].get(k) != cfg[s][k] and k not in ("max_seconds", "steps", "algorithm")
+    if cal_cfg[s].get(k) != cfg[s][k] and k not in ("max_seconds", "steps", "algorithm")
   }
   rows = rl["prompts_per_step"] * rl["group_size"]
   runs = bench_runs(bench, work)

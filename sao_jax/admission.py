@@ -18,7 +18,7 @@ record (pure); `RecordGuard` applies it at the learner's door, per sampler:
   was rejected, the sampler is quarantined: its records are dropped and counted
   (`rejected_quarantined`), one line is printed, and `on_quarantine` is called with the
   offending record's meta (the SAO learner stops a local sampler there; the pool's restart
-  supervision replaces it, within `sao.max_sampler_restarts`, as a fresh process with a
+  supervision replaces it, within `samplers.max_restarts`, as a fresh process with a
   fresh prefix and a clean window).
 
 Tasks: the guard counts the tasks handed out and not yet answered, per index, and remembers

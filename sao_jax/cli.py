@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides += [
           "transport.kind=kafka",
           "rl.algorithm=sao",
-          f"sao.num_samplers={args.local_samplers}",
+          f"samplers.num={args.local_samplers}",
         ]
       cfg = load_config(args.config, overrides=overrides)
       from sao_jax import interrupt

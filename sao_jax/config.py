@@ -321,7 +321,6 @@ class SAOConfig:
   `sao_jax.learner.make_sao_update` (clip_eps binds only from the second epoch).
   """
 
-  num_samplers: int = 2  # on this machine; 0: only samplers that join (`sao-jax sampler`)
   sampler_slots: int = 32
   batch_size: int = 128
   param_sync_every: int = 1
@@ -351,30 +350,21 @@ class SAOConfig:
   continuous: bool = True
   refill_rows: int = 8
   inflight: Literal["off", "steps", "tokens"] = "tokens"
-  sampler_threads: int = 0  # XLA intra-op threads per sampler process (0: XLA default)
-  pin_cores: bool = False  # learner on core 0, samplers on the others (needs >= 2 cores)
   # Backpressure: work ahead of the learner (tasks outstanding + records buffered) bounded
-  # by one batch plus num_samplers x sampler_slots in flight, topped up as each batch leaves
+  # by one batch plus samplers.num x sampler_slots in flight, topped up as each batch leaves
   # the buffer; False: the earlier bound (one batch plus two calls per sampler outstanding,
   # buffered records not counted). See SAOLearner.work_ahead_room.
   backpressure: bool = True
-  max_sampler_restarts: int = 5  # a sampler that dies is restarted, this many times per run
-  # A sampler process is quarantined (its records dropped; a local one stopped and restarted
-  # by the supervision above) once `quarantine_rate` of its last `quarantine_window` records
-  # were rejected at the learner's door (sao_jax.admission); window 0: never.
-  quarantine_window: int = 50
-  quarantine_rate: float = 0.5
 
   def __post_init__(self):
     _check(
-      self.num_samplers >= 0 and self.sampler_slots >= 1 and self.batch_size >= 1,
-      "sao.num_samplers >= 0, sampler_slots and batch_size >= 1",
+      self.sampler_slots >= 1 and self.batch_size >= 1,
+      "sao.sampler_slots and sao.batch_size must be >= 1",
     )
     _check(self.param_sync_every >= 1, "sao.param_sync_every must be >= 1")
     _check(self.max_staleness >= 0, "sao.max_staleness must be >= 0")
     _check(self.priority_eps > 0, "sao.priority_eps must be > 0")
     _check(self.tracker_d_half > 0, "sao.tracker_d_half must be > 0")
-    _check(self.sampler_threads >= 0, "sao.sampler_threads must be >= 0 (0: XLA default)")
     _check_choices(self, "sao.")
     _check(self.value_coef >= 0, "sao.value_coef must be >= 0")
     _check(
@@ -382,16 +372,57 @@ class SAOConfig:
       f"sao.refill_rows {self.refill_rows} not in 1..sampler_slots {self.sampler_slots}",
     )
     _check(self.adv_std_floor > 0, "sao.adv_std_floor must be > 0")
-    _check(self.max_sampler_restarts >= 0, "sao.max_sampler_restarts must be >= 0")
     _check(self.is_cap >= 1.0 and self.freshness_half_life > 0, "sao.is_cap >= 1, half_life > 0")
     _check(
       0 < self.tracker_rho_min <= self.tracker_rho_max <= 1,
       "sao: need 0 < tracker_rho_min <= tracker_rho_max <= 1",
     )
-    _check(self.quarantine_window >= 0, "sao.quarantine_window must be >= 0 (0: never)")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplersConfig:
+  """The sampler processes of a run that samples outside the learner (SAO, or GRPO with
+  rl.sampling='samplers'): how many, how they run and how they are supervised. Process
+  settings, not the algorithm's (`sao.*`): changing them changes how fast, not what is
+  computed.
+
+  num: local sampler processes (0: only samplers that join, `sao-jax sampler`); threads: XLA
+  intra-op threads per sampler process (0: XLA's default); pin_cores: the learner on core 0
+  and the samplers on the others (needs >= 2 cores); max_restarts: a sampler that dies is
+  restarted this many times per run; a sampler process is quarantined (its records dropped;
+  a local one stopped and restarted by that supervision) once `quarantine_rate` of its last
+  `quarantine_window` records were rejected at the learner's door (sao_jax.admission);
+  window 0: never.
+  """
+
+  num: int = 2
+  threads: int = 0
+  pin_cores: bool = False
+  max_restarts: int = 5
+  quarantine_window: int = 50
+  quarantine_rate: float = 0.5
+
+  def __post_init__(self):
+    _check(self.num >= 0, "samplers.num must be >= 0 (0: only samplers that join)")
+    _check(self.threads >= 0, "samplers.threads must be >= 0 (0: XLA default)")
+    _check(self.max_restarts >= 0, "samplers.max_restarts must be >= 0")
+    _check(self.quarantine_window >= 0, "samplers.quarantine_window must be >= 0 (0: never)")
     _check(
-      0 < self.quarantine_rate <= 1, f"sao.quarantine_rate {self.quarantine_rate} not in (0, 1]"
+      0 < self.quarantine_rate <= 1,
+      f"samplers.quarantine_rate {self.quarantine_rate} not in (0, 1]",
     )
+
+
+# Keys moved between sections (old -> new): refused by name on the command line, mapped when
+# a config saved before the move is read back (`upgrade`).
+MOVED = {
+  "sao.num_samplers": "samplers.num",
+  "sao.sampler_threads": "samplers.threads",
+  "sao.pin_cores": "samplers.pin_cores",
+  "sao.max_sampler_restarts": "samplers.max_restarts",
+  "sao.quarantine_window": "samplers.quarantine_window",
+  "sao.quarantine_rate": "samplers.quarantine_rate",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -751,6 +782,7 @@ class Config:
   sft: SFTConfig = SFTConfig()
   rl: RLConfig = RLConfig()
   sao: SAOConfig = SAOConfig()
+  samplers: SamplersConfig = SamplersConfig()
   transport: TransportConfig = TransportConfig()
   eval: EvalConfig = EvalConfig()
   recovery: RecoveryConfig = RecoveryConfig()
@@ -772,8 +804,8 @@ class Config:
       self.log_every > 0 and self.checkpoint_every > 0, "log_every and checkpoint_every must be > 0"
     )
     _check(
-      self.sao.num_samplers > 0 or self.transport.kind == "kafka",
-      "sao.num_samplers=0 (remote samplers only) needs transport.kind=kafka",
+      self.samplers.num > 0 or self.transport.kind == "kafka",
+      "samplers.num=0 (remote samplers only) needs transport.kind=kafka",
     )
     _check(
       not (self.rl.algorithm == "grpo" and self.rl.sampling == "samplers")
@@ -840,6 +872,8 @@ def _set_path(d: dict, cls, key: str, value: Any, full: str = "", root=None) -> 
   full, root = full or key, root or cls
   head, _, rest = key.partition(".")
   hints = typing.get_type_hints(cls)
+  if full in MOVED and root is Config:
+    raise ConfigError(f"config key {full!r} moved: it is {MOVED[full]!r} now")
   if head not in hints:
     near = suggest_key(full, root)
     hint = f"did you mean {near!r}? " if near else ""
@@ -962,11 +996,17 @@ def upgrade(d: dict, cls=Config) -> dict:
 
   That is a faithful upgrade because every new field defaults to the behaviour before it (the
   rule for adding one), so a checkpoint or result from before the field ran as its default
-  does, and compares equal to a config resolved today with the field at its default. No field
-  has been renamed or moved between sections in the project's history; a rename would map its
-  old key here. Keys unknown today are kept, for `from_dict` to refuse by name."""
+  does, and compares equal to a config resolved today with the field at its default. A field
+  moved between sections is taken to its new place (MOVED: the sampler-process settings left
+  `sao` for `samplers`). Keys unknown today are kept, for `from_dict` to refuse by name."""
   default = json.loads(json.dumps(to_dict(cls())))
-  return _fill(json.loads(json.dumps(d)), default)
+  saved = json.loads(json.dumps(d))
+  if cls is Config:
+    for old, new in MOVED.items():
+      (old_sec, old_key), (new_sec, new_key) = old.split("."), new.split(".")
+      if isinstance(saved.get(old_sec), dict) and old_key in saved[old_sec]:
+        saved.setdefault(new_sec, {})[new_key] = saved[old_sec].pop(old_key)
+  return _fill(saved, default)
 
 
 def _fill(saved: dict, default: dict) -> dict:

@@ -271,7 +271,7 @@ def estimate(
     slots = cfg.sao.sampler_slots
     cache = kv_bytes(m, slots, k_rl)
     sampler = {
-      "processes": cfg.sao.num_samplers,
+      "processes": cfg.samplers.num,
       "slots": slots,
       "params": 4 * n,
       "kv_cache": cache,

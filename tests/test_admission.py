@@ -306,9 +306,9 @@ def test_poisoner_sends_each_kind_as_configured():
   with pytest.raises(config.ConfigError, match="poison_kinds"):
     config.FaultsConfig(poison_kinds=("typo",))
   with pytest.raises(config.ConfigError, match="quarantine_rate"):
-    config.SAOConfig(quarantine_rate=0.0)
+    config.SamplersConfig(quarantine_rate=0.0)
   with pytest.raises(config.ConfigError, match="quarantine_window"):
-    config.SAOConfig(quarantine_window=-1)
+    config.SamplersConfig(quarantine_window=-1)
 
 
 @pytest.mark.slow
@@ -336,7 +336,7 @@ def test_a_live_run_rejects_every_injected_poison_and_trains(repo_root, tmp_path
       "log_every=1",
       "sft.steps=2",
       "eval.num_problems=16",
-      "sao.num_samplers=1",
+      "samplers.num=1",
     ],
   )
   proc = subprocess.run(

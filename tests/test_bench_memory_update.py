@@ -48,7 +48,6 @@ def test_bench_memory_update_quick(tmp_path, repo_root, capsys):
   assert smp["speedup"]["n"] == 2 and all(t > 0 for t in smp["cached"]["values"])
   # A task the config does not have is refused with the ones it has (in this process: the
   # refusal comes before any program, and a new process would mostly import JAX).
-  sys.path.insert(0, str(repo_root / "experiments"))
   import bench_memory_update
 
   capsys.readouterr()

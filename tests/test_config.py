@@ -1,4 +1,5 @@
 import dataclasses
+import json
 
 import pytest
 
@@ -129,3 +130,17 @@ def test_a_refused_config_leaves_the_workdir_untouched(tmp_path):
   with pytest.raises(C.ConfigError, match="model.vocab_size 3 <"):
     run(cfg, tmp_path / "w", show_progress=False)
   assert not (tmp_path / "w").exists()
+
+
+def test_moved_keys_are_refused_by_name_and_old_configs_read_back():
+  """The sampler-process settings left `sao` for `samplers`: the old key on the command line
+  says where it went; a config saved before the move reads back to the same config."""
+  with pytest.raises(C.ConfigError, match="'sao.pin_cores' moved: it is 'samplers.pin_cores'"):
+    C.apply_overrides(C.Config(), ["sao.pin_cores=True"])
+  cfg = C.apply_overrides(C.Config(), ["samplers.num=3", "samplers.quarantine_rate=0.25"])
+  old = C.to_dict(cfg)
+  old["sao"].update(num_samplers=3, quarantine_rate=0.25, sampler_threads=0)
+  del old["samplers"]
+  assert C.from_dict(C.upgrade(json.loads(json.dumps(old)))) == cfg
+  assert set(C.MOVED.values()) <= set(C.config_keys())
+  assert not set(C.MOVED) & set(C.config_keys())

@@ -11,7 +11,15 @@ import jax.numpy as jnp
 import pytest
 
 from sao_jax import estimates as E
-from sao_jax.config import Config, EvalConfig, ModelConfig, RLConfig, SAOConfig, SFTConfig
+from sao_jax.config import (
+  Config,
+  EvalConfig,
+  ModelConfig,
+  RLConfig,
+  SamplersConfig,
+  SAOConfig,
+  SFTConfig,
+)
 from sao_jax.models import make_model
 
 # D=8, 1 layer, 2 heads of 4, 1 kv head, MLP 16, vocabulary 10, q/k/v biases, tied.
@@ -61,7 +69,8 @@ def _cfg(**kw) -> Config:
     model=TINY,
     sft=SFTConfig(steps=1, batch_size=4),
     rl=RLConfig(algorithm="sao", steps=1, max_new_tokens=6),
-    sao=SAOConfig(num_samplers=2, sampler_slots=3, refill_rows=3, batch_size=5),
+    sao=SAOConfig(sampler_slots=3, refill_rows=3, batch_size=5),
+    samplers=SamplersConfig(num=2),
     eval=EvalConfig(num_problems=1, batch_size=7),
     **kw,
   )

@@ -212,7 +212,7 @@ def _sao_cmd(workdir, steps):
     "eval.num_problems": 16,
     "eval.batch_size": 16,
     "transport.kind": "embedded",
-    "sao.num_samplers": SAMPLERS,
+    "samplers.num": SAMPLERS,
     "sao.sampler_slots": 16,
   }
   return train_cmd(

@@ -12,7 +12,15 @@ import pytest
 
 from sao_jax.batches import SAOBatch
 from sao_jax.buffer import Item, TrajectoryBuffer, batch_rows
-from sao_jax.config import Config, MeshConfig, ModelConfig, OptimConfig, RLConfig, SAOConfig
+from sao_jax.config import (
+  Config,
+  MeshConfig,
+  ModelConfig,
+  OptimConfig,
+  RLConfig,
+  SamplersConfig,
+  SAOConfig,
+)
 from sao_jax.envs.base import StepResult, Task
 from sao_jax.learner import make_optimizer, make_sao_update
 from sao_jax.models.transformer import TransformerLM
@@ -311,7 +319,9 @@ def test_work_ahead_of_the_learner_is_bounded(backpressure):
     return [Item(rec, seq=k, pos=None) for k in range(n)]
 
   learner = SAOLearner.__new__(SAOLearner)
-  learner.cfg = Config(sao=SAOConfig(num_samplers=2, sampler_slots=8, backpressure=backpressure))
+  learner.cfg = Config(
+    sao=SAOConfig(sampler_slots=8, backpressure=backpressure), samplers=SamplersConfig(num=2)
+  )
   learner.rows, learner.loop = 16, LoopState()
   learner.buffer = TrajectoryBuffer(16, max_staleness=4)
   learner.loop.step = 10

@@ -174,7 +174,7 @@ def test_ctrl_c_stops_everything(start, tmp_path, to):
 
 def test_a_sampler_dying_beyond_the_restart_budget_stops_the_run(start, tmp_path):
   """(Within the budget a dead sampler is restarted: tests/test_faults.py.)"""
-  proc, tag = start(tmp_path / "w", *LONG, "--set", "sao.max_sampler_restarts=0")
+  proc, tag = start(tmp_path / "w", *LONG, "--set", "samplers.max_restarts=0")
   _wait_for_rl_rows(tmp_path / "w", proc)
   samplers = [
     p

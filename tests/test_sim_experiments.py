@@ -8,13 +8,11 @@ import subprocess
 import sys
 
 import pytest
+import sim_seed_scale
+import validate_sim
 from conftest import REPO_ROOT, subprocess_env
 
-sys.path.insert(0, str(REPO_ROOT / "experiments"))
-import sim_seed_scale  # noqa: E402
-import validate_sim  # noqa: E402
-
-from sao_jax.sim import Costs, Profile, Scenario, preset, simulate  # noqa: E402
+from sao_jax.sim import Costs, Profile, Scenario, preset, simulate
 
 
 def _costs() -> Costs:

@@ -22,6 +22,7 @@ from sao_jax.config import (
   OptimConfig,
   RecoveryConfig,
   RLConfig,
+  SamplersConfig,
   SAOConfig,
   SFTConfig,
   TaskConfig,
@@ -42,7 +43,8 @@ def get_config(variant: str = "default") -> Config:
       max_new_tokens=56,
       optim=OptimConfig(lr=1e-4, warmup_steps=10),
     ),
-    sao=SAOConfig(num_samplers=1, sampler_slots=64, batch_size=128, sampler_threads=1),
+    sao=SAOConfig(sampler_slots=64, batch_size=128),
+    samplers=SamplersConfig(num=1, threads=1),
     eval=EvalConfig(num_problems=500, batch_size=250),
   )
   if variant == "default":

@@ -57,6 +57,7 @@ from sao_jax.config import (
   EvalConfig,
   OptimConfig,
   RLConfig,
+  SamplersConfig,
   SAOConfig,
   SFTConfig,
   TaskConfig,
@@ -105,9 +106,8 @@ def get_config(variant: str = "default") -> Config:
       temperature=1.0,
       optim=OptimConfig(lr=1e-6, warmup_steps=10),
     ),
-    sao=SAOConfig(
-      num_samplers=1, sampler_slots=32, batch_size=8, param_sync_every=4, max_staleness=8
-    ),
+    sao=SAOConfig(sampler_slots=32, batch_size=8, param_sync_every=4, max_staleness=8),
+    samplers=SamplersConfig(num=1),
     eval=EvalConfig(num_problems=1319, batch_size=64),
   )
   if variant == "lora":
@@ -126,7 +126,7 @@ def get_config(variant: str = "default") -> Config:
       rl=dataclasses.replace(
         cfg.rl, steps=4, max_new_tokens=80, optim=OptimConfig(lr=1e-4, warmup_steps=1)
       ),
-      sao=SAOConfig(num_samplers=1, sampler_slots=4, refill_rows=4, batch_size=4),
+      sao=SAOConfig(sampler_slots=4, refill_rows=4, batch_size=4),
       eval=EvalConfig(num_problems=2, batch_size=2),
       recovery=dataclasses.replace(cfg.recovery, val_problems=1, shadow_every=2),
       log_every=1,

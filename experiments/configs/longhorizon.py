@@ -40,6 +40,7 @@ from sao_jax.config import (
   OptimConfig,
   RecoveryConfig,
   RLConfig,
+  SamplersConfig,
   SAOConfig,
   SFTConfig,
   TaskConfig,
@@ -162,7 +163,8 @@ def get_config(variant: str = "default") -> Config:
   # rl.algorithm='sao': each update takes 32 whole episodes (GRPO's 4 tasks x 8), played
   # one per task by 2 sampler processes of 16 slots; a memory sampler plays whole episodes
   # per call (no continuous batching).
-  sao = SAOConfig(num_samplers=2, sampler_slots=16, batch_size=32, continuous=False)
+  sao = SAOConfig(sampler_slots=16, batch_size=32, continuous=False)
+  samplers = SamplersConfig(num=2)
   recovery = RecoveryConfig()
   num_train, num_test = 4000, 256
   if variant == "tiny":
@@ -172,7 +174,8 @@ def get_config(variant: str = "default") -> Config:
     model = dataclasses.replace(model, width=32, depth=1, heads=2, max_len=128, memory_slots=32)
     sft = dataclasses.replace(sft, batch_size=4)
     rl = dataclasses.replace(rl, steps=3, prompts_per_step=2, group_size=4)
-    sao = dataclasses.replace(sao, num_samplers=1, sampler_slots=4, batch_size=4, refill_rows=4)
+    sao = dataclasses.replace(sao, sampler_slots=4, batch_size=4, refill_rows=4)
+    samplers = SamplersConfig(num=1)
     num_train, num_test = 64, 8
     recovery = RecoveryConfig(val_problems=num_test)  # (SAO's shadows: the train tail)
   spec = TASKS[variant]["retention"]
@@ -198,6 +201,7 @@ def get_config(variant: str = "default") -> Config:
     sft=sft,
     rl=rl,
     sao=sao,
+    samplers=samplers,
     recovery=recovery,
     task=task,
     eval=EvalConfig(num_problems=num_test, batch_size=32),

@@ -24,6 +24,7 @@ from sao_jax.config import (
   ModelConfig,
   OptimConfig,
   RLConfig,
+  SamplersConfig,
   SAOConfig,
   SFTConfig,
   TaskConfig,
@@ -95,7 +96,8 @@ def get_config(variant: str = "default") -> Config:
     rl=RLConfig(
       algorithm="sao", max_seconds=90, max_new_tokens=8, optim=OptimConfig(lr=3e-4, warmup_steps=10)
     ),
-    sao=SAOConfig(num_samplers=1, sampler_slots=64, batch_size=64, sampler_threads=1),
+    sao=SAOConfig(sampler_slots=64, batch_size=64),
+    samplers=SamplersConfig(num=1, threads=1),
     eval=EvalConfig(num_problems=200, batch_size=200),
   )
   if variant == "default":
@@ -108,7 +110,7 @@ def get_config(variant: str = "default") -> Config:
       task=dataclasses.replace(cfg.task, num_train=400, num_test=32),
       sft=dataclasses.replace(cfg.sft, steps=20, batch_size=16),
       rl=dataclasses.replace(cfg.rl, steps=4, max_seconds=0),
-      sao=dataclasses.replace(cfg.sao, num_samplers=1, sampler_slots=8, batch_size=16),
+      sao=dataclasses.replace(cfg.sao, sampler_slots=8, batch_size=16),
       eval=EvalConfig(num_problems=32, batch_size=32),
       log_every=2,
     )

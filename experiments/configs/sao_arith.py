@@ -14,7 +14,7 @@ import dataclasses
 import importlib.util
 import pathlib
 
-from sao_jax.config import Config, SAOConfig
+from sao_jax.config import Config, SamplersConfig, SAOConfig
 
 _spec = importlib.util.spec_from_file_location(
   "arith_grpo", pathlib.Path(__file__).with_name("arith_grpo.py")
@@ -26,14 +26,17 @@ _spec.loader.exec_module(_grpo)
 def get_config(variant: str = "default") -> Config:
   base = _grpo.get_config(variant)
   if variant == "default":
-    sao = SAOConfig(num_samplers=1, sampler_slots=64, batch_size=128, sampler_threads=1)
+    sao = SAOConfig(sampler_slots=64, batch_size=128)
+    samplers = SamplersConfig(num=1, threads=1)
   elif variant == "tiny":
-    sao = SAOConfig(num_samplers=2, sampler_slots=8, batch_size=16, sampler_threads=1)
+    sao = SAOConfig(sampler_slots=8, batch_size=16)
+    samplers = SamplersConfig(num=2, threads=1)
   else:
     raise ValueError(f"unknown variant {variant!r}; known: default, tiny")
   return dataclasses.replace(
     base,
     name=base.name.replace("arith_grpo", "sao_arith"),
     sao=sao,
+    samplers=samplers,
     rl=dataclasses.replace(base.rl, algorithm="sao"),
   )

@@ -7,7 +7,7 @@ Run (SFT, then 240 s of SAO with continuous batching and in-flight weight update
   sao-jax train --config experiments/configs/sao_longtail.py --workdir runs/longtail
 Side by side with synchronous GRPO(N=8), roles pinned to separate cores, three seeds:
   python experiments/bench_sync_vs_async.py --config experiments/configs/sao_longtail.py \\
-      --arms grpo,grpo_samplers,sao --set sao.pin_cores=True
+      --arms grpo,grpo_samplers,sao --set samplers.pin_cores=True
 Run the tiny variant (seconds):
   sao-jax train --config experiments/configs/sao_longtail.py:tiny --workdir runs/longtail_tiny
 """

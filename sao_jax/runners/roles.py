@@ -119,7 +119,7 @@ class _Incarnation:
       param_dir=str(self.param_dir),
       transport=self.spec,
       seed=self.base_seed + 1000 * restarts + i,
-      threads=self.threads or self.cfg.sao.sampler_threads,
+      threads=self.threads or self.cfg.samplers.threads,
       # (a path or the learner's workdir may not exist on this machine)
       compile_cache="off" if self.cfg.recovery.compile_cache == "off" else "user",
       key=self.key,

@@ -80,7 +80,7 @@ class SamplerGroup:
       if self.restarts >= self.max_restarts:
         raise SamplerError(
           f"{p.name} died with exit code {p.exitcode} and the run already "
-          f"restarted {self.restarts} samplers (sao.max_sampler_restarts); "
+          f"restarted {self.restarts} samplers (samplers.max_restarts); "
           "run stopped"
         )
       self.restarts += 1
@@ -146,22 +146,18 @@ class SamplerPool:
     self.broker = None
     self.transport = None
     self.learner = None
-    sao = cfg.sao
-    self.cores: list[tuple[int, ...]] = [()] * sao.num_samplers
+    sam = cfg.samplers
+    self.cores: list[tuple[int, ...]] = [()] * sam.num
     self.learner_cores: tuple[int, ...] = ()
     self.allowed_cores = sorted(os.sched_getaffinity(0))  # restored on exit
-    if sao.pin_cores:
+    if sam.pin_cores:
       allowed = self.allowed_cores
       if len(allowed) < 2:
-        raise config_lib.ConfigError("sao.pin_cores needs at least 2 CPU cores")
+        raise config_lib.ConfigError("samplers.pin_cores needs at least 2 CPU cores")
       self.learner_cores = (allowed[0],)
       rest = allowed[1:]
-      self.cores = [
-        tuple(rest[i :: sao.num_samplers]) or tuple(rest) for i in range(sao.num_samplers)
-      ]
-    self.group = SamplerGroup(
-      self.ctx, self._spec_maker(), sao.num_samplers, sao.max_sampler_restarts
-    )
+      self.cores = [tuple(rest[i :: sam.num]) or tuple(rest) for i in range(sam.num)]
+    self.group = SamplerGroup(self.ctx, self._spec_maker(), sam.num, sam.max_restarts)
 
   def _spec_maker(self):
     transport, cfg = self.transport, self.cfg
@@ -173,7 +169,7 @@ class SamplerPool:
         param_dir=str(self.param_dir),
         transport=transport,
         seed=cfg.seed * 1000 + i + 7919 * restarts,
-        threads=cfg.sao.sampler_threads,
+        threads=cfg.samplers.threads,
         cores=self.cores[i],
         compile_cache=self.compile_cache,
         tasks=self.tasks,
@@ -247,7 +243,7 @@ class SamplerPool:
     return self
 
   def check(self) -> list[bytes] | None:
-    """Restarts samplers that died, within `sao.max_sampler_restarts` per run (SamplerError
+    """Restarts samplers that died, within `samplers.max_restarts` per run (SamplerError
     beyond that, or on an exception in a sampler).
 
     On Kafka the dead sampler alone is restarted; the group gives its unacknowledged tasks to
@@ -283,7 +279,7 @@ class SamplerPool:
   def stop_local(self, meta: dict) -> bool:
     """Stops the local sampler that wrote a record with this meta (pid and host), if it is
     one of ours: `check` then restarts it as a dead sampler (a fresh process, within
-    sao.max_sampler_restarts). Returns whether one was stopped."""
+    samplers.max_restarts). Returns whether one was stopped."""
     if meta.get("host") != socket.gethostname():
       return False
     for p in self.group.procs:

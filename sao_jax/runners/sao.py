@@ -191,8 +191,8 @@ class SAOLearner:
       counts=self.loop.counts,
       reward_range=lambda i: s.family.reward_range(s.train[i]),
       state_path=workdir / "published.json" if self.primary else None,
-      window=cfg.sao.quarantine_window,
-      rate=cfg.sao.quarantine_rate,
+      window=cfg.samplers.quarantine_window,
+      rate=cfg.samplers.quarantine_rate,
       lineage_known=self._lineage_known,
       task_id_of=lambda i: s.train[i].task_id,
       rescore=self._rescore,
@@ -496,11 +496,11 @@ class SAOLearner:
     """How many more tasks may be handed out now. The work ahead of the learner is bounded
     so that nothing waits long enough to go stale (`sao.backpressure`): with it, tasks
     outstanding plus records buffered that a batch will still take stay within one batch
-    plus what the samplers hold in flight (num_samplers x sampler_slots); without it (the
+    plus what the samplers hold in flight (samplers.num x sampler_slots); without it (the
     bound before), tasks outstanding stay at one batch plus two calls per sampler, whatever
     is buffered."""
     loop, sao = self.loop, self.cfg.sao
-    in_flight = max(1, sao.num_samplers) * sao.sampler_slots
+    in_flight = max(1, self.cfg.samplers.num) * sao.sampler_slots
     if sao.backpressure:
       # Records a batch will not take (stale, or of a discarded lineage) wait for nothing.
       fresh = self.buffer.fresh(loop.step)
