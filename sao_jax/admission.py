@@ -38,6 +38,14 @@ at its `task_index` (`task_mismatch`), and where the family's reward is cheap to
 claimed reward must be the reward of the record's own completion (`reward_mismatch`, within
 REWARD_TOL): a sampler cannot claim reward 1 for a wrong answer of a verifiable task.
 
+Hand-outs: each task handed out gets a hand-out id (`new_handouts`: random per learner, then
+counting) that travels with the task and comes back in the meta of the trajectory that
+answers it (`SamplerEnd.handout_for`). A hand-out is answered at most once: a second
+trajectory for it, whatever its record id (a transport that gave the task to two samplers, a
+trajectory re-sent under a new id), is counted (`duplicate_answers`) and not trained on; a
+hand-out answered with another task's index is `task_mismatch`. Records without one (an
+earlier learner's tasks, after a resume) are checked as above.
+
 Versions: `published` keeps the highest version ever published in this workdir in a small
 file, so a resumed learner (whose step went back to its snapshot) still accepts records of
 the policies its crashed incarnation published, and nothing newer. A policy is named by
@@ -78,6 +86,7 @@ REASONS = (
 )
 LOGP_TOL = 1e-3  # a log-probability above this is not one (float32 rounding stays below)
 REWARD_TOL = 1e-4  # float32 sums of per-step rewards may overshoot a bound by rounding
+MAX_ANSWERED = 1_000_000  # hand-outs remembered as answered (the oldest forgotten first)
 SOURCE_SHIFT = 40  # record ids are (random per-process prefix << 40) | counter
 
 
@@ -174,6 +183,10 @@ class RecordGuard:
     self.resumed = resumed
     self.started = time.time() if started is None else started
     self.outstanding: collections.Counter = collections.Counter()
+    self.pending: dict[int, int] = {}  # hand-out id -> task index, not yet answered
+    self.answered: collections.OrderedDict = collections.OrderedDict()  # the newest MAX_ANSWERED
+    self._handout_base = int.from_bytes(os.urandom(3), "little") << 32
+    self._handouts = 0
     self.ever = np.zeros(num_tasks, bool)  # handed out at least once by this learner
     self.rejected_ids: set[int] = set()
     self.sources: dict[int, _Source] = {}
@@ -193,8 +206,15 @@ class RecordGuard:
         )
 
   # What the learner tells the guard -----------------------------------------------------------
-  def handed_out(self, indices: Sequence[int]) -> None:
+  def new_handouts(self, n: int) -> list[int]:
+    """`n` fresh hand-out ids (unique within this learner; random across learners)."""
+    first, self._handouts = self._handouts, self._handouts + n
+    return [self._handout_base | (first + k) for k in range(n)]
+
+  def handed_out(self, indices: Sequence[int], handouts: Sequence[int] | None = None) -> None:
     indices = [int(i) for i in indices]
+    if handouts is not None:
+      self.pending.update(zip((int(h) for h in handouts), indices, strict=True))
     self.outstanding.update(indices)
     self.ever[[i for i in indices if 0 <= i < self.num_tasks]] = True
 
@@ -237,6 +257,18 @@ class RecordGuard:
         max_version=self.max_version,
         reward_range=self._range(index),
       ) or self._task_problem(rec, index)
+    handout = rec.meta.get("handout")
+    handout = handout if isinstance(handout, int) and not isinstance(handout, bool) else None
+    if problem is None and handout is not None:
+      if handout in self.answered:  # answered already: real data maybe, but not twice
+        self.counts["duplicate_answers"] += 1
+        return False
+      if handout in self.pending and self.pending[handout] != index:
+        problem = ("task_mismatch", f"hand-out of task {self.pending[handout]}, not {index}")
+    if handout is not None and self.pending.pop(handout, None) is not None and problem is None:
+      self.answered[handout] = None
+      while len(self.answered) > MAX_ANSWERED:
+        self.answered.popitem(last=False)
     if known:
       self.outstanding[index] -= 1
     if problem is None:
@@ -256,7 +288,9 @@ class RecordGuard:
       )
     learner.dead_letter(data, f"{reason}: {detail}")
     if known:  # its task is still to be done
-      learner.put_tasks([index])
+      again = self.new_handouts(1)
+      learner.put_tasks([index], again)
+      self.pending[again[0]] = index
       self.outstanding[index] += 1
       self.counts["reissued_tasks"] += 1
     if reason != "quarantined":

@@ -258,7 +258,7 @@ def test_a_resumed_learner_keeps_the_published_high_water_and_earlier_tasks(tmp_
     def dead_letter(self, data, reason):
       pass
 
-    def put_tasks(self, indices):
+    def put_tasks(self, indices, handouts=None):
       raise AssertionError("not this learner's task")
 
   def rec(task, version, t_end):
@@ -404,7 +404,8 @@ def test_a_record_of_a_lineage_the_run_never_began_is_refused():
   now = tree.begin(2, "resume").id
   counts, dead = collections.Counter(), []
   end = types.SimpleNamespace(
-    dead_letter=lambda data, reason: dead.append(reason), put_tasks=lambda indices: None
+    dead_letter=lambda data, reason: dead.append(reason),
+    put_tasks=lambda indices, handouts=None: None,
   )
   guard = admission.RecordGuard(
     vocab_size=V,
@@ -444,7 +445,8 @@ def test_a_record_is_checked_against_its_task_id_and_its_rescored_reward():
   family = Arithmetic(config.TaskConfig())
   counts, dead, again = collections.Counter(), [], []
   end = types.SimpleNamespace(
-    dead_letter=lambda data, reason: dead.append(reason), put_tasks=again.extend
+    dead_letter=lambda data, reason: dead.append(reason),
+    put_tasks=lambda indices, handouts=None: again.extend(indices),
   )
 
   def rescore(i, rec):
@@ -487,3 +489,49 @@ def test_a_record_is_checked_against_its_task_id_and_its_rescored_reward():
   assert counts["rejected_reward_mismatch"] == 2 and counts["rejected_task_mismatch"] == 1
   assert "its completion earns 0" in dead[0] and "104" in dead[2]
   assert again == [3, 3, 3] and guard.summary()["samplers_with_rejects"]
+
+
+def test_a_hand_out_is_answered_once_whatever_the_record_id():
+  """A trajectory for a hand-out already answered (the transport gave the task to two
+  samplers, or a record was re-sent under a new id) is counted, not trained on; a hand-out
+  answered with another task's index is task_mismatch; a refused record's task goes out
+  again under a new hand-out. The embedded transport carries the ids to the sampler."""
+  counts, again = collections.Counter(), []
+  end = types.SimpleNamespace(
+    dead_letter=lambda data, reason: None,
+    put_tasks=lambda indices, handouts=None: again.append((list(indices), list(handouts))),
+  )
+  guard = admission.RecordGuard(
+    vocab_size=V, num_tasks=N_TASKS, counts=counts, reward_range=lambda i: (0.0, 1.0), window=0
+  )
+  guard.published(2)
+  h = guard.new_handouts(3)
+  assert len(set(h)) == 3 and guard.new_handouts(1)[0] not in h
+  guard.handed_out([3, 4, 5], h)
+  src = _Source(4)
+
+  def record(task, handout):
+    arrays, meta, version = _clean(task=task)
+    meta["handout"] = handout
+    data = src.encode(arrays, meta, version)  # a new record id each time
+    return records.decode(data), data
+
+  assert guard.admit(*record(3, h[0]), end)
+  assert not guard.admit(*record(3, h[0]), end)  # the same hand-out again
+  assert counts["duplicate_answers"] == 1 and counts["rejected"] == 0
+  assert not guard.admit(*record(5, h[1]), end)  # task 4's hand-out, answered for task 5
+  assert counts["rejected_task_mismatch"] == 1
+  assert again and again[0][0] == [5] and again[0][1][0] not in h  # task 5 out again, new id
+  assert guard.admit(*record(5, h[2]), end)
+  # The embedded transport: each task's id comes back, oldest first for a repeated task.
+  spec = EmbeddedSpec(mp.get_context("spawn"))
+  try:
+    spec.learner_end().put_tasks([7, 8, 7], [70, 80, 71])
+    sampler = spec.sampler_end()
+    got = []
+    while len(got) < 3:
+      got += sampler.get_tasks(3, 1.0)
+    assert got == [7, 8, 7]
+    assert [sampler.handout_for(i) for i in (7, 7, 8, 8)] == [70, 71, 80, None]
+  finally:
+    spec.close()

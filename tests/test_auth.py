@@ -77,7 +77,8 @@ def test_the_door_refuses_a_record_without_the_runs_tag(tmp_path):
   and charges no sampler."""
   dead = []
   end = types.SimpleNamespace(
-    dead_letter=lambda data, reason: dead.append(reason), put_tasks=lambda indices: None
+    dead_letter=lambda data, reason: dead.append(reason),
+    put_tasks=lambda indices, handouts=None: None,
   )
   self = _learner(end, tmp_path)
   self.key = auth.new_key()
@@ -145,14 +146,14 @@ def test_every_kafka_client_speaks_tls_when_told(tls_broker, monkeypatch):
   spec.create_topics()
   learner, sampler = spec.learner_end(), spec.sampler_end()
   try:
-    learner.put_tasks([3])
+    learner.put_tasks([3], [77])
     learner.flush()
     got = []
     for _ in range(50):
       got += sampler.get_tasks(1, 0.2)
       if got:
         break
-    assert got == [3]
+    assert got == [3] and sampler.handout_for(3) == 77 and sampler.handout_for(3) is None
     sampler.put_trajectory(auth.seal(key, b"a record"))
     sampler.ack_tasks()
     sampler.flush()

@@ -476,8 +476,9 @@ class SAOLearner:
       self.guard.tasks_dropped()
 
   def hand_out(self, indices: list[int]) -> None:
-    self.pool.learner.put_tasks(indices)
-    self.guard.handed_out(indices)
+    handouts = self.guard.new_handouts(len(indices))
+    self.pool.learner.put_tasks(indices, handouts)
+    self.guard.handed_out(indices, handouts)
     self.loop.outstanding += len(indices)
 
   def refresh_priorities(self) -> None:
@@ -667,6 +668,7 @@ class SAOLearner:
       dropped_lineage=c["dropped_lineage"],
       bad_records=c["bad_records"],
       duplicates=c["duplicates"],
+      duplicate_answers=c["duplicate_answers"],
       rejected=c["rejected"],
       nonfinite_total=c["nonfinite_skipped"],
       rollbacks=c["rollbacks"],
@@ -854,6 +856,7 @@ class SAOLearner:
       dropped_stale=c["dropped_stale"],
       bad_records=c["bad_records"],
       duplicates=c["duplicates"],
+      duplicate_answers=c["duplicate_answers"],
       unused_at_end=len(self.buffer),
       nonfinite_skipped=c["nonfinite_skipped"],
       rollbacks=c["rollbacks"],

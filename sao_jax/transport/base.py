@@ -14,8 +14,9 @@ from typing import Protocol
 
 
 class LearnerEnd(Protocol):
-  def put_tasks(self, indices: Sequence[int]) -> None:
-    """Hands tasks out; may return before they are delivered (see `flush`)."""
+  def put_tasks(self, indices: Sequence[int], handouts: Sequence[int] | None = None) -> None:
+    """Hands tasks out, each with its hand-out id when given (a trajectory answers one
+    hand-out: `SamplerEnd.handout_for`); may return before they are delivered (`flush`)."""
     ...
 
   def flush(self) -> None:
@@ -54,6 +55,11 @@ class LearnerEnd(Protocol):
 class SamplerEnd(Protocol):
   def get_tasks(self, max_n: int, timeout: float) -> list[int]: ...
 
+  def handout_for(self, index: int) -> int | None:
+    """The hand-out id of the oldest task `index` taken and not yet answered (it is answered
+    now); None when the learner gave none."""
+    ...
+
   def put_trajectory(self, data: bytes) -> None: ...
 
   def ack_tasks(self, n: int | None = None) -> None:
@@ -67,6 +73,29 @@ class SamplerEnd(Protocol):
     ...
 
   def close(self) -> None: ...
+
+
+class Handouts:
+  """A sampler end's hand-out ids of the tasks it took and has not answered, per task index
+  (a sampler may hold the same task twice: oldest first)."""
+
+  def __init__(self):
+    import collections
+
+    self._by_index: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+
+  def took(self, index: int, handout: int | None) -> None:
+    if handout is not None:
+      self._by_index[index].append(handout)
+
+  def answer(self, index: int) -> int | None:
+    q = self._by_index.get(index)
+    if not q:
+      return None
+    h = q.popleft()
+    if not q:
+      del self._by_index[index]
+    return h
 
 
 def _drain(q, max_n: int, timeout: float) -> list:
@@ -105,9 +134,9 @@ class EmbeddedLearnerEnd:
   def __init__(self, spec: EmbeddedSpec):
     self.spec = spec
 
-  def put_tasks(self, indices):
-    for i in indices:
-      self.spec.task_q.put(int(i))
+  def put_tasks(self, indices, handouts=None):
+    for k, i in enumerate(indices):
+      self.spec.task_q.put(int(i) if handouts is None else (int(i), int(handouts[k])))
 
   def get_trajectories(self, max_n, timeout):
     return _drain(self.spec.traj_q, max_n, timeout)
@@ -140,9 +169,18 @@ class EmbeddedLearnerEnd:
 class EmbeddedSamplerEnd:
   def __init__(self, spec: EmbeddedSpec):
     self.spec = spec
+    self.handouts = Handouts()
 
   def get_tasks(self, max_n, timeout):
-    return _drain(self.spec.task_q, max_n, timeout)
+    out = []
+    for item in _drain(self.spec.task_q, max_n, timeout):
+      index, handout = item if isinstance(item, tuple) else (item, None)
+      self.handouts.took(index, handout)
+      out.append(index)
+    return out
+
+  def handout_for(self, index):
+    return self.handouts.answer(index)
 
   def put_trajectory(self, data):
     self.spec.traj_q.put(data)

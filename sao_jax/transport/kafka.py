@@ -50,6 +50,7 @@ import dataclasses
 import time
 
 from sao_jax.transport import auth, kafka_security, records
+from sao_jax.transport.base import Handouts
 from sao_jax.transport.broker import BrokerError, retry_until_answers
 
 _CLIENT = dict(request_timeout_ms=10_000, retry_backoff_ms=100, reconnect_backoff_max_ms=2000)
@@ -389,21 +390,22 @@ class KafkaLearnerEnd:
     self._task_sends: list = []  # futures of task records not yet known to be delivered
     self._watch = _BrokerWatch(spec, "learner")
 
-  def put_tasks(self, indices):
+  def put_tasks(self, indices, handouts=None):
     """Sends task records without waiting for the broker: the learner's loop must not pay a
     round trip per top-up. A send the broker refused, or one still undelivered after
     `broker_timeout_s`, raises BrokerError on a later call (`flush` waits for all)."""
     self._watch.raise_failed(self._task_sends, "task records")
-    for i in indices:
+    for k, i in enumerate(indices):
       self._sent += 1
+      meta = {"task_index": int(i)}
+      if handouts is not None:
+        meta["handout"] = int(handouts[k])
+      rid = meta.get("handout", int(i))
       self._task_sends.append(
         self.producer.send(
           self.spec.topic("tasks"),
           key=str(self._sent).encode(),
-          value=auth.seal(
-            self.spec.key,
-            records.encode(records.RecordKind.TASK, int(i), 0, {}, {"task_index": int(i)}),
-          ),
+          value=auth.seal(self.spec.key, records.encode(records.RecordKind.TASK, rid, 0, {}, meta)),
         )
       )
     if len(self._task_sends) > _MAX_PENDING_SENDS:
@@ -497,6 +499,7 @@ class KafkaSamplerEnd:
     self._acks: collections.deque = collections.deque()  # (send futures, offsets) per call
     self.commit_failures = 0  # async commits refused (e.g. a rebalance): tasks redelivered
     self.unauthenticated = 0  # task records without a valid tag under the run's key
+    self.handouts = Handouts()  # hand-out ids of the tasks taken, not yet answered
 
   def get_tasks(self, max_n, timeout):
     from kafka.errors import KafkaError
@@ -515,7 +518,10 @@ class KafkaSamplerEnd:
       for r in recs:
         try:
           task = records.decode(auth.unseal(self.spec.key, r.value))
-          out.append(int(task.meta["task_index"]))
+          index = int(task.meta["task_index"])
+          handout = task.meta.get("handout")
+          self.handouts.took(index, None if handout is None else int(handout))
+          out.append(index)
           self._taken.append((tp, r.offset, True))
         except auth.Unauthenticated:
           self.unauthenticated += 1  # not from this run's learner: not done, and counted
@@ -526,6 +532,9 @@ class KafkaSamplerEnd:
 
   def put_trajectory(self, data):
     self._pending.append(self.producer.send(self.spec.topic("trajectories"), value=data))
+
+  def handout_for(self, index):
+    return self.handouts.answer(index)
 
   def ack_tasks(self, n: int | None = None):
     """The first `n` tasks not yet acknowledged, in the order `get_tasks` returned them (all
