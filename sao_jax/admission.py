@@ -42,7 +42,8 @@ Hand-outs: each task handed out gets a hand-out id (`new_handouts`: random per l
 counting) that travels with the task and comes back in the meta of the trajectory that
 answers it (`SamplerEnd.handout_for`). A hand-out is answered at most once: a second
 trajectory for it, whatever its record id (a transport that gave the task to two samplers, a
-trajectory re-sent under a new id), is counted (`duplicate_answers`) and not trained on; a
+trajectory re-sent under a new id), is counted (`duplicate_answers`), dead-lettered and not
+trained on; a
 hand-out answered with another task's index is `task_mismatch`. Records without one (an
 earlier learner's tasks, after a resume) are checked as above.
 
@@ -262,6 +263,10 @@ class RecordGuard:
     if problem is None and handout is not None:
       if handout in self.answered:  # answered already: real data maybe, but not twice
         self.counts["duplicate_answers"] += 1
+        # (dead-lettered, not refused: no sampler is charged, and an audit of the topic
+        # finds it accounted for)
+        learner.dead_letter(data, f"duplicate_answer: hand-out {handout} was answered already")
+        self.rejected_ids.add(rec.record_id)  # its own redelivery: a plain duplicate
         return False
       if handout in self.pending and self.pending[handout] != index:
         problem = ("task_mismatch", f"hand-out of task {self.pending[handout]}, not {index}")
