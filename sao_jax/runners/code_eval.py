@@ -64,41 +64,50 @@ def eval_humaneval_workdir(
       prompt + `max_new_tokens` (0: the run's rl.max_new_tokens).
   """
   directory = ckpt_lib.checkpoint_dir(pathlib.Path(workdir))
-  step, meta = ckpt_lib.read_meta(directory)
-  cfg = config_lib.from_dict(config_lib.upgrade(meta["config"]))
-  tok = get_tokenizer(cfg.tokenizer)
-  problems = humaneval.load_problems()[:num_problems]
-  encoded = []
-  for p in problems:
-    try:
-      encoded.append(tok.encode(p.prompt, add_bos=True))
-    except ValueError as err:
+  built: dict[str, Any] = {}
+
+  def like_for(meta: dict):
+    """Everything the snapshot's config decides, built once; the params to restore onto."""
+    cfg = config_lib.from_dict(config_lib.upgrade(meta["config"]))
+    tok = get_tokenizer(cfg.tokenizer)
+    problems = humaneval.load_problems()[:num_problems]
+    encoded = []
+    for p in problems:
+      try:
+        encoded.append(tok.encode(p.prompt, add_bos=True))
+      except ValueError as err:
+        raise config_lib.ConfigError(
+          f"the model in {workdir} uses the {cfg.tokenizer!r} tokenizer, which cannot encode "
+          f"HumanEval prompts ({p.task_id}: {str(err)[:80]}...). HumanEval needs a model whose "
+          "tokenizer covers newlines, indentation and the whole prompt text; the harness "
+          "itself is sao_jax.envs.humaneval.evaluate(generate, ...) for such a model"
+        ) from None
+    max_new = max_new_tokens or cfg.rl.max_new_tokens
+    prompt_len = round_up(max(map(len, encoded)), 8)
+    if prompt_len + max_new > cfg.model.max_len:
       raise config_lib.ConfigError(
-        f"the model in {workdir} uses the {cfg.tokenizer!r} tokenizer, which cannot encode "
-        f"HumanEval prompts ({p.task_id}: {str(err)[:80]}...). HumanEval needs a model whose "
-        "tokenizer covers newlines, indentation and the whole prompt text; the harness "
-        "itself is sao_jax.envs.humaneval.evaluate(generate, ...) for such a model"
-      ) from None
-  max_new = max_new_tokens or cfg.rl.max_new_tokens
-  prompt_len = round_up(max(map(len, encoded)), 8)
-  if prompt_len + max_new > cfg.model.max_len:
-    raise config_lib.ConfigError(
-      f"HumanEval prompts need {prompt_len} tokens plus {max_new} to generate, more than "
-      f"the model's context of {cfg.model.max_len}"
+        f"HumanEval prompts need {prompt_len} tokens plus {max_new} to generate, more than "
+        f"the model's context of {cfg.model.max_len}"
+      )
+    model = make_model(
+      dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or tok.vocab_size)
     )
-  model = make_model(
-    dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or tok.vocab_size)
-  )
-  progs = compile_sampler(
-    cfg,
-    model,
-    prompt_len=prompt_len,
-    max_new_tokens=max_new,
-    temperature=temperature,
-    eos_id=tok.eos_id,
-    pad_id=tok.pad_id,
-  )
-  params, _, _ = ckpt_lib.restore_params(directory, progs.abstract_params)
+    progs = compile_sampler(
+      cfg,
+      model,
+      prompt_len=prompt_len,
+      max_new_tokens=max_new,
+      temperature=temperature,
+      eos_id=tok.eos_id,
+      pad_id=tok.pad_id,
+    )
+    built.update(cfg=cfg, tok=tok, problems=problems, prompt_len=prompt_len, progs=progs)
+    return progs.abstract_params
+
+  # The newest snapshot that reads cleanly (a damaged one is skipped, left in place).
+  params, step, _, _ = ckpt_lib.restore_params_readable(directory, like_for)
+  cfg, tok, problems = built["cfg"], built["tok"], built["problems"]
+  prompt_len, progs = built["prompt_len"], built["progs"]
   generate = make_generate(tok, progs, params, prompt_len, batch_size, seed=cfg.seed)
   with SandboxPool() as pool:
     result = humaneval.evaluate(
