@@ -136,6 +136,13 @@ def test_deferred_evals_save_the_parameters_and_run_after_the_phase(tmp_path):
   assert [round(a, 2) for _, _, a in clock.curve] == [0.0, 0.1, 0.2, 0.3]
   assert [s for _, s, _ in clock.curve] == [0, 1, 2, 3]
   assert not list((tmp_path / "d").iterdir())  # removed once evaluated
+  # One saved at the phase's last step is left to the closing eval: evaluated once.
+  seen.clear()
+  clock.maybe_eval(4, {"w": jnp.full((2,), 4.0)}, force=True)
+  clock.run_deferred({"w": jnp.zeros((2,))}, skip_step=4)
+  clock.maybe_eval(4, {"w": jnp.full((2,), 4.0)}, final=True)
+  assert seen == [4.0] and [s for _, s, _ in clock.curve] == [0, 1, 2, 3, 4]
+  assert not list((tmp_path / "d").iterdir())
 
 
 def test_deferred_evals_need_one_learner_process(repo_root):

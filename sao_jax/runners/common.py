@@ -104,10 +104,14 @@ class PhaseClock:
     self.curve.append((round(self.elapsed, 2), step, result["accuracy"]))
     return {f"eval_{k}": v for k, v in result.items()}
 
-  def run_deferred(self, params_like) -> None:
+  def run_deferred(self, params_like, skip_step: int | None = None) -> None:
     """Evaluates the parameters deferred evals saved (`params_like`: a tree of the same
-    structure), in order, into `curve`; removes their files."""
+    structure), in order, into `curve`; removes their files. One saved at `skip_step` (the
+    phase's last step, which its closing eval evaluates anyway) is not evaluated twice."""
     for seconds, step, path in self.deferred:
+      if step == skip_step:
+        path.unlink()
+        continue
       params = flax.serialization.from_bytes(params_like, path.read_bytes())
       te = time.time()
       result = self.eval_fn(params)
@@ -280,7 +284,7 @@ def finish_phase(
   mngr.wait_until_finished()
   mngr.close()
   seconds = clock.elapsed
-  clock.run_deferred(state.params)
+  clock.run_deferred(state.params, skip_step=step)
   final = clock.maybe_eval(step, state.params, final=True)
   return {
     "steps": step,
