@@ -153,6 +153,25 @@ def make_packer(cfg: Config, mesh: jax.sharding.Mesh) -> seqpack.Packer:
   return seqpack.Packer(bucket, cfg.learner.pack_factor)
 
 
+def param_shapes(model, length: int = 1):
+  """The model's parameters as logically annotated (boxed) shapes and dtypes, from an
+  abstract init on `length` tokens (the parameters do not depend on it): nothing computed."""
+  tokens = jax.ShapeDtypeStruct((1, length), jax.numpy.int32)
+  mask = jax.ShapeDtypeStruct((1, length, length), jax.numpy.bool_)
+  memory = None
+  if model.cfg.memory_slots:
+    memory = jax.ShapeDtypeStruct(
+      (1, 0, model.cfg.memory_dim or model.cfg.width), jax.numpy.float32
+    )
+  return jax.eval_shape(
+    lambda rng, t, m, mem: model.init(rng, t, t, m, mem)["params"],
+    jax.random.key(0),
+    tokens,
+    mask,
+    memory,
+  )
+
+
 def compile_sampler(
   cfg: Config,
   model: TransformerLM,
@@ -167,20 +186,7 @@ def compile_sampler(
   """sample and greedy over a batch of rows, params sharded like the learner's."""
   mesh = mesh or sharding.make_mesh(cfg.mesh)
   rules = cfg.mesh.rules
-  tokens = jax.ShapeDtypeStruct((1, prompt_len), jax.numpy.int32)
-  mask = jax.ShapeDtypeStruct((1, prompt_len, prompt_len), jax.numpy.bool_)
-  memory = None
-  if model.cfg.memory_slots:
-    memory = jax.ShapeDtypeStruct(
-      (1, 0, model.cfg.memory_dim or model.cfg.width), jax.numpy.float32
-    )
-  boxed = jax.eval_shape(
-    lambda rng, t, m, mem: model.init(rng, t, t, m, mem)["params"],
-    jax.random.key(0),
-    tokens,
-    mask,
-    memory,
-  )
+  boxed = param_shapes(model, prompt_len)
   params_sh = sharding.logical_shardings(boxed, mesh, rules)
   batch_sh = sharding.batch_sharding(mesh, rules)
   repl = sharding.replicated(mesh)

@@ -31,7 +31,6 @@ import shutil
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 from safetensors.numpy import save_file
@@ -39,6 +38,7 @@ from safetensors.numpy import save_file
 from sao_jax import checkpoint as ckpt_lib
 from sao_jax import config as config_lib
 from sao_jax.models import hf, make_model
+from sao_jax.runners.compiled import param_shapes
 from sao_jax.tokenizer import get_tokenizer, save_for_hf
 
 REFERENCE_FILE = "sao_jax_reference.npz"
@@ -50,22 +50,10 @@ MARKER = "export.json"
 def _abstract_params(model) -> dict:
   """Shapes and dtypes of `model`'s parameters, on the first device (what the snapshot is
   restored onto: an export gathers everything into one process anyway)."""
-  cfg = model.cfg
-  tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
-  mask = jax.ShapeDtypeStruct((1, 1, 1), jnp.bool_)
-  memory = None
-  if cfg.memory_slots:
-    memory = jax.ShapeDtypeStruct((1, 0, cfg.memory_dim or cfg.width), jnp.float32)
-  boxed = jax.eval_shape(
-    lambda r, t, m, mem: model.init(r, t, t, m, mem)["params"],
-    jax.random.key(0),
-    tokens,
-    mask,
-    memory,
-  )
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   return jax.tree.map(
-    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), nn.meta.unbox(boxed)
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+    nn.meta.unbox(param_shapes(model)),
   )
 
 
