@@ -84,6 +84,7 @@ REASONS = (
   "reward_range",
   "task_mismatch",
   "reward_mismatch",
+  "logp_drift",
 )
 LOGP_TOL = 1e-3  # a log-probability above this is not one (float32 rounding stays below)
 REWARD_TOL = 1e-4  # float32 sums of per-step rewards may overshoot a bound by rounding
@@ -316,6 +317,22 @@ class RecordGuard:
         flush=True,
       )
     learner.dead_letter(data, f"unauthenticated: {detail}")
+
+  def reject_unverified(self, rec: records.Record, bound: float) -> None:
+    """A trajectory the update left out because its claimed behaviour log-probs drift more
+    than `bound` nats a token from the policy's (`sao.verify_drift`): counted and charged to
+    its sampler. (It was admitted and journaled before the update could check it: the
+    journal and ledger keep it, with weight 0 in that update.)"""
+    self.counts["rejected_logp_drift"] += 1
+    self.counts["rejected"] += 1
+    if self.counts["rejected_logp_drift"] == 1:
+      print(
+        f"sao: left a trajectory out of an update: its behaviour log-probs drift more than "
+        f"{bound:g} nats a token from the policy's; further ones are only counted "
+        "(rejected_logp_drift)",
+        flush=True,
+      )
+    self._charge(self._source(rec), rec, True)
 
   def charge_malformed(self, data: bytes) -> None:
     """A record that failed decoding or the format checks counts against its sampler when

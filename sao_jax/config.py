@@ -355,8 +355,16 @@ class SAOConfig:
   # the buffer; False: the earlier bound (one batch plus two calls per sampler outstanding,
   # buffered records not counted). See SAOLearner.work_ahead_room.
   backpressure: bool = True
+  # Verified rollouts: a trajectory whose claimed behaviour log-probs lie further than this
+  # from the current policy's (its drift, the mean over its tokens of |log pi_behav - log
+  # pi_theta|, nats) is not trained on and counted (`rejected.logp_drift`); 0: off. Clean
+  # trajectories drift by what the policy moved since they were sampled plus rounding: the
+  # largest in a tiny SAO run was 1.2e-3 (metric `drift_max`), three orders below the bound;
+  # log-probs forged far from the policy's (e^-50, or 0 where it is unsure) are above it.
+  verify_drift: float = 1.0
 
   def __post_init__(self):
+    _check(self.verify_drift >= 0, "sao.verify_drift must be >= 0 (0: off)")
     _check(
       self.sampler_slots >= 1 and self.batch_size >= 1,
       "sao.sampler_slots and sao.batch_size must be >= 1",

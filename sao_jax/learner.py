@@ -301,6 +301,7 @@ def make_sao_update(
   """
   use_value_head = sao.baseline == "value_head"
   use_kl = rl.kl_coef > 0
+  verify = sao.verify_drift > 0
 
   def update(state: TrainState, batch: SAOBatch):
     w = sao_row_weights(batch, sao)
@@ -325,23 +326,35 @@ def make_sao_update(
 
     def loss_fn(params, prox_logp_bt):
       lp = logprobs(params, with_entropy=True, with_value=use_value_head)
+      if prox_logp_bt is None:  # the first step: pi_prox is exactly these parameters
+        prox_logp_bt = jax.lax.stop_gradient(lp.logp_bt)
+      # Verified rollouts: a trajectory whose claimed log-probs drift further than
+      # sao.verify_drift from pi_prox takes no part (weights, advantage statistics, tracker).
+      ok_b = jnp.ones_like(batch.row_valid_b)
+      if verify:
+        drift_now_b = trackers.trajectory_drift(batch.logp_bt, prox_logp_bt, mask_bt, batch.traj_b)
+        ok_b = drift_now_b <= sao.verify_drift
+      ok_bt = mask_bt & ok_b[:, None]
+      # Their claimed log-probs never enter the arithmetic (a forged e^-50 would overflow
+      # the importance ratio and turn the zero-weighted gradient into NaN): pi_prox's instead.
+      behav_bt = jnp.where(ok_bt, batch.logp_bt, prox_logp_bt) if verify else batch.logp_bt
       if use_value_head:
         value_loss = per_share(jnp.square(lp.values_b - batch.rewards_b))
         values_b = jax.lax.stop_gradient(lp.values_b)
       else:
         value_loss = jnp.zeros((), jnp.float32)
         values_b = trackers.tracker_value(state.tracker, batch.task_b)
+      share_b = jnp.where(ok_b, w["share_b"], 0.0)
       adv_b = trackers.spo_advantage(
-        batch.rewards_b, values_b, w["share_b"], sao.adv_std_floor, sao.adv_center
+        batch.rewards_b, values_b, share_b, sao.adv_std_floor, sao.adv_center
       )
-      if prox_logp_bt is None:  # the first step: pi_prox is exactly these parameters
-        prox_logp_bt = jax.lax.stop_gradient(lp.logp_bt)
       tok_loss_bt, aux = jax.vmap(
         lambda lp_t, px_t, bh_t, a, m_t: loss_lib.decoupled_ppo_loss(
           lp_t, px_t, bh_t, a, m_t, rl.clip_eps, sao.is_cap, sao.is_level
         )
-      )(lp.logp_bt, prox_logp_bt, batch.logp_bt, adv_b, mask_bt)
-      pg_loss = loss_lib.aggregate(tok_loss_bt * w["weight_bt"], used_bt, rl.loss_agg)
+      )(lp.logp_bt, prox_logp_bt, behav_bt, adv_b, mask_bt)
+      weight_bt = jnp.where(ok_bt, w["weight_bt"], 0.0)
+      pg_loss = loss_lib.aggregate(tok_loss_bt * weight_bt, used_bt & ok_bt, rl.loss_agg)
       loss = pg_loss + sao.value_coef * value_loss
       out = {
         "aux": aux,
@@ -351,6 +364,8 @@ def make_sao_update(
         "values_b": values_b,
         "value_loss": value_loss,
         "pg_loss": pg_loss,
+        "ok_b": ok_b,
+        "behav_bt": behav_bt,
       }
       if use_kl:
         out["kl_ref"] = loss_lib.aggregate(
@@ -376,11 +391,12 @@ def make_sao_update(
       )
       (loss, out), grads = grad_fn(state.params, prox_logp_bt)
       clip_fracs.append(out["aux"]["clipped_t"])
-    drift_b = trackers.trajectory_drift(batch.logp_bt, prox_logp_bt, mask_bt, batch.traj_b)
+    behav_bt = first["behav_bt"]  # (the claimed log-probs of the verified trajectories)
+    drift_b = trackers.trajectory_drift(behav_bt, prox_logp_bt, mask_bt, batch.traj_b)
     rho_b = trackers.forgetting_factor(
       drift_b, sao.tracker_d_half, sao.tracker_rho_min, sao.tracker_rho_max
     )
-    log_ratio_bt = prox_logp_bt - batch.logp_bt
+    log_ratio_bt = prox_logp_bt - behav_bt
     metrics = {
       "loss": loss,  # the last epoch's: the one whose gradient this step applies
       "pg_loss": first["pg_loss"],
@@ -393,8 +409,10 @@ def make_sao_update(
       # KL(behaviour || current) (k3 estimate; tokens were drawn from the behaviour
       # policy, so it is unbiased), before truncation.
       "is_dev": masked_mean(jnp.abs(jnp.exp(log_ratio_bt) - 1), mask_bt),
-      "kl_behaviour": masked_mean(loss_lib.kl_k3(batch.logp_bt, prox_logp_bt), mask_bt),
+      "kl_behaviour": masked_mean(loss_lib.kl_k3(behav_bt, prox_logp_bt), mask_bt),
       "drift": per_traj(drift_b),
+      # (the largest of the batch's verified trajectories: what sao.verify_drift is set against)
+      "drift_max": jnp.max(jnp.where(head_b & first["ok_b"], drift_b, 0.0)),
       "tracker_rho": per_traj(rho_b),
       "is_truncated_frac": masked_mean(first["aux"]["truncated_t"], mask_bt),
       # Clipping can only bind from the second epoch on (pi_prox = pi_theta at the first).
@@ -406,13 +424,23 @@ def make_sao_update(
       "step_scale": w["step_scale"],
       "tokens_used": jnp.sum(used_bt),
       "trajectories": jnp.sum(head_b),
+      # (per trajectory, by its first row: which the host charges to their samplers)
+      "unverified_b": head_b & ~first["ok_b"],
     }
     if use_kl:
       metrics["kl_ref"] = first["kl_ref"]
     if rl.ppo_epochs > 1:
       metrics["first_loss"] = first_loss
     return apply_sao_gradients(
-      state, tx, grads, metrics, batch, batch.rewards_b, rho_b, head_b, w["step_scale"]
+      state,
+      tx,
+      grads,
+      metrics,
+      batch,
+      batch.rewards_b,
+      rho_b,
+      head_b & first["ok_b"],
+      w["step_scale"],
     )
 
   return update

@@ -2,6 +2,7 @@
 the sign of r - v on saturated batches, freshness scales the step, the tracker forgets when
 the policy drifts, multi-step trajectories count once, and epochs/KL/clipping act."""
 
+import dataclasses
 import functools
 
 import chex
@@ -66,6 +67,9 @@ class AdvantageTest(chex.TestCase):
 
 
 def _programs(**sao_kw):
+  # The batches here carry made-up behaviour log-probs, not a sampler's: no verification
+  # unless a test asks for it (test_forged_log_probs_take_no_part_in_the_update).
+  sao_kw.setdefault("verify_drift", 0.0)
   rl_kw = {k: sao_kw.pop(k) for k in ("ppo_epochs", "kl_coef", "lr") if k in sao_kw}
   lr = rl_kw.pop("lr", 1e-2)
   cfg = Config(
@@ -337,3 +341,44 @@ def test_work_ahead_of_the_learner_is_bounded(backpressure):
   learner.buffer.extend(waiting(2, 40))
   learner.loop.outstanding = 0
   assert learner.work_ahead_room() == (32 if backpressure else 48)
+
+
+def test_forged_log_probs_take_no_part_in_the_update():
+  """sao.verify_drift: rows whose claimed behaviour log-probs are the policy's own are
+  trained on; rows claiming certainty (0) or e^-50 are flagged and take no part: the update
+  equals the one on the batch with those rows left out (invalid), tracker included."""
+  from sao_jax.learner import completion_logprobs
+
+  progs, model = _programs(verify_drift=1.0)
+  state = progs.init(jax.random.key(0))
+  batch = _batch()
+  true = np.asarray(
+    completion_logprobs(
+      model,
+      jax.device_get(state.params),
+      batch.prompt_bp,
+      batch.prompt_valid_bp,
+      batch.tokens_bt,
+      batch.valid_bt,
+      temperature=1.0,
+    ).logp_bt
+  )
+  forged = np.array(true)
+  forged[1], forged[3] = 0.0, -50.0
+  flagged = dataclasses.replace(batch, logp_bt=forged)
+  left_out = dataclasses.replace(
+    batch,
+    logp_bt=true,
+    row_valid_b=~np.isin(np.arange(B), [1, 3]),  # rows 1 and 3 out
+  )
+  a, ma = progs.update(_copy(state), progs.shard_batch(flagged))
+  b, _ = progs.update(_copy(state), progs.shard_batch(left_out))
+  assert np.flatnonzero(np.asarray(ma["unverified_b"])).tolist() == [1, 3]
+  for x, y in zip(
+    jax.tree.leaves(jax.device_get((a.params, a.tracker, a.opt_state))),
+    jax.tree.leaves(jax.device_get((b.params, b.tracker, b.opt_state))),
+    strict=True,
+  ):
+    np.testing.assert_allclose(np.asarray(x, np.float64), np.asarray(y, np.float64), atol=1e-6)
+  _, mc = progs.update(_copy(state), progs.shard_batch(dataclasses.replace(batch, logp_bt=true)))
+  assert not np.asarray(mc["unverified_b"]).any()

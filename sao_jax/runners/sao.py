@@ -569,6 +569,10 @@ class SAOLearner:
     tu = time.time()
     self.state, metrics = self.progs.update(self.state, self.progs.shard_batch(batch))
     metrics = jax.device_get(metrics)
+    unverified = metrics.pop("unverified_b", None)  # trajectories the update left out
+    if unverified is not None and self.primary:
+      for row in np.flatnonzero(unverified):
+        self.guard.reject_unverified(items[int(batch.traj_b[row])].rec, sao.verify_drift)
     t_done = time.time()
     loop.busy += t_done - tu
     loop.step += 1
