@@ -15,7 +15,7 @@ from conftest import subprocess_env, train_cmd
 from test_sao_pipeline import _tagged_pids, _wait_for_rl_rows
 
 from sao_jax.buffer import decode_trajectory
-from sao_jax.transport import records
+from sao_jax.transport import auth, records
 from sao_jax.transport.broker import BrokerError, LocalBroker, wait_until_answers
 from sao_jax.transport.kafka import KafkaSpec
 
@@ -611,7 +611,7 @@ def test_bad_records_injected_during_training_are_counted_and_dead_lettered(repo
   dead-letter topic with its reason."""
   from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-  n_bad = 3000
+  n_bad, n_foreign = 3000, 10
   run_id = f"bad-{uuid.uuid4().hex[:8]}"
   with LocalBroker() as broker:
     # Garbage written at the first RL rows is behind at most ~50 real records per partition:
@@ -629,7 +629,12 @@ def test_bad_records_injected_during_training_are_counted_and_dead_lettered(repo
       spec = KafkaSpec(bootstrap=broker.bootstrap, run_id=run_id)
       producer = KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=5)
       garbage = _garbage(n_bad, np.random.default_rng(0))
-      for i, value in enumerate(garbage):
+      # Sealed with the run's key (a buggy sampler's garbage): the format checks catch it. A
+      # few more without the key: refused before they are read.
+      key = auth.read_key_file(tmp_path / "w" / auth.KEY_FILE)
+      unsealed = garbage[:n_foreign]
+      values = [auth.seal(key, g) for g in garbage] + unsealed
+      for i, value in enumerate(values):
         producer.send(spec.topic("trajectories"), value=value, partition=i % spec.partitions)
       producer.flush()
       producer.close()
@@ -637,6 +642,7 @@ def test_bad_records_injected_during_training_are_counted_and_dead_lettered(repo
       assert proc.returncode == 0, err[-3000:]
       rl = json.loads((tmp_path / "w" / "summary.json").read_text())["rl"]
       assert rl["steps"] == 120 and rl["bad_records"] == n_bad, rl
+      assert rl["rejected"]["unauthenticated"] == n_foreign
       dlq = KafkaConsumer(
         bootstrap_servers=broker.bootstrap,
         auto_offset_reset="earliest",
@@ -645,12 +651,14 @@ def test_bad_records_injected_during_training_are_counted_and_dead_lettered(repo
       )
       dlq.assign([TopicPartition(spec.topic("dead-letter"), 0)])
       dead = _poll_until(
-        lambda: [r for recs in dlq.poll(500).values() for r in recs], n_bad + 1, timeout=5
+        lambda: [r for recs in dlq.poll(500).values() for r in recs],
+        n_bad + n_foreign + 1,
+        timeout=5,
       )  # one more than expected: waits for extras
       dlq.close()
-      assert len(dead) == n_bad
+      assert len(dead) == n_bad + n_foreign
       assert all(dict(r.headers)["reason"] for r in dead)
-      assert sorted(r.value for r in dead) == sorted(garbage)
+      assert sorted(r.value for r in dead) == sorted(garbage + unsealed)
     finally:
       leftover = _stop_run(proc, tag)
   assert leftover == []

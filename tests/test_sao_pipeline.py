@@ -140,9 +140,10 @@ def test_synchronous_grpo_through_the_samplers_with_deferred_evals(start, tmp_pa
   assert rl["dropped_stale"] == 0 and rl["transients"][0]["staleness_max"] == 0
   # The completion lengths' law, as the benchmark's JSON carries it: every trajectory binned.
   assert sum(rl["length_hist"]["counts"]) == rl["trajectories"] and rl["length_cv"] >= 0
-  # An eval at each update (deferred: run after the phase, in order), then the closing one.
+  # An eval at each update (deferred: run after the phase, in order); the last step's is the
+  # closing one (not evaluated twice).
   curve = rl["eval_curve"]
-  assert [step for _, step, _ in curve] == [0, 1, 2, 3, 4, 5, 6, 6], curve
+  assert [step for _, step, _ in curve] == [0, 1, 2, 3, 4, 5, 6], curve
   assert [t for t, _, _ in curve] == sorted(t for t, _, _ in curve)
   assert curve[-1][2] == rl["accuracy"] and all(0 <= a <= 1 for _, _, a in curve)
   assert not list((tmp_path / "w" / "deferred_eval" / "rl").iterdir())
