@@ -999,6 +999,9 @@ class SweepRunner:
 
     self._acquire()
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    # Ctrl-C too, explicitly: a process started with SIGINT ignored (a background job of a
+    # shell without job control) gets no KeyboardInterrupt from Python's default handler.
+    previous_int = signal.signal(signal.SIGINT, _raise_interrupt)
     running: dict[int, _Running] = {}
     bar = None
     try:
@@ -1060,6 +1063,7 @@ class SweepRunner:
       if bar is not None:
         bar.close()
       signal.signal(signal.SIGTERM, previous)
+      signal.signal(signal.SIGINT, previous_int)
       if self.study is not None and running:
         sweep_report.write_tables(self)
       self._release()

@@ -612,6 +612,13 @@ def test_ctrl_c_stops_every_trial_process(tmp_path, repo_root):
       time.sleep(0.05)
     pids = [int((d / "trials" / str(n) / "child.pid").read_text()) for n in live]
     pids += [e["pid"] for e in _events(d) if e["event"] == "start"]
+    # (what the driver blocks and ignores, for the failure message: a SIGINT ignored by
+    # inheritance once kept a sweep running; SweepRunner.run now handles it explicitly)
+    masks = [
+      line
+      for line in pathlib.Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+      if line.startswith(("SigBlk", "SigIgn", "SigCgt"))
+    ]
     proc.send_signal(signal.SIGINT)
     try:
       code = proc.wait(timeout=30)
@@ -619,7 +626,10 @@ def test_ctrl_c_stops_every_trial_process(tmp_path, repo_root):
       proc.send_signal(signal.SIGUSR1)  # every thread's stack to the output, then fail
       time.sleep(2)
       proc.kill()
-      pytest.fail("the sweep did not stop within 30 s:\n" + proc.communicate()[0].decode()[-6000:])
+      pytest.fail(
+        f"the sweep did not stop within 30 s ({'; '.join(masks)}):\n"
+        + proc.communicate()[0].decode()[-6000:]
+      )
     assert code == 130
     assert not any(_alive(p) for p in pids) and not trial_processes(d.resolve())
     assert {e["trial"] for e in _events(d) if e["event"] == "stopped"} == live
