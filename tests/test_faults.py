@@ -50,8 +50,16 @@ def _ledger_steps(workdir) -> int:
   return path.read_text().count("\n") if path.exists() else 0
 
 
+def _snapshot_steps(workdir) -> list[int]:
+  """Steps of the finished snapshots (Orbax renames a step's folder to its number last)."""
+  d = workdir / "checkpoints" / "rl"
+  return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.is_dir() else []
+
+
 def _kill_learner_at(repo_root, workdir, at_step: int, *extra):
-  """Starts the run and kill -9s the learner once `at_step` updates are in the ledger."""
+  """Starts the run and kill -9s the learner once `at_step` updates are in the ledger and
+  two more than its newest snapshot (so that updates after the snapshot, with their metrics
+  rows, were done and are redone after the restart, whatever the timing)."""
   proc = subprocess.Popen(
     _cmd(workdir, *extra),
     cwd=repo_root,
@@ -62,7 +70,7 @@ def _kill_learner_at(repo_root, workdir, at_step: int, *extra):
   )
   try:
     deadline = time.time() + 240
-    while _ledger_steps(workdir) < at_step:
+    while _ledger_steps(workdir) < max(at_step, max(_snapshot_steps(workdir), default=0) + 2):
       assert proc.poll() is None, proc.communicate()[0][-3000:]
       assert time.time() < deadline, "no progress"
       time.sleep(0.1)
