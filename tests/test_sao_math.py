@@ -28,7 +28,7 @@ from sao_jax.models.transformer import TransformerLM
 from sao_jax.rl import trackers
 from sao_jax.rollout import sao_sampling
 from sao_jax.runners.compiled import compile_programs
-from sao_jax.sampling import completion_logprobs, sample
+from sao_jax.sampling import sample
 from sao_jax.sharding import make_mesh
 from sao_jax.tokenizer import CharTokenizer
 from sao_jax.transport import records
@@ -111,6 +111,15 @@ def _batch(staleness=0, logp=None, seed=0):
   )
 
 
+def _policy_logp(model, state, batch) -> np.ndarray:
+  """The current policy's own log-probs of the batch's tokens [B, T] (temperature 1)."""
+  from sao_jax.learner import completion_logprobs
+
+  params = jax.device_get(state.params)
+  args = (batch.prompt_bp, batch.prompt_valid_bp, batch.tokens_bt, batch.valid_bt)
+  return np.asarray(completion_logprobs(model, params, *args).logp_bt)
+
+
 def _copy(state):
   """Fresh buffers of a state (the jitted update donates its input)."""
   return jax.tree.map(jnp.copy, state)
@@ -164,16 +173,7 @@ def test_forgetting_factor_moves_with_a_realistic_drift():
   progs, model = _programs(tracker_d_half=0.06, tracker_rho_min=0.5, tracker_rho_max=0.96)
   state = progs.init(jax.random.key(0))
   batch = _batch()
-  current = np.asarray(
-    completion_logprobs(
-      model,
-      jax.device_get(state.params),
-      batch.prompt_bp,
-      batch.prompt_valid_bp,
-      batch.tokens_bt,
-      batch.valid_bt,
-    ).logp_bt
-  )
+  current = _policy_logp(model, state, batch)
   sign = np.where(np.random.default_rng(1).uniform(size=current.shape) < 0.5, -1.0, 1.0)
   batch = batch.replace(logp_bt=(current + 0.02 * sign).astype(np.float32))
   state, metrics = progs.update(state, progs.shard_batch(batch))
@@ -347,22 +347,10 @@ def test_forged_log_probs_take_no_part_in_the_update():
   """sao.verify_drift: rows whose claimed behaviour log-probs are the policy's own are
   trained on; rows claiming certainty (0) or e^-50 are flagged and take no part: the update
   equals the one on the batch with those rows left out (invalid), tracker included."""
-  from sao_jax.learner import completion_logprobs
-
   progs, model = _programs(verify_drift=1.0)
   state = progs.init(jax.random.key(0))
   batch = _batch()
-  true = np.asarray(
-    completion_logprobs(
-      model,
-      jax.device_get(state.params),
-      batch.prompt_bp,
-      batch.prompt_valid_bp,
-      batch.tokens_bt,
-      batch.valid_bt,
-      temperature=1.0,
-    ).logp_bt
-  )
+  true = _policy_logp(model, state, batch)
   forged = np.array(true)
   forged[1], forged[3] = 0.0, -50.0
   flagged = dataclasses.replace(batch, logp_bt=forged)
