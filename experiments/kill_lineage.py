@@ -11,9 +11,14 @@ RL training time (`rl.max_seconds`: a resumed run carries its training clock ove
 arms train for the same time, the killed one in many pieces):
   uninterrupted  runs to the end;
   killed         is killed with SIGKILL `--kills` times during RL and restarted with the same
-                 command each time; the moments rotate over a random update, an Orbax snapshot
-                 being written and a parameter file being published (`experiments/chaos.py`),
-                 alternating between the whole process group and the learner alone.
+                 command each time; the moments rotate over `--rotation` (default: a random
+                 update, a parameter file being published, a random update, a publish, an
+                 Orbax snapshot being written; see `experiments/chaos.py`), alternating
+                 between the whole process group and the learner alone. Five kills per
+                 snapshot interval so that all of them fit in the run (a resume goes back to
+                 the last snapshot, and the run ends when its RL clock does: with one
+                 snapshot kill in three, only 14-16 of 20 kills fitted in 150 s at
+                 snapshots every 20 updates); the result records the kills done.
 The arms' order is drawn per seed and recorded. Per run: held-out accuracy and format rate
 (the final evaluation), mean staleness and off-policy deviation (|pi/mu - 1|) over every
 update, over the last 20 updates, stale and discarded-lineage drops (over every incarnation:
@@ -40,7 +45,7 @@ from sao_jax.results_file import ResultFile, config_file_id, load
 HERE = pathlib.Path(__file__).resolve().parent
 CONFIG = str(HERE / "configs" / "sao_arith.py")
 ARMS = ("uninterrupted", "killed")
-TARGETS = ("rl", "snapshot", "publish")
+ROTATION = "rl,publish,rl,publish,snapshot"
 LAST = 20  # the last updates' off-policy deviation: where the run ended up
 
 
@@ -69,11 +74,11 @@ def run_arm(arm: str, workdir: pathlib.Path, sets: list[str], args, rng: random.
     workdir.parent / f"{arm}.log",
     config=args.config,
   )
-  kills = []
+  kills, moments = [], args.rotation.split(",")
   try:
     run.start()
     for k in range(args.kills if arm == "killed" else 0):
-      hit = chaos.kill_at(run, TARGETS[k % len(TARGETS)], rng, args.target_wait)
+      hit = chaos.kill_at(run, moments[k % len(moments)], rng, args.target_wait)
       if not hit:
         print(f"  the run finished before kill {k + 1}", flush=True)
         break
@@ -87,7 +92,9 @@ def run_arm(arm: str, workdir: pathlib.Path, sets: list[str], args, rng: random.
     if run.running():
       run.kill(whole_group=True)
     broker.stop()
-  return dict(measure(workdir), returncode=rc, kills=kills, audit=audit)
+  if arm == "killed" and len(kills) < args.kills:
+    print(f"  only {len(kills)} of {args.kills} kills fitted in the run", flush=True)
+  return dict(measure(workdir), returncode=rc, kills=kills, kills_done=len(kills), audit=audit)
 
 
 def measure(workdir: pathlib.Path) -> dict:
@@ -117,10 +124,26 @@ def measure(workdir: pathlib.Path) -> dict:
     "consumed": consumed,
     "dropped_stale": stale,
     "dropped_lineage": discarded,
+    "weighted_lineage": counts.get("weighted_lineage", 0),  # (sao.discarded_lineage="weight")
     "dropped_frac": (stale + discarded) / max(consumed + stale + discarded, 1),
     "duplicates": counts.get("duplicates", 0),
     "incarnations": (rl.get("lifetime") or {}).get("incarnations"),
     "transients": rl.get("transients"),
+  }
+
+
+def paired_arms(folder: pathlib.Path, sft_steps: int, seed: int, run_here: list[str]) -> dict:
+  """The arms of the same seed and start in another series' finished result file: those not
+  run here under their own names, those run here too under '<arm>_<folder name>'."""
+  path = folder / f"sft{sft_steps}_seed{seed}.json"
+  if not path.exists():
+    raise SystemExit(f"--pair-with: {path} does not exist (run that series' seed first)")
+  other = load(path)
+  if not other.get("complete"):
+    raise SystemExit(f"--pair-with: {path} is not finished")
+  return {
+    (f"{arm}_{folder.name}" if arm in run_here else arm): dict(a, copied_from=str(path))
+    for arm, a in other.get("arms", {}).items()
   }
 
 
@@ -132,7 +155,29 @@ def main(argv=None) -> int:
   p.add_argument("--kills", type=int, default=20)
   p.add_argument("--rl-seconds", type=float, default=150.0)
   p.add_argument("--checkpoint-every", type=int, default=20)
-  p.add_argument("--target-wait", type=float, default=20.0)
+  p.add_argument(
+    "--rotation",
+    default=ROTATION,
+    help=f"the kill moments in turn, of rl, publish, snapshot (default {ROTATION})",
+  )
+  p.add_argument(
+    "--arms",
+    default=",".join(ARMS),
+    help="the arms to run (e.g. 'killed' for a variant of the killed arm alone)",
+  )
+  p.add_argument(
+    "--pair-with",
+    default="",
+    help="another series' result folder: its arms of the same seed are copied into each "
+    "file (those run here too under '<arm>_<its folder name>'), e.g. the uninterrupted arm "
+    "for a variant of the killed one run alone (--arms killed)",
+  )
+  p.add_argument(
+    "--target-wait",
+    type=float,
+    default=60.0,
+    help="seconds to wait for a snapshot or publish moment before a random one instead",
+  )
   p.add_argument("--finish-timeout", type=float, default=3600.0)
   p.add_argument("--set", action="append", default=[], help="more config overrides")
   p.add_argument("--label", default="", help="a tag for the series (e.g. 'before')")
@@ -145,6 +190,12 @@ def main(argv=None) -> int:
     help="the runs' workdirs and brokers go to WORKDIR/<name of --out> (~150 MB per seed)",
   )
   args = p.parse_args(argv)
+  moments = args.rotation.split(",")
+  if not set(moments) <= {"rl", "publish", "snapshot"}:
+    p.error(f"--rotation takes moments of rl, publish, snapshot, not {args.rotation!r}")
+  arms_run = [a for a in args.arms.split(",") if a]
+  if not arms_run or set(arms_run) - set(ARMS):
+    p.error(f"--arms takes {', '.join(ARMS)}, not {args.arms!r}")
   if args.quick:
     args.config = CONFIG + ":tiny"
     args.seeds, args.kills, args.rl_seconds, args.sft_steps = "0", 3, 40.0, 20
@@ -158,6 +209,9 @@ def main(argv=None) -> int:
     "kills": args.kills,
     "rl_seconds": args.rl_seconds,
     "checkpoint_every": args.checkpoint_every,
+    "rotation": args.rotation,
+    "target_wait": args.target_wait,
+    "arms": arms_run,
     "quick": args.quick,
   }
   for seed in [int(s) for s in args.seeds.split(",")]:
@@ -172,8 +226,11 @@ def main(argv=None) -> int:
     )
     rng = random.Random(seed)
     order = list(ARMS)
-    rng.shuffle(order)
+    rng.shuffle(order)  # (drawn over both arms whichever run: the same order in each series)
+    order = [a for a in order if a in arms_run]
     arms = dict(rf.kept.get("arms", {}))
+    if args.pair_with:  # (each copied arm names its file: copied_from)
+      arms.update(paired_arms(pathlib.Path(args.pair_with), args.sft_steps, seed, arms_run))
     rf.update(config_file=config_file_id(args.config), seed=seed, order=order, arms=arms)
     for arm in order:
       if arm in arms:
@@ -187,7 +244,8 @@ def main(argv=None) -> int:
       print(
         f"  accuracy {a['accuracy']}, format {a['format_rate']}, staleness "
         f"{a['staleness_mean']}, |pi/mu-1| {a['is_dev_mean']}, dropped stale {a['dropped_stale']}"
-        f" / lineage {a['dropped_lineage']}; lost {a['audit']['lost']}, twice "
+        f" / lineage {a['dropped_lineage']}, weighed {a['weighted_lineage']}; lost "
+        f"{a['audit']['lost']}, twice "
         f"{a['audit']['applied_twice']}",
         flush=True,
       )

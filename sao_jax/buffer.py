@@ -117,19 +117,36 @@ def decode_trajectory(
     return None
 
 
+def on_path(rec: records.Record, step: int, tree) -> bool:
+  """Whether every token of `rec` is of a policy on the path to the current one of `tree`
+  (a `sao_jax.lineage.LineageTree` with a current lineage): an ancestor, not a discarded or
+  unknown lineage's."""
+  lineage, a = rec.meta.get("lineage", -1), rec.arrays
+  if "version" in a and not tree.holds(lineage, a["version"][a["valid"].astype(bool)], step):
+    return False
+  return tree.age(lineage, rec.policy_version, step) >= 0
+
+
 def record_age(rec: records.Record, step: int, tree=None) -> int:
   """Updates between the policy that made `rec` (its oldest token's) and the learner's at
   `step`. With a `sao_jax.lineage.LineageTree`, along the tree: -1 when any of its tokens is
   of a policy that is not an ancestor of the current one (a lineage that a resume or rollback
-  discarded, or one the run never had). Without one: `step` minus the record's version."""
+  discarded, or one the run never had), unless the tree weighs discarded lineages: then its
+  farthest token's distance along the tree (-1 still for a lineage the run never had).
+  Without one: `step` minus the record's version."""
   if tree is None or tree.current is None:
     return step - rec.policy_version
   lineage = rec.meta.get("lineage", -1)
+  if on_path(rec, step, tree):
+    return tree.age(lineage, rec.policy_version, step)
+  if not tree.weigh_discarded:
+    return -1
   a = rec.arrays
+  versions = [rec.policy_version]
   if "version" in a:
-    if not tree.holds(lineage, a["version"][a["valid"].astype(bool)], step):
-      return -1
-  return tree.age(lineage, rec.policy_version, step)
+    versions = np.append(a["version"][a["valid"].astype(bool)], rec.policy_version)
+  d = tree.distance(lineage, np.asarray(versions), step)
+  return -1 if (d < 0).any() else int(d.max())
 
 
 class TrajectoryBuffer:
@@ -161,8 +178,11 @@ class TrajectoryBuffer:
     return age < 0 or age > self.max_staleness
 
   def discarded(self, it: Item, step: int) -> bool:
-    """Whether `it` is of a policy off the current lineage's path (dropped as such)."""
-    return record_age(it.rec, step, self.lineage) < 0
+    """Whether `it` is of a policy off the current lineage's path (dropped as such, or
+    weighed by its distance when the tree weighs discarded lineages)."""
+    if self.lineage is None or self.lineage.current is None:
+      return record_age(it.rec, step) < 0
+    return not on_path(it.rec, step, self.lineage)
 
   def fresh(self, step: int) -> int:
     """How many waiting records a batch at `step` would still take (not stale, not of a
@@ -215,7 +235,8 @@ def batch_rows(
   largest staleness still used). Staleness is per token, from the record's per-token
   `version` array (the record's policy_version on every token when it has none), measured
   along the `sao_jax.lineage.LineageTree` when one is given (the same numbers unless a
-  rollback is on the path)."""
+  rollback is on the path; a token of a discarded lineage that the tree weighs: its distance,
+  `LineageTree.measure`)."""
   if not items:
     raise ValueError("a batch needs at least one trajectory")
   parts: dict[str, list] = collections.defaultdict(list)
@@ -229,7 +250,7 @@ def batch_rows(
     if lineage is None or lineage.current is None:
       lag = step - version
     else:
-      lag = lineage.age(rec.meta.get("lineage", -1), version, step)
+      lag = lineage.measure(rec.meta.get("lineage", -1), version, step)
     if (lag < 0).any():
       orphans += 1
       lag = np.where(lag < 0, max_staleness, lag)

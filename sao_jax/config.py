@@ -362,6 +362,12 @@ class SAOConfig:
   # largest in a tiny SAO run was 1.2e-3 (metric `drift_max`), three orders below the bound;
   # log-probs forged far from the policy's (e^-50, or 0 where it is unsure) are above it.
   verify_drift: float = 1.0
+  # Records of a discarded policy lineage (a branch that a resume or rollback left, see
+  # sao_jax.lineage): "drop" (counted, `dropped_lineage`) or "weight": trained on at their
+  # true distance from the current policy along the lineage tree (up the discarded branch,
+  # down the current path), freshness-weighted and importance-corrected like any record of
+  # that age, dropped beyond max_staleness (counted as `weighted_lineage` when trained on).
+  discarded_lineage: Literal["drop", "weight"] = "drop"
 
   def __post_init__(self):
     _check(self.verify_drift >= 0, "sao.verify_drift must be >= 0 (0: off)")

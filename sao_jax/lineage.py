@@ -15,8 +15,11 @@ starts at s from the parent's o. The policy (L, v) is an *ancestor* of the curre
 (C, step) when walking up from C reaches L with start(L) <= v <= the version at which the walk
 left L; its distance in updates is then the number of updates on that path
 (`LineageTree.age`). Anything else is of a discarded lineage (a branch that a resume or a
-rollback left) or of a lineage this run never had: the learner drops it, counted
-(`sao_jax.runners.sao`).
+rollback left) or of a lineage this run never had. The learner drops both, counted
+(`sao_jax.runners.sao`); with `sao.discarded_lineage="weight"` it trains on a discarded
+lineage's records instead, each at its true distance from the current policy
+(`LineageTree.distance`: up the discarded branch to where it meets the current path, then
+down the path), weighted and importance-corrected like any record of that age.
 
 The tree is small (one node per start, resume or rollback): it is saved in every snapshot's
 stream metadata and also appended to `lineages.jsonl` in the workdir as each lineage begins,
@@ -72,9 +75,17 @@ class Node:
 class LineageTree:
   """Every lineage of a run and which one is current (module docstring)."""
 
-  def __init__(self, nodes: list[Node] | None = None, current: int | None = None):
+  def __init__(
+    self,
+    nodes: list[Node] | None = None,
+    current: int | None = None,
+    weigh_discarded: bool = False,
+  ):
     self.nodes: dict[int, Node] = {n.id: n for n in nodes or []}
     self.current = current
+    # How the learner measures a record of a discarded lineage (`measure`): not at all (-1:
+    # dropped) or by its distance along the tree (`sao.discarded_lineage`).
+    self.weigh_discarded = weigh_discarded
     if current is not None and current not in self.nodes:
       raise ValueError(f"current lineage {current:x} is not in the tree")
 
@@ -134,6 +145,39 @@ class LineageTree:
       dist += hi - node.start
     return int(out) if np.ndim(versions) == 0 else out
 
+  def distance(self, lineage: int, versions, step: int):
+    """Updates between the policy (lineage, v) and the current policy at version `step` along
+    the tree, for each v in `versions`: up from (lineage, v) to the nearest policy on the
+    current path (the branch point), then down the path to the current one. The same as
+    `age` for an ancestor; for a policy of a discarded branch the sum of both legs (a record
+    of the lineage a resume at b left, at version b + 3, while the learner is at b + 2, is 5
+    updates away). -1 for a lineage the tree does not know or a version it never had."""
+    on_path = {node.id: (node.start, step if last is None else last) for node, last in self.path()}
+    v = np.asarray(versions, np.int64)
+    out = np.full(v.shape, -1, np.int64)
+    for u0 in np.unique(v):
+      node, u, up, seen = self.nodes.get(lineage), int(u0), 0, set()
+      if node is None or u < node.start:
+        continue
+      while node is not None and node.id not in seen:
+        seen.add(node.id)
+        if node.id in on_path:
+          start, hi = on_path[node.id]
+          meet = min(u, hi)  # (a version of the current lineage ahead of `step`: none yet)
+          if meet >= start and not (u > hi and node.id == self.current):
+            out[v == u0] = up + (u - meet) + int(self.age(node.id, meet, step))
+          break
+        if node.parent is None:
+          break
+        up += u - node.start
+        u, node = node.origin, self.nodes.get(node.parent)
+    return int(out) if np.ndim(versions) == 0 else out
+
+  def measure(self, lineage: int, versions, step: int):
+    """The learner's staleness of (lineage, v): `age` (-1 off the current path: dropped), or
+    `distance` when discarded lineages are weighed (`weigh_discarded`)."""
+    return (self.distance if self.weigh_discarded else self.age)(lineage, versions, step)
+
   def holds(self, lineage: int, versions, step: int) -> bool:
     """Whether every version in `versions` of `lineage` is an ancestor of the current policy.
     A lineage's versions on the current path form an interval, so the smallest and largest
@@ -156,7 +200,8 @@ class LineageTree:
     return cls([Node.from_json(n) for n in d.get("nodes", [])], d.get("current"))
 
   def restore(self, other: LineageTree) -> None:
-    """Becomes `other` (in place: holders of this tree see the change)."""
+    """Becomes `other`'s lineages (in place: holders of this tree see the change; how it
+    measures discarded ones stays)."""
     self.nodes, self.current = dict(other.nodes), other.current
 
   def merge(self, nodes: list[Node]) -> None:

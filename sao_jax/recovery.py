@@ -129,7 +129,9 @@ class Ledger:
   """`ledger.jsonl`: {"step": k, "applied": [ids], "stale": [ids]} per update ("stale": every
   record dropped, too stale or of a discarded lineage); the SAO learner also writes
   "lineage" (the policy lineage the update extended, hex; `sao_jax.lineage`) and
-  "discarded" (the dropped ones of a discarded lineage). With the journal kept
+  "discarded" (the dropped ones of a discarded lineage) and, with
+  `sao.discarded_lineage="weight"`, "weighted" (the applied ones of a discarded lineage,
+  trained on at their distance along the lineage tree). With the journal kept
   (`recovery.keep_journal`), also "check": the update's exact loss, gradient norm and
   parameter digest, which `sao-jax replay` re-derives step by step."""
 
@@ -173,12 +175,15 @@ class Ledger:
     check: dict | None = None,
     lineage: str | None = None,
     discarded: list[int] | None = None,
+    weighted: list[int] | None = None,
   ) -> None:
     if self._file is None:
       self._file = open(self.path, "a", buffering=1)
     row = {"step": step, "applied": applied, "stale": stale}
     if lineage is not None:
       row["lineage"], row["discarded"] = lineage, discarded or []
+    if weighted:
+      row["weighted"] = weighted
     if check is not None:
       row["check"] = check
     self._file.write(json.dumps(row) + "\n")
@@ -269,7 +274,8 @@ def audit(workdir: str | pathlib.Path, journal_next: int) -> dict:
   journal segment was pruned): every record the learner consumed before `journal_next`
   (the final snapshot's) was applied or dropped as stale exactly once in the final lineage,
   none appears twice, and no applied record is of a policy off the path of the lineage its
-  update extended (`sao_jax.lineage`). Returns counts; `lost`, `applied_twice` and
+  update extended (`sao_jax.lineage`) unless its ledger row says it was weighed at its
+  distance (`sao.discarded_lineage="weight"`). Returns counts; `lost`, `applied_twice` and
   `discarded_lineage_applied` must be 0."""
   from sao_jax.transport import records
 
@@ -288,7 +294,7 @@ def audit(workdir: str | pathlib.Path, journal_next: int) -> dict:
   rows = Ledger(workdir / "ledger.jsonl").rows()
   # Each applied record's policy must be an ancestor of the one its update extended (at
   # version step - 1 of the row's lineage): none of a discarded lineage trains as current.
-  from sao_jax.buffer import record_age
+  from sao_jax.buffer import on_path
   from sao_jax.lineage import LineageLog, LineageTree
 
   tree = LineageTree(LineageLog(workdir / "lineages.jsonl").nodes())
@@ -300,7 +306,12 @@ def audit(workdir: str | pathlib.Path, journal_next: int) -> dict:
     if tree.current not in tree.nodes:
       off_path += len(r["applied"])  # a lineage the log never had: nothing is its ancestor
       continue
-    off_path += sum(record_age(recs[i], r["step"] - 1, tree) < 0 for i in r["applied"] if i in recs)
+    weighed = set(r.get("weighted", []))  # trained on at their distance, by the config
+    off_path += sum(
+      not on_path(recs[i], r["step"] - 1, tree)
+      for i in r["applied"]
+      if i in recs and i not in weighed
+    )
   used = [i for r in rows for i in r["applied"] + r["stale"]]
   steps = [r["step"] for r in rows]
   used_set = set(used)
@@ -315,4 +326,5 @@ def audit(workdir: str | pathlib.Path, journal_next: int) -> dict:
     "steps_contiguous": steps == list(range(1, len(steps) + 1)),
     "discarded_lineage_applied": off_path,
     "discarded_lineage_dropped": sum(len(r.get("discarded", [])) for r in rows),
+    "discarded_lineage_weighted": sum(len(r.get("weighted", [])) for r in rows),
   }

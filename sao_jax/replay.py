@@ -164,6 +164,19 @@ def _start_state(s, learner, workdir: pathlib.Path):
   return learner.initial_state(init)
 
 
+def _lineage_tree(workdir: pathlib.Path, cfg):
+  """The run's lineage tree (`lineages.jsonl`) for an SAO run, measuring discarded lineages
+  as the run did (`sao.discarded_lineage`); None for other runs and runs without the log
+  (ages are then version differences: the same on a path without rollbacks, and a replay
+  stops at the first rollback)."""
+  from sao_jax.lineage import LineageLog, LineageTree
+
+  log = workdir / "lineages.jsonl"
+  if cfg.rl.algorithm != "sao" or not log.exists():
+    return None
+  return LineageTree(LineageLog(log).nodes(), weigh_discarded=cfg.sao.discarded_lineage == "weight")
+
+
 def replay(
   workdir: str | pathlib.Path,
   *,
@@ -232,6 +245,7 @@ def replay(
     snap0, _ = ckpt_lib.restore_state(mngr, state, 0)
     start_equal = _params_equal(snap0.params, state.params)
   store = _RecordStore(journal)
+  tree = _lineage_tree(workdir, cfg)
   results: list[StepResult] = []
   bar = tqdm.tqdm(total=last, desc="replay", disable=not show_progress, dynamic_ncols=True)
   batch = None
@@ -242,6 +256,10 @@ def replay(
       store.take(i)  # dropped as too stale: consumed, never in a batch
     if not items:
       raise ReplayError(f"ledger step {step} applied no record")
+    if tree is not None:  # ages along the lineage tree, as the run measured them
+      known = tree.known(int(row.get("lineage") or "-1", 16))
+      tree.current = int(row["lineage"], 16) if known else None
+      learner.lineage = tree if known else None
     batch, _ = learner.batch_from(items, step - 1)
     state, metrics = learner.progs.update(state, learner.progs.shard_batch(batch))
     metrics = jax.device_get(metrics)

@@ -155,3 +155,77 @@ def test_a_batch_sampler_samples_a_call_again_under_a_lineage_announced_meanwhil
   out = list(_calls(2, _Held(poll), alive, end, sample))
   assert sampled == [(A, 3, "params of A3", (4, 5)), (B, 3, "params of B3", (4, 5))]
   assert [(h.lineage, idx, o) for h, idx, o in out] == [(B, [4, 5], ["trajectory of b"])]
+
+
+def test_distance_runs_up_the_discarded_branch_and_down_the_current_path():
+  t = _resumed_then_rolled_back()
+  # Ancestors: the same as age.
+  for lineage, v in [(B, 23), (A, 16), (A, 12), (R, 10), (R, 3)]:
+    assert t.distance(lineage, v, 25) == t.age(lineage, v, 25), (lineage, v)
+  # R after 10 (the killed incarnation's tail): up to R's 10, then 11 down to B's 25.
+  assert t.distance(R, 14, 25) == 4 + 11
+  # A after 16 (rolled back): up to A's 16, then 5 down.
+  assert t.distance(A, 17, 25) == 6 and t.distance(A, 20, 25) == 9
+  # A lineage off the path altogether: R's 12 resumed as D and died at 14; D's 14 is 2 up
+  # to R's 12, 2 more to R's 10, then 11 down.
+  d = t.nodes[B]
+  t.current = R
+  t.begin(12, "resume", _id=C)
+  t.current = d.id
+  assert t.distance(C, 14, 25) == 2 + 2 + 11 and t.age(C, 14, 25) == -1
+  # Unknown lineages, versions a lineage never had, the current one's future: none.
+  for lineage, v in [(0xD, 5), (-1, 3), (A, 9), (B, 26)]:
+    assert t.distance(lineage, v, 25) == -1, (lineage, v)
+  assert t.distance(R, np.array([3, 14, -5]), 25).tolist() == [18, 15, -1]
+  assert t.measure(R, 14, 25) == -1  # dropping (the default) measures ages only
+  t.weigh_discarded = True
+  assert t.measure(R, 14, 25) == 15
+
+
+def test_weighing_discarded_lineages_trains_their_records_at_their_distance():
+  t = _resumed_then_rolled_back()
+  t.weigh_discarded = True
+  buf = TrajectoryBuffer(rows=4, max_staleness=12, lineage=t)
+  recs = [
+    _rec(R, [14, 14, -1], rid=1),  # discarded: 15 updates away, beyond max_staleness
+    _rec(A, [16, 17, -1], rid=3),  # one token after the rollback point: 5 and 6 away
+    _rec(B, [24, 24, 25], rid=4),
+    _rec(0xD, [24, 24, 24], rid=6),  # a lineage the run never had: never trained on
+  ]
+  assert [record_age(r, 25, t) for r in recs] == [15, 6, 1, -1]
+  buf.extend(Item(r, i, None) for i, r in enumerate(recs))
+  batch_items, dropped = buf.take_batch(25)
+  assert [it.rec.record_id for it in batch_items] == [3, 4]
+  assert [it.rec.record_id for it in dropped] == [1, 6]
+  assert [buf.discarded(it, 25) for it in batch_items] == [True, False]
+  batch, orphans = batch_rows(batch_items, 25, 4, 12, t)
+  assert orphans == 0  # every token has a distance: none is given the largest staleness
+  # (the padding token takes the record's version, A's 16: 5 updates away)
+  assert batch.staleness_bt[0].tolist() == [5, 6, 5]
+  assert batch.staleness_bt[1].tolist() == [1, 1, 0]
+
+
+def test_the_audit_accepts_weighed_records_only_where_the_ledger_says_so(tmp_path):
+  from sao_jax import recovery
+  from sao_jax.transport import records as rec_lib
+
+  t = _resumed_then_rolled_back()
+  log = LineageLog(tmp_path / "lineages.jsonl")
+  for n in t.nodes.values():
+    log.append(n)
+  journal = recovery.Journal(tmp_path / "journal")
+  rec = _rec(A, [17, 17, -1], rid=7)  # of the rolled-back branch
+  journal.append(
+    [rec_lib.encode(rec_lib.RecordKind.TRAJECTORY, 7, rec.policy_version, rec.arrays, rec.meta)]
+  )
+  journal.close()
+  ledger = recovery.Ledger(tmp_path / "ledger.jsonl")
+  ledger.append(1, [7], [], lineage=f"{B:012x}", weighted=[7])
+  ledger.close()
+  a = recovery.audit(tmp_path, 1)
+  assert a["discarded_lineage_applied"] == 0 and a["discarded_lineage_weighted"] == 1
+  (tmp_path / "ledger.jsonl").unlink()
+  ledger = recovery.Ledger(tmp_path / "ledger.jsonl")
+  ledger.append(1, [7], [], lineage=f"{B:012x}")  # trained on as if it were B's: caught
+  ledger.close()
+  assert recovery.audit(tmp_path, 1)["discarded_lineage_applied"] == 1

@@ -152,7 +152,7 @@ class SAOLearner:
     self.rows = round_up(self.batch_rows(), self.progs.batch_divisor)
     # The policy's identity is (lineage, version) (sao_jax.lineage): process 0's, which
     # publishes and forms the batches; every start, resume and rollback begins a lineage.
-    self.lineage = LineageTree()
+    self.lineage = LineageTree(weigh_discarded=self.cfg.sao.discarded_lineage == "weight")
     self.lineage_log = LineageLog(workdir / "lineages.jsonl") if self.primary else None
     self.buffer = TrajectoryBuffer(self.rows, self.max_staleness(), lineage=self.lineage)
     self.transients: list[dict] = []  # the first updates after each resume or rollback
@@ -392,11 +392,14 @@ class SAOLearner:
         "kl_behaviour_mean": 0.0,
         "dropped_stale": 0,
         "dropped_lineage": 0,
+        "weighted_lineage": 0,
         "orphan_version": 0,
       }
     )
 
-  def watch_transient(self, metrics, staleness, stale: int, discarded: int, orphans: int) -> None:
+  def watch_transient(
+    self, metrics, staleness, stale: int, discarded: int, weighted: int, orphans: int
+  ) -> None:
     """Adds one update to the transient of the newest lineage while it is in its first
     `TRANSIENT_UPDATES` updates: written to the event log as it goes (a killed incarnation's
     partial one is kept) and to the metrics once complete."""
@@ -413,6 +416,7 @@ class SAOLearner:
       t["kl_behaviour_mean"] = mean("kl_behaviour_mean", metrics["kl_behaviour"])
     t["dropped_stale"] += stale
     t["dropped_lineage"] += discarded
+    t["weighted_lineage"] += weighted
     t["orphan_version"] += orphans
     self.events.write("transient", **t)
     if n == TRANSIENT_UPDATES:
@@ -566,6 +570,9 @@ class SAOLearner:
     discarded = [it for it in dropped if self.buffer.discarded(it, loop.step)]
     loop.counts["dropped_lineage"] += len(discarded)
     loop.counts["dropped_stale"] += len(dropped) - len(discarded)
+    # (with sao.discarded_lineage="weight": those trained on at their distance)
+    weighted = [it for it in items if self.buffer.discarded(it, loop.step)]
+    loop.counts["weighted_lineage"] += len(weighted)
     tu = time.time()
     self.state, metrics = self.progs.update(self.state, self.progs.shard_batch(batch))
     metrics = jax.device_get(metrics)
@@ -587,12 +594,14 @@ class SAOLearner:
         check=check,
         lineage=self.lineage_hex(),
         discarded=[it.rec.record_id for it in discarded],
+        weighted=[it.rec.record_id for it in weighted],
       )
       self.watch_transient(
         metrics,
         staleness,
         len(dropped) - len(discarded),
         len(discarded),
+        len(weighted),
         loop.counts["orphan_version"] - orphans_before,
       )
     if loop.resume_info is not None and "recovery_s" not in loop.resume_info:
@@ -670,6 +679,7 @@ class SAOLearner:
       trajectories=c["consumed"],
       dropped_stale=c["dropped_stale"],
       dropped_lineage=c["dropped_lineage"],
+      weighted_lineage=c["weighted_lineage"],
       bad_records=c["bad_records"],
       duplicates=c["duplicates"],
       duplicate_answers=c["duplicate_answers"],
@@ -868,6 +878,7 @@ class SAOLearner:
       resumes=c["resumes"],
       orphan_version=c["orphan_version"],
       dropped_lineage=c["dropped_lineage"],
+      weighted_lineage=c["weighted_lineage"],
       lineage=self.lineage_hex(),
       learner_busy=loop.busy / max(wall, 1e-9),
       learner_busy_steady=steady,
