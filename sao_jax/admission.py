@@ -54,12 +54,23 @@ the policies its crashed incarnation published, and nothing newer. A policy is n
 never began (every incarnation's are in its lineage log) is `unknown_lineage`. One of a
 lineage the run began and then left (a resume or rollback) passes the door; the batch drops
 it, counted as `dropped_lineage`: it is stale data, not a fault of its sampler.
+
+Rewards that are costly to recompute (code: a sandbox run per record, `TaskFamily.auditable`)
+are audited instead (`RewardAudit`): a fraction `sao.audit_fraction` of the records that
+passed the door, picked by a keyed hash of the record id that no sampler can predict, is
+held back and re-scored in the learner's own sandbox pool, concurrently with training; a
+held record enters the journal and the buffer only once its reward is confirmed, and one
+whose claimed reward its completion does not earn is `reward_mismatch` like a cheap one
+(`RecordGuard.reject_audited`). The Kafka offsets of held records are not committed, so a
+crash re-reads and re-audits them.
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
+import hashlib
 import json
 import os
 import pathlib
@@ -282,6 +293,24 @@ class RecordGuard:
         self.counts["task_redelivered"] += 1
       self._charge(src, rec, False)
       return True
+    self._refuse(rec, data, problem, learner, reissue=known)
+    if problem[0] != "quarantined":
+      self._charge(src, rec, True)
+    return False
+
+  def reject_audited(
+    self, rec: records.Record, data: bytes, true: float, learner, reissue: bool
+  ) -> None:
+    """A record the door admitted whose reward audit (`RewardAudit`) found that its
+    completion does not earn the reward it claims: `reward_mismatch`, dead-lettered, charged
+    to its sampler, and (`reissue`: a task this learner handed out) its task handed out
+    again, its answer having been counted at the door."""
+    claimed = rec.meta["reward"]
+    problem = ("reward_mismatch", f"claimed reward {claimed!r}, its completion earns {true:g}")
+    self._refuse(rec, data, problem, learner, reissue=reissue)
+    self._charge(self._source(rec), rec, True)
+
+  def _refuse(self, rec, data: bytes, problem: tuple[str, str], learner, reissue: bool) -> None:
     reason, detail = problem
     self.counts[f"rejected_{reason}"] += 1
     self.counts["rejected"] += 1
@@ -293,15 +322,13 @@ class RecordGuard:
         flush=True,
       )
     learner.dead_letter(data, f"{reason}: {detail}")
-    if known:  # its task is still to be done
+    if reissue:  # its task is still to be done
+      index = rec.meta["task_index"]
       again = self.new_handouts(1)
       learner.put_tasks([index], again)
       self.pending[again[0]] = index
       self.outstanding[index] += 1
       self.counts["reissued_tasks"] += 1
-    if reason != "quarantined":
-      self._charge(src, rec, True)
-    return False
 
   def reject_unauthenticated(self, data: bytes, detail: str, learner) -> None:
     """A message without a valid tag under the run's key (`sao_jax.transport.auth`), refused
@@ -506,3 +533,56 @@ class Poisoner:
       unknown_task=self.unknown_task,
     )
     return [(arrays, meta, version), bad] if kind == "unknown_task" else [bad]
+
+
+class RewardAudit:
+  """Re-scores a sampled fraction of admitted records whose reward is costly to recompute
+  (module docstring): `picks` by a keyed hash of the record id (the key random per learner:
+  a sampler cannot tell which of its records will be checked), `hold` starts the re-score
+  on a thread pool (the scoring function runs the learner's own sandbox pool), `released`
+  returns the held records whose score is in: (record, payload, true reward or None when
+  the family gave none, the error if scoring failed). `held` is what still waits."""
+
+  def __init__(
+    self,
+    fraction: float,
+    score: Callable[[records.Record], float | None],
+    workers: int = 2,
+    key: bytes | None = None,
+  ):
+    if not 0.0 <= fraction <= 1.0:
+      raise ValueError(f"audit fraction {fraction} not in [0, 1]")
+    self.fraction, self.score = fraction, score
+    self.key = key or os.urandom(16)
+    self._threshold = int(fraction * 2**64)
+    self._pool = concurrent.futures.ThreadPoolExecutor(
+      max(1, workers), thread_name_prefix="reward-audit"
+    )
+    self._held: list[tuple[records.Record, object, concurrent.futures.Future]] = []
+
+  def picks(self, record_id: int) -> bool:
+    if self.fraction >= 1.0:
+      return True
+    h = hashlib.blake2b(int(record_id).to_bytes(8, "little"), key=self.key, digest_size=8)
+    return int.from_bytes(h.digest(), "little") < self._threshold
+
+  def hold(self, rec: records.Record, payload) -> None:
+    self._held.append((rec, payload, self._pool.submit(self.score, rec)))
+
+  def released(self) -> list[tuple[records.Record, object, float | None, BaseException | None]]:
+    out, still = [], []
+    for rec, payload, fut in self._held:
+      if not fut.done():
+        still.append((rec, payload, fut))
+        continue
+      err = fut.exception()
+      out.append((rec, payload, None if err else fut.result(), err))
+    self._held = still
+    return out
+
+  def held(self) -> list:
+    """The payloads of the records still being re-scored, oldest first."""
+    return [payload for _, payload, _ in self._held]
+
+  def close(self) -> None:
+    self._pool.shutdown(wait=False, cancel_futures=True)

@@ -215,13 +215,14 @@ class TrajectoryBuffer:
       batch.append(self._items.popleft())
     return batch, stale
 
-  def safe_positions(self, read_positions: dict[int, int]) -> dict[int, int]:
-    """Per partition: the offset before which every read record is applied or dropped."""
+  def safe_positions(
+    self, read_positions: dict[int, int], also: Iterable[tuple[int, int]] = ()
+  ) -> dict[int, int]:
+    """Per partition: the offset before which every read record is applied or dropped (not
+    waiting here, nor at `also`: records held elsewhere, e.g. for a reward audit)."""
     out = dict(read_positions)
-    for it in self._items:
-      if it.pos is not None:
-        part, off = it.pos
-        out[part] = min(out.get(part, off), off)
+    for part, off in [it.pos for it in self._items if it.pos is not None] + list(also):
+      out[part] = min(out.get(part, off), off)
     return out
 
 

@@ -368,9 +368,18 @@ class SAOConfig:
   # down the current path), freshness-weighted and importance-corrected like any record of
   # that age, dropped beyond max_staleness (counted as `weighted_lineage` when trained on).
   discarded_lineage: Literal["drop", "weight"] = "drop"
+  # Reward audits: of a family whose reward is costly to recompute (code: a sandbox run;
+  # `TaskFamily.auditable`), this fraction of the admitted records, drawn by a keyed hash no
+  # sampler can predict, is re-scored in the learner's own sandbox pool (`audit_workers`
+  # threads feeding it) before it is trained on; a claimed reward its completion does not
+  # earn is rejected (`rejected.reward_mismatch`). Cheap families re-score every record.
+  audit_fraction: float = 0.05
+  audit_workers: int = 2
 
   def __post_init__(self):
     _check(self.verify_drift >= 0, "sao.verify_drift must be >= 0 (0: off)")
+    _check(0 <= self.audit_fraction <= 1, "sao.audit_fraction must be in [0, 1] (0: off)")
+    _check(self.audit_workers >= 1, "sao.audit_workers must be >= 1")
     _check(
       self.sampler_slots >= 1 and self.batch_size >= 1,
       "sao.sampler_slots and sao.batch_size must be >= 1",

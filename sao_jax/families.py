@@ -168,6 +168,7 @@ class Code(TaskFamily):
   """Reward: fraction of hidden tests the completion passes (0 for a blocked run)."""
 
   Options = CodeOptions
+  auditable = True  # a sandbox run per completion: the learner re-scores a sampled fraction
 
   def __init__(self, cfg):
     super().__init__(cfg)

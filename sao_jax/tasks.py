@@ -70,6 +70,9 @@ class TaskFamily:
   # The reward of a one-step completion is cheap to recompute exactly (string checks, no
   # sandbox): the learner's door re-scores every record's claimed reward (`rescore`).
   verifiable: bool = False
+  # The reward can be recomputed, but at a cost (code: a sandbox run): the SAO learner
+  # re-scores a sampled fraction of the records (`sao.audit_fraction`, admission.RewardAudit).
+  auditable: bool = False
 
   def __init__(self, cfg: TaskConfig):
     self.cfg = cfg
@@ -88,10 +91,11 @@ class TaskFamily:
     override it to score the batch concurrently."""
     return [env.step(a) for env, a in zip(envs, actions, strict=True)]
 
-  def rescore(self, task: Task, tok: Tokenizer, completion) -> float | None:
+  def rescore(self, task: Task, tok: Tokenizer, completion, costly: bool = False) -> float | None:
     """The reward of `completion` (the token ids a sampler generated for `task`, padding
-    removed) recomputed here, or None where this family does not (not `verifiable`)."""
-    if not self.verifiable:
+    removed) recomputed here, or None where this family does not (not `verifiable`; with
+    `costly`, not `auditable` either)."""
+    if not (self.verifiable or (costly and self.auditable)):
       return None
     env = self.make_env(tok)
     env.reset(task)

@@ -4,8 +4,10 @@ keeps sending them is quarantined. The ingest path is the SAO learner's own
 (`SAOLearner.ingest`), over the embedded and the Kafka transport."""
 
 import collections
+import functools
 import multiprocessing as mp
 import socket
+import threading
 import time
 import types
 import uuid
@@ -79,14 +81,18 @@ def _learner(end, tmp_path, window=0, rate=0.5):
       first, self.next_seq = self.next_seq, self.next_seq + len(datas)
       return first
 
-  return types.SimpleNamespace(
+  self = types.SimpleNamespace(
     loop=loop,
     guard=guard,
     pool=types.SimpleNamespace(learner=end),
     expect=EXPECT,
     journal=Journal(),
     buffer=TrajectoryBuffer(16, 4),
+    audit=None,
   )
+  self.audited = functools.partial(SAOLearner.audited, self)
+  self.held_positions = functools.partial(SAOLearner.held_positions, self)
+  return self
 
 
 def test_value_problem_names_each_poison_and_passes_a_clean_record():
@@ -207,6 +213,69 @@ def test_each_poison_kind_is_rejected_by_reason_and_its_task_handed_out_again(tr
   assert collections.Counter(tasks) == collections.Counter(list(range(N_TASKS)) + [0, 1, 2, 3])
   summary = self.guard.summary()
   assert summary["rejected"]["unknown_task"] == 1 and summary["rejected_total"] == 5
+
+
+def test_a_costly_reward_is_audited_before_it_is_trained_on(transport, tmp_path):
+  """Code-like rewards (a sandbox run each): the audited records wait outside the journal and
+  the buffer (and their Kafka offsets are not committed past) until their re-score is in;
+  one whose completion does not earn its claimed reward is rejected like a cheap one and its
+  task handed out again; a failed audit lets its record through, counted."""
+  end, sampler, dead = transport
+  self = _learner(end, tmp_path)
+  gate = threading.Event()
+
+  def score(rec):  # odd tasks' completions earn nothing; task 4's audit itself fails
+    gate.wait(30)
+    if rec.meta["task_index"] == 4:
+      raise RuntimeError("the sandbox pool is gone")
+    return float(rec.meta["task_index"] % 2 == 0)
+
+  self.audit = admission.RewardAudit(1.0, score, workers=2)
+  try:
+    SAOLearner.hand_out(self, list(range(5)))
+    src = _Source(5)
+    got = _deliver(end, sampler, [src.encode(*_clean(task=i)) for i in range(5)])
+    SAOLearner.ingest(self, got)
+    assert len(self.buffer) == 0 and self.journal.next_seq == 0  # all five held
+    assert self.loop.outstanding == 5 and len(self.audit.held()) == 5
+    if got[0][1] is not None:  # Kafka: the commit stops before the oldest held record
+      assert self.buffer.safe_positions({0: 5}, also=self.held_positions()) == {0: got[0][1][1]}
+    gate.set()
+    deadline = time.time() + 30
+    while self.audit.held() and time.time() < deadline:
+      time.sleep(0.05)
+    SAOLearner.ingest(self, [])  # releases what the audit finished
+    c = self.loop.counts
+    assert sorted(it.rec.meta["task_index"] for it in self.buffer) == [0, 2, 4]
+    assert self.journal.next_seq == 3
+    assert c["rejected_reward_mismatch"] == 2 and c["audited"] == 2 and c["audit_errors"] == 1
+    assert c["reissued_tasks"] == 2 and self.loop.outstanding == 2
+    assert self.guard.outstanding == collections.Counter({1: 1, 3: 1})
+    assert sorted(r.split(":")[0] for r in dead(2)) == ["reward_mismatch"] * 2
+    SAOLearner.ingest(self, got[1:2])  # its redelivery: a duplicate, not audited again
+    assert c["duplicates"] == 1 and not self.audit.held()
+  finally:
+    gate.set()
+    self.audit.close()
+
+
+def test_the_audit_draws_an_unpredictable_fraction():
+  def score(rec):
+    return 1.0
+
+  a, b = admission.RewardAudit(0.1, score), admission.RewardAudit(0.1, score)
+  ids = range(1 << 40, (1 << 40) + 20_000)
+  picked_a = {i for i in ids if a.picks(i)}
+  picked_b = {i for i in ids if b.picks(i)}
+  assert 1700 < len(picked_a) < 2300 and 1700 < len(picked_b) < 2300
+  assert len(picked_a & picked_b) < 600  # another learner's key: another sample
+  assert picked_a == {i for i in ids if a.picks(i)}  # the same key: the same decision
+  assert not any(admission.RewardAudit(0.0, score).picks(i) for i in ids)
+  assert all(admission.RewardAudit(1.0, score).picks(i) for i in range(100))
+  with pytest.raises(ValueError, match="audit fraction"):
+    admission.RewardAudit(1.5, score)
+  for x in (a, b):
+    x.close()
 
 
 def test_a_sampler_that_keeps_failing_is_quarantined_and_stopped(transport, tmp_path):

@@ -197,14 +197,25 @@ class SAOLearner:
       task_id_of=lambda i: s.train[i].task_id,
       rescore=self._rescore,
     )
+    # Families whose reward costs a sandbox run: a sampled fraction re-scored before use.
+    self.audit: admission.RewardAudit | None = None
+    fam = s.family
+    if self.primary and fam.auditable and not fam.verifiable and cfg.sao.audit_fraction > 0:
+      fam.make_env(s.tok)  # the learner's own sandbox pool, made before its threads share it
+      self.audit = admission.RewardAudit(
+        cfg.sao.audit_fraction,
+        lambda rec: self._rescore(rec.meta["task_index"], rec, costly=True),
+        workers=cfg.sao.audit_workers,
+      )
 
-  def _rescore(self, index: int, rec) -> float | None:
-    """A one-step record's reward recomputed from its completion (verifiable families)."""
+  def _rescore(self, index: int, rec, costly: bool = False) -> float | None:
+    """A one-step record's reward recomputed from its completion (verifiable families; with
+    `costly`, auditable ones too: a sandbox run)."""
     a = rec.arrays
-    if not self.s.family.verifiable or "tokens" not in a or a["tokens"].shape[0] != 1:
+    if "tokens" not in a or a["tokens"].shape[0] != 1 or not 0 <= index < len(self.s.train):
       return None
     completion = a["tokens"][0][a["valid"][0].astype(bool)]
-    return self.s.family.rescore(self.s.train[index], self.s.tok, completion)
+    return self.s.family.rescore(self.s.train[index], self.s.tok, completion, costly=costly)
 
   # What a subclass changes ---------------------------------------------------------------------
   def make_programs(self):
@@ -459,14 +470,43 @@ class SAOLearner:
       if not self.guard.admit(rec, data, self.pool.learner):
         continue  # dead-lettered and counted; its task handed out again
       loop.seen_ids.add(rec.record_id)
+      loop.last_fresh, loop.stall_reports = time.time(), 0
+      if self.audit is not None and self.audit.picks(rec.record_id):
+        self.audit.hold(rec, (data, pos, ours))  # (its task still counts as outstanding)
+        continue
       if ours:
         loop.outstanding = max(0, loop.outstanding - 1)
-      loop.last_fresh, loop.stall_reports = time.time(), 0
       fresh.append((rec, data, pos))
+    fresh += self.audited()
     if fresh:
       startup.mark("first_record")
     first = self.journal.append([data for _, data, _ in fresh])
     self.buffer.extend(Item(rec, first + k, pos) for k, (rec, _, pos) in enumerate(fresh))
+
+  def audited(self) -> list[tuple[records.Record, bytes, tuple[int, int] | None]]:
+    """The held records whose reward audit is done: confirmed ones to be journaled and
+    batched, the others rejected (`RecordGuard.reject_audited`). A failed audit (the sandbox
+    itself failed, not the program) is counted and lets the record through."""
+    out, loop = [], self.loop
+    for rec, (data, pos, ours), true, err in self.audit.released() if self.audit else []:
+      if err is not None:
+        loop.counts["audit_errors"] += 1
+        if loop.counts["audit_errors"] == 1:
+          print(f"sao: a reward audit failed ({err!r}); the record is trained on", flush=True)
+      elif true is not None and abs(float(rec.meta["reward"]) - true) > admission.REWARD_TOL:
+        self.guard.reject_audited(rec, data, true, self.pool.learner, reissue=ours)
+        continue  # (a reissued task stays outstanding)
+      else:
+        loop.counts["audited"] += 1
+      if ours:
+        loop.outstanding = max(0, loop.outstanding - 1)
+      out.append((rec, data, pos))
+    return out
+
+  def held_positions(self) -> list[tuple[int, int]]:
+    """Transport positions of the records whose audit is pending (not committed past)."""
+    held = self.audit.held() if self.audit is not None else []
+    return [pos for _, pos, _ in held if pos is not None]
 
   def check_samplers(self) -> None:
     # A terminal's Ctrl-C also stops the samplers: not a death to restart them for.
@@ -539,9 +579,9 @@ class SAOLearner:
       interrupt.check()  # a Ctrl-C stops here, between passes, not inside a send
       self.top_up()
       got = self.pool.learner.get_records(self.rows, timeout=0.05)
-      if got:
-        self.ingest(got)
-      else:
+      if got or (self.audit is not None and self.audit.held()):
+        self.ingest(got)  # (also releases records whose reward audit is done)
+      if not got:
         self.check_samplers()
       self._report_stall()
 
@@ -730,7 +770,9 @@ class SAOLearner:
     ckpt_lib.save(self.mngr, self.state, self.cfg, self.stream_meta(), force=force, metrics=metrics)
     if not self.cfg.recovery.keep_journal:
       self.journal.prune(min(loop.snap_journal.values()))
-    loop.pending_commit = self.buffer.safe_positions(self.pool.learner.positions())
+    loop.pending_commit = self.buffer.safe_positions(
+      self.pool.learner.positions(), also=self.held_positions()
+    )
     return True
 
   def validate(self) -> float:
@@ -854,6 +896,9 @@ class SAOLearner:
     """Closes the journal, ledger and shadows; the final snapshot and eval; the summary."""
     loop, c = self.loop, self.loop.counts
     self.shadows.close()
+    held = len(self.audit.held()) if self.audit is not None else 0
+    if self.audit is not None:
+      self.audit.close()
     if self.primary:
       self.journal.close()
       self.ledger.close()
@@ -872,6 +917,9 @@ class SAOLearner:
       duplicates=c["duplicates"],
       duplicate_answers=c["duplicate_answers"],
       unused_at_end=len(self.buffer),
+      audited=c["audited"],
+      audit_errors=c["audit_errors"],
+      audit_held_at_end=held,
       nonfinite_skipped=c["nonfinite_skipped"],
       rollbacks=c["rollbacks"],
       sampler_restarts=c["sampler_restarts"],
