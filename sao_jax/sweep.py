@@ -56,6 +56,7 @@ TABLE_COLUMNS = (
   "workdir",
 )
 PRUNERS = ("median", "halving")
+SFT_FREE = ("rl.", "sao.", "samplers.", "transport.")  # what shared_sft's axes may set
 _CHOICE_TYPES = (type(None), bool, int, float, str)
 
 
@@ -268,6 +269,12 @@ class Sweep:
   points: how many points to run (times `seeds` trials); 0 with 'grid' or 'oat' means all.
   report: more summary.json paths to put in the table beside the metric.
   trial_timeout_s: a trial running longer is stopped and recorded as failed (0: no limit).
+  shared_sft: every trial of one seed starts from one SFT run of that seed (the base config
+    with the fixed overrides and the seed, RL off), trained once into DIR/sft/seed<s> before
+    the seed's first trial; the trials run with sft.steps=0 and init_from its final SFT
+    snapshot, and report its summary's "sft" as their own. SFT is deterministic on a CPU,
+    so this is the same start as each trial training its own, minus the repeats; the axes
+    must not touch what SFT depends on (only rl.*, sao.*, samplers.*, transport.*).
   """
 
   name: str
@@ -285,6 +292,7 @@ class Sweep:
   pruning: Pruning | None = None
   report: tuple[str, ...] = ()
   trial_timeout_s: float = 0.0
+  shared_sft: bool = False
 
   def __post_init__(self):
     for f in ("axes", "fixed", "report"):
@@ -306,6 +314,14 @@ class Sweep:
       _check(bool(sep) and bool(k.strip()), f"sweep.fixed expects key=value, got {pair!r}")
       _check(k.strip() not in keys, f"{k.strip()} is both fixed and an axis")
       _check(k.strip() != "seed", "seed cannot be fixed: set sweep.seeds")
+    if self.shared_sft:
+      bad = [k for k in keys if not k.startswith(SFT_FREE)]
+      _check(not bad, f"sweep.shared_sft: axes {bad} may change the SFT start (only {SFT_FREE})")
+      fixed_keys = [pair.partition("=")[0].strip() for pair in self.fixed]
+      _check(
+        not {"init_from", "sft.steps", "sft.max_seconds"} & set(fixed_keys),
+        "sweep.shared_sft sets init_from and sft.steps itself: do not fix them",
+      )
     _check(self.seeds >= 1, "sweep.seeds must be >= 1")
     _check(self.first_seed >= 0, "sweep.first_seed must be >= 0")
     _check(
@@ -422,14 +438,27 @@ def format_value(v: Any) -> str:
   return repr(v)
 
 
-def trial_overrides(sweep: Sweep, params: dict[str, Any], seed: int) -> list[str]:
+def trial_overrides(
+  sweep: Sweep, params: dict[str, Any], seed: int, sweep_dir: pathlib.Path | None = None
+) -> list[str]:
   """The trial's `--set` overrides: the fixed ones, its point, and its seed (`seed` is the
-  trial's index among its point's seeds, 0..seeds-1; the run's seed is first_seed + it)."""
-  return [
+  trial's index among its point's seeds, 0..seeds-1; the run's seed is first_seed + it);
+  with `shared_sft`, the start from its seed's SFT run under `sweep_dir`."""
+  out = [
     *sweep.fixed,
     *(f"{a.key}={format_value(params[a.key])}" for a in sweep.axes),
     f"seed={sweep.first_seed + seed}",
   ]
+  if sweep.shared_sft:
+    start = shared_sft_dir(sweep_dir, sweep.first_seed + seed) / "checkpoints" / "sft"
+    out += [f"init_from={str(start)!r}", "sft.steps=0", "sft.max_seconds=0.0"]
+  return out
+
+
+def shared_sft_dir(sweep_dir: pathlib.Path | None, run_seed: int) -> pathlib.Path:
+  if sweep_dir is None:
+    raise ValueError("a shared_sft sweep's trials need the sweep's directory")
+  return pathlib.Path(sweep_dir) / "sft" / f"seed{run_seed}"
 
 
 def check_against_base(sweep: Sweep, base: pathlib.Path, variant: str) -> config_lib.Config:
@@ -451,6 +480,13 @@ def check_against_base(sweep: Sweep, base: pathlib.Path, variant: str) -> config
       "eval.every_seconds > 0 (set it in the config or sweep.fixed)"
     )
   return cfg
+
+
+def _summary_of(workdir: pathlib.Path) -> dict:
+  try:
+    return json.loads((workdir / "summary.json").read_text())
+  except (OSError, json.JSONDecodeError):
+    return {}
 
 
 def lookup(summary: dict, path: str) -> Any:
@@ -709,8 +745,16 @@ class SweepRunner:
     path = self.dir / "sweep.json"
     if path.exists():
       old = json.loads(path.read_text())
+      # (a field added since DIR was written reads as its default there)
+      defaults = {
+        f.name: f.default
+        for f in dataclasses.fields(Sweep)
+        if f.default is not dataclasses.MISSING and isinstance(f.default, (bool, int, float))
+      }
       diff = sorted(
-        k for k in old.keys() | mine.keys() if k != "points" and old.get(k) != mine.get(k)
+        k
+        for k in old.keys() | mine.keys()
+        if k != "points" and old.get(k, defaults.get(k)) != mine.get(k)
       )
       if diff:
         shown = "; ".join(f"{k}: {old.get(k)!r} -> {mine.get(k)!r}" for k in diff[:3])
@@ -841,7 +885,12 @@ class SweepRunner:
     point, seed = trial.user_attrs["point"], trial.user_attrs["seed"]
     workdir = self.dir / "trials" / str(trial.number)
     workdir.mkdir(parents=True, exist_ok=True)
-    overrides = trial_overrides(self.sweep, trial.params, seed)
+    overrides = trial_overrides(self.sweep, trial.params, seed, self.dir)
+    if self.sweep.shared_sft:
+      problem = self._shared_sft(self.sweep.first_seed + seed)
+      if problem:
+        self._finish_without_run(trial, point, seed, problem)
+        return None
     try:
       cfg = config_lib.apply_overrides(self.base_cfg, overrides[len(self.sweep.fixed) :])
       if cfg.logging.wandb:
@@ -885,6 +934,38 @@ class SweepRunner:
       tail=JsonlTail(workdir / "metrics.jsonl"),
       reported=reported,
     )
+
+  def _shared_sft(self, run_seed: int) -> str:
+    """Trains the SFT start of `run_seed` once (`Sweep.shared_sft`), waiting for it (a
+    finished one is kept: a resumed sweep finds it). Returns a problem, or ''."""
+    workdir = shared_sft_dir(self.dir, run_seed)
+    if "sft" in _summary_of(workdir):
+      return ""
+    workdir.mkdir(parents=True, exist_ok=True)
+    overrides = [*self.sweep.fixed, f"seed={run_seed}", "rl.steps=0", "rl.max_seconds=0.0"]
+    cmd = [
+      *self.train_cmd,
+      "--config",
+      f"{self.base}:{self.variant}",
+      *itertools.chain.from_iterable(("--set", o) for o in overrides),
+      "--workdir",
+      str(workdir),
+      "--no-progress",
+    ]
+    (workdir / "command.json").write_text(json.dumps(cmd))
+    self._event(event="sft_start", seed=run_seed)
+    t0 = time.time()
+    proc = start_group(
+      cmd, log=workdir / "train.log", env=trial_env(self.threads, workdir), cwd=os.getcwd()
+    )
+    try:
+      rc = proc.wait()
+    finally:
+      if proc.poll() is None:  # (interrupted: the whole group goes)
+        stop_group(proc)
+    ok = "sft" in _summary_of(workdir)
+    self._event(event="sft_end", seed=run_seed, ok=ok, wall_s=round(time.time() - t0, 3))
+    return "" if ok else f"the shared SFT run of seed {run_seed} failed (rc {rc}): {workdir}"
 
   def _finish_without_run(self, trial, point: int, seed: int, reason: str) -> None:
     from optuna.trial import TrialState
@@ -937,7 +1018,8 @@ class SweepRunner:
       status, state = "failed", TrialState.FAIL
       reason = f"exit code {rc}: {_last_line(r.workdir / 'train.log')}"
     else:
-      status, state, value, metrics, reason = self._read_summary(r.workdir)
+      run_seed = self.sweep.first_seed + r.seed
+      status, state, value, metrics, reason = self._read_summary(r.workdir, run_seed)
     r.trial.set_user_attr("status", status)
     r.trial.set_user_attr("reason", reason)
     r.trial.set_user_attr("wall_s", round(wall, 3))
@@ -958,7 +1040,7 @@ class SweepRunner:
     )
     return status
 
-  def _read_summary(self, workdir: pathlib.Path):
+  def _read_summary(self, workdir: pathlib.Path, run_seed: int):
     from optuna.trial import TrialState
 
     path = workdir / "summary.json"
@@ -966,6 +1048,10 @@ class SweepRunner:
       summary = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
       return "failed", TrialState.FAIL, None, {}, f"no readable summary.json ({err})"
+    if self.sweep.shared_sft and "sft" not in summary:  # its start's, as its own
+      shared = _summary_of(shared_sft_dir(self.dir, run_seed))
+      if "sft" in shared:
+        summary["sft"] = shared["sft"]
     metrics = {}
     for p in (self.sweep.metric, *self.sweep.report):
       try:

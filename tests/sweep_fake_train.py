@@ -4,6 +4,8 @@ Takes the same arguments (--config, --set KEY=VALUE..., --workdir, --no-progress
 JAX, and behaves by `rl.optim.lr`:
   0.5: exits with code 3 (a failing trial);  0.6: rl.accuracy is NaN (a diverging one);
   0.7: summary.json lacks rl.accuracy;       otherwise: rl.accuracy = lr + seed / 100.
+With rl.steps=0 and rl.max_seconds=0 it is an SFT-only run (`Sweep.shared_sft`): a
+checkpoints/sft folder and summary {"sft": {"accuracy": seed / 1000}}.
 It writes an `rl` eval row (eval_accuracy = lr, train_seconds = k * eval.every_seconds)
 every 0.05 s for rl.max_seconds seconds, starts a child process in its process group (to
 check that the sweep stops whole groups), appends its pid to starts.txt and, like the real
@@ -34,6 +36,11 @@ def main(argv):
   with open(workdir / "starts.txt", "a") as f:
     f.write(f"{__import__('os').getpid()}\n")
   if (workdir / "summary.json").exists():
+    return 0
+  if sets.get("rl.steps") == 0 and sets.get("rl.max_seconds") == 0.0:  # SFT only
+    (workdir / "checkpoints" / "sft").mkdir(parents=True)
+    sft = {"accuracy": int(sets["seed"]) / 1000, "steps": 7}
+    (workdir / "summary.json").write_text(json.dumps({"sft": sft}))
     return 0
   lr, seed = float(sets["rl.optim.lr"]), int(sets["seed"])
   child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

@@ -108,6 +108,8 @@ def test_seed_stats_values():
     (lambda: {"axes": (IntRange("x", 0, 4, log=True),)}, "low >= 1"),
     (lambda: {"pruning": Pruning(kind="hyper")}, "pruning.kind"),
     (lambda: {"report": ("status",)}, "clash with the table's own columns"),
+    (lambda: {"shared_sft": True, "axes": (Choice("sft.steps", (1, 2)),)}, "change the SFT"),
+    (lambda: {"shared_sft": True, "fixed": ("init_from='x'",)}, "do not fix them"),
   ],
 )
 def test_sweep_validation(make, message):
@@ -458,6 +460,36 @@ def test_statuses_table_and_best(tmp_path, repo_root, monkeypatch):
   assert all(
     len((tmp_path / "d" / r["workdir"] / "starts.txt").read_text().split()) == 1 for r in rows
   )
+
+
+def test_shared_sft_trains_each_seeds_start_once(tmp_path, repo_root, monkeypatch):
+  """With shared_sft, one SFT run per seed (before that seed's first trial, never again on
+  a resume), and every trial of the seed starts from it and reports its SFT as its own."""
+  monkeypatch.chdir(repo_root)
+  s = _sweep(seeds=2, first_seed=100, shared_sft=True, report=("sft.accuracy",))
+  o = trial_overrides(s, {"rl.optim.lr": 0.1}, 1, tmp_path / "d")
+  start = tmp_path / "d" / "sft" / "seed101" / "checkpoints" / "sft"
+  assert o[-4:] == ["seed=101", f"init_from={str(start)!r}", "sft.steps=0", "sft.max_seconds=0.0"]
+  summary = _runner(s, tmp_path / "d", parallel=1).run()
+  assert summary["status"] == {"complete": 4}
+  events = [json.loads(x) for x in (tmp_path / "d" / "events.jsonl").read_text().splitlines()]
+  assert [e["seed"] for e in events if e["event"] == "sft_start"] == [100, 101]
+  rows = json.loads((tmp_path / "d" / "trials.json").read_text())["trials"]
+  assert {(r["seed"], r["sft.accuracy"]) for r in rows} == {(100, 0.1), (101, 0.101)}
+  for r in rows:
+    cmd = json.loads((tmp_path / "d" / r["workdir"] / "command.json").read_text())
+    start = tmp_path / "d" / "sft" / f"seed{r['seed']}" / "checkpoints" / "sft"
+    assert f"init_from={str(start)!r}" in cmd
+  _runner(s, tmp_path / "d", parallel=1).run()  # resumed: nothing trained again
+  events = (tmp_path / "d" / "events.jsonl").read_text().count('"sft_start"')
+  assert events == 2
+  # A DIR written before the field existed reads it as its default (False), not a change.
+  plain = _sweep(seeds=2)
+  _runner(plain, tmp_path / "p", parallel=1).run()
+  pinned = json.loads((tmp_path / "p" / "sweep.json").read_text())
+  del pinned["shared_sft"]
+  (tmp_path / "p" / "sweep.json").write_text(json.dumps(pinned))
+  assert _runner(plain, tmp_path / "p", parallel=1).run()["trials"] == 4
 
 
 def test_pruning_stops_the_trial_group(tmp_path, repo_root, monkeypatch):

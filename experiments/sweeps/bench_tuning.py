@@ -10,9 +10,11 @@ disjoint from the benchmark's 0..4. A variant per (task, arm):
     grpo, grpo_samplers (in the learner / through the sampler processes): rl.optim.lr in
       3e-5, 1e-4, 3e-4 x rl.prompts_per_step in 8, 16, 32 (x 8 rows each; 9 points).
 
-Every trial is one `sao-jax train` of the config (its own SFT, as each benchmark seed trains
-one) scored on the held-out accuracy at the end of RL; each point is the mean of its two
-seeds. The rule that picks each arm's values, fixed before any trial ran: the point with the
+Every trial is one `sao-jax train` of the config scored on the held-out accuracy at the end
+of RL; each point is the mean of its two seeds. An arith trial trains its own SFT, as each
+benchmark seed trains one; a chain trial (550 SFT steps, a third of its ~9 minutes) starts
+from its seed's one shared SFT run (`Sweep.shared_sft`: trained once per seed; SFT is
+deterministic on the CPU, so the start is the same). The rule that picks each arm's values, fixed before any trial ran: the point with the
 highest mean; where the sweep cannot tell it from the config's own values (their 95 % Welch
 interval of the difference contains 0: the report's `leading` points), the config's own
 values stay. The benchmark runs each arm with its chosen values (`--arm-set`), named in its
@@ -67,4 +69,5 @@ def get_sweep(variant: str = "arith_sao") -> Sweep:
     ),
     report=("sft.accuracy", "rl.steps", "rl.trajectories_per_s", "rl.learner_busy", "wall_s"),
     trial_timeout_s=1800.0,
+    shared_sft=task == "chain",
   )
