@@ -319,3 +319,48 @@ def test_the_samplers_memory_cache_samples_as_the_whole_memory(sampled):
   assert max(counts) == spec.n_steps - 1  # every step but the current one kept
   # A fresh round after a full one: the cache held a full memory and met empty banks.
   assert any(a == spec.n_steps - 1 and b == 0 for a, b in zip(counts[:-1], counts[1:], strict=True))
+
+
+def test_memory_sao_leaves_forged_log_probs_out_of_the_update(sampled):
+  """sao.verify_drift for the policy with compressed memory: a trajectory whose claimed
+  log-probs are far from the policy's (certainty, 0) is flagged and takes no part: the update
+  equals the one without it, tracker included; the clean ones pass."""
+  from sao_jax.batches import MemorySAOBatch
+  from sao_jax.compression.sao_update import make_memory_sao_update
+  from sao_jax.config import RLConfig, SAOConfig
+  from sao_jax.rl import trackers
+
+  policy, progs, _, trajs = sampled
+  state = progs.init(jax.random.key(0))  # (the params that played them: the fixture's own
+  # state may have been donated to another test's update)
+  tx = make_optimizer(OptimConfig(lr=1e-3, warmup_steps=1))
+  update = jax.jit(
+    make_memory_sao_update(policy, tx, RLConfig(algorithm="sao"), SAOConfig(verify_drift=1.0))
+  )
+  state = state.replace(tracker=trackers.init_beta_tracker(4))
+  n = len(trajs)
+
+  def sao_batch(memory):
+    return MemorySAOBatch(
+      memory=memory,
+      task_b=np.arange(n, dtype=np.int32),
+      accuracy_b=np.full(n, 0.5, np.float32),
+      staleness_b=np.zeros(n, np.int32),
+      poison_b=np.zeros(n, np.float32),
+    )
+
+  clean = trajectories_to_batch(trajs, 12)
+  claims_certainty = (np.arange(n)[:, None, None] == 1) & clean.valid_brt  # trajectory 1
+  forged = clean.replace(
+    logp_brt=np.where(claims_certainty, 0.0, clean.logp_brt).astype(np.float32)
+  )
+  left_out = clean.replace(row_valid_br=clean.row_valid_br & (np.arange(n) != 1)[:, None])
+  copy = lambda s: jax.tree.map(jnp.copy, s)  # noqa: E731
+  a, ma = update(copy(state), sao_batch(forged))
+  b, _ = update(copy(state), sao_batch(left_out))
+  assert np.asarray(ma["unverified_b"]).tolist() == [i == 1 for i in range(n)]
+  got, want = jax.tree.leaves((a.params, a.tracker)), jax.tree.leaves((b.params, b.tracker))
+  for x, y in zip(got, want, strict=True):
+    np.testing.assert_allclose(np.asarray(x, np.float64), np.asarray(y, np.float64), atol=1e-6)
+  _, mc = update(copy(state), sao_batch(clean))
+  assert not np.asarray(mc["unverified_b"]).any() and float(mc["drift_max"]) < 1e-3

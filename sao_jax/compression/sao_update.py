@@ -82,6 +82,7 @@ def make_memory_sao_update(policy: MemoryPolicy, tx, rl: RLConfig, sao: SAOConfi
      D_b = mean |log pi_behav - log pi_prox| over b's valid row tokens.
   """
   ccfg = policy.comp.cfg
+  verify = sao.verify_drift > 0
 
   def update(state: TrainState, batch: MemorySAOBatch):
     m = batch.memory
@@ -93,39 +94,51 @@ def make_memory_sao_update(policy: MemoryPolicy, tx, rl: RLConfig, sao: SAOConfi
     mask_brt = m.valid_brt & m.row_valid_br[..., None]
     reward_br = jnp.take_along_axis(m.rewards_bs, m.row_step_br, axis=1)
     values_b = trackers.tracker_value(state.tracker, batch.task_b)
-    adv_br = trackers.spo_advantage(
-      reward_br.reshape(-1),
-      jnp.broadcast_to(values_b[:, None], (b, r)).reshape(-1),
-      w["share_br"].reshape(-1),
-      sao.adv_std_floor,
-      sao.adv_center,
-    ).reshape(b, r)
     rows = lambda x: x.reshape((b * r,) + x.shape[2:])  # noqa: E731
+    traj_r = jnp.repeat(jnp.arange(b), r)
+
+    def drift(behav_brt, prox_brt):
+      d = trackers.trajectory_drift(rows(behav_brt), rows(prox_brt), rows(mask_brt), traj_r)
+      return d.reshape(b, r)[:, 0]
 
     def loss_fn(params):
       logp, ent, aux = policy.row_logprobs(params, m, stored=True, temperature=rl.temperature)
       prox = jax.lax.stop_gradient(logp)
+      # Verified rollouts (sao.verify_drift), as in the text policy's update: a trajectory
+      # whose claimed log-probs drift further from pi_prox takes no part (weights, advantage
+      # statistics, tracker), and its claimed log-probs never enter the arithmetic.
+      ok_b = drift(m.logp_brt, prox) <= sao.verify_drift if verify else jnp.ones_like(traj_valid_b)
+      ok_brt = mask_brt & ok_b[:, None, None]
+      behav = jnp.where(ok_brt, m.logp_brt, prox) if verify else m.logp_brt
+      used_brt = w["used_brt"] & ok_b[:, None, None]
+      adv_br = trackers.spo_advantage(
+        reward_br.reshape(-1),
+        jnp.broadcast_to(values_b[:, None], (b, r)).reshape(-1),
+        jnp.where(ok_b[:, None], w["share_br"], 0.0).reshape(-1),
+        sao.adv_std_floor,
+        sao.adv_center,
+      ).reshape(b, r)
       tok_loss, ppo = jax.vmap(
         lambda lp, px, bh, a, mk: loss_lib.decoupled_ppo_loss(
           lp, px, bh, a, mk, rl.clip_eps, sao.is_cap, sao.is_level
         )
-      )(rows(logp), rows(prox), rows(m.logp_brt), rows(adv_br), rows(w["used_brt"]))
-      pol = masked_mean(tok_loss * rows(w["weight_brt"]), rows(w["used_brt"]))
+      )(rows(logp), rows(prox), rows(behav), rows(adv_br), rows(used_brt))
+      pol = masked_mean(tok_loss * rows(w["weight_brt"]), rows(used_brt))
       loss = pol + ccfg.recon_coef * aux["recon"] + ccfg.predict_coef * aux["predict"]
       out = dict(aux, prox_brt=prox, entropy=masked_mean(ent, mask_brt), ppo=ppo, pol=pol)
-      return loss, out
+      return loss, dict(out, ok_b=ok_b, behav_brt=behav, adv_br=adv_br, used_brt=used_brt)
 
     (loss, out), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     prox_brt = out.pop("prox_brt")
     ppo = out.pop("ppo")
-    traj_r = jnp.repeat(jnp.arange(b), r)
-    drift_b = trackers.trajectory_drift(rows(m.logp_brt), rows(prox_brt), rows(mask_brt), traj_r)
-    drift_b = drift_b.reshape(b, r)[:, 0]
+    ok_b, behav_brt = out.pop("ok_b"), out.pop("behav_brt")
+    adv_br, used_brt = out.pop("adv_br"), out.pop("used_brt")
+    drift_b = drift(behav_brt, prox_brt)
     rho_b = trackers.forgetting_factor(
       drift_b, sao.tracker_d_half, sao.tracker_rho_min, sao.tracker_rho_max
     )
-    log_ratio_brt = prox_brt - m.logp_brt
-    used = rows(w["used_brt"])
+    log_ratio_brt = prox_brt - behav_brt
+    used = rows(used_brt)
     metrics = {
       "loss": loss,
       "policy_loss": out.pop("pol"),
@@ -140,19 +153,30 @@ def make_memory_sao_update(policy: MemoryPolicy, tx, rl: RLConfig, sao: SAOConfi
       # |log pi_prox - log pi_behav| (0 up to rounding for trajectories of the learner's own
       # version: the memory each row saw is replayed exactly).
       "is_dev": masked_mean(jnp.abs(jnp.exp(log_ratio_brt) - 1), mask_brt),
-      "kl_behaviour": masked_mean(loss_lib.kl_k3(m.logp_brt, prox_brt), mask_brt),
+      "kl_behaviour": masked_mean(loss_lib.kl_k3(behav_brt, prox_brt), mask_brt),
       "logp_dev_max": jnp.max(jnp.where(mask_brt, jnp.abs(log_ratio_brt), 0.0)),
       "drift": per_traj(drift_b),
+      "drift_max": jnp.max(jnp.where(traj_valid_b & ok_b, drift_b, 0.0)),
       "tracker_rho": per_traj(rho_b),
       "is_truncated_frac": masked_mean(ppo["truncated_t"], used),
       "clip_frac": masked_mean(ppo["clipped_t"], used),
       "freshness_mean": masked_mean(w["fresh_brt"], w["used_brt"]),
       "step_scale": w["step_scale"],
-      "tokens_used": jnp.sum(w["used_brt"]),
+      "tokens_used": jnp.sum(used_brt),
       "trajectories": jnp.sum(traj_valid_b),
+      # (per trajectory: which the host charges to their samplers)
+      "unverified_b": traj_valid_b & ~ok_b,
     }
     return apply_sao_gradients(
-      state, tx, grads, metrics, batch, batch.accuracy_b, rho_b, traj_valid_b, w["step_scale"]
+      state,
+      tx,
+      grads,
+      metrics,
+      batch,
+      batch.accuracy_b,
+      rho_b,
+      traj_valid_b & ok_b,
+      w["step_scale"],
     )
 
   return update

@@ -618,8 +618,10 @@ class SAOLearner:
     metrics = jax.device_get(metrics)
     unverified = metrics.pop("unverified_b", None)  # trajectories the update left out
     if unverified is not None and self.primary:
+      traj_b = getattr(batch, "traj_b", None)  # (a memory batch's rows are its trajectories)
       for row in np.flatnonzero(unverified):
-        self.guard.reject_unverified(items[int(batch.traj_b[row])].rec, sao.verify_drift)
+        item = items[int(row if traj_b is None else traj_b[row])]
+        self.guard.reject_unverified(item.rec, sao.verify_drift)
     t_done = time.time()
     loop.busy += t_done - tu
     loop.step += 1
