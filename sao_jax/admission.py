@@ -471,7 +471,11 @@ def poison(
   a policy version 10^6 ahead, task index `unknown_task` (one never handed out, e.g. in
   the validation tail), another task's id, or the opposite of the reward its completion
   earned (the top of the range for a 0, 0 otherwise: caught where the family's reward is
-  re-scored at the door, `TaskFamily.verifiable`)."""
+  re-scored at the door, `TaskFamily.verifiable`). Caught later or elsewhere
+  (`config.POISON_CAUGHT_BY`): behaviour log-probs that claim certainty (0) or e^-50 on
+  every token (the update's verification, `sao.verify_drift`), the same trajectory again
+  (it answers a hand-out answered already: `duplicate_answers`) and a prompt 8 tokens wider
+  than the run's (another config's: the format check, `bad_records`)."""
   a, m = {k: np.array(v) for k, v in arrays.items()}, dict(meta)
   if kind == "nonfinite":
     a["logp"][0, 0] = np.nan
@@ -489,6 +493,14 @@ def poison(
     m["task_id"] = int(m.get("task_id", 0)) + 1
   elif kind == "reward_mismatch":
     m["reward"] = float(reward_high) if float(m["reward"]) < float(reward_high) / 2 else 0.0
+  elif kind in ("logp_certain", "logp_far"):
+    claim = 0.0 if kind == "logp_certain" else -50.0
+    a["logp"] = np.where(a["valid"], claim, a["logp"]).astype(a["logp"].dtype)
+  elif kind == "resent":
+    pass  # the same arrays and meta, sent again (under a new record id by the sender)
+  elif kind == "wrong_shape":
+    for k in ("prompt", "prompt_valid"):
+      a[k] = np.pad(a[k], ((0, 0), (0, 8)))
   else:
     raise ValueError(f"unknown poison kind {kind!r}; known: {', '.join(POISON_KINDS)}")
   return a, m, policy_version
@@ -498,7 +510,9 @@ class Poisoner:
   """Fault injection in a sampler (`faults.poison_*`): with every `poison_every`-th record,
   one poisoned record of the next kind (round robin) until `poison_records` of each are sent.
   A poisoned record replaces the clean one (its task is handed out again when it is refused),
-  except `unknown_task`, which is an extra copy (the clean record answers the task)."""
+  except the kinds in EXTRA, sent beside it (the clean record answers the task)."""
+
+  EXTRA = ("unknown_task", "resent", "wrong_shape")
 
   def __init__(
     self,
@@ -532,7 +546,7 @@ class Poisoner:
       reward_high=self.reward_high(meta["task_index"]),
       unknown_task=self.unknown_task,
     )
-    return [(arrays, meta, version), bad] if kind == "unknown_task" else [bad]
+    return [(arrays, meta, version), bad] if kind in self.EXTRA else [bad]
 
 
 class RewardAudit:

@@ -554,7 +554,19 @@ POISON_KINDS = (
   "unknown_task",
   "task_mismatch",
   "reward_mismatch",
+  "logp_certain",
+  "logp_far",
+  "resent",
+  "wrong_shape",
 )
+# The counter that each poison kind is caught by (the learner cannot tell some kinds apart:
+# both forged log-prob kinds drift from the policy's): `rejected_<kind>` unless named here.
+POISON_CAUGHT_BY = {
+  "logp_certain": "rejected_logp_drift",
+  "logp_far": "rejected_logp_drift",
+  "resent": "duplicate_answers",
+  "wrong_shape": "bad_records",
+}
 
 
 @dataclasses.dataclass(frozen=True)

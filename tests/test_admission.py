@@ -380,6 +380,24 @@ def test_poisoner_sends_each_kind_as_configured():
     config.SamplersConfig(quarantine_window=-1)
 
 
+def test_poisons_caught_past_the_value_checks_look_as_described():
+  a, m, v = _clean()
+  for kind, claim in (("logp_certain", 0.0), ("logp_far", -50.0)):
+    pa, pm, pv = admission.poison(kind, a, m, v, vocab_size=V, reward_high=1.0, unknown_task=0)
+    assert (pa["logp"][a["valid"]] == claim).all() and (pa["logp"][~a["valid"]] == 0.0).all()
+    assert (pm, pv) == (m, v)
+  pa, pm, _ = admission.poison("resent", a, m, v, vocab_size=V, reward_high=1.0, unknown_task=0)
+  assert pm == m and all((pa[k] == a[k]).all() for k in a)
+  pa, *_ = admission.poison("wrong_shape", a, m, v, vocab_size=V, reward_high=1.0, unknown_task=0)
+  assert pa["prompt"].shape == (S, P + 8) and pa["prompt_valid"].shape == (S, P + 8)
+  counts, dead = collections.Counter(), []
+  learner = types.SimpleNamespace(dead_letter=lambda d, r: dead.append(r))
+  from sao_jax.buffer import decode_trajectory
+
+  assert decode_trajectory(_Source(2).encode(pa, m, v), learner, counts, EXPECT) is None
+  assert counts["bad_records"] == 1 and len(dead) == 1  # the format check: another config's
+
+
 @pytest.mark.slow
 def test_a_live_run_rejects_every_injected_poison_and_trains(repo_root, tmp_path, monkeypatch):
   """Sampler 0 of a tiny SAO run sends a poisoned record of each kind among its real ones
@@ -414,10 +432,15 @@ def test_a_live_run_rejects_every_injected_poison_and_trains(repo_root, tmp_path
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   rl = json.loads((tmp_path / "w" / "summary.json").read_text())["rl"]
   assert rl["steps"] == 6
-  assert {k: rl["rejected"][k] for k in kinds} == {k: 1 for k in kinds}, rl["rejected"]
-  assert rl["rejected_total"] == len(kinds) and rl["quarantined_samplers"] == 0
-  assert rl["reissued_tasks"] == len(kinds) - 1  # all but the unknown task's
-  assert rl["nonfinite_skipped"] == 0 and rl["rollbacks"] == 0 and rl["bad_records"] == 0
+  # Each kind by the counter that catches it (both forged log-prob kinds: logp_drift).
+  caught = collections.Counter(config.POISON_CAUGHT_BY.get(k, f"rejected_{k}") for k in kinds)
+  counts = rl["lifetime"]["counts"]
+  assert {c: counts.get(c, 0) for c in caught} == dict(caught), counts
+  at_door = [k for k in kinds if k not in config.POISON_CAUGHT_BY]
+  assert rl["rejected_total"] == len(at_door) + 2 and rl["quarantined_samplers"] == 0
+  # Those refused at the door that replaced their clean record: their tasks out again.
+  assert rl["reissued_tasks"] == len([k for k in at_door if k not in admission.Poisoner.EXTRA])
+  assert rl["nonfinite_skipped"] == 0 and rl["rollbacks"] == 0
   rows = [
     r for r in read_jsonl(tmp_path / "w" / "metrics.jsonl") if r["phase"] == "rl" and "loss" in r
   ]
