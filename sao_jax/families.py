@@ -27,6 +27,7 @@ import dataclasses
 
 from sao_jax.config import ConfigError
 from sao_jax.data import arithmetic_tfds, chain_tfds, code_tfds, gsm8k_tfds, longhorizon_tfds
+from sao_jax.envs import code as code_env
 from sao_jax.envs.arithmetic import (
   SUBTRACTION_VERBS,
   ArithmeticEnv,
@@ -35,7 +36,7 @@ from sao_jax.envs.arithmetic import (
 )
 from sao_jax.envs.base import Task
 from sao_jax.envs.chain import ChainSpec
-from sao_jax.envs.code import CodeEnv, CodeSpec
+from sao_jax.envs.code import CODE_MISREADS, CodeEnv, CodeSpec
 from sao_jax.envs.gsm8k import GSM8KEnv
 from sao_jax.envs.longhorizon import SEP, LongHorizonEnv, LongHorizonSpec, graded_steps
 from sao_jax.sandbox import SandboxPool
@@ -108,11 +109,6 @@ class Arithmetic(TaskFamily):
       tasks = [dataclasses.replace(t, solution=misread_solution(t, misreads, rev)) for t in tasks]
     return tasks
 
-  def teacher_flaw_rate(self) -> float:
-    """The fraction of the train split's demonstrations that the teacher's flaw changed."""
-    flawed, true = self.tasks("train"), self._generated("train")
-    return sum(a.solution != b.solution for a, b in zip(flawed, true, strict=True)) / len(true)
-
   def make_env(self, tok: Tokenizer) -> ArithmeticEnv:
     return ArithmeticEnv(tok)
 
@@ -139,7 +135,12 @@ class Chain(TaskFamily):
 class CodeOptions:
   """min_depth/max_depth: stages per program (difficulty, 1..4); kinds: input kinds ("lsi":
   lists, strings, ints); num_hidden: hidden tests per task; test_fraction: share of the
-  program space held out; format_weight: reward share for a body that compiles and returns."""
+  program space held out; format_weight: reward share for a body that compiles and returns;
+  teacher_misreads: stage words (of `envs.code.CODE_MISREADS`: "evens", "first", "add",
+  "reverse", "upper") that the
+  teacher of the demonstrations reads the wrong way, the same way every time
+  (`envs.code.misread_solution`): the train split's solutions carry that systematic flaw,
+  hidden tests and the test split stay true. Empty (the default): a perfect teacher."""
 
   min_depth: int = 1
   max_depth: int = 3
@@ -147,11 +148,17 @@ class CodeOptions:
   num_hidden: int = 5
   test_fraction: float = 0.2
   format_weight: float = 0.0
+  teacher_misreads: tuple[str, ...] = ()
 
   def __post_init__(self):
     self.spec()  # validates the generator's parameters
     if not 0.0 <= self.format_weight < 1.0:
       raise ValueError("format_weight must be in [0, 1)")
+    bad = sorted(set(self.teacher_misreads) - set(CODE_MISREADS))
+    if bad or len(set(self.teacher_misreads)) != len(self.teacher_misreads):
+      raise ValueError(
+        f"teacher_misreads {self.teacher_misreads} must be distinct words of {tuple(CODE_MISREADS)}"
+      )
 
   def spec(self) -> CodeSpec:
     return CodeSpec(
@@ -174,11 +181,19 @@ class Code(TaskFamily):
     super().__init__(cfg)
     self._pool = None
 
-  def tasks(self, split: str) -> list[Task]:
+  def _generated(self, split: str) -> list[Task]:
     t = self.cfg
     return code_tfds.load_tasks(
       self.options.spec(), split, t.num_train, t.num_test, t.seed, data_dir=t.data_dir or None
     )
+
+  def tasks(self, split: str) -> list[Task]:
+    tasks = self._generated(split)
+    misreads = self.options.teacher_misreads
+    if split == "train" and misreads:  # the teacher's demonstrations; hidden tests stay true
+      flawed = code_env.misread_solution
+      tasks = [dataclasses.replace(t, solution=flawed(t, misreads)) for t in tasks]
+    return tasks
 
   def make_env(self, tok: Tokenizer) -> CodeEnv:
     if self._pool is None:  # one pool per process, shared by all of its envs

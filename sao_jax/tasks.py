@@ -85,6 +85,17 @@ class TaskFamily:
   def make_env(self, tok: Tokenizer) -> Env:
     raise NotImplementedError
 
+  def _generated(self, split: str) -> list[Task]:
+    """The split as generated, with true demonstrations (families whose options give the
+    train split a flawed teacher override this and `tasks`)."""
+    return self.tasks(split)
+
+  def teacher_flaw_rate(self) -> float:
+    """The fraction of the train split's demonstrations that the teacher's flaw changed
+    (0 for a perfect teacher)."""
+    flawed, true = self.tasks("train"), self._generated("train")
+    return sum(a.solution != b.solution for a, b in zip(flawed, true, strict=True)) / len(true)
+
   def step_many(self, envs: list[Env], actions: list) -> list:
     """One environment step of several episodes side by side (`rollout.sao_sampling` calls
     it for every active slot at once); families whose reward is costly (code execution)

@@ -200,3 +200,40 @@ def test_a_flawed_teacher_misreads_its_verbs_in_the_demonstrations_only(tmp_path
   assert env.step(np.asarray(tok.encode(b.solution, add_eos=True))).reward == 0.0
   with pytest.raises(ConfigError, match="teacher_misreads"):
     family("got")
+
+
+def test_a_flawed_code_teacher_misreads_stage_words_the_same_way_every_time(tmp_path):
+  from sao_jax.envs.base import Task
+  from sao_jax.envs.code import CODE_MISREADS, hidden_tests, misread_solution
+  from sao_jax.tasks import get_family
+
+  task = Task(
+    1, 'def f(x): "evens, first 2, sum"', "return sum([v for v in x if v%2==0][:2])", "", 0
+  )
+  assert misread_solution(task, ("evens",)) == "return sum([v for v in x if v%2][:2])"
+  assert misread_solution(task, ("first",)) == "return sum([v for v in x if v%2==0][-2:])"
+  both = misread_solution(task, ("evens", "first"))
+  assert both == "return sum([v for v in x if v%2][-2:])"
+  srt = Task(2, 'def f(x): "sort, count"', "return len(sorted(x))", "", 0)
+  assert misread_solution(srt, tuple(CODE_MISREADS)) == srt.solution  # no such stage
+  rev = Task(3, 'def f(x): "reverse, add 2"', "return [v+2 for v in x[::-1]]", "", 0)
+  assert misread_solution(rev, ("reverse", "add")) == "return [v-2 for v in x]"
+  with pytest.raises(ValueError, match="unknown"):
+    misread_solution(task, ("sort",))
+
+  def family(*misreads):
+    opts = (("teacher_misreads", misreads),)
+    cfg = TaskConfig(
+      family="code", options=opts, num_train=300, num_test=40, data_dir=str(tmp_path)
+    )
+    return get_family(cfg)
+
+  clean, flawed = family(), family("evens", "first")
+  train, flawed_train = clean.tasks("train"), flawed.tasks("train")
+  assert flawed.tasks("test") == clean.tasks("test")
+  assert [hidden_tests(t) for t in flawed_train] == [hidden_tests(t) for t in train]  # the truth
+  changed = [(a, b) for a, b in zip(train, flawed_train, strict=True) if a.solution != b.solution]
+  assert changed and all("evens" in a.prompt or "first" in a.prompt for a, _ in changed)
+  assert flawed.teacher_flaw_rate() == len(changed) / 300 and clean.teacher_flaw_rate() == 0.0
+  with pytest.raises(ConfigError, match="teacher_misreads"):
+    family("sort")

@@ -284,6 +284,34 @@ def make_split(spec: CodeSpec, split: str, num: int, seed: int) -> list[Task]:
   )
 
 
+# A flawed teacher's systematic misreadings of stage words (`misread_solution`): a weaker
+# coder's confusions, each a textual rewrite of the canonical code that keeps its length
+# within a character (the context budget) and its style.
+CODE_MISREADS = {
+  "evens": ("if v%2==0]", "if v%2]"),  # keeps the odd values instead
+  "first": (re.compile(r"\[:(\d)\]"), r"[-\1:]"),  # takes the last k instead
+  "add": ("+", "-"),  # subtracts instead ("add k" is the only stage that writes '+')
+  "reverse": ("[::-1]", ""),  # forgets to reverse
+  "upper": (".upper()", ".lower()"),  # lower-cases instead
+}
+
+
+def misread_solution(task: Task, misreads: Sequence[str]) -> str:
+  """The solution a flawed teacher writes for `task`: every stage word in `misreads` (keys
+  of CODE_MISREADS) is read the wrong way, the same way every time ("evens" keeps the odd
+  values, "first k" takes the last k), so that imitation learns the flaw; tasks without such
+  a stage keep their true solution. Hidden tests (the reward) stay true. Raises ValueError
+  on an unknown word."""
+  bad = sorted(set(misreads) - set(CODE_MISREADS))
+  if bad:
+    raise ValueError(f"code misreads {bad} unknown; known: {', '.join(CODE_MISREADS)}")
+  out = task.solution
+  for word in misreads:
+    old, new = CODE_MISREADS[word]
+    out = old.sub(new, out) if isinstance(old, re.Pattern) else out.replace(old, new)
+  return out
+
+
 def hidden_tests(task: Task) -> list[str]:
   """The task's hidden tests as Python statements: exact type (no bool for int, no
   subclass with a forgiving __eq__) and exact value."""
