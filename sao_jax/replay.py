@@ -308,6 +308,7 @@ def replay(
     "seconds": round(time.time() - t0, 2),
     "steps": [
       {"step": r.step, "ok": r.ok, **{f"{k}_equal": v for k, v in r.equal.items()}}
+      | {"replayed": {k: r.replayed[k] for k in ("loss", "grad_norm")}}
       | ({"snapshot_equal": r.snapshot_equal} if r.snapshot_equal is not None else {})
       for r in results
     ],
