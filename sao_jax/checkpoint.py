@@ -14,14 +14,14 @@ snapshots carry theirs in a `sums` item. The `meta` item
 journal position, transport offsets, clock), so a resumed run continues where it stopped.
 
 With a bucket (`storage.url`, `sao_jax.storage`), Orbax still writes each snapshot into the
-local folder (Orbax 0.12.8 cannot write to S3 itself: its array paths must be absolute
-local paths or gs://, and its directory operations need s3fs, whose botocore pins clash with
-this environment), and a `Mirror` then commits every finished snapshot to the bucket: its
-files first, then a marker object listing them with their CRC32C, written last. A snapshot
-without its marker does not exist for a reader. The bucket is the record: a resume replaces
-the local folder by the bucket's committed snapshots (checked against the markers) before
-Orbax opens it, and the run's Kafka offsets are committed only once the bucket holds the
-snapshot that covers them.
+local folder (Orbax 0.12.8 cannot write to S3 itself: its array paths must be absolute local
+paths or gs://, and its directory operations need s3fs, whose botocore pins python-dateutil
+below the project's version), and a `Mirror` then commits every finished snapshot to the
+bucket: its files first, then a marker object listing them with their CRC32C, written last.
+A snapshot without its marker does not exist for a reader. The bucket is the record: a
+resume replaces the local folder by the bucket's committed snapshots (checked against the
+markers) before Orbax opens it, and the run's Kafka offsets are committed only once the
+bucket holds the snapshot that covers them.
 """
 
 from __future__ import annotations
