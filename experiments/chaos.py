@@ -3,6 +3,8 @@
   python experiments/chaos.py                          # 20 kills over Kafka (an external
                                                        # broker), 20 over the embedded transport
   python experiments/chaos.py --transports kafka --kills 4       # smoke test
+  python experiments/chaos.py --bucket s3://BUCKET/chaos          # snapshots and parameters
+                                                       # only in a bucket (storage.url)
 
 One `sao-jax train` run of the tiny SAO config per transport (SFT, then SAO; snapshots every
 `--checkpoint-every` updates, the journal kept) is killed `--kills` times with SIGKILL and
@@ -26,6 +28,12 @@ twice = record ids that appear in more than one update of the ledger. Over the e
 transport there is no broker to read from; the audit compares the journal (every
 record the learner ever took, kept in full) with the ledger (`sao_jax.recovery.audit`).
 Both check that the ledger's updates run 1..N without a gap. Writes OUT/chaos.json.
+
+With `--bucket URL`, each transport's run keeps its snapshots and parameter versions in
+`URL/<transport>` (`storage.url`; endpoint and credentials from the environment,
+docs/deployment.md), and the learner's local snapshot folder is deleted after every kill, so
+every restart resumes from the bucket alone. The `publish` moment (a local temporary file)
+does not exist then: those kills fall back to a random RL moment.
 """
 
 from __future__ import annotations
@@ -114,6 +122,12 @@ class Run:
   def writing_snapshot(self) -> bool:
     d = self.workdir / "checkpoints" / "rl"
     return d.exists() and any(not n.isdigit() for n in os.listdir(d))
+
+  def forget_local_snapshots(self) -> None:
+    """Deletes the learner's local snapshot folder (a fresh disk: the bucket holds them)."""
+    import shutil
+
+    shutil.rmtree(self.workdir / "checkpoints", ignore_errors=True)
 
   def writing_params(self) -> bool:
     d = self.workdir / "params"
@@ -210,6 +224,8 @@ def chaos(transport: str, kills: int, out: pathlib.Path, args, rng: random.Rando
     raise SystemExit(f"{workdir} exists: pass a new --out")
   workdir.mkdir(parents=True)
   overrides = [*run_overrides(args), f"transport.kind={transport}"]
+  if args.bucket:
+    overrides.append(f"storage.url={args.bucket.rstrip('/')}/{transport}")
   broker = None
   if transport == "kafka":  # external: started here, outlives every learner process
     from sao_jax.transport.broker import LocalBroker
@@ -228,6 +244,8 @@ def chaos(transport: str, kills: int, out: pathlib.Path, args, rng: random.Rando
         break
       step = run.updates()
       run.kill(whole_group=whole)
+      if args.bucket:
+        run.forget_local_snapshots()
       rows.append(
         {
           "kill": k + 1,
@@ -287,6 +305,9 @@ def main(argv=None) -> int:
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--set", action="append", default=[])
   p.add_argument("--out", default="results/chaos")
+  p.add_argument(
+    "--bucket", default="", help="s3:// or gs:// prefix: snapshots and parameters only there"
+  )
   args = p.parse_args(argv)
   out = pathlib.Path(args.out).absolute()
   out.mkdir(parents=True, exist_ok=True)

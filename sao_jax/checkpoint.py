@@ -12,6 +12,16 @@ into `meta`, and every restore recomputes and compares them (`DamagedSnapshot`).
 snapshots carry theirs in a `sums` item. The `meta` item
 (JSON) holds the resolved config and the run's stream positions (task sampler state,
 journal position, transport offsets, clock), so a resumed run continues where it stopped.
+
+With a bucket (`storage.url`, `sao_jax.storage`), Orbax still writes each snapshot into the
+local folder (Orbax 0.12.8 cannot write to S3 itself: its array paths must be absolute local
+paths or gs://, and its directory operations need s3fs, whose botocore pins python-dateutil
+below the project's version), and a `Mirror` then commits every finished snapshot to the
+bucket: its files first, then a marker object listing them with their CRC32C, written last.
+A snapshot without its marker does not exist for a reader. The bucket is the record: a
+resume replaces the local folder by the bucket's committed snapshots (checked against the
+markers) before Orbax opens it, and the run's Kafka offsets are committed only once the
+bucket holds the snapshot that covers them.
 """
 
 from __future__ import annotations
@@ -19,6 +29,8 @@ from __future__ import annotations
 import json
 import logging
 import pathlib
+import shutil
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +41,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from sao_jax import config as config_lib
+from sao_jax import storage
 from sao_jax.learner import TrainState
 
 BEST_METRIC = "val_accuracy"
@@ -68,10 +81,17 @@ def verify(tree, expected: dict[str, str] | None, what: str) -> None:
 
 
 def manager(
-  directory: str | pathlib.Path, *, every: int = 100, keep: int = 3, keep_best: bool = True
+  directory: str | pathlib.Path,
+  *,
+  every: int = 100,
+  keep: int = 3,
+  keep_best: bool = True,
+  remote: str = "",
 ) -> ocp.CheckpointManager:
   """Saves every `every` steps (asynchronously); keeps the last `keep` snapshots and, with
-  `keep_best`, also the one with the highest `val_accuracy` among those saved with metrics."""
+  `keep_best`, also the one with the highest `val_accuracy` among those saved with metrics.
+  `remote`: a bucket URL that holds the snapshots (`Mirror`); `directory` is then the local
+  staging folder, refilled from the bucket first."""
   cm = ocp.checkpoint_managers
   policies = [cm.LatestN(n=keep)]
   if keep_best:
@@ -85,7 +105,9 @@ def manager(
     cleanup_tmp_directories=True,
     preservation_policy=cm.AnyPreservationPolicy(policies),
   )
-  return ocp.CheckpointManager(pathlib.Path(directory).absolute(), options=options)
+  mirror = Mirror(directory, remote) if remote else None
+  mngr = ocp.CheckpointManager(pathlib.Path(directory).absolute(), options=options)
+  return mngr if mirror is None else MirroredManager(mngr, mirror)
 
 
 def reader(directory: str | pathlib.Path) -> ocp.CheckpointManager:
@@ -332,7 +354,7 @@ class ShadowBank:
   """Historical policy versions (params only) with their validation accuracy, as Orbax
   snapshots under `directory`: the last `keep` plus the best. Used for rollback."""
 
-  def __init__(self, directory: str | pathlib.Path, keep: int):
+  def __init__(self, directory: str | pathlib.Path, keep: int, remote: str = ""):
     cm = ocp.checkpoint_managers
     policy = cm.AnyPreservationPolicy(
       [
@@ -348,7 +370,10 @@ class ShadowBank:
       enable_async_checkpointing=False,
       preservation_policy=policy,
     )
+    mirror = Mirror(directory, remote) if remote else None
     self.mngr = ocp.CheckpointManager(pathlib.Path(directory).absolute(), options=options)
+    if mirror is not None:
+      self.mngr = MirroredManager(self.mngr, mirror)
     self.scores: dict[int, float] = {}
     self.lineages: dict[int, int] = {}  # step -> policy lineage of that shadow (sao_jax.lineage)
 
@@ -359,6 +384,7 @@ class ShadowBank:
     for s in self.mngr.all_steps():
       if s > step or s not in scores:
         self.mngr.delete(s)
+    self.mngr.wait_until_finished()  # (with a bucket: drops them there too)
     self.scores = {s: v for s, v in scores.items() if s in self.mngr.all_steps()}
     self.lineages = {s: v for s, v in (lineages or {}).items() if s in self.scores}
 
@@ -430,3 +456,172 @@ def checkpoint_dir(path: pathlib.Path) -> pathlib.Path:
         return d
     raise FileNotFoundError(f"no checkpoints under {path}/checkpoints")
   return path
+
+
+# Snapshots in a bucket ------------------------------------------------------------------------
+
+_COMMIT = ".commit"  # "<step>.commit": the marker of a committed step, written last
+
+
+class Mirror:
+  """The finished snapshots of the local Orbax folder `local`, committed to the bucket prefix
+  `url` (see the module docstring): `push` uploads the steps the bucket lacks and drops the
+  ones the folder no longer has; `pull` makes the folder the bucket's committed steps."""
+
+  def __init__(self, local: str | pathlib.Path, url: str):
+    if jax.process_count() > 1:
+      raise config_lib.ConfigError(
+        "storage.url with a learner over several processes is not supported yet: Orbax "
+        "writes each host's shards into one shared folder, which a bucket mirror cannot stage"
+      )
+    self.local, self.store = pathlib.Path(local).absolute(), storage.open_store(url)
+    self.pull()
+
+  def committed(self) -> dict[int, dict]:
+    """Step -> its marker (the files of that step: size and CRC32C of each)."""
+    out = {}
+    for name in self.store.list():
+      if name.endswith(_COMMIT) and name[: -len(_COMMIT)].isdigit():
+        try:
+          out[int(name[: -len(_COMMIT)])] = json.loads(self.store.read(name))
+        except (FileNotFoundError, json.JSONDecodeError):
+          continue  # (dropped meanwhile, or not ours)
+    return out
+
+  def local_steps(self) -> set[int]:
+    """Steps Orbax finished in the local folder (it renames a step's folder to its number
+    once every file is written)."""
+    if not self.local.is_dir():
+      return set()
+    return {int(p.name) for p in self.local.iterdir() if p.is_dir() and p.name.isdigit()}
+
+  def push(self) -> None:
+    remote = self.committed()
+    for step in sorted(self.local_steps() - set(remote)):
+      self._upload(step)
+    for step in sorted(set(remote) - self.local_steps()):
+      self._drop(step)
+
+  def pull(self) -> list[int]:
+    """Replaces the local folder's snapshots by the bucket's committed ones; returns their
+    steps. A step whose files do not match its marker is left out, with a warning (the one
+    before it is then the newest, as with a damaged local snapshot)."""
+    committed = self.committed()
+    self.local.mkdir(parents=True, exist_ok=True)
+    for p in self.local.iterdir():  # finished steps and temporaries alike: the bucket rules
+      if p.is_dir() and (p.name.isdigit() or "orbax-checkpoint-tmp" in p.name):
+        shutil.rmtree(p)
+    got = []
+    for step, marker in sorted(committed.items()):
+      tmp = self.local / f"{step}.orbax-checkpoint-tmp-pull"
+      try:
+        for rel, info in marker["files"].items():
+          data = self.store.read(f"{step}/{rel}")
+          if len(data) != info["size"] or crc32c.crc32c(data) != info["crc32c"]:
+            raise DamagedSnapshot(f"{rel} differs from the size and checksum committed with it")
+          (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+          (tmp / rel).write_bytes(data)
+      except (DamagedSnapshot, FileNotFoundError, KeyError, TypeError) as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        warnings.warn(
+          f"snapshot step {step} in {self.store} is unreadable ({type(err).__name__}: "
+          f"{str(err)[:200]}); not restored from",
+          RuntimeWarning,
+          stacklevel=2,
+        )
+        continue
+      tmp.rename(self.local / str(step))
+      got.append(step)
+    # Objects of steps without a marker: uploads a crash interrupted, or drops it cut short.
+    for name in self.store.list():
+      head = name.split("/", 1)[0]
+      if "/" in name and head.isdigit() and int(head) not in committed:
+        self.store.delete(name)
+    return got
+
+  def _upload(self, step: int) -> None:
+    folder = self.local / str(step)
+    files = {}
+    try:
+      for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = path.relative_to(folder).as_posix()
+        data = path.read_bytes()
+        self.store.write(f"{step}/{rel}", data)
+        files[rel] = {"size": len(data), "crc32c": crc32c.crc32c(data)}
+    except FileNotFoundError:  # Orbax deleted it meanwhile (its preservation policy)
+      for rel in files:
+        self.store.delete(f"{step}/{rel}")
+      return
+    self.store.write(f"{step}{_COMMIT}", json.dumps({"step": step, "files": files}).encode())
+
+  def _drop(self, step: int) -> None:
+    self.store.delete(f"{step}{_COMMIT}")  # first: from now on the step does not exist
+    for name in self.store.list(f"{step}/"):
+      self.store.delete(name)
+
+
+class MirroredManager:
+  """An Orbax CheckpointManager whose finished snapshots a `Mirror` commits to a bucket, in a
+  background thread. A save counts as in progress until the bucket holds it
+  (`is_saving_in_progress`, `wait_until_finished`): callers that act on a finished snapshot
+  (committing Kafka offsets) wait for the bucket. Everything else is the manager's."""
+
+  def __init__(self, mngr: ocp.CheckpointManager, mirror: Mirror):
+    self._mngr, self.mirror = mngr, mirror
+    self._thread: threading.Thread | None = None
+    self._error: BaseException | None = None
+    self._pushed: set[int] = mirror.local_steps()  # (just pulled: the bucket's)
+
+  def __getattr__(self, name):
+    return getattr(self._mngr, name)
+
+  def is_saving_in_progress(self) -> bool:
+    if self._mngr.is_saving_in_progress() or self._pushing():
+      return True
+    if self.mirror.local_steps() != self._pushed:
+      self._start_push()
+      return True
+    return False
+
+  def wait_until_finished(self) -> None:
+    self._mngr.wait_until_finished()
+    self._join()
+    self.mirror.push()
+    self._pushed = self.mirror.local_steps()
+
+  def close(self) -> None:
+    try:
+      self.wait_until_finished()
+    finally:
+      self._mngr.close()
+
+  def _pushing(self) -> bool:
+    if self._thread is not None and not self._thread.is_alive():
+      self._join()
+    return self._thread is not None
+
+  def _start_push(self) -> None:
+    steps = self.mirror.local_steps()
+
+    def push():
+      try:
+        self.mirror.push()
+        self._pushed = steps
+      except BaseException as err:  # noqa: BLE001 - raised in the caller's thread
+        self._error = err
+
+    self._thread = threading.Thread(target=push, name="snapshot-mirror", daemon=True)
+    self._thread.start()
+
+  def _join(self) -> None:
+    if self._thread is not None:
+      self._thread.join()
+      self._thread = None
+    if self._error is not None:
+      err, self._error = self._error, None
+      raise storage.StoreError(f"committing snapshots to {self.mirror.store} failed: {err}")
+
+
+def snapshot_url(cfg: config_lib.Config, name: str) -> str:
+  """The bucket prefix of a phase's snapshots (`checkpoints/<name>`), "" without a bucket."""
+  return str(storage.join(cfg.storage.url, "checkpoints", name)) if cfg.storage.url else ""

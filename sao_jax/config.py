@@ -18,6 +18,8 @@ import pathlib
 import typing
 from typing import Any, Literal
 
+from sao_jax import storage
+
 
 class ConfigError(ValueError):
   """A config key or value is wrong; the message says which."""
@@ -544,6 +546,23 @@ class RecoveryConfig:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class StorageConfig:
+  """Where parameter versions and snapshots live. "" (the default): files in the workdir,
+  `WORKDIR/params` and `WORKDIR/checkpoints` (samplers on other machines then need the
+  workdir mounted at the same path). A bucket, `s3://BUCKET/PREFIX` or `gs://BUCKET/PREFIX`:
+  parameter versions are published only there (`URL/params`), and every finished snapshot is
+  committed there (`URL/checkpoints/<phase>`), which is where a resume reads them from; the
+  workdir keeps the run's books (journal, ledger, events, key). Credentials and endpoint come
+  from the environment only (`sao_jax.storage`), never from this config."""
+
+  url: str = ""
+
+  def __post_init__(self):
+    if self.url:
+      _check(storage.url_problem(self.url) is None, f"storage.url: {storage.url_problem(self.url)}")
+
+
 # What a poisoned trajectory record can carry (each named by the reason the learner rejects it
 # with); defined here for validation, made by sao_jax.admission.poison.
 POISON_KINDS = (
@@ -821,6 +840,7 @@ class Config:
   transport: TransportConfig = TransportConfig()
   eval: EvalConfig = EvalConfig()
   recovery: RecoveryConfig = RecoveryConfig()
+  storage: StorageConfig = StorageConfig()
   faults: FaultsConfig = FaultsConfig()
   compression: CompressionConfig = CompressionConfig()
   learner: LearnerConfig = LearnerConfig()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv (Python 3.11) and installs the pinned requirements and sao_jax itself, once;
-# reruns only when requirements.txt or setup.cfg change. Sourced by main.sh and test.sh.
+# reruns only when requirements.txt or setup.cfg change. Also .venv-s3, the local S3 endpoint
+# of the object-storage tests (requirements-s3.txt), once. Sourced by main.sh and test.sh.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -26,4 +27,12 @@ if [[ ! -f "$stamp" ]]; then
   python -m pip install -q --no-deps -e .
   rm -f .venv/.installed-*
   touch "$stamp"
+fi
+s3stamp=".venv-s3/.installed-$(sha1sum requirements-s3.txt | cut -c1-12)"
+if [[ ! -f "$s3stamp" ]]; then
+  echo "installing the local S3 test endpoint into .venv-s3 (once)..." >&2
+  [[ -x .venv-s3/bin/python ]] || "$py" -m venv .venv-s3
+  .venv-s3/bin/python -m pip install -q -r requirements-s3.txt
+  rm -f .venv-s3/.installed-*
+  touch "$s3stamp"
 fi

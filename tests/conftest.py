@@ -122,6 +122,81 @@ def tls_broker(tmp_path_factory):
     yield tls.address, cert
 
 
+def _moto_server() -> str | None:
+  """The local S3 endpoint's program: $SAO_JAX_MOTO_SERVER, else the one scripts/setup.sh
+  installs into .venv-s3 (requirements-s3.txt), else one on PATH."""
+  own = REPO_ROOT / ".venv-s3" / "bin" / "moto_server"
+  return os.environ.get("SAO_JAX_MOTO_SERVER") or (
+    str(own) if own.exists() else shutil.which("moto_server")
+  )
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+  """A local S3 endpoint for the session: moto in server mode, a process of its own on a
+  free loopback port, answering real HTTP S3 requests; its URL. Stopped at the end however
+  the session ends (its own process group, killed if it does not stop)."""
+  import signal
+  import time
+  import urllib.error
+  import urllib.request
+
+  from sao_jax.transport.broker import free_port
+
+  exe = _moto_server()
+  if exe is None:
+    pytest.skip("no moto_server (scripts/setup.sh installs it into .venv-s3)")
+  port = free_port()
+  proc = subprocess.Popen(
+    [exe, "-H", "127.0.0.1", "-p", str(port)],
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+    start_new_session=True,
+  )
+  url = f"http://127.0.0.1:{port}"
+  try:
+    deadline = time.time() + 60
+    while True:
+      try:
+        urllib.request.urlopen(f"{url}/", timeout=1).close()
+        break
+      except urllib.error.HTTPError:
+        break  # it answered
+      except OSError:
+        assert proc.poll() is None, f"moto_server exited with {proc.returncode}"
+        assert time.time() < deadline, "moto_server did not answer within 60 s"
+        time.sleep(0.1)
+    yield url
+  finally:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+      proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+      os.killpg(proc.pid, signal.SIGKILL)
+      proc.wait()
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint, monkeypatch, request):
+  """A new bucket on the local S3 endpoint, as `s3://NAME`, with the endpoint and (dummy)
+  credentials in this process's environment, which the processes it starts inherit."""
+  import re
+  import urllib.request
+  import uuid
+
+  name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
+  name = f"{name}-{uuid.uuid4().hex[:8]}"
+  for var, value in {
+    "AWS_ENDPOINT_URL": s3_endpoint,
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_REGION": "us-east-1",
+  }.items():
+    monkeypatch.setenv(var, value)
+  urllib.request.urlopen(urllib.request.Request(f"{s3_endpoint}/{name}", method="PUT")).close()
+  return f"s3://{name}"
+
+
 def pytest_collection_modifyitems(config, items):
   """Orders the modules with the most end-to-end runs (marked slow) first, each module's tests
   together and in their order, so that pytest-xdist's workers (one module at a time: a

@@ -189,12 +189,14 @@ def sft_batch(
 
 def phase_manager(cfg: Config, workdir: pathlib.Path, name: str):
   """The snapshots of a synchronous phase, in `workdir/checkpoints/<name>`: one every
-  `checkpoint_every` steps, the last `recovery.keep` kept."""
+  `checkpoint_every` steps, the last `recovery.keep` kept (and committed to the bucket, with
+  `storage.url`)."""
   return ckpt_lib.manager(
     workdir / "checkpoints" / name,
     every=cfg.checkpoint_every,
     keep=cfg.recovery.keep,
     keep_best=False,
+    remote=ckpt_lib.snapshot_url(cfg, name),
   )
 
 

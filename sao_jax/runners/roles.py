@@ -18,6 +18,7 @@ import pathlib
 import time
 
 from sao_jax import config as config_lib
+from sao_jax import storage
 from sao_jax.runners.sampler_proc import SamplerSpec
 from sao_jax.runners.samplers import SamplerGroup
 from sao_jax.transport import auth
@@ -100,11 +101,21 @@ class _Incarnation:
   def __init__(self, control: dict, base: KafkaSpec, threads: int, base_seed: int):
     """`base`: the run's address, key and this machine's security settings."""
     self.cfg = config_lib.from_dict(control["config"])
-    self.param_dir = pathlib.Path(control["param_dir"])
-    if not self.param_dir.is_dir():
+    self.param_dir = control["param_dir"]
+    if storage.is_remote(self.param_dir):
+      try:  # reachable with this machine's credentials (sao_jax.storage)?
+        storage.open_store(self.param_dir).list()
+      except storage.StoreError as err:
+        raise config_lib.ConfigError(
+          f"the run's parameters at {self.param_dir} are out of reach from this machine "
+          f"({str(err)[:300]}); set the bucket's credentials (and AWS_ENDPOINT_URL for an "
+          "S3-compatible service) in this machine's environment"
+        ) from None
+    elif not pathlib.Path(self.param_dir).is_dir():
       raise config_lib.ConfigError(
         f"the run's parameter directory {self.param_dir} is not visible from this machine; "
-        "mount the learner's workdir at the same path (shared storage)"
+        "mount the learner's workdir at the same path (shared storage), or give the run a "
+        "bucket (storage.url)"
       )
     self.incarnation = control.get("incarnation", "")
     self.spec = dataclasses.replace(
@@ -116,7 +127,7 @@ class _Incarnation:
     return SamplerSpec(
       sampler_id=i,
       config=config_lib.to_dict(self.cfg),
-      param_dir=str(self.param_dir),
+      param_dir=self.param_dir,
       transport=self.spec,
       seed=self.base_seed + 1000 * restarts + i,
       threads=self.threads or self.cfg.samplers.threads,

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from sao_jax import checkpoint as ckpt_lib
 from sao_jax import config as config_lib
-from sao_jax import distributed, estimates, sharding, startup
+from sao_jax import distributed, estimates, sharding, startup, storage
 from sao_jax.config import Config
 from sao_jax.evaluation import evaluate, evaluate_memory
 from sao_jax.learner import make_sft_update
@@ -87,7 +87,9 @@ def _check_resume(cfg: Config, workdir: pathlib.Path) -> dict | None:
   """None for a new workdir; for one that holds this run: the phases it finished (rerunning
   the same command resumes). A different config in the same workdir is an error."""
   old_path = workdir / "config.json"
-  if not (workdir / "checkpoints").exists() or not old_path.exists():
+  if not old_path.exists() or not (
+    (workdir / "checkpoints").exists() or _bucket_has_snapshots(cfg)
+  ):
     return None
   try:  # keys added to the code since (absent from the file) take their defaults: upgrade
     old_cfg = config_lib.from_dict(config_lib.upgrade(json.loads(old_path.read_text())))
@@ -112,6 +114,15 @@ def _check_resume(cfg: Config, workdir: pathlib.Path) -> dict | None:
   path = workdir / "progress.json"
   progress = json.loads(path.read_text()) if path.exists() else {}
   return progress
+
+
+def _bucket_has_snapshots(cfg: Config) -> bool:
+  """With `storage.url`: whether the bucket holds any committed snapshot of this run (the
+  learner's local staging folder may be gone: a resume on a fresh disk)."""
+  if not cfg.storage.url:
+    return False
+  store = storage.open_store(storage.join(cfg.storage.url, "checkpoints"))
+  return any(name.endswith(".commit") for name in store.list())
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -183,6 +194,8 @@ def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True)
   state = restore_init(s, cfg.init_from) if cfg.init_from else None
   try:
     if "sft" in progress:  # finished before the restart: its final snapshot is the start
+      if cfg.storage.url:  # the bucket's snapshots, not what the local folder may hold
+        ckpt_lib.Mirror(workdir / "checkpoints" / "sft", ckpt_lib.snapshot_url(cfg, "sft"))
       state = restore_init(s, str(workdir / "checkpoints" / "sft"))
       summary["sft"] = progress["sft"]
       startup.mark("restore_init")

@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Callable
 
 from sao_jax import config as config_lib
+from sao_jax import storage
 from sao_jax.procs import pin_process, stop_processes
 from sao_jax.runners.sampler_proc import SamplerError, SamplerSpec, sampler_main
 from sao_jax.transport import auth, kafka_security
@@ -130,19 +131,23 @@ class SamplerPool:
   def __init__(
     self,
     cfg: config_lib.Config,
-    param_dir: pathlib.Path,
+    param_dir: pathlib.Path | str,
     run_id: str = "",
     tasks: tuple | None = None,
     compile_cache: str | None = None,
     key: bytes | None = None,
+    key_file: pathlib.Path | None = None,
   ):
-    """`tasks`: (train, test) as the learner loaded them, handed to local samplers so that
+    """`param_dir`: where parameter versions are published (a directory or a bucket URL).
+    `tasks`: (train, test) as the learner loaded them, handed to local samplers so that
     they do not load them again (None: each sampler loads them). `compile_cache`: the
-    persistent compilation cache directory the samplers share with the learner (None: off)."""
+    persistent compilation cache directory the samplers share with the learner (None: off).
+    `key_file`: where the run's key is (named in the hint for remote samplers)."""
     self.ctx = mp.get_context("spawn")
     self.cfg, self.param_dir, self.run_id, self.tasks = cfg, param_dir, run_id, tasks
     self.compile_cache = compile_cache or "off"
     self.key = key  # the run's key: the samplers seal their records with it
+    self.key_file = key_file or pathlib.Path(param_dir).parent / auth.KEY_FILE
     self.broker = None
     self.transport = None
     self.learner = None
@@ -212,15 +217,17 @@ class SamplerPool:
       {
         "status": "running",
         "config": config_lib.to_dict(self.cfg),
-        "param_dir": str(self.param_dir.absolute()),
+        "param_dir": str(
+          self.param_dir
+          if storage.is_remote(self.param_dir)
+          else pathlib.Path(self.param_dir).absolute()
+        ),
         "partitions": t.partitions,
         "incarnation": spec.incarnation,
       }
     )
     key_note = (
-      f" --key-file {self.param_dir.parent / auth.KEY_FILE} (a copy of the run's key)"
-      if self.key is not None
-      else ""
+      f" --key-file {self.key_file} (a copy of the run's key)" if self.key is not None else ""
     )
     print(
       f"sao: kafka transport at {bootstrap}, run id {run_id}; more samplers can join with: "

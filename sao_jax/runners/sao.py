@@ -31,14 +31,13 @@ import contextlib
 import dataclasses
 import os
 import pathlib
-import shutil
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sao_jax import admission, distributed, interrupt, procs, recovery, startup
+from sao_jax import admission, distributed, interrupt, procs, recovery, startup, storage
 from sao_jax import checkpoint as ckpt_lib
 from sao_jax import config as config_lib
 from sao_jax.batches import SAOBatch
@@ -157,9 +156,20 @@ class SAOLearner:
     self.buffer = TrajectoryBuffer(self.rows, self.max_staleness(), lineage=self.lineage)
     self.transients: list[dict] = []  # the first updates after each resume or rollback
     self.mngr = ckpt_lib.manager(
-      workdir / "checkpoints" / "rl", every=cfg.checkpoint_every, keep=rcfg.keep
+      workdir / "checkpoints" / "rl",
+      every=cfg.checkpoint_every,
+      keep=rcfg.keep,
+      remote=ckpt_lib.snapshot_url(cfg, "rl"),
     )
-    self.shadows = ckpt_lib.ShadowBank(workdir / "checkpoints" / "shadows", rcfg.shadow_keep)
+    self.shadows = ckpt_lib.ShadowBank(
+      workdir / "checkpoints" / "shadows",
+      rcfg.shadow_keep,
+      remote=ckpt_lib.snapshot_url(cfg, "shadows"),
+    )
+    # Where parameter versions are published: the workdir, or only the bucket (storage.url).
+    self.param_dir = (
+      storage.join(cfg.storage.url, "params") if cfg.storage.url else workdir / "params"
+    )
     self.journal = self.ledger = self.events = None  # process 0's files
     if self.primary:
       self.journal = recovery.Journal(workdir / "journal")
@@ -286,7 +296,7 @@ class SAOLearner:
   def prepare(self) -> None:
     """What the samplers need before they start: the run id (the same topics after a
     restart, so offsets replay) and an empty parameter directory to wait on (process 0's)."""
-    param_dir = self.workdir / "params"
+    param_dir = self.param_dir
     if self.primary:
       if self.cfg.transport.kind == "kafka":
         id_path = self.workdir / "run_id"
@@ -294,7 +304,7 @@ class SAOLearner:
           id_path.read_text().strip() if id_path.exists() else new_run_id(self.cfg)
         )
         id_path.write_text(self.run_id)
-      shutil.rmtree(param_dir, ignore_errors=True)
+      storage.open_store(param_dir).clear()  # an earlier start's versions
       self.key = auth.load_or_create(self.workdir)  # kept across resumes (records on a topic)
     self.publisher = ParamPublisher(param_dir, key=self.key)
 
@@ -855,11 +865,12 @@ class SAOLearner:
     pool = (
       SamplerPool(
         cfg,
-        self.workdir / "params",
+        self.param_dir,
         self.run_id,
         tasks=(self.s.train, self.s.test),
         compile_cache=self.compile_cache,
         key=self.key,
+        key_file=self.workdir / auth.KEY_FILE,
       )
       if self.primary
       else contextlib.nullcontext()

@@ -13,17 +13,18 @@ newest intact version instead (or keeps the one it has). With the run's key
 (`sao_jax.transport.auth`), each announced entry also carries a tag over (lineage, version)
 and the file's bytes: a reader holding the key takes no version without a valid one, so
 whoever can write the directory but lacks the key cannot hand the samplers a policy.
+
+The directory may also be a bucket prefix (`s3://...`, `gs://...`; `sao_jax.storage`):
+there each version is one object PUT (whole or absent, never half) and `LATEST` is put after
+it, so the same order gives readers the same guarantee without a shared filesystem.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hmac
 import io
 import json
 import os
-import pathlib
-import tempfile
 import warnings
 import zipfile
 
@@ -31,7 +32,7 @@ import crc32c
 import jax
 import numpy as np
 
-from sao_jax import distributed
+from sao_jax import distributed, storage
 from sao_jax.transport import auth
 
 
@@ -48,27 +49,15 @@ def unflatten(like, flat: dict[str, np.ndarray]):
   return jax.tree_util.tree_unflatten(treedef, [flat[jax.tree_util.keystr(p)] for p, _ in paths])
 
 
-def _atomic_write(path: pathlib.Path, write):
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      write(f)
-    os.replace(tmp, path)
-  except BaseException:
-    # (an interrupt may land after the rename: then there is nothing left to remove)
-    with contextlib.suppress(FileNotFoundError):
-      os.unlink(tmp)
-    raise
-
-
 class ParamPublisher:
-  """Writes versions into `directory`. A learner over several processes calls `publish` in
-  every process (the params are gathered from all hosts); only process 0 writes."""
+  """Writes versions into `directory` (a local path or a bucket URL). A learner over several
+  processes calls `publish` in every process (the params are gathered from all hosts); only
+  process 0 writes."""
 
-  def __init__(self, directory: str | pathlib.Path, keep: int = 3, key: bytes | None = None):
-    self.dir, self.key = pathlib.Path(directory), key
+  def __init__(self, directory: str | os.PathLike, keep: int = 3, key: bytes | None = None):
+    self.store, self.key = storage.open_store(directory), key
     if distributed.is_primary():
-      self.dir.mkdir(parents=True, exist_ok=True)
+      self.store.ensure()
     self.keep = keep
     self._published: list[dict] = []  # {"version", "file", "crc32c"}, oldest first
 
@@ -81,23 +70,23 @@ class ParamPublisher:
     data = buf.getvalue()
     # (a lineage id is 48 bits: 12 hex digits; -1, no lineage, is written as "none")
     tag = f"{lineage:012x}" if lineage >= 0 else "none"
-    path = self.dir / f"params_{tag}_v{version:08d}.npz"
-    _atomic_write(path, lambda f: f.write(data))
-    entry = {"lineage": lineage, "version": version, "file": path.name}
+    name = f"params_{tag}_v{version:08d}.npz"
+    self.store.write(name, data)
+    entry = {"lineage": lineage, "version": version, "file": name}
     entry["crc32c"] = crc32c.crc32c(data)
     if self.key is not None:
       entry["tag"] = _tag(self.key, entry, data)
     self._published.append(entry)
     # Older files stay a while: a sampler may be reading the previous version right now.
     while len(self._published) > self.keep:
-      (self.dir / self._published.pop(0)["file"]).unlink(missing_ok=True)
+      self.store.delete(self._published.pop(0)["file"])
     announce = dict(self._published[-1], previous=self._published[-2::-1])
-    _atomic_write(self.dir / "LATEST", lambda f: f.write(json.dumps(announce).encode()))
+    self.store.write("LATEST", json.dumps(announce).encode())  # last: the version is whole
 
 
 class ParamSubscriber:
-  def __init__(self, directory: str | pathlib.Path, key: bytes | None = None):
-    self.dir, self.key = pathlib.Path(directory), key
+  def __init__(self, directory: str | os.PathLike, key: bytes | None = None):
+    self.store, self.key = storage.open_store(directory), key
     self.damaged: set[str] = set()  # files that failed their checksum (reported once)
 
   def poll(self, current: tuple[int, int]) -> tuple[int, int, dict[str, np.ndarray]] | None:
@@ -107,7 +96,7 @@ class ParamSubscriber:
     and its samplers must follow it. If the announced file is damaged, the newest intact one
     still kept is taken instead (None if that is `current`)."""
     try:
-      latest = json.loads((self.dir / "LATEST").read_text())
+      latest = json.loads(self.store.read("LATEST"))
       for entry in [latest, *latest.get("previous", [])]:
         if _identity(entry) == tuple(current):
           return None  # the newest intact version is the one the reader has
@@ -115,14 +104,30 @@ class ParamSubscriber:
         if got is not None:
           return (*_identity(entry), got)
       return None
-    except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError, ValueError):
-      return None  # announced file already rotated away: the next poll sees a newer one
+    except (
+      FileNotFoundError,
+      storage.StoreError,
+      json.JSONDecodeError,
+      KeyError,
+      TypeError,
+      ValueError,
+    ):
+      # (announced file already rotated away, or the bucket out of reach for a moment: the
+      # next poll sees a newer one)
+      return None
 
   def announced(self) -> tuple[int, int] | None:
     """(lineage, version) announced now, without loading it (None when nothing is)."""
     try:
-      return _identity(json.loads((self.dir / "LATEST").read_text()))
-    except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError, ValueError):
+      return _identity(json.loads(self.store.read("LATEST")))
+    except (
+      FileNotFoundError,
+      storage.StoreError,
+      json.JSONDecodeError,
+      KeyError,
+      TypeError,
+      ValueError,
+    ):
       return None
 
   def _load(self, entry: dict) -> dict[str, np.ndarray] | None:
@@ -130,7 +135,7 @@ class ParamSubscriber:
     name = entry["file"]
     if name in self.damaged:
       return None
-    data = (self.dir / name).read_bytes()
+    data = self.store.read(name)
     why = None
     if "crc32c" in entry and crc32c.crc32c(data) != entry["crc32c"]:
       why = "checksum mismatch"
@@ -146,7 +151,7 @@ class ParamSubscriber:
         why = f"{type(err).__name__}: {err}"
     self.damaged.add(name)
     warnings.warn(
-      f"published parameters {self.dir / name} are damaged ({why}); using the "
+      f"published parameters {self.store.where(name)} are damaged ({why}); using the "
       "newest intact version instead",
       RuntimeWarning,
       stacklevel=3,
