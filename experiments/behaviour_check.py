@@ -115,6 +115,7 @@ def check(args) -> int:
   d = pathlib.Path(args.dir)
   rec = json.loads((d / "record.json").read_text())
   work = pathlib.Path(args.workdir)
+  work.mkdir(parents=True, exist_ok=True)
   results = {}
   for name, (config, _, phase, how) in RUNS.items():
     print(f"check {name} ({how})", flush=True)

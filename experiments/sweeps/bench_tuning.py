@@ -14,13 +14,14 @@ Every trial is one `sao-jax train` of the config scored on the held-out accuracy
 of RL; each point is the mean of its two seeds. An arith trial trains its own SFT, as each
 benchmark seed trains one; a chain trial (550 SFT steps, a third of its ~9 minutes) starts
 from its seed's one shared SFT run (`Sweep.shared_sft`: trained once per seed; SFT is
-deterministic on the CPU, so the start is the same). The rule that picks each arm's values, fixed before any trial ran: the point with the
-highest mean; where the sweep cannot tell it from the config's own values (their 95 % Welch
-interval of the difference contains 0: the report's `leading` points), the config's own
-values stay. The benchmark runs each arm with its chosen values (`--arm-set`), named in its
-command and JSON; the trials (trials.json, points.csv, sweep.png) are committed under
-results/tuning/<variant>/. One trial at a time (`--parallel 1`): the benchmark's arms have
-the machine to themselves, so must their tuning runs.
+deterministic on the CPU, so the start is the same). The rule that picks each arm's values,
+fixed before any trial ran: the point with the highest mean; where the sweep cannot tell it
+from the config's own values (their 95 % Welch interval of the difference contains 0: the
+report's `leading` points), the config's own values stay. The benchmark runs each arm with
+its chosen values (`--arm-set`), named in its command and JSON; the trials (trials.json,
+points.csv, sweep.png) are committed under results/tuning/<variant>/. One trial at a time
+(`--parallel 1`): the benchmark's arms have the machine to themselves, so must their tuning
+runs.
 
 Run (about 6 min a trial on a 2-core CPU: 8 trials for SAO, 18 for each GRPO arm):
   sao-jax sweep experiments/sweeps/bench_tuning.py:arith_sao --dir runs/sweeps/tune_arith_sao \\
