@@ -1,0 +1,13 @@
+"""What the benchmark scripts under experiments/ measure, as library code: the scripts parse
+their command line, call these functions and write their result files; the measurements,
+the bookkeeping of resumable runs and the tables they print live here, where tests and other
+scripts import them by name.
+
+  recall               which facts a long-horizon episode's memory held and saw; accuracy stats
+  compression          bytes per compression stage, filter ablations, attention cost
+  compression_accuracy accuracy of the compressed arm and its controls, short and 1,000-step
+  peak_memory          XLA's compiled peak memory of one GRPO(N=8) or SAO update
+  arm_snapshots        an arm's training, saved and restored under --params-dir
+  compression_run      bench_compression's settings, overrides and resumed parts
+  compression_report   bench_compression's closing tables
+"""
