@@ -10,4 +10,6 @@ scripts import them by name.
   arm_snapshots        an arm's training, saved and restored under --params-dir
   compression_run      bench_compression's settings, overrides and resumed parts
   compression_report   bench_compression's closing tables
+  calibrate_sampler    the simulator's costs measured in a sampler process (calibrate_sim)
+  calibrate_learner    ... and in the learner's process; the `sim.Costs` they make
 """
