@@ -12,4 +12,7 @@ scripts import them by name.
   compression_report   bench_compression's closing tables
   calibrate_sampler    the simulator's costs measured in a sampler process (calibrate_sim)
   calibrate_learner    ... and in the learner's process; the `sim.Costs` they make
+  mfu                  FLOP counts, the reference matmul, an update's parts (bench_learner)
+  packing              a config's learner update, padded rows against packed
+  learner_report       bench_learner's printed tables
 """
