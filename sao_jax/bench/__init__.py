@@ -15,4 +15,5 @@ scripts import them by name.
   mfu                  FLOP counts, the reference matmul, an update's parts (bench_learner)
   packing              a config's learner update, padded rows against packed
   learner_report       bench_learner's printed tables
+  sync_vs_async        bench_sync_vs_async's arms, statistics over seeds, table and figure
 """
