@@ -16,4 +16,5 @@ scripts import them by name.
   packing              a config's learner update, padded rows against packed
   learner_report       bench_learner's printed tables
   sync_vs_async        bench_sync_vs_async's arms, statistics over seeds, table and figure
+  code_report          bench_code's arms, statistics over seeds, table and figure
 """
