@@ -18,4 +18,5 @@ scripts import them by name.
   sync_vs_async        bench_sync_vs_async's arms, statistics over seeds, table and figure
   code_report          bench_code's arms, statistics over seeds, table and figure
   arith_report         sft_grpo_arith's statistics, plateau criterion, table and figure
+  sim_validation       validate_sim's real metrics, scenarios, simulated means and errors
 """
