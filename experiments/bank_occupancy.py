@@ -30,14 +30,15 @@ import time
 
 import jax
 import numpy as np
-from bench_compression import memory_log, question_facts, seen_at, snapshot_long_spec
 
 from sao_jax import checkpoint as ckpt
 from sao_jax import config as config_lib
+from sao_jax.bench.recall import memory_log, question_facts, seen_at
 from sao_jax.config import load_config
 from sao_jax.envs.longhorizon import SEP, make_split
 from sao_jax.results_file import ResultFile
 from sao_jax.runners import memory_lab as L
+from sao_jax.runners.memory_lab import snapshot_long_spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

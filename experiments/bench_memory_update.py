@@ -36,12 +36,13 @@ import dataclasses
 import pathlib
 import time
 
-import bench_compression as B
 import jax
 import numpy as np
 
+from sao_jax.bench.compression import uncompressed_cfg
+from sao_jax.config import ConfigError, load_config
 from sao_jax.envs.longhorizon import make_split
-from sao_jax.results_file import ResultFile, config_file_id
+from sao_jax.results_file import ResultFile, config_file_id, portable_path
 from sao_jax.runners import memory_lab as L
 from sao_jax.stats import summarize
 
@@ -84,10 +85,10 @@ def main(argv=None) -> dict:
   args = _parser().parse_args(argv)
   variant = "tiny" if args.quick else "default"
   try:
-    cfg = B.load_config(f"{args.config}:{variant}", overrides=args.set)
-  except B.ConfigError as e:
+    cfg = load_config(f"{args.config}:{variant}", overrides=args.set)
+  except ConfigError as e:
     _parser().error(str(e))
-  mod = B.config_module(args.config)
+  mod = L.config_module(args.config)
   task = "retention" if args.quick else args.task
   steps, repeats = (2, 2) if args.quick else (args.steps, args.repeats)
   if task not in mod.TRAIN_TASKS[variant] or min(steps, repeats) < 1:
@@ -99,13 +100,13 @@ def main(argv=None) -> dict:
     _parser().error(f"--arms {args.arms!r}: known {', '.join(ARMS)}")
   spec = mod.TRAIN_TASKS[variant][task]
   train = make_split(spec, "train", 64, 0, num_test=0)
-  arms = {"compressed": cfg, "uncompressed_memory": B.uncompressed_cfg(cfg, spec.n_steps)}
+  arms = {"compressed": cfg, "uncompressed_memory": uncompressed_cfg(cfg, spec.n_steps)}
   arms = {k: v for k, v in arms.items() if k in chosen}
   kw = dict(length=L.full_len(train), seed=0)
   series = f"bench_memory_update/{task}" + ("/quick" if args.quick else "")
   rf = ResultFile(args.out, series=series, config=cfg)
   result = rf.update(
-    config_file=config_file_id(f"{B.portable_path(args.config)}:{variant}"),
+    config_file=config_file_id(f"{portable_path(args.config)}:{variant}"),
     task=task,
     overrides=args.set,
     spec=dict(vars(spec)),
@@ -154,7 +155,7 @@ def main(argv=None) -> dict:
 def sampler_bench(cfg, spec, n: int, episodes: int, repeats: int) -> dict:
   """The stage-1 control's greedy episodes of n steps, cached memory against growing windows
   (module docstring)."""
-  acfg = B.uncompressed_cfg(cfg, n)
+  acfg = uncompressed_cfg(cfg, n)
   tasks = make_split(dataclasses.replace(spec, n_steps=n), "test", episodes, 0)
   progs, policy = L.build(acfg, True)
   params = progs.init(jax.random.key(0)).params

@@ -29,14 +29,15 @@ import pathlib
 import sys
 
 import jax
-from bench_compression import filter_row, snapshot_long_spec
 from tqdm import tqdm
 
 from sao_jax import checkpoint as ckpt
 from sao_jax import config as config_lib
+from sao_jax.bench.compression import filter_row
 from sao_jax.envs.longhorizon import make_split
 from sao_jax.results_file import ResultFile, dumps
 from sao_jax.runners import memory_lab as L
+from sao_jax.runners.memory_lab import snapshot_long_spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -4,9 +4,10 @@ Layers, top to bottom (a module imports only its own layer, acyclically, and tho
 `python scripts/import_graph.py --check` verifies it):
 
   cli                                     the `sao-jax` command
-  runners                                 loops that own processes, clocks and files
+  runners, bench                          loops that own processes, clocks and files
                                           (sft, grpo, sao, run, samplers, compiled: the one
-                                          place where jax.jit is applied)
+                                          place where jax.jit is applied); what the
+                                          experiment scripts measure (bench)
   learner, rollout, evaluation, setup,    pure or single-purpose pieces
   tasks, families, buffer, checkpoint,
   recovery, compression.{policy,rollout}

@@ -37,6 +37,9 @@ from sao_jax.provenance import provenance
 # config file's path, or the resolved config, or absent; some files had no provenance block).
 SCHEMA = 1
 
+# The checkout this package lies in (`portable_path`).
+_CHECKOUT = pathlib.Path(__file__).resolve().parents[1]
+
 # Provenance fields that files written before the provenance block kept at their top level.
 _PROVENANCE_KEYS = ("command", "commit", "dirty", "time", "machine")
 
@@ -89,6 +92,14 @@ def config_file_id(path: str) -> str:
   """A config file's path as the checkout names it (`experiments/configs/x.py:variant`),
   wherever the checkout lay: a worktree elsewhere holds the same file."""
   return path[path.rindex("experiments/") :] if "experiments/" in path else path
+
+
+def portable_path(cfg_path: str) -> str:
+  """A config path relative to the checkout when it lies inside it."""
+  try:
+    return str(pathlib.Path(cfg_path).resolve().relative_to(_CHECKOUT))
+  except ValueError:
+    return cfg_path
 
 
 def upgrade(doc: dict) -> dict:

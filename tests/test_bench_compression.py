@@ -86,10 +86,10 @@ def test_bench_compression_no_token_control(tmp_path, repo_root):
   assert (a2["accuracy"], a2["train_seconds"]) == (a["accuracy"], a["train_seconds"])
   assert a2["params"]["trained_at_commit"] == r["provenance"]["commit"]
   # Parameters saved under other settings are refused, not silently reused.
-  import bench_compression
+  from sao_jax.bench.arm_snapshots import train_arm
 
   with pytest.raises(SystemExit, match="pass another --params-dir"):
-    bench_compression.train_arm(
+    train_arm(
       str(params_dir), {"task": "retention", "arm": "compressed", "steps": 3}, None, None, True, []
     )
   # ... and so are those trained under another resolved configuration (a config file edited
@@ -101,12 +101,12 @@ def test_bench_compression_no_token_control(tmp_path, repo_root):
   assert key["config"] == "experiments/configs/longhorizon.py:tiny"  # not where it lay
   cfg = load_config("experiments/configs/longhorizon.py:tiny", overrides=["sft.optim.lr=0.5"])
   with pytest.raises(SystemExit, match=r"another configuration \(differs in \['sft'\]\)"):
-    bench_compression.train_arm(str(params_dir), key, cfg, None, True, [])
+    train_arm(str(params_dir), key, cfg, None, True, [])
   # The same file in a copy of the checkout elsewhere passes the settings check (it is the
   # resolved configuration that is compared, and here refused).
   moved = dict(key, config="/elsewhere/experiments/configs/longhorizon.py:tiny")
   with pytest.raises(SystemExit, match="another configuration"):
-    bench_compression.train_arm(str(params_dir), moved, cfg, None, True, [])
+    train_arm(str(params_dir), moved, cfg, None, True, [])
   assert set(t["arms"]) == {"compressed", "compressed_float_memory"}
   assert not {"relative_loss", "questions_discordant", "vs_uncompressed"} & set(t)
   e = t["compressed_errors"]
@@ -121,13 +121,12 @@ def test_train_arm_continues_a_shorter_snapshot_exactly(tmp_path, repo_root):
   RNG included) is trained on with the batches a single run would have had, so 2 steps then 2
   more give the parameters of 4 steps in one go; both snapshots stay and restore; and a run
   stopped in its training resumes from its last periodic snapshot."""
-  import bench_compression as B
-
+  from sao_jax.bench.arm_snapshots import train_arm
   from sao_jax.config import load_config
   from sao_jax.envs.longhorizon import make_split
   from sao_jax.runners import memory_lab as L
 
-  mod = B.config_module(str(repo_root / "experiments/configs/longhorizon.py"))
+  mod = L.config_module(str(repo_root / "experiments/configs/longhorizon.py"))
   cfg = load_config(str(repo_root / "experiments/configs/longhorizon.py:tiny"))
   cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, batch_size=8))  # 8 devices
   train = make_split(mod.TRAIN_TASKS["tiny"]["retention"], "train", 16, 0, num_test=8)
@@ -138,7 +137,7 @@ def test_train_arm_continues_a_shorter_snapshot_exactly(tmp_path, repo_root):
 
   def arm(steps):
     k = dict(key, steps=steps)
-    return B.train_arm(str(tmp_path), k, cfg, progs, True, train, steps=steps, **kw)
+    return train_arm(str(tmp_path), k, cfg, progs, True, train, steps=steps, **kw)
 
   _, secs2, _, origin = arm(2)
   assert origin is None  # trained from the start
@@ -156,11 +155,11 @@ def test_train_arm_continues_a_shorter_snapshot_exactly(tmp_path, repo_root):
   assert o2["step"] == 2 and "continued" not in o2
   # Snapshots every `every` steps too: a run stopped after step 3 trains on from there.
   stopped, k = tmp_path / "stopped", dict(key, steps=4)
-  B.train_arm(str(stopped), k, cfg, progs, True, train, every=3, steps=4, **kw)
+  train_arm(str(stopped), k, cfg, progs, True, train, every=3, steps=4, **kw)
   where = stopped / "retention" / "compressed"
   assert sorted(int(p.name) for p in where.iterdir() if p.name.isdigit()) == [3, 4]
   shutil.rmtree(where / "4")
-  p4c, _, _, o = B.train_arm(str(stopped), k, cfg, progs, True, train, every=3, steps=4, **kw)
+  p4c, _, _, o = train_arm(str(stopped), k, cfg, progs, True, train, every=3, steps=4, **kw)
   assert o["from_step"] == 3 and [x["steps"] for x in o["continued"]] == [3, 4]
   chex.assert_trees_all_close(p4c, p4, rtol=1e-6, atol=1e-7)
 
@@ -168,9 +167,8 @@ def test_train_arm_continues_a_shorter_snapshot_exactly(tmp_path, repo_root):
 def test_snapshot_config_gains_new_fields_at_their_defaults(repo_root):
   """A snapshot saved before a config field existed is the same configuration as the field
   at its default (it trained as the default does), and another with the field set."""
-  import bench_compression as B
-
   from sao_jax import config as config_lib
+  from sao_jax.bench.compression import uncompressed_cfg
   from sao_jax.config import load_config
 
   cfg = load_config(str(repo_root / "experiments/configs/longhorizon.py:tiny"))
@@ -179,7 +177,7 @@ def test_snapshot_config_gains_new_fields_at_their_defaults(repo_root):
   old = json.loads(json.dumps(resolved))
   del old["compression"]["salient_turning"]
   assert config_lib.upgrade(old) != resolved  # trained without the gate
-  unc = json.loads(json.dumps(config_lib.to_dict(B.uncompressed_cfg(cfg, 12))))
+  unc = json.loads(json.dumps(config_lib.to_dict(uncompressed_cfg(cfg, 12))))
   old_unc = json.loads(json.dumps(unc))
   del old_unc["compression"]["salient_turning"]
   assert config_lib.upgrade(old_unc) == unc  # the control never had it
@@ -190,24 +188,24 @@ def test_long_accuracy_keeps_finished_arms(repo_root):
   """A resumed 1,000-step accuracy keeps the arms a stopped run finished (no evaluation: the
   arms here could not run) and still pairs them question by question; a `done` of other
   episodes keeps nothing."""
-  import bench_compression as B
-
+  from sao_jax.bench.compression_accuracy import long_accuracy
+  from sao_jax.bench.recall import question_facts
   from sao_jax.envs.longhorizon import LongHorizonSpec, make_split
 
   spec = LongHorizonSpec("retention", n_steps=40, n_facts=2, min_gap=8, p_noise=0.1, period=0)
   tasks = make_split(spec, "test", 2, 2)
-  n = sum(len(B.question_facts(t)) for t in tasks)
+  n = sum(len(question_facts(t)) for t in tasks)
   arms = {k: (None, None, None, None, True) for k in ("compressed", "uncompressed_memory")}
   done = {"episodes": 2, "questions": n, "control_context_tokens": 8}
   done["compressed"] = {"accuracy": 1.0, "correct": [1.0] * n, "seconds": 3.0}
   done["uncompressed_memory"] = {"accuracy": 0.5, "correct": [1.0, 0.0] * (n // 2)}
   calls = []
-  out = B.long_accuracy(arms, tasks, length=8, done=done, on_arm=calls.append)
+  out = long_accuracy(arms, tasks, length=8, done=done, on_arm=calls.append)
   assert out["compressed"] == done["compressed"] and not calls
   v = out["vs_uncompressed"]
   assert (v["control_right_other_wrong"], v["other_right_control_wrong"]) == (0, n // 2)
   with pytest.raises((AttributeError, TypeError)):  # other episodes: measured, not kept
-    B.long_accuracy(arms, tasks[:1], length=8, done=done)
+    long_accuracy(arms, tasks[:1], length=8, done=done)
 
 
 def test_growing_window_and_cached_memory_greedy_equal_the_whole_window(repo_root):
@@ -216,9 +214,9 @@ def test_growing_window_and_cached_memory_greedy_equal_the_whole_window(repo_roo
   steps (`memory_lab.cached_greedy`, the default for such a bank), plays the same episodes as
   with every slot from step 0: the same tokens and rewards, log-probs equal up to float
   summation order."""
-  import bench_compression as B
   import jax
 
+  from sao_jax.bench.compression import uncompressed_cfg
   from sao_jax.config import load_config
   from sao_jax.envs.longhorizon import LongHorizonSpec, make_split
   from sao_jax.runners import memory_lab as L
@@ -226,9 +224,7 @@ def test_growing_window_and_cached_memory_greedy_equal_the_whole_window(repo_roo
   n = 32
   spec = LongHorizonSpec("retention", n_steps=n, n_facts=4, min_gap=8, p_noise=0.1, period=10)
   tasks = make_split(spec, "test", 3, 1)
-  cfg = B.uncompressed_cfg(
-    load_config(str(repo_root / "experiments/configs/longhorizon.py:tiny")), n
-  )
+  cfg = uncompressed_cfg(load_config(str(repo_root / "experiments/configs/longhorizon.py:tiny")), n)
   progs, pol = L.build(cfg, True)
   params = progs.init(jax.random.key(0)).params
   kw = dict(length=64)
@@ -244,20 +240,20 @@ def test_growing_window_and_cached_memory_greedy_equal_the_whole_window(repo_roo
       np.testing.assert_array_equal(a.tokens, b.tokens)
       np.testing.assert_array_equal(a.rewards, b.rewards)
       np.testing.assert_allclose(a.logp, b.logp, atol=1e-5)
-  assert L.growing_greedy(B.uncompressed_cfg(cfg, 8), progs, bucket=8) is progs.greedy
+  assert L.growing_greedy(uncompressed_cfg(cfg, 8), progs, bucket=8) is progs.greedy
 
 
 def test_table_prints_a_control_only_run(repo_root, capsys):
   """The closing tables of a run of the stage-1 control alone (`--arms uncompressed_memory`
   with the 1,000-step accuracy: no bytes, those need the compressed arm) print what it has."""
-  import bench_compression as B
+  from sao_jax.bench.compression_report import print_tables
 
   by_gap = {"32-64": {"questions": 2, "accuracy": 0.5}}
   arm = {"accuracy": 0.5, "questions": 2, "stderr": 0.35, "wilson95": [0.1, 0.9]}
   la = {"episodes": 1, "questions": 2, "uncompressed_memory": dict(arm, by_gap=by_gap)}
   t = {"chance": 0.1, "arms": {"uncompressed_memory": arm}}
   t["bytes_per_stage"] = {"steps": 1000, "long_accuracy": la}
-  B._table({"tasks": {"navigation8": t}})
+  print_tables({"tasks": {"navigation8": t}})
   out = capsys.readouterr().out
   assert "| navigation8 | uncompressed_memory | 0.500 +- 0.350 | 32-64: 0.50 (2) |" in out
   assert "| navigation8 | uncompressed_memory | 2 | 0.10 | 0.500 +- 0.350 [0.100, 0.900] |" in out
@@ -270,20 +266,20 @@ def test_bank_occupancy_reads_saved_parameters_under_both_filters(tmp_path, repo
   adding up to their entries. experiments/salience_threshold.py on the same snapshot: each
   threshold's bank from the snapshot's own configuration, and the rule's choice."""
   import bank_occupancy
-  import bench_compression as B
 
+  from sao_jax.bench.arm_snapshots import train_arm
   from sao_jax.config import load_config
   from sao_jax.envs.longhorizon import make_split
   from sao_jax.runners import memory_lab as L
 
   config = str(repo_root / "experiments/configs/longhorizon.py:tiny")
-  mod = B.config_module(config)
+  mod = L.config_module(config)
   cfg = load_config(config)
   cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, batch_size=8))  # 8 devices
   train = make_split(mod.TRAIN_TASKS["tiny"]["retention"], "train", 16, 0, num_test=8)
   progs, _ = L.build(cfg, True)
   key = {"task": "retention", "arm": "compressed", "seed": 3, "steps": 2}
-  B.train_arm(str(tmp_path), key, cfg, progs, True, train, steps=2, length=0, seed=3)
+  train_arm(str(tmp_path), key, cfg, progs, True, train, steps=2, length=0, seed=3)
   out = tmp_path / "occ.json"
   argv = ["--config", config, "--task", "retention", "--params-dir", str(tmp_path)]
   argv += ["--steps", "2", "--episodes", "2", "--long-steps", "60"]

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from sao_jax import procs, stats
+from sao_jax.bench import sync_vs_async
 from sao_jax.runners.common import PhaseClock
 
 
@@ -29,12 +30,12 @@ def bench(repo_root):
   return module
 
 
-def test_time_to_target_is_interpolated_between_evaluations(bench):
+def test_time_to_target_is_interpolated_between_evaluations():
   curve = [(0.0, 0, 0.40), (10.0, 5, 0.50), (20.0, 9, 0.70), (30.0, 14, 0.65)]
-  assert bench.time_to(curve, 0.60) == pytest.approx(15.0)  # halfway from 0.50 to 0.70
-  assert bench.time_to(curve, 0.70) == pytest.approx(20.0)
-  assert bench.time_to(curve, 0.30) == 0.0  # already there at the first evaluation
-  assert bench.time_to(curve, 0.71) is None  # never
+  assert sync_vs_async.time_to(curve, 0.60) == pytest.approx(15.0)  # halfway from 0.50 to 0.70
+  assert sync_vs_async.time_to(curve, 0.70) == pytest.approx(20.0)
+  assert sync_vs_async.time_to(curve, 0.30) == 0.0  # already there at the first evaluation
+  assert sync_vs_async.time_to(curve, 0.71) is None  # never
 
 
 def _run(seed, sao_steps, grpo_steps, samplers_steps, sao_curve, acc=0.6):
@@ -58,13 +59,13 @@ def _run(seed, sao_steps, grpo_steps, samplers_steps, sao_curve, acc=0.6):
   }
 
 
-def test_baseline_is_the_faster_grpo_and_ratios_carry_a_bootstrap_interval(bench):
+def test_baseline_is_the_faster_grpo_and_ratios_carry_a_bootstrap_interval():
   runs = [
     _run(0, 30, 10, 12, [(0.0, 0, 0.4), (50.0, 15, 0.6), (100.0, 30, 0.7)]),
     _run(1, 33, 11, 12, [(0.0, 0, 0.4), (40.0, 13, 0.6), (100.0, 33, 0.7)]),
     _run(2, 27, 9, 13, [(0.0, 0, 0.4), (60.0, 16, 0.6), (100.0, 27, 0.7)]),
   ]
-  sm = bench.summarize(runs, ["grpo", "grpo_samplers", "sao"])
+  sm = sync_vs_async.summarize(runs, ["grpo", "grpo_samplers", "sao"])
   assert sm["baseline"]["arm"] == "grpo_samplers"  # 0.123 steps/s against 0.1
   r = sm["ratio"]
   assert (r["numerator"], r["denominator"]) == ("sao", "grpo_samplers")
@@ -82,12 +83,12 @@ def test_baseline_is_the_faster_grpo_and_ratios_carry_a_bootstrap_interval(bench
   assert runs[1]["vs_baseline"]["time_to_target_s"] == pytest.approx(0.4)
 
 
-def test_an_arm_that_never_reaches_the_target_is_censored_at_its_budget(bench):
+def test_an_arm_that_never_reaches_the_target_is_censored_at_its_budget():
   runs = [
     _run(0, 30, 10, 12, [(0.0, 0, 0.4), (100.0, 30, 0.5)]),  # SAO stays below 0.6
     _run(1, 30, 10, 12, [(0.0, 0, 0.4), (50.0, 15, 0.6), (100.0, 30, 0.6)]),
   ]
-  sm = bench.summarize(runs, ["grpo", "sao"])
+  sm = sync_vs_async.summarize(runs, ["grpo", "sao"])
   assert sm["baseline"]["arm"] == "grpo"
   t = sm["ratio"]["time_to_target_s"]
   assert t["values"] == pytest.approx([1.0, 0.5]) and t["censored"] == 1
@@ -167,7 +168,7 @@ def test_per_arm_overrides_are_checked_before_any_run(bench, tmp_path):
   assert not (tmp_path / "o").exists() and not (tmp_path / "w").exists()  # nothing started
 
 
-def test_length_histograms_pool_over_seeds_and_the_notebook_plots_them(bench, tmp_path):
+def test_length_histograms_pool_over_seeds_and_the_notebook_plots_them(tmp_path):
   """Each arm's completion lengths, every seed pooled (their bins end at different
   lengths), in the summary; the claim notebook's plot finds them under a results root."""
   from sao_jax.analysis import plots
@@ -179,7 +180,7 @@ def test_length_histograms_pool_over_seeds_and_the_notebook_plots_them(bench, tm
   runs[0]["sao"]["length_hist"] = stats.length_histogram([3, 9, 9, 40])
   runs[1]["sao"]["length_hist"] = stats.length_histogram([5, 20, 100])
   assert runs[0]["sao"]["length_hist"]["edges"] == [0, 8, 16, 32, 64]
-  sm = bench.summarize(runs, ["grpo", "sao"])
+  sm = sync_vs_async.summarize(runs, ["grpo", "sao"])
   assert sm["sao"]["length_hist"] == {
     "edges": [0, 8, 16, 32, 64, 128],
     "counts": [2, 2, 1, 1, 1],

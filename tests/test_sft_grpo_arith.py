@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+from sao_jax.bench import arith_report
+
 
 @pytest.fixture(scope="module")
 def arith(repo_root):
@@ -28,9 +30,9 @@ def _run(seed: int, sft: float, grpo: float, ctrl: float) -> dict:
   }
 
 
-def test_summary_is_mean_se_and_t_interval_over_seeds(arith, capsys):
+def test_summary_is_mean_se_and_t_interval_over_seeds(capsys):
   runs = [_run(0, 0.4, 0.5, 0.6), _run(1, 0.6, 0.9, 0.6)]
-  sm = arith.summary(runs)
+  sm = arith_report.summary(runs)
   assert set(sm) == {"sft", "grpo", "sft_continued"}
   assert "gain_points" not in sm["sft"] and "minus_control_points" not in sm["sft_continued"]
   g = sm["grpo"]["gain_points"]  # +10 and +30 points
@@ -39,7 +41,7 @@ def test_summary_is_mean_se_and_t_interval_over_seeds(arith, capsys):
   assert g["ci95"] == pytest.approx([20 - 127.06, 20 + 127.06], abs=0.01)
   assert sm["grpo"]["minus_control_points"]["values"] == pytest.approx([-10.0, 30.0])
   assert sm["sft"]["accuracy"]["mean"] == pytest.approx(0.5)
-  arith.print_table({"summary": sm, "seeds": [0, 1], "num_test_problems": 64})
+  arith_report.print_table({"summary": sm, "seeds": [0, 1], "num_test_problems": 64})
   text = capsys.readouterr().out
   assert "20.0 ± 10.0" in text and "50.0 ± 10.0" in text
   assert "GRPO - control: 10.0 ± 20.0 points (95 % CI -244.1 .. +264.1)" in text
@@ -77,25 +79,25 @@ def test_tiny_two_seed_run(arith, tmp_path):
   assert (out / "curves.png").stat().st_size > 0
 
 
-def test_plateau_gain_is_the_least_squares_rise_over_the_last_third(arith):
+def test_plateau_gain_is_the_least_squares_rise_over_the_last_third():
   # 7 evaluations: ceil(7/3) = 3 in the last third, steps 40..60, accuracy 50, 56, 53 %
   curve = [[0.0, 10 * i, a] for i, a in enumerate([0.1, 0.3, 0.4, 0.45, 0.5, 0.56, 0.53])]
   curve.append([9.9, 60, 0.53])  # the final step evaluated twice: counted once
-  g = arith.plateau_gain(curve, num_problems=100)
+  g = arith_report.plateau_gain(curve, num_problems=100)
   assert (g["from_step"], g["to_step"], g["evaluations"]) == (40, 60, 3)
   assert g["gain_points"] == pytest.approx(3.0)  # slope 0.15 points/step over 20 steps
   assert g["eval_se_points"] == pytest.approx(100 * (0.53 * 0.47 / 100) ** 0.5)
   runs = [{"sft": {"plateau": {"gain_points": x}}} for x in (3.0, -1.0)]
-  pl = arith.plateau_summary(runs)
+  pl = arith_report.plateau_summary(runs)
   assert pl["last_third_gain_points"]["mean"] == pytest.approx(1.0)
   assert pl["within_noise"] is True and pl["plateaued"] is True and "contains 0" in pl["criterion"]
   runs = [{"sft": {"plateau": {"gain_points": x}}} for x in (3.0, 3.2, 2.8)]
-  assert arith.plateau_summary(runs)["within_noise"] is False
-  assert arith.plateau_summary(runs)["plateaued"] is False
-  assert arith.plateau_summary(runs[:1])["plateaued"] is None  # one seed: no spread
+  assert arith_report.plateau_summary(runs)["within_noise"] is False
+  assert arith_report.plateau_summary(runs)["plateaued"] is False
+  assert arith_report.plateau_summary(runs[:1])["plateaued"] is None  # one seed: no spread
   # A steady rise of 15 points within noise of 0 over 3 seeds has not plateaued.
   runs = [{"sft": {"plateau": {"gain_points": x}}} for x in (8.2, 21.9, 15.6)]
-  pl = arith.plateau_summary(runs)
+  pl = arith_report.plateau_summary(runs)
   assert pl["within_noise"] is True and pl["plateaued"] is False
 
 

@@ -12,6 +12,7 @@ import sim_seed_scale
 import validate_sim
 from conftest import REPO_ROOT, subprocess_env
 
+from sao_jax.bench import sim_validation
 from sao_jax.sim import Costs, Profile, Scenario, preset, simulate
 
 
@@ -48,12 +49,12 @@ def test_real_metrics_share_one_clock(tmp_path):
     for k in range(1, 41)
   ]
   (arm / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-  real = validate_sim.real_metrics(tmp_path, "grpo", 128)
+  real = sim_validation.real_metrics(tmp_path, "grpo", 128)
   assert real["learner_steps_per_s"] == pytest.approx(0.5)
   assert real["preloop_s"] == pytest.approx(2.0)
   assert real["trajectories_per_s_steady"] == pytest.approx(64.0)
   assert real["learner_busy_steady"] == pytest.approx(0.5)
-  errs = validate_sim.compare(real, {"learner_steps_per_s": 0.55, "learner_busy": 0.5})
+  errs = sim_validation.compare(real, {"learner_steps_per_s": 0.55, "learner_busy": 0.5})
   assert errs == pytest.approx({"learner_steps_per_s": 0.1, "learner_busy": 0.0})
 
 

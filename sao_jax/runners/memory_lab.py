@@ -7,6 +7,7 @@ salience_threshold.py) share."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import pathlib
 import time
 
@@ -64,6 +65,30 @@ def add_snapshot_args(p, *, task: str, episodes: int, gen_seed: int, what: str) 
   p.add_argument(
     "--long-steps", type=int, default=0, help="episode length (0: the config's LONG_TASKS)"
   )
+
+
+def config_module(path: str):
+  """The long-horizon config file at `path` (a `:variant` suffix ignored) as a module: its
+  TASKS, TRAIN_TASKS, LONG_TASKS (and EXTRA_TASKS) by variant."""
+  file = path.rsplit(":", 1)[0] if ":" in path and not pathlib.Path(path).exists() else path
+  spec = importlib.util.spec_from_file_location("lh_config", file)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def snapshot_long_spec(args, parser):
+  """For the scripts over bench_compression's snapshots (`add_snapshot_args`): the config path
+  (its `default` unless one is named), the config module, and --task's long episodes with
+  --long-steps applied; a task without long episodes is a usage error."""
+  cfg_path = args.config if ":" in args.config else f"{args.config}:default"
+  mod = config_module(cfg_path)
+  if args.task not in mod.LONG_TASKS:
+    parser.error(f"--task {args.task!r}: no long episodes (have {sorted(mod.LONG_TASKS)})")
+  spec = mod.LONG_TASKS[args.task]
+  if args.long_steps:
+    spec = dataclasses.replace(spec, n_steps=args.long_steps)
+  return cfg_path, mod, spec
 
 
 def model_cfg(cfg: Config, memory: bool, full_len: int = 0):
