@@ -55,7 +55,7 @@ VISIBLE_BUCKET = 128
 def add_snapshot_args(p, *, task: str, episodes: int, gen_seed: int, what: str) -> None:
   """The arguments of the scripts that measure the compressed arms bench_compression saved
   under --params-dir, one directory per seed, on `what` 1,000-step episodes."""
-  root = pathlib.Path(__file__).resolve().parents[1]
+  root = pathlib.Path(__file__).resolve().parents[2]  # (the repository: sao_jax/runners/..)
   p.add_argument("--config", default=str(root / "experiments/configs/longhorizon.py"))
   p.add_argument("--task", default=task, help="a task with LONG_TASKS in the config")
   p.add_argument("--params-dir", required=True, help="comma-separated, one per seed")
