@@ -610,6 +610,10 @@ class FaultsConfig:
       all(isinstance(n, int) and n >= 0 for n in self.nan_steps),
       "faults.nan_steps must be update numbers >= 0",
     )
+    _check(
+      all(isinstance(k, str) for k in self.poison_kinds),
+      f"faults.poison_kinds must be kind names, got {self.poison_kinds!r}",
+    )
     unknown = set(self.poison_kinds) - set(POISON_KINDS)
     _check(
       not unknown,

@@ -58,7 +58,7 @@ class ArithmeticOptions:
   teacher_misreads: tuple[str, ...] = ()
 
   def __post_init__(self):
-    bad = sorted(set(self.teacher_misreads) - set(SUBTRACTION_VERBS))
+    bad = sorted(map(str, set(self.teacher_misreads) - set(SUBTRACTION_VERBS)))
     if bad or len(set(self.teacher_misreads)) != len(self.teacher_misreads):
       raise ValueError(
         f"teacher_misreads {self.teacher_misreads} must be distinct verbs of {SUBTRACTION_VERBS}"
@@ -154,7 +154,7 @@ class CodeOptions:
     self.spec()  # validates the generator's parameters
     if not 0.0 <= self.format_weight < 1.0:
       raise ValueError("format_weight must be in [0, 1)")
-    bad = sorted(set(self.teacher_misreads) - set(CODE_MISREADS))
+    bad = sorted(map(str, set(self.teacher_misreads) - set(CODE_MISREADS)))
     if bad or len(set(self.teacher_misreads)) != len(self.teacher_misreads):
       raise ValueError(
         f"teacher_misreads {self.teacher_misreads} must be distinct words of {tuple(CODE_MISREADS)}"
