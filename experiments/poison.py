@@ -242,6 +242,8 @@ def _run(args, sets: list[str], broker) -> dict:
       "rejected_per_seed": [r["poisoned"]["caught"][FORGED] for r in runs],
       "rejected_in_clean_runs": sum(r["clean"]["caught"][FORGED] for r in runs),
     }
+  for v in per_kind.values():
+    v["missed"] = v["injected"] - v["rejected"]
   clean_consumed = sum(r["clean"]["consumed"] for r in runs)
   false_rejections = sum(v["rejected_in_clean_runs"] for v in per_kind.values())
   summary = {"sft_accuracy": stats.summarize([r["sft_accuracy"] for r in runs])}
