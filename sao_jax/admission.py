@@ -594,6 +594,11 @@ class RewardAudit:
     self._held = still
     return out
 
+  def wait(self, timeout: float | None = None) -> bool:
+    """Blocks until every held record's re-score is in (or `timeout`); whether all are."""
+    _, not_done = concurrent.futures.wait([f for *_, f in self._held], timeout)
+    return not not_done
+
   def held(self) -> list:
     """The payloads of the records still being re-scored, oldest first."""
     return [payload for _, payload, _ in self._held]

@@ -241,9 +241,7 @@ def test_a_costly_reward_is_audited_before_it_is_trained_on(transport, tmp_path)
     if got[0][1] is not None:  # Kafka: the commit stops before the oldest held record
       assert self.buffer.safe_positions({0: 5}, also=self.held_positions()) == {0: got[0][1][1]}
     gate.set()
-    deadline = time.time() + 30
-    while self.audit.held() and time.time() < deadline:
-      time.sleep(0.05)
+    assert self.audit.wait(30)
     SAOLearner.ingest(self, [])  # releases what the audit finished
     c = self.loop.counts
     assert sorted(it.rec.meta["task_index"] for it in self.buffer) == [0, 2, 4]
