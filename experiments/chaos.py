@@ -49,7 +49,7 @@ import subprocess
 import sys
 import time
 
-from sao_jax import recovery
+from sao_jax import interrupt, recovery
 from sao_jax.config import load_config
 from sao_jax.procs import kill_and_wait
 from sao_jax.results_file import ResultFile, config_file_id
@@ -286,14 +286,8 @@ def chaos(transport: str, kills: int, out: pathlib.Path, args, rng: random.Rando
   }
 
 
-def _interrupted(*_):
-  raise KeyboardInterrupt
-
-
 def main(argv=None) -> int:
-  # SIGTERM (a `kill`, a job scheduler) stops the run like Ctrl-C: through the `finally` that
-  # kills the training process tree and the broker, which would otherwise outlive this one.
-  signal.signal(signal.SIGTERM, _interrupted)
+  interrupt.driver_signals()  # a kill stops the run tree and the broker too
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--transports", default="kafka,embedded")
   p.add_argument("--kills", type=int, default=20, help="per transport")

@@ -38,6 +38,7 @@ import sys
 import chaos  # (the script's folder is on the path: the kill moments, processes, Kafka audit)
 import numpy as np
 
+from sao_jax import interrupt
 from sao_jax.config import load_config
 from sao_jax.metrics import read_jsonl
 from sao_jax.results_file import ResultFile, config_file_id, load
@@ -148,6 +149,7 @@ def paired_arms(folder: pathlib.Path, sft_steps: int, seed: int, run_here: list[
 
 
 def main(argv=None) -> int:
+  interrupt.driver_signals()  # a kill stops the run trees and brokers too
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--config", default=CONFIG)
   p.add_argument("--sft-steps", type=int, default=100)

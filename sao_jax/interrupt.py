@@ -56,3 +56,16 @@ def at_step_boundaries():
   finally:
     signal.signal(signal.SIGINT, previous)
     _requested.clear()
+
+
+def _raise(signum, frame) -> None:
+  raise KeyboardInterrupt
+
+
+def driver_signals() -> None:
+  """For a script that drives training processes (an experiment): SIGTERM (a `kill`, a job
+  scheduler) and SIGINT stop it like Ctrl-C, through the `finally` blocks that stop its
+  process trees and brokers, which would otherwise outlive it. SIGINT is set too because a
+  process started in the background by a non-interactive shell inherits it ignored."""
+  signal.signal(signal.SIGTERM, _raise)
+  signal.signal(signal.SIGINT, _raise)

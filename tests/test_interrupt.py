@@ -3,6 +3,8 @@
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -42,3 +44,35 @@ def test_the_training_clock_raises_a_waiting_ctrl_c():
     with pytest.raises(KeyboardInterrupt):
       clock.running(4)
   assert clock.running(4) and not clock.running(10)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_driver_started_in_the_background_stops_through_its_finally(sig):
+  """A background job inherits SIGINT ignored, and SIGTERM would kill it outright: with
+  `driver_signals` both raise KeyboardInterrupt, so the script's clean-up runs."""
+  code = (
+    "import time\n"
+    "from sao_jax import interrupt\n"
+    "interrupt.driver_signals()\n"
+    "print('ready', flush=True)\n"
+    "try:\n"
+    "  time.sleep(60)\n"
+    "finally:\n"
+    "  print('cleaned up', flush=True)\n"
+  )
+  p = subprocess.Popen(
+    [sys.executable, "-c", code],
+    stdout=subprocess.PIPE,
+    stderr=subprocess.DEVNULL,
+    text=True,
+    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+  )
+  try:
+    assert p.stdout.readline().strip() == "ready"
+    time.sleep(0.2)
+    p.send_signal(sig)
+    out, _ = p.communicate(timeout=20)
+  finally:
+    if p.poll() is None:
+      p.kill()
+  assert "cleaned up" in out
