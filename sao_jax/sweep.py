@@ -903,16 +903,7 @@ class SweepRunner:
       return None
     attempt = trial.user_attrs.get("attempts", 0) + 1
     trial.set_user_attr("attempts", attempt)
-    cmd = [
-      *self.train_cmd,
-      "--config",
-      f"{self.base}:{self.variant}",
-      *itertools.chain.from_iterable(("--set", o) for o in overrides),
-      "--workdir",
-      str(workdir),
-      "--no-progress",
-    ]
-    (workdir / "command.json").write_text(json.dumps(cmd))
+    cmd = self._train_command(overrides, workdir)
     proc = start_group(
       cmd,
       log=workdir / "train.log",
@@ -935,14 +926,9 @@ class SweepRunner:
       reported=reported,
     )
 
-  def _shared_sft(self, run_seed: int) -> str:
-    """Trains the SFT start of `run_seed` once (`Sweep.shared_sft`), waiting for it (a
-    finished one is kept: a resumed sweep finds it). Returns a problem, or ''."""
-    workdir = shared_sft_dir(self.dir, run_seed)
-    if "sft" in _summary_of(workdir):
-      return ""
-    workdir.mkdir(parents=True, exist_ok=True)
-    overrides = [*self.sweep.fixed, f"seed={run_seed}", "rl.steps=0", "rl.max_seconds=0.0"]
+  def _train_command(self, overrides: list[str], workdir: pathlib.Path) -> list[str]:
+    """`sao-jax train` of the base config with `overrides` into `workdir`, also written to
+    its command.json."""
     cmd = [
       *self.train_cmd,
       "--config",
@@ -953,6 +939,17 @@ class SweepRunner:
       "--no-progress",
     ]
     (workdir / "command.json").write_text(json.dumps(cmd))
+    return cmd
+
+  def _shared_sft(self, run_seed: int) -> str:
+    """Trains the SFT start of `run_seed` once (`Sweep.shared_sft`), waiting for it (a
+    finished one is kept: a resumed sweep finds it). Returns a problem, or ''."""
+    workdir = shared_sft_dir(self.dir, run_seed)
+    if "sft" in _summary_of(workdir):
+      return ""
+    workdir.mkdir(parents=True, exist_ok=True)
+    overrides = [*self.sweep.fixed, f"seed={run_seed}", "rl.steps=0", "rl.max_seconds=0.0"]
+    cmd = self._train_command(overrides, workdir)
     self._event(event="sft_start", seed=run_seed)
     t0 = time.time()
     proc = start_group(

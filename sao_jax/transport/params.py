@@ -84,6 +84,18 @@ class ParamPublisher:
     self.store.write("LATEST", json.dumps(announce).encode())  # last: the version is whole
 
 
+# What reading the announcement may meet: a file already rotated away, a bucket out of reach
+# for a moment, a half-written or foreign LATEST.
+_UNREADABLE = (
+  FileNotFoundError,
+  storage.StoreError,
+  json.JSONDecodeError,
+  KeyError,
+  TypeError,
+  ValueError,
+)
+
+
 class ParamSubscriber:
   def __init__(self, directory: str | os.PathLike, key: bytes | None = None):
     self.store, self.key = storage.open_store(directory), key
@@ -104,14 +116,7 @@ class ParamSubscriber:
         if got is not None:
           return (*_identity(entry), got)
       return None
-    except (
-      FileNotFoundError,
-      storage.StoreError,
-      json.JSONDecodeError,
-      KeyError,
-      TypeError,
-      ValueError,
-    ):
+    except _UNREADABLE:
       # (announced file already rotated away, or the bucket out of reach for a moment: the
       # next poll sees a newer one)
       return None
@@ -120,14 +125,7 @@ class ParamSubscriber:
     """(lineage, version) announced now, without loading it (None when nothing is)."""
     try:
       return _identity(json.loads(self.store.read("LATEST")))
-    except (
-      FileNotFoundError,
-      storage.StoreError,
-      json.JSONDecodeError,
-      KeyError,
-      TypeError,
-      ValueError,
-    ):
+    except _UNREADABLE:
       return None
 
   def _load(self, entry: dict) -> dict[str, np.ndarray] | None:
