@@ -621,7 +621,9 @@ class SAOLearner:
     loop.counts["dropped_lineage"] += len(discarded)
     loop.counts["dropped_stale"] += len(dropped) - len(discarded)
     # (with sao.discarded_lineage="weight": those trained on at their distance)
-    weighted = [it for it in items if self.buffer.discarded(it, loop.step)]
+    weighted = []  # (only a tree that weighs them lets one into a batch)
+    if self.lineage is not None and self.lineage.weigh_discarded:
+      weighted = [it for it in items if self.buffer.discarded(it, loop.step)]
     loop.counts["weighted_lineage"] += len(weighted)
     tu = time.time()
     self.state, metrics = self.progs.update(self.state, self.progs.shard_batch(batch))
