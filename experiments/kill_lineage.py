@@ -213,7 +213,7 @@ def main(argv=None) -> int:
     "checkpoint_every": args.checkpoint_every,
     "rotation": args.rotation,
     "target_wait": args.target_wait,
-    "arms": arms_run,
+    "arms_run": arms_run,  # ("arms" holds the arms' results)
     "quick": args.quick,
   }
   for seed in [int(s) for s in args.seeds.split(",")]:
