@@ -275,6 +275,10 @@ class Sweep:
     snapshot, and report its summary's "sft" as their own. SFT is deterministic on a CPU,
     so this is the same start as each trial training its own, minus the repeats; the axes
     must not touch what SFT depends on (only rl.*, sao.*, samplers.*, transport.*).
+  trial_fixed: overrides of the trials alone, after the shared start's (shared_sft only).
+    Setting sft.steps or sft.max_seconds there makes each trial continue SFT from the start
+    (e.g. `sft.max_seconds=120`, `rl.max_seconds=0`: the continued-SFT baseline), and then
+    the axes may set sft.* too (its learning rate: the start is trained without the axes).
   """
 
   name: str
@@ -293,9 +297,10 @@ class Sweep:
   report: tuple[str, ...] = ()
   trial_timeout_s: float = 0.0
   shared_sft: bool = False
+  trial_fixed: tuple[str, ...] = ()
 
   def __post_init__(self):
-    for f in ("axes", "fixed", "report"):
+    for f in ("axes", "fixed", "report", "trial_fixed"):
       object.__setattr__(self, f, tuple(getattr(self, f)))
     _check(
       bool(self.name) and all(c.isalnum() or c in "-_" for c in self.name),
@@ -309,14 +314,23 @@ class Sweep:
     keys = [a.key for a in self.axes]
     _check(len(set(keys)) == len(keys), f"sweep axes repeat a key: {keys}")
     _check("seed" not in keys, "seed is not an axis: set sweep.seeds (seeds 0..seeds-1)")
-    for pair in self.fixed:
-      k, sep, _ = pair.partition("=")
-      _check(bool(sep) and bool(k.strip()), f"sweep.fixed expects key=value, got {pair!r}")
-      _check(k.strip() not in keys, f"{k.strip()} is both fixed and an axis")
-      _check(k.strip() != "seed", "seed cannot be fixed: set sweep.seeds")
+    for field in ("fixed", "trial_fixed"):
+      for pair in getattr(self, field):
+        k, sep, _ = pair.partition("=")
+        _check(bool(sep) and bool(k.strip()), f"sweep.{field} expects key=value, got {pair!r}")
+        _check(k.strip() not in keys, f"{k.strip()} is both {field} and an axis")
+        _check(k.strip() != "seed", f"seed cannot be fixed (sweep.{field}): set sweep.seeds")
+    trial_keys = {pair.partition("=")[0].strip() for pair in self.trial_fixed}
+    _check(
+      not self.trial_fixed or self.shared_sft,
+      "sweep.trial_fixed is for shared_sft sweeps (otherwise put the overrides in fixed)",
+    )
+    _check("init_from" not in trial_keys, "sweep.trial_fixed cannot set init_from")
     if self.shared_sft:
-      bad = [k for k in keys if not k.startswith(SFT_FREE)]
-      _check(not bad, f"sweep.shared_sft: axes {bad} may change the SFT start (only {SFT_FREE})")
+      # Trials that continue SFT may vary it; the start itself never sees the axes.
+      free = SFT_FREE + (("sft.",) if trial_keys & {"sft.steps", "sft.max_seconds"} else ())
+      bad = [k for k in keys if not k.startswith(free)]
+      _check(not bad, f"sweep.shared_sft: axes {bad} may change the SFT start (only {free})")
       fixed_keys = [pair.partition("=")[0].strip() for pair in self.fixed]
       _check(
         not {"init_from", "sft.steps", "sft.max_seconds"} & set(fixed_keys),
@@ -452,6 +466,7 @@ def trial_overrides(
   if sweep.shared_sft:
     start = shared_sft_dir(sweep_dir, sweep.first_seed + seed) / "checkpoints" / "sft"
     out += [f"init_from={str(start)!r}", "sft.steps=0", "sft.max_seconds=0.0"]
+    out += sweep.trial_fixed  # (after: a trial may continue SFT)
   return out
 
 
@@ -465,7 +480,7 @@ def check_against_base(sweep: Sweep, base: pathlib.Path, variant: str) -> config
   """Loads base + fixed overrides and checks each axis' extreme values against the config's
   types and validation, so that a typo fails here and not in every trial."""
   try:
-    cfg = load_config(str(base), variant, overrides=list(sweep.fixed))
+    cfg = load_config(str(base), variant, overrides=[*sweep.fixed, *sweep.trial_fixed])
   except ConfigError as err:
     raise ConfigError(f"sweep {sweep.name}: base config with fixed overrides: {err}") from None
   for axis in sweep.axes:

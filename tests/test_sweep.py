@@ -110,6 +110,17 @@ def test_seed_stats_values():
     (lambda: {"report": ("status",)}, "clash with the table's own columns"),
     (lambda: {"shared_sft": True, "axes": (Choice("sft.steps", (1, 2)),)}, "change the SFT"),
     (lambda: {"shared_sft": True, "fixed": ("init_from='x'",)}, "do not fix them"),
+    (lambda: {"trial_fixed": ("sft.max_seconds=5",)}, "for shared_sft sweeps"),
+    (lambda: {"shared_sft": True, "trial_fixed": ("init_from='x'",)}, "cannot set init_from"),
+    (lambda: {"shared_sft": True, "trial_fixed": ("rl.optim.lr=1",)}, "both trial_fixed and"),
+    (
+      lambda: {
+        "shared_sft": True,
+        "trial_fixed": ("rl.max_seconds=5",),
+        "axes": (Choice("sft.optim.lr", (1e-4, 3e-4)),),
+      },
+      "change the SFT",
+    ),
   ],
 )
 def test_sweep_validation(make, message):
@@ -490,6 +501,22 @@ def test_shared_sft_trains_each_seeds_start_once(tmp_path, repo_root, monkeypatc
   del pinned["shared_sft"]
   (tmp_path / "p" / "sweep.json").write_text(json.dumps(pinned))
   assert _runner(plain, tmp_path / "p", parallel=1).run()["trials"] == 4
+
+
+def test_trial_fixed_continues_sft_from_the_shared_start(tmp_path):
+  """A continued-SFT baseline tuned on its own learning rate: the trials start from the
+  seed's shared SFT run and train SFT again for a budget (trial_fixed, after the start's
+  overrides); the start is trained without the axis."""
+  s = _sweep(
+    shared_sft=True,
+    axes=(Choice("sft.optim.lr", (1e-4, 3e-4)),),
+    trial_fixed=("sft.max_seconds=5.0", "rl.max_seconds=0.0"),
+  )
+  o = trial_overrides(s, {"sft.optim.lr": 3e-4}, 0, tmp_path)
+  assert o.index("sft.optim.lr=0.0003") < o.index("sft.max_seconds=0.0")
+  assert o[-2:] == ["sft.max_seconds=5.0", "rl.max_seconds=0.0"]  # (the last value wins)
+  cfg = config_lib.apply_overrides(config_lib.Config(), [x for x in o if "init_from" not in x])
+  assert cfg.sft.max_seconds == 5.0 and cfg.sft.optim.lr == 3e-4 and cfg.sft.steps == 0
 
 
 def test_pruning_stops_the_trial_group(tmp_path, repo_root, monkeypatch):
