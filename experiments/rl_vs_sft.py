@@ -16,8 +16,9 @@ Settings (on top of --config, default experiments/configs/sao_arith.py):
           demonstrations, so each seed measures the gap the flaw opens (clean minus flawed
           continued SFT) and how much of it RL recovers: (RL - continued SFT) / gap.
   ood     everything trains on 1-2 operations with operands up to 9 (task.n_ops_mix=(1,2));
-          besides that test split, every arm is scored on problems of 3 operations (`ops3`)
-          and of operands up to 20 (`operands20`). model.max_len is raised to hold the
+          besides that test split (100 problems: 1-operation ones are few), every arm is
+          scored on problems of 3 operations (`ops3`) and of operands up to 20 with a number
+          above 9 (`operands20`). model.max_len is raised to hold the
           longest of them (learned positions past the training lengths stay untrained: part
           of what out of distribution means for this model).
 
@@ -36,7 +37,6 @@ OUT/accuracy_vs_time.png; prints the table. Workdirs go to --workdir.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import pathlib
 import shutil
 import time
@@ -44,9 +44,10 @@ import time
 import numpy as np
 
 from sao_jax import stats
+from sao_jax.bench.rl_vs_sft import setting_overrides, splits_for
 from sao_jax.procs import run_train
 from sao_jax.results_file import ResultFile
-from sao_jax.setup import load_config, make_setup
+from sao_jax.setup import make_setup
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -58,46 +59,6 @@ LABELS = {
   "sao": "SAO",
   "sft_clean": "SFT on clean demonstrations (reference)",
 }
-OOD_SPLITS = {"ops3": ["task.n_ops_mix=(3,)"], "operands20": ["task.max_operand=20"]}
-
-
-def setting_sets(setting: str, misreads: list[str]) -> list[str]:
-  if setting == "flawed":
-    return [f"task.options.teacher_misreads={tuple(misreads)!r}"]
-  return ["task.n_ops_mix=(1, 2)"]
-
-
-def splits_for(setting: str, base) -> dict[str, list[str]]:
-  """Test splits every arm is scored on at the end: name -> overrides of the trained config
-  (each decodes up to its own longest solution)."""
-  out = {"test": []}
-  if setting == "ood":
-    for name, sets in OOD_SPLITS.items():
-      s = make_setup(_with(base, sets, max_len=False))
-      out[name] = [*sets, f"rl.max_new_tokens={max(s.target_len, base.rl.max_new_tokens)}"]
-  return out
-
-
-def _with(cfg, sets, max_len=True):
-  from sao_jax.config import apply_overrides
-
-  cfg = apply_overrides(cfg, sets)
-  if not max_len:  # only to measure the split: room for anything
-    cfg = dataclasses.replace(
-      cfg,
-      model=dataclasses.replace(cfg.model, max_len=4096),
-      rl=dataclasses.replace(cfg.rl, max_new_tokens=1024),
-    )
-  return cfg
-
-
-def ood_max_len(base) -> int:
-  """The context every OOD split's prompt + solution fits in (a multiple of 8)."""
-  need = 0
-  for sets in [[], *OOD_SPLITS.values()]:
-    s = make_setup(_with(base, sets, max_len=False))
-    need = max(need, s.prompt_len + max(s.target_len, base.rl.max_new_tokens))
-  return -(-need // 8) * 8
 
 
 def main(argv=None) -> dict:
@@ -125,11 +86,7 @@ def main(argv=None) -> dict:
       raise SystemExit(f"--arm-set takes ARM:KEY=VALUE with ARM one of {', '.join(arms)}")
     arm_sets[arm].append(kv)
   misreads = [m for m in args.misreads.split(",") if m]
-  sets = setting_sets(args.setting, misreads) + list(args.set)
-  base = load_config(args.config, args.variant, sets)  # a bad config fails here, at once
-  if args.setting == "ood":
-    sets.append(f"model.max_len={ood_max_len(base)}")
-    base = load_config(args.config, args.variant, sets)
+  sets, base = setting_overrides(args.setting, misreads, args.config, args.variant, args.set)
   splits = splits_for(args.setting, base)
   flaw_rate = None
   if args.setting == "flawed":

@@ -33,6 +33,7 @@ from sao_jax.envs.arithmetic import (
   ArithmeticEnv,
   ArithmeticSpec,
   misread_solution,
+  problem_numbers,
 )
 from sao_jax.envs.base import Task
 from sao_jax.envs.chain import ChainSpec
@@ -53,11 +54,18 @@ class ArithmeticOptions:
   """teacher_misreads: subtraction verbs (of "lost", "sold", "gave", "used") that the
   teacher of the demonstrations reads as additions (`envs.arithmetic.misread_solution`): the
   train split's worked solutions carry that systematic error, so SFT imitates it; answers,
-  rewards and the test split stay true. Empty (the default): a perfect teacher."""
+  rewards and the test split stay true. Empty (the default): a perfect teacher.
+
+  test_operand_above: the test split keeps only problems with a number (the start value or
+  an operand) above it, e.g. 9 with task.max_operand=20: problems out of the distribution of
+  a model trained on operands up to 9, none of which its train split could hold (0: all)."""
 
   teacher_misreads: tuple[str, ...] = ()
+  test_operand_above: int = 0
 
   def __post_init__(self):
+    if not isinstance(self.test_operand_above, int) or self.test_operand_above < 0:
+      raise ValueError(f"test_operand_above must be an int >= 0, not {self.test_operand_above!r}")
     bad = sorted(map(str, set(self.teacher_misreads) - set(SUBTRACTION_VERBS)))
     if bad or len(set(self.teacher_misreads)) != len(self.teacher_misreads):
       raise ValueError(
@@ -103,6 +111,15 @@ class Arithmetic(TaskFamily):
 
   def tasks(self, split: str) -> list[Task]:
     tasks = self._generated(split)
+    above = self.options.test_operand_above
+    if split == "test" and above:
+      rev = self.cfg.reverse_digits
+      tasks = [t for t in tasks if max(problem_numbers(t.solution, rev)) > above]
+      if not tasks:
+        raise ConfigError(
+          f"task.options.test_operand_above={above}: no test problem has a number above it "
+          f"(task.max_operand={self.cfg.max_operand})"
+        )
     misreads = self.options.teacher_misreads
     if split == "train" and misreads:  # the teacher's demonstrations; answers stay true
       rev = self.cfg.reverse_digits

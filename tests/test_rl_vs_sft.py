@@ -43,8 +43,21 @@ def test_gap_recovery_and_paired_differences(exp):
   assert runs[0]["recovered"]["grpo"] is None and sm["grpo_recovered_fraction"]["n"] == 0
 
 
-def test_settings_name_what_they_change(exp):
-  assert exp.setting_sets("flawed", ["gave", "used"]) == [
-    "task.options.teacher_misreads=('gave', 'used')"
-  ]
-  assert exp.setting_sets("ood", []) == ["task.n_ops_mix=(1, 2)"]
+def test_settings_name_what_they_change(repo_root):
+  """The comparison and its tuning sweeps train the same setting: one function makes it."""
+  from sao_jax.bench.rl_vs_sft import setting_overrides, splits_for
+
+  config = str(repo_root / "experiments" / "configs" / "sao_arith.py")
+  sets, cfg = setting_overrides("flawed", ["gave", "used"], config, "tiny", ["seed=3"])
+  assert sets == ["task.options.teacher_misreads=('gave', 'used')", "seed=3"]
+  assert dict(cfg.task.options)["teacher_misreads"] == ("gave", "used") and cfg.seed == 3
+  assert splits_for("flawed", cfg) == {"test": []}
+  sets, cfg = setting_overrides("ood", [], config, "tiny")
+  assert sets[0] == "task.n_ops_mix=(1, 2)" and sets[-1] == f"model.max_len={cfg.model.max_len}"
+  splits = splits_for("ood", cfg)
+  assert list(splits) == ["test", "ops3", "operands20"]
+  assert splits["ops3"][0] == "task.n_ops_mix=(3,)" and cfg.model.max_len % 8 == 0
+  # The default config's OOD setting makes a train split (1-operation problems are few).
+  setting_overrides("ood", [], config, "default")
+  with pytest.raises(ValueError, match="unknown setting"):
+    setting_overrides("noisy", [], config, "tiny")

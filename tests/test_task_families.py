@@ -1,6 +1,7 @@
 """Task families by config: the registry, options, the long-horizon family's supervised rows,
 and a family defined in this file trained by `sao-jax train` with no edit to the package."""
 
+import dataclasses
 import json
 import pathlib
 import subprocess
@@ -237,3 +238,30 @@ def test_a_flawed_code_teacher_misreads_stage_words_the_same_way_every_time(tmp_
   assert flawed.teacher_flaw_rate() == len(changed) / 300 and clean.teacher_flaw_rate() == 0.0
   with pytest.raises(ConfigError, match="teacher_misreads"):
     family("sort")
+
+
+def test_arithmetic_test_split_beyond_the_train_operands(tmp_path):
+  """test_operand_above keeps test problems a model trained on smaller operands never saw:
+  every kept problem has a number above the bound; the train split is untouched."""
+  from sao_jax.envs.arithmetic import problem_numbers
+  from sao_jax.tasks import get_family
+
+  assert problem_numbers("7+5=12;12-3=9;#9") == [7, 5, 3]
+  assert problem_numbers("7+51=85;#85", reverse_digits=True) == [7, 15]
+  cfg = TaskConfig(
+    n_ops_mix=(1, 2),
+    max_operand=20,
+    num_train=64,
+    num_test=200,
+    options=(("test_operand_above", 9),),
+    data_dir=str(tmp_path),
+  )
+  test = get_family(cfg).tasks("test")
+  assert 100 < len(test) < 200
+  assert all(max(problem_numbers(t.solution)) > 9 for t in test)
+  plain = get_family(dataclasses.replace(cfg, options=()))
+  assert get_family(cfg).tasks("train") == plain.tasks("train")
+  kept = [t for t in plain.tasks("test") if max(problem_numbers(t.solution)) > 9]
+  assert kept == test
+  with pytest.raises(ConfigError, match="no test problem has a number above"):
+    get_family(dataclasses.replace(cfg, max_operand=9)).tasks("test")

@@ -138,6 +138,18 @@ def generate_task(rng: np.random.Generator, spec: ArithmeticSpec, task_id: int) 
   )
 
 
+_STEP = re.compile(r"(\d+)([-+*])(\d+)=")
+
+
+def problem_numbers(solution: str, reverse_digits: bool = False) -> list[int]:
+  """The start value and the operands of a worked solution ("7+5=12;12-3=9;#9" -> [7, 5, 3])."""
+  steps = _STEP.findall(solution)
+  if not steps:
+    raise ValueError(f"not a worked solution: {solution!r}")
+  num = (lambda x: int(x[::-1])) if reverse_digits else int
+  return [num(steps[0][0]), *(num(b) for _, _, b in steps)]
+
+
 # The verb of each clause template, and the operation it stands for.
 VERBS = {t.split()[0]: op for op, templates in _CLAUSES.items() for t in templates}
 SUBTRACTION_VERBS = tuple(v for v, op in VERBS.items() if op == "-")
