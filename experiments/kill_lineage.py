@@ -3,6 +3,7 @@
   python experiments/kill_lineage.py --sft-steps 100 --seeds 0,1,2        # weak start
   python experiments/kill_lineage.py --sft-steps 300 --seeds 0,1,2        # normal start
   python experiments/kill_lineage.py --quick                               # smoke test
+  python experiments/kill_lineage.py --table results/kill_lineage/fit      # the tables
 
 For each seed, two `sao-jax train` runs of the same config, seed and SFT start (SFT is
 deterministic on the CPU, so both arms start from the same model), each over Kafka with its
@@ -38,7 +39,7 @@ import sys
 import chaos  # (the script's folder is on the path: the kill moments, processes, Kafka audit)
 import numpy as np
 
-from sao_jax import interrupt
+from sao_jax import interrupt, stats
 from sao_jax.config import load_config
 from sao_jax.metrics import read_jsonl
 from sao_jax.results_file import ResultFile, config_file_id, load
@@ -148,6 +149,50 @@ def paired_arms(folder: pathlib.Path, sft_steps: int, seed: int, run_here: list[
   }
 
 
+COLUMNS = (  # (key in an arm's results, heading, format, scale)
+  ("accuracy", "accuracy %", "{:.1f}", 100),
+  ("format_rate", "format %", "{:.1f}", 100),
+  ("staleness_mean", "staleness", "{:.2f}", 1),
+  ("is_dev_mean", "|pi/mu-1| %", "{:.2f}", 100),
+  ("dropped_frac", "dropped %", "{:.1f}", 100),
+  ("kills_done", "kills", "{:.0f}", 1),
+)
+
+
+def table(folders: list[str]) -> None:
+  """Prints each result folder's arms per start, mean ± s.e. over its seeds, the paired
+  killed - uninterrupted difference (95 % t-interval), and lost / applied twice at most."""
+  for folder in folders:
+    files = sorted(pathlib.Path(folder).glob("sft*_seed*.json"))
+    by_start: dict[int, list[dict]] = {}
+    for f in files:
+      doc = load(f)
+      if doc.get("complete"):
+        by_start.setdefault(doc["sft_steps"], []).append(doc)
+    for start, docs in sorted(by_start.items()):
+      seeds = [d["seed"] for d in docs]
+      print(f"\n{folder}: SFT {start} steps, seeds {seeds}")
+      print(f"{'arm':26s}" + "".join(f"{h:>22s}" for _, h, _, _ in COLUMNS) + "   lost twice")
+      arms = sorted({a for d in docs for a in d["arms"]})
+      for arm in arms:
+        got = [d["arms"][arm] for d in docs if arm in d["arms"]]
+        cells = [
+          stats.fmt(stats.summarize([a.get(k) for a in got]), spec, scale)
+          for k, _, spec, scale in COLUMNS
+        ]
+        lost = max(a["audit"]["lost"] for a in got)
+        twice = max(a["audit"]["applied_twice"] for a in got)
+        print(f"{arm:26s}" + "".join(f"{c:>22s}" for c in cells) + f"   {lost:4d} {twice:5d}")
+      for arm in [a for a in arms if a.startswith("killed")]:
+        for ctrl in [a for a in arms if a.startswith("uninterrupted")]:
+          pairs = [d["arms"] for d in docs if arm in d["arms"] and ctrl in d["arms"]]
+          diff = stats.seed_stats([p[arm]["accuracy"] - p[ctrl]["accuracy"] for p in pairs])
+          print(
+            f"  {arm} - {ctrl}: accuracy {100 * diff.mean:+.1f} ± {100 * diff.se:.1f} points "
+            f"(95 % CI {100 * diff.ci_low:+.1f} .. {100 * diff.ci_high:+.1f}, n={diff.n})"
+          )
+
+
 def main(argv=None) -> int:
   interrupt.driver_signals()  # a kill stops the run trees and brokers too
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -185,6 +230,13 @@ def main(argv=None) -> int:
   p.add_argument("--label", default="", help="a tag for the series (e.g. 'before')")
   p.add_argument("--quick", action="store_true", help="tiny config, one seed, 3 kills, 40 s")
   p.add_argument("--resume", action="store_true")
+  p.add_argument(
+    "--table",
+    action="append",
+    default=[],
+    metavar="FOLDER",
+    help="print the finished result files of FOLDER (repeatable) as tables, run nothing",
+  )
   p.add_argument("--out", default="results/kill_lineage", help="result files (one per seed)")
   p.add_argument(
     "--workdir",
@@ -192,6 +244,9 @@ def main(argv=None) -> int:
     help="the runs' workdirs and brokers go to WORKDIR/<name of --out> (~150 MB per seed)",
   )
   args = p.parse_args(argv)
+  if args.table:
+    table(args.table)
+    return 0
   moments = args.rotation.split(",")
   if not set(moments) <= {"rl", "publish", "snapshot"}:
     p.error(f"--rotation takes moments of rl, publish, snapshot, not {args.rotation!r}")
