@@ -264,6 +264,7 @@ class SAOLearner:
     """Continues from the snapshot of `step` (`ckpt_lib.restore_latest_valid`'s result):
     counters, clock, shadows, lineage tree and (process 0) the journal's records after it."""
     self.state, self.step, st = state, step, meta["stream"]
+    intake = self.intake
     self.counts.update(st["counts"])
     self.clock.resume_at(st["train_seconds"])
     self.publishing.snap_journal = {int(k): v for k, v in st["snap_journal"].items()}
@@ -273,17 +274,17 @@ class SAOLearner:
       {int(k): v for k, v in st.get("shadow_lineages", {}).items()},
     )
     self.lineage.restore(LineageTree.from_json(st.get("lineage")))
-    if self.intake is not None:
-      self.intake.resume(step, st)
+    if intake is not None:
+      intake.resume(step, st)
     self.counts["resumes"] += 1
     self.counts["snapshots_skipped_corrupt"] += len(skipped)
-    replayed = len(self.intake.buffer) if self.intake is not None else 0
+    replayed = len(intake.buffer) if intake is not None else 0
     self.stats.resume_info = {
       "event": "resume",
       "from_step": step,
       "skipped_snapshots": skipped,
       "replay_records": replayed,
-      "journal_tail_bytes": self.intake.journal.truncated_tail if self.intake else 0,
+      "journal_tail_bytes": intake.journal.truncated_tail if intake is not None else 0,
     }
     print(
       f"sao: resuming from snapshot step {step} (replaying {replayed} "
