@@ -10,10 +10,11 @@ its RL phase (uniform in [--min-run, --max-run] seconds after its first update) 
 again with the same command, `--kills` times. Each restart resumes from its newest snapshot
 and replays its journal; the resumed learner logs the time from its process start to its
 first update and where it went (imports, task load, compiling, restoring, sampler start,
-first batch; `sao_jax.runners.sao.STARTUP_STAGES`). Arm "cache" uses the persistent
-compilation cache (recovery.compile_cache=workdir: empty at the first start, so the first
-start compiles and fills it); arm "no_cache" turns it off: the control that shows what the
-cache buys. Writes OUT/recovery_time.json (per restart and median/max per arm) and a plot.
+first batch; `sao_jax.runners.learner_parts.statistics.STARTUP_STAGES`). Arm "cache" uses
+the persistent compilation cache (recovery.compile_cache=workdir: empty at the first start,
+so the first start compiles and fills it); arm "no_cache" turns it off: the control that
+shows what the cache buys. Writes OUT/recovery_time.json (per restart and median/max per
+arm) and a plot.
 """
 
 from __future__ import annotations

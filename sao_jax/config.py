@@ -355,7 +355,7 @@ class SAOConfig:
   # Backpressure: work ahead of the learner (tasks outstanding + records buffered) bounded
   # by one batch plus samplers.num x sampler_slots in flight, topped up as each batch leaves
   # the buffer; False: the earlier bound (one batch plus two calls per sampler outstanding,
-  # buffered records not counted). See SAOLearner.work_ahead_room.
+  # buffered records not counted). See Intake.work_ahead_room (runners.learner_parts).
   backpressure: bool = True
   # Verified rollouts: a trajectory whose claimed behaviour log-probs lie further than this
   # from the current policy's (its drift, the mean over its tokens of |log pi_behav - log

@@ -1,10 +1,9 @@
 """Poisoned trajectory records at the learner's door (sao_jax.admission): each kind is
 rejected by reason, dead-lettered, never buffered, its task handed out again; a sampler that
 keeps sending them is quarantined. The ingest path is the SAO learner's own
-(`SAOLearner.ingest`), over the embedded and the Kafka transport."""
+(`Intake.ingest`, runners.learner_parts), over the embedded and the Kafka transport."""
 
 import collections
-import functools
 import multiprocessing as mp
 import socket
 import threading
@@ -15,9 +14,9 @@ import uuid
 import numpy as np
 import pytest
 
-from sao_jax import admission, config
+from sao_jax import admission, config, recovery
 from sao_jax.buffer import TrajectoryBuffer
-from sao_jax.runners.sao import LoopState, SAOLearner
+from sao_jax.runners.learner_parts.intake import Intake
 from sao_jax.transport import records
 from sao_jax.transport.base import EmbeddedSpec
 from sao_jax.transport.kafka import KafkaSpec
@@ -61,38 +60,32 @@ def _poisoned(kind, task=3):
 
 
 def _learner(end, tmp_path, window=0, rate=0.5):
-  """Just what SAOLearner.ingest touches, with a real guard, buffer and counters."""
-  loop = LoopState()
+  """The SAO learner's intake with a real guard, buffer, journal and counters, reading from
+  the transport end `end`."""
+  counts = collections.Counter()
   guard = admission.RecordGuard(
     vocab_size=V,
     num_tasks=N_TASKS,
-    counts=loop.counts,
+    counts=counts,
     reward_range=lambda i: (0.0, 1.0),
     window=window,
     rate=rate,
     state_path=tmp_path / "published.json",
   )
   guard.published(2)
-
-  class Journal:
-    next_seq = 0
-
-    def append(self, datas):
-      first, self.next_seq = self.next_seq, self.next_seq + len(datas)
-      return first
-
-  self = types.SimpleNamespace(
-    loop=loop,
+  intake = Intake(
+    config.Config(),
+    tmp_path,
     guard=guard,
-    pool=types.SimpleNamespace(learner=end),
-    expect=EXPECT,
-    journal=Journal(),
     buffer=TrajectoryBuffer(16, 4),
-    audit=None,
+    journal=recovery.Journal(tmp_path / "journal"),
+    ledger=recovery.Ledger(tmp_path / "ledger.jsonl"),
+    counts=counts,
+    n_sample=N_TASKS,
+    expect=EXPECT,
   )
-  self.audited = functools.partial(SAOLearner.audited, self)
-  self.held_positions = functools.partial(SAOLearner.held_positions, self)
-  return self
+  intake.pool = types.SimpleNamespace(learner=end)
+  return intake
 
 
 def test_value_problem_names_each_poison_and_passes_a_clean_record():
@@ -184,16 +177,16 @@ def _deliver(learner, sampler, datas):
 def test_each_poison_kind_is_rejected_by_reason_and_its_task_handed_out_again(transport, tmp_path):
   end, sampler, dead = transport
   self = _learner(end, tmp_path)
-  SAOLearner.hand_out(self, list(range(N_TASKS)))
+  self.hand_out(list(range(N_TASKS)))
   src = _Source(7)
   kinds = ["nonfinite", "token_oov", "reward_range", "future_version", "unknown_task"]
   datas = [src.encode(*_poisoned(k, task=i)) for i, k in enumerate(kinds)]
   # Task 6 answered twice (a transport gave it to two samplers): both are real trajectories.
   datas += [src.encode(*_clean(task=6)), src.encode(*_clean(task=6))]
   got = _deliver(end, sampler, datas)
-  SAOLearner.ingest(self, got)
-  SAOLearner.ingest(self, got[:2])  # redelivered by the transport: duplicates, not re-checked
-  c = self.loop.counts
+  self.ingest(got)
+  self.ingest(got[:2])  # redelivered by the transport: duplicates, not re-checked
+  c = self.counts
   assert [c[f"rejected_{k}"] for k in kinds] == [1] * 5 and c["rejected"] == 5
   assert c["duplicates"] == 2 and c["bad_records"] == 0 and c["task_redelivered"] == 1
   # Only the clean records reach the buffer (and the journal).
@@ -206,7 +199,7 @@ def test_each_poison_kind_is_rejected_by_reason_and_its_task_handed_out_again(tr
   assert self.guard.outstanding == collections.Counter({i: 1 for i in range(N_TASKS) if i != 6})
   # The loop's count frees one place per task answered: task 6's second answer is extra data
   # and frees none (else every redelivered record would hand out one more task).
-  assert self.loop.outstanding == N_TASKS - 1
+  assert self.outstanding == N_TASKS - 1
   tasks, deadline = [], time.time() + 20
   while len(tasks) < N_TASKS + 4 and time.time() < deadline:
     tasks += sampler.get_tasks(20, 0.5)
@@ -232,25 +225,26 @@ def test_a_costly_reward_is_audited_before_it_is_trained_on(transport, tmp_path)
 
   self.audit = admission.RewardAudit(1.0, score, workers=2)
   try:
-    SAOLearner.hand_out(self, list(range(5)))
+    self.hand_out(list(range(5)))
     src = _Source(5)
     got = _deliver(end, sampler, [src.encode(*_clean(task=i)) for i in range(5)])
-    SAOLearner.ingest(self, got)
+    self.ingest(got)
     assert len(self.buffer) == 0 and self.journal.next_seq == 0  # all five held
-    assert self.loop.outstanding == 5 and len(self.audit.held()) == 5
+    assert self.outstanding == 5 and len(self.audit.held()) == 5
     if got[0][1] is not None:  # Kafka: the commit stops before the oldest held record
-      assert self.buffer.safe_positions({0: 5}, also=self.held_positions()) == {0: got[0][1][1]}
+      held = [pos for _, pos, _ in self.audit.held()]
+      assert self.buffer.safe_positions({0: 5}, also=held) == {0: got[0][1][1]}
     gate.set()
     assert self.audit.wait(30)
-    SAOLearner.ingest(self, [])  # releases what the audit finished
-    c = self.loop.counts
+    self.ingest([])  # releases what the audit finished
+    c = self.counts
     assert sorted(it.rec.meta["task_index"] for it in self.buffer) == [0, 2, 4]
     assert self.journal.next_seq == 3
     assert c["rejected_reward_mismatch"] == 2 and c["audited"] == 2 and c["audit_errors"] == 1
-    assert c["reissued_tasks"] == 2 and self.loop.outstanding == 2
+    assert c["reissued_tasks"] == 2 and self.outstanding == 2
     assert self.guard.outstanding == collections.Counter({1: 1, 3: 1})
     assert sorted(r.split(":")[0] for r in dead(2)) == ["reward_mismatch"] * 2
-    SAOLearner.ingest(self, got[1:2])  # its redelivery: a duplicate, not audited again
+    self.ingest(got[1:2])  # its redelivery: a duplicate, not audited again
     assert c["duplicates"] == 1 and not self.audit.held()
   finally:
     gate.set()
@@ -281,7 +275,7 @@ def test_a_sampler_that_keeps_failing_is_quarantined_and_stopped(transport, tmp_
   self = _learner(end, tmp_path, window=4, rate=0.5)
   stopped = []
   self.guard.on_quarantine = stopped.append
-  SAOLearner.hand_out(self, list(range(N_TASKS)) * 2)
+  self.hand_out(list(range(N_TASKS)) * 2)
   rogue, good = _Source(11), _Source(12)
   datas = []
   for i in range(4):  # two of the rogue's first four records are poisoned: quarantined
@@ -290,8 +284,8 @@ def test_a_sampler_that_keeps_failing_is_quarantined_and_stopped(transport, tmp_
   datas += [rogue.encode(*_clean(task=5)), good.encode(*_clean(task=6))]
   for i in range(3):  # one rejection in four keeps a sampler in the run
     datas.append(good.encode(*(_poisoned("token_oov", task=7) if i == 0 else _clean(task=8))))
-  SAOLearner.ingest(self, _deliver(end, sampler, datas))
-  c = self.loop.counts
+  self.ingest(_deliver(end, sampler, datas))
+  c = self.counts
   assert c["quarantined_samplers"] == 1 and c["rejected_quarantined"] == 1
   assert c["rejected_nonfinite"] == 2 and c["rejected_token_oov"] == 1
   assert [m.get("pid") for m in stopped] == [4321]  # told once, with the record's meta

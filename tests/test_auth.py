@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from test_admission import _clean, _learner, _Source
 
-from sao_jax.runners.sao import SAOLearner
 from sao_jax.transport import auth
 from sao_jax.transport.kafka import KafkaSpec
 from sao_jax.transport.params import ParamPublisher, ParamSubscriber
@@ -82,12 +81,12 @@ def test_the_door_refuses_a_record_without_the_runs_tag(tmp_path):
   )
   self = _learner(end, tmp_path)
   self.key = auth.new_key()
-  SAOLearner.hand_out(self, list(range(4)))
+  self.hand_out(list(range(4)))
   src = _Source(9)
   good = [auth.seal(self.key, src.encode(*_clean(task=i))) for i in range(2)]
   forged = [src.encode(*_clean(task=2)), auth.seal(auth.new_key(), src.encode(*_clean(task=3)))]
-  SAOLearner.ingest(self, [(d, None) for d in [*good, *forged]])
-  c = self.loop.counts
+  self.ingest([(d, None) for d in [*good, *forged]])
+  c = self.counts
   assert [it.rec.meta["task_index"] for it in self.buffer] == [0, 1]
   assert c["rejected_unauthenticated"] == 2 and c["rejected"] == 2 and c["bad_records"] == 0
   assert [r.split(":")[0] for r in dead] == ["unauthenticated"] * 2

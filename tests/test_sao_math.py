@@ -316,31 +316,29 @@ def test_work_ahead_of_the_learner_is_bounded(backpressure):
   bound) only the outstanding tasks are bounded, by one batch plus two calls per sampler."""
   import types
 
-  from sao_jax.runners.sao import LoopState, SAOLearner
+  from sao_jax.runners.learner_parts.intake import Intake
 
   def waiting(version, n):  # n records of policy `version` (only their age matters here)
     rec = types.SimpleNamespace(policy_version=version, meta={}, arrays={})
     return [Item(rec, seq=k, pos=None) for k in range(n)]
 
-  learner = SAOLearner.__new__(SAOLearner)
-  learner.cfg = Config(
+  cfg = Config(
     sao=SAOConfig(sampler_slots=8, backpressure=backpressure), samplers=SamplersConfig(num=2)
   )
-  learner.rows, learner.loop = 16, LoopState()
-  learner.buffer = TrajectoryBuffer(16, max_staleness=4)
-  learner.loop.step = 10
-  assert learner.work_ahead_room() == (32 if backpressure else 48)
-  learner.loop.outstanding = 20
-  learner.buffer.extend(waiting(9, 10))  # ten fresh records waiting
-  assert learner.work_ahead_room() == (2 if backpressure else 28)
-  learner.buffer.extend(waiting(9, 10))
-  assert learner.work_ahead_room() == (0 if backpressure else 28)
+  parts = dict(guard=None, journal=None, ledger=None, counts=None, n_sample=16, expect=None)
+  intake = Intake(cfg, None, buffer=TrajectoryBuffer(16, max_staleness=4), **parts)
+  assert intake.work_ahead_room(10) == (32 if backpressure else 48)
+  intake.outstanding = 20
+  intake.buffer.extend(waiting(9, 10))  # ten fresh records waiting
+  assert intake.work_ahead_room(10) == (2 if backpressure else 28)
+  intake.buffer.extend(waiting(9, 10))
+  assert intake.work_ahead_room(10) == (0 if backpressure else 28)
   # Records no batch will take (too stale: 10 - 2 > 4) count for nothing: after a rollback
   # or a resume a buffer full of them must not stop the hand-out.
-  learner.buffer = TrajectoryBuffer(16, max_staleness=4)
-  learner.buffer.extend(waiting(2, 40))
-  learner.loop.outstanding = 0
-  assert learner.work_ahead_room() == (32 if backpressure else 48)
+  intake.buffer = TrajectoryBuffer(16, max_staleness=4)
+  intake.buffer.extend(waiting(2, 40))
+  intake.outstanding = 0
+  assert intake.work_ahead_room(10) == (32 if backpressure else 48)
 
 
 def test_forged_log_probs_take_no_part_in_the_update():

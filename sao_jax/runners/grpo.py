@@ -29,6 +29,7 @@ from sao_jax.runners.common import (
   resume_phase,
 )
 from sao_jax.runners.compiled import Programs
+from sao_jax.runners.learner_parts.intake import Intake
 from sao_jax.runners.sao import SAOLearner
 from sao_jax.setup import Setup
 from sao_jax.state import TrainState, copy_tree
@@ -151,6 +152,29 @@ def run_grpo(
   )
 
 
+class GroupIntake(Intake):
+  """The intake of `SyncGRPOLearner`: a step's tasks go out as groups, once the policy they
+  need exists, and only when the previous step's have all come back."""
+
+  def top_up_before_update(self, step: int, probs) -> None:
+    """Nothing: a step's tasks are handed out by `fill`, once the policy they need exists."""
+
+  def fill(self, step: int, probs) -> None:
+    rl = self.cfg.rl
+    self.check_samplers()
+    if self.outstanding == 0 and not self.buffer.ready(step):
+      prompts = self.task_rng.integers(0, self.n_sample, rl.prompts_per_step)
+      self.hand_out(np.repeat(prompts, rl.group_size).tolist())
+    while not self.buffer.ready(step):
+      interrupt.check()  # a Ctrl-C stops here, between passes
+      got = self.pool.learner.get_records(self.rows, timeout=0.05)
+      if got:
+        self.ingest(got)
+      else:
+        self.check_samplers()
+      self.report_stall(step)
+
+
 class SyncGRPOLearner(SAOLearner):
   """Synchronous GRPO(N=group_size) through the same sampler processes, transport, buffer,
   snapshots and metrics as the SAO learner: the comparison in which the algorithm is the only
@@ -159,6 +183,7 @@ class SyncGRPOLearner(SAOLearner):
   tasks), takes one GRPO update on them and publishes; the samplers idle meanwhile."""
 
   batch_cls = RLBatch
+  intake_cls = GroupIntake
 
   def refresh_priorities(self) -> None:
     """Prompts are drawn uniformly: no priorities."""
@@ -174,24 +199,6 @@ class SyncGRPOLearner(SAOLearner):
 
   def max_staleness(self) -> int:
     return 0
-
-  def top_up_before_update(self) -> None:
-    """Nothing: a step's tasks are handed out by `fill`, once the policy they need exists."""
-
-  def fill(self) -> None:
-    loop, rl = self.loop, self.cfg.rl
-    self.check_samplers()
-    if loop.outstanding == 0 and not self.buffer.ready(loop.step):
-      prompts = self.task_rng.integers(0, self.n_sample, rl.prompts_per_step)
-      self.hand_out(np.repeat(prompts, rl.group_size).tolist())
-    while not self.buffer.ready(loop.step):
-      interrupt.check()  # a Ctrl-C stops here, between passes
-      got = self.pool.learner.get_records(self.rows, timeout=0.05)
-      if got:
-        self.ingest(got)
-      else:
-        self.check_samplers()
-      self._report_stall()
 
   def batch_from(self, items, step):
     # A group's rows are consecutive: sort by task (stable, so arrival order within a task).

@@ -174,8 +174,11 @@ class MemorySAOLearner(SAOLearner):
 
   def __init__(self, s: Setup, writer: MetricsWriter, workdir: pathlib.Path, **kw):
     super().__init__(s, writer, workdir, **kw)
-    c = s.cfg.compression
-    self.expect = LongRecordCheck(
+    self.bank_stats: dict[str, float] = {}  # bank entries, evictions per trajectory (last batch)
+
+  def record_check(self) -> LongRecordCheck:
+    c, s = self.cfg.compression, self.s
+    return LongRecordCheck(
       prompt_len=c.window,
       completion_len=s.cfg.rl.max_new_tokens,
       step_len=c.step_len,
@@ -186,7 +189,6 @@ class MemorySAOLearner(SAOLearner):
       quantized=c.quantize,
       num_tasks=self.n_sample,
     )
-    self.bank_stats: dict[str, float] = {}  # bank entries, evictions per trajectory (last batch)
 
   def make_programs(self) -> Programs:
     s, rl = self.s, self.cfg.rl
@@ -236,10 +238,10 @@ class MemorySAOLearner(SAOLearner):
       seed=int(np.random.default_rng((cfg.seed, 5, step)).integers(2**31)),
       lineage=self.lineage,
     )
-    self.loop.counts["orphan_version"] += orphans
+    self.counts["orphan_version"] += orphans
     if poisoned(cfg, step + 1):
       batch.poison_b[0] = np.nan
-      self.loop.counts["poisoned"] += 1
+      self.counts["poisoned"] += 1
     self.bank_stats = {
       "kept_steps_mean": float(np.mean([int(it.rec.arrays["bank_count"]) for it in items])),
       "evicted_mean": float(np.mean([len(it.rec.arrays["gone_at_g"]) for it in items])),

@@ -41,7 +41,7 @@ import numpy as np
 
 from sao_jax.sim.costs import Costs, Profile, Scenario, interp
 
-STALENESS_BINS = 8  # as in sao_jax.runners.sao: buckets 0..7, the last one ">= 7"
+STALENESS_BINS = 8  # as in runners.learner_parts.statistics: buckets 0..7, the last ">= 7"
 _EPS = 1e-9
 
 
