@@ -13,7 +13,7 @@ and metrics of `runners.sao.SAOLearner`; what differs is the unit of data:
   `compression.rollout.trajectories_to_batch`: the graded steps are the rows); the update is
   `compression.sao_update.make_memory_sao_update` (tracker baseline per question, decoupled
   PPO with is_cap, freshness, exact replay of every row's memory);
-- held-out evaluation and shadow validation are `runners.memory.memory_eval_fn`.
+- held-out evaluation and shadow validation are `evaluation.evaluate`'s, as for text.
 
 What it cannot do is refused by `sao_jax.setup` (`_check_memory_rl`).
 """
@@ -33,15 +33,14 @@ from sao_jax.compression.rollout import (
   GRAVE_KEYS,
   LAYOUT,
   STEP_KEYS,
+  ExpertEpisodes,
   LongTrajectory,
   trajectories_to_batch,
 )
 from sao_jax.compression.sao_update import make_memory_sao_update
-from sao_jax.learner import make_optimizer
 from sao_jax.metrics import MetricsWriter
-from sao_jax.rl import trackers
-from sao_jax.runners.compiled import Programs, compile_learner
-from sao_jax.runners.memory import ExpertEpisodes, memory_eval_fn, memory_sampler
+from sao_jax.runners.common import programs_for
+from sao_jax.runners.compiled import Programs
 from sao_jax.runners.sao import SAOLearner, poisoned
 from sao_jax.setup import Setup
 from sao_jax.state import TrainState
@@ -189,33 +188,13 @@ class MemorySAOLearner(SAOLearner):
     self.bank_stats: dict[str, float] = {}  # bank entries, evictions per trajectory (last batch)
 
   def make_programs(self) -> Programs:
-    s, rl = self.s, self.cfg.rl
-    tx = make_optimizer(rl.optim)
-    init_policy = s.memory.init_state_fn(tx)
-
-    def init(rng):  # the policy's state plus SAO's tracker over the training tasks
-      return init_policy(rng).replace(tracker=trackers.init_beta_tracker(len(s.train)))
-
-    learner = compile_learner(
-      self.cfg,
-      None,
-      tx,
-      make_memory_sao_update(s.memory, tx, rl, self.cfg.sao),
-      with_ref=False,
-      prompt_len=0,
-      init_fn=init,
+    rl, sao = self.cfg.rl, self.cfg.sao
+    return programs_for(
+      self.s,
+      rl.optim,
+      lambda policy, tx: make_memory_sao_update(policy, tx, rl, sao),
+      num_tasks=len(self.s.train),
     )
-    smp = memory_sampler(self.cfg, s.memory, s.tok.eos_id, s.tok.pad_id)
-    return Programs(
-      **{f.name: getattr(learner, f.name) for f in dataclasses.fields(learner)},
-      sample=smp.sample,
-      greedy=smp.greedy,
-      compress=smp.compress,
-      empty_streams=smp.empty_streams,
-    )
-
-  def make_eval_fn(self, tasks=None):
-    return memory_eval_fn(self.s, self.progs, tasks=tasks)
 
   @functools.cached_property
   def graded_rows(self) -> int:

@@ -21,14 +21,13 @@ from sao_jax import checkpoint as ckpt_lib
 from sao_jax import config as config_lib
 from sao_jax import distributed, estimates, sharding, startup, storage
 from sao_jax.config import Config
-from sao_jax.evaluation import evaluate, evaluate_memory
-from sao_jax.learner import make_sft_update
+from sao_jax.evaluation import evaluate
 from sao_jax.metrics import MetricsWriter, SilentWriter, peak_memory_mb, write_summary
 from sao_jax.models import hf
-from sao_jax.runners.common import eval_fn, programs_for
-from sao_jax.runners.compiled import compile_memory_sampler, compile_sampler
+from sao_jax.runners.common import eval_fn, sft_programs
+from sao_jax.runners.compiled import compile_sampler
 from sao_jax.runners.grpo import run_grpo, run_grpo_samplers
-from sao_jax.runners.memory import memory_eval_fn, memory_programs, run_memory_grpo, run_memory_sft
+from sao_jax.runners.memory import run_memory_grpo
 from sao_jax.runners.memory_sao import run_memory_sao
 from sao_jax.runners.sao import run_sao
 from sao_jax.runners.sft import run_sft
@@ -46,17 +45,6 @@ RL_PHASES = {
   ("grpo", False, True): run_memory_grpo,
   ("sao", True, True): run_memory_sao,
 }
-SFT_PHASES = {False: run_sft, True: run_memory_sft}
-
-
-def _sft_programs(s: Setup):
-  if s.memory is not None:
-    return memory_programs(s, s.cfg.sft.optim, mode="sft")
-  return programs_for(s, s.cfg.sft.optim, make_sft_update)
-
-
-def _eval_fn(s: Setup, progs):
-  return memory_eval_fn(s, progs) if s.memory is not None else eval_fn(s, progs)
 
 
 def restore_init(s: Setup, path: str) -> TrainState:
@@ -69,7 +57,7 @@ def restore_init(s: Setup, path: str) -> TrainState:
     params = hf.load_params(path, s.model.cfg, mesh=mesh, rules=s.cfg.mesh.rules, rng=rng)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=None, rng=rng)
   directory = ckpt_lib.checkpoint_dir(pathlib.Path(path))
-  progs = _sft_programs(s)
+  progs = sft_programs(s)
   like = progs.init(jax.random.key(0))
   params, _, _ = ckpt_lib.restore_params(directory, like.params)
   return like.replace(params=params)
@@ -200,9 +188,7 @@ def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True)
       summary["sft"] = progress["sft"]
       startup.mark("restore_init")
     elif cfg.sft.steps or cfg.sft.max_seconds:
-      state, progs, info = SFT_PHASES[cfg.compression.enabled](
-        s, writer, state, workdir, eval_every=cfg.eval.every_seconds
-      )
+      state, progs, info = run_sft(s, writer, state, workdir, eval_every=cfg.eval.every_seconds)
       summary["sft"] = info
       writer.write(info["steps"], _eval_row(info), phase="sft_eval", advance=0)
       if primary:
@@ -211,7 +197,7 @@ def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True)
       raise config_lib.ConfigError("nothing to train from: set sft.steps/max_seconds or init_from")
     if cfg.rl.steps or cfg.rl.max_seconds:
       if "sft" not in summary:
-        summary["start"] = _eval_fn(s, _sft_programs(s))(state.params)
+        summary["start"] = eval_fn(s, sft_programs(s))(state.params)
       rl_phase = RL_PHASES[cfg.rl.algorithm, cfg.rl.uses_samplers, cfg.compression.enabled]
       state, progs, info = rl_phase(s, writer, state, workdir, eval_every=cfg.eval.every_seconds)
       summary["rl"] = info
@@ -244,33 +230,18 @@ def eval_workdir(
     if new.model != cfg.model or new.tokenizer != cfg.tokenizer:
       raise config_lib.ConfigError("eval overrides may not change the checkpoint's model")
     s = make_setup(new)
-    cfg = new
-    if s.memory is not None:
-      progs = compile_memory_sampler(
-        cfg,
-        s.memory,
-        max_new_tokens=cfg.rl.max_new_tokens,
-        temperature=cfg.rl.temperature,
-        eos_id=s.tok.eos_id,
-        pad_id=s.tok.pad_id,
-      )
-    else:
-      progs = compile_sampler(
-        cfg,
-        s.model,
-        prompt_len=s.prompt_len,
-        max_new_tokens=cfg.rl.max_new_tokens,
-        temperature=cfg.rl.temperature,
-        eos_id=s.tok.eos_id,
-        pad_id=s.tok.pad_id,
-      )
+    progs = compile_sampler(
+      new,
+      s.policy,
+      max_new_tokens=new.rl.max_new_tokens,
+      temperature=new.rl.temperature,
+      eos_id=s.tok.eos_id,
+      pad_id=s.tok.pad_id,
+    )
     built.update(s=s, progs=progs)
     return progs.abstract_params
 
   params, step, _, skipped = ckpt_lib.restore_params_readable(directory, like_for)
   s, progs = built["s"], built["progs"]
-  if s.memory is not None:
-    result = evaluate_memory(s, progs, params, batch_divisor=progs.batch_divisor, num=num)
-  else:
-    result = evaluate(s, progs.greedy, params, batch_divisor=progs.batch_divisor, num=num)
+  result = evaluate(s, progs, params, batch_divisor=progs.batch_divisor, num=num)
   return dict(result, checkpoint=str(directory), step=step, skipped=skipped)
