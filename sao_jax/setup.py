@@ -91,8 +91,8 @@ def _check_hf_init(cfg: Config) -> None:
 
 def _check_memory_rl(cfg: Config) -> None:
   """What the RL phase of the policy with compressed memory honours: GRPO sampled in the
-  learner process (`runners.memory`: one epoch, group-normalised advantages, the clipped
-  surrogate with a token mean, no KL term), or SAO in sampler processes
+  learner process (`runners.grpo.MemoryGroups`: one epoch, group-normalised advantages, the
+  clipped surrogate with a token mean, no KL term), or SAO in sampler processes
   (`runners.memory_sao`: whole episodes per sampler call, the tracker baseline, one epoch,
   a token mean, no KL term, one learner process, no poisoned records)."""
   rl = cfg.rl

@@ -43,7 +43,6 @@ from sao_jax.runners.common import programs_for
 from sao_jax.runners.compiled import Programs
 from sao_jax.runners.sao import SAOLearner, poisoned
 from sao_jax.setup import Setup
-from sao_jax.state import TrainState
 from sao_jax.transport import records
 
 
@@ -227,19 +226,3 @@ class MemorySAOLearner(SAOLearner):
 
   def _row(self, metrics, staleness, tu, t_done, val_acc) -> dict:
     return dict(super()._row(metrics, staleness, tu, t_done, val_acc), **self.bank_stats)
-
-
-def run_memory_sao(
-  s: Setup,
-  writer: MetricsWriter,
-  state: TrainState,
-  workdir: pathlib.Path,
-  *,
-  max_seconds: float | None = None,
-  eval_every: float = 0.0,
-) -> tuple:
-  """`run_sao` for the policy with compressed memory (`MemorySAOLearner`); resumes the same
-  way from `workdir/checkpoints/rl` and the journal."""
-  learner = MemorySAOLearner(s, writer, workdir, max_seconds=max_seconds, eval_every=eval_every)
-  state, info = learner.run(state)
-  return state, learner.progs, info

@@ -20,30 +20,51 @@ import jax.numpy as jnp
 from sao_jax import checkpoint as ckpt_lib
 from sao_jax import config as config_lib
 from sao_jax import distributed, estimates, sharding, startup, storage
+from sao_jax.compression.policy import MemoryPolicy
 from sao_jax.config import Config
 from sao_jax.evaluation import evaluate
 from sao_jax.metrics import MetricsWriter, SilentWriter, peak_memory_mb, write_summary
 from sao_jax.models import hf
+from sao_jax.policy import TextPolicy
 from sao_jax.runners.common import eval_fn, sft_programs
 from sao_jax.runners.compiled import compile_sampler
 from sao_jax.runners.grpo import run_grpo, run_grpo_samplers
-from sao_jax.runners.memory import run_memory_grpo
-from sao_jax.runners.memory_sao import run_memory_sao
-from sao_jax.runners.sao import run_sao
+from sao_jax.runners.memory_sao import MemorySAOLearner
+from sao_jax.runners.sao import SAOLearner
 from sao_jax.runners.sft import run_sft
 from sao_jax.setup import Setup, make_setup
 from sao_jax.startup import enable_compile_cache
 from sao_jax.state import TrainState
 
-# (rl.algorithm, in sampler processes?, compressed memory?) -> the phase that runs it:
+# The SAO learner of each kind of policy (their records and batches differ).
+SAO_LEARNERS = {TextPolicy: SAOLearner, MemoryPolicy: MemorySAOLearner}
+
+
+def run_sao_learner(
+  s: Setup,
+  writer: MetricsWriter,
+  state: TrainState,
+  workdir: pathlib.Path,
+  *,
+  max_seconds: float | None = None,
+  eval_every: float = 0.0,
+) -> tuple:
+  """`rl.algorithm='sao'`: the SAO learner of the run's policy; resumes by itself from
+  `workdir/checkpoints/rl` and the journal."""
+  learner = SAO_LEARNERS[type(s.policy)](
+    s, writer, workdir, max_seconds=max_seconds, eval_every=eval_every
+  )
+  state, info = learner.run(state)
+  return state, learner.progs, info
+
+
+# (rl.algorithm, in sampler processes?) -> the RL phase, for either kind of policy:
 # (setup, writer, start state, workdir, *, eval_every) -> (state, programs, summary).
-# `sao_jax.setup.validate` refuses the combinations missing here.
+# `sao_jax.setup.validate` refuses the combinations missing here and what a policy cannot do.
 RL_PHASES = {
-  ("grpo", False, False): run_grpo,
-  ("grpo", True, False): run_grpo_samplers,
-  ("sao", True, False): run_sao,
-  ("grpo", False, True): run_memory_grpo,
-  ("sao", True, True): run_memory_sao,
+  ("grpo", False): run_grpo,
+  ("grpo", True): run_grpo_samplers,
+  ("sao", True): run_sao_learner,
 }
 
 
@@ -198,7 +219,7 @@ def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True)
     if cfg.rl.steps or cfg.rl.max_seconds:
       if "sft" not in summary:
         summary["start"] = eval_fn(s, sft_programs(s))(state.params)
-      rl_phase = RL_PHASES[cfg.rl.algorithm, cfg.rl.uses_samplers, cfg.compression.enabled]
+      rl_phase = RL_PHASES[cfg.rl.algorithm, cfg.rl.uses_samplers]
       state, progs, info = rl_phase(s, writer, state, workdir, eval_every=cfg.eval.every_seconds)
       summary["rl"] = info
       writer.write(info["steps"], _eval_row(info), phase="rl_eval", advance=0)
