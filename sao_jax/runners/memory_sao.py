@@ -28,6 +28,7 @@ import numpy as np
 
 from sao_jax.batches import MemorySAOBatch
 from sao_jax.buffer import Item, record_age
+from sao_jax.compression.policy import MemoryPolicy
 from sao_jax.compression.rollout import (
   BANK_KEYS,
   GRAVE_KEYS,
@@ -39,6 +40,7 @@ from sao_jax.compression.rollout import (
 )
 from sao_jax.compression.sao_update import make_memory_sao_update
 from sao_jax.metrics import MetricsWriter
+from sao_jax.policy import TextPolicy
 from sao_jax.runners.common import programs_for
 from sao_jax.runners.compiled import Programs
 from sao_jax.runners.sao import SAOLearner, poisoned
@@ -226,3 +228,7 @@ class MemorySAOLearner(SAOLearner):
 
   def _row(self, metrics, staleness, tu, t_done, val_acc) -> dict:
     return dict(super()._row(metrics, staleness, tu, t_done, val_acc), **self.bank_stats)
+
+
+# The SAO learner of each kind of policy (their records and batches differ).
+SAO_LEARNERS = {TextPolicy: SAOLearner, MemoryPolicy: MemorySAOLearner}

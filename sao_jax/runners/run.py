@@ -20,24 +20,18 @@ import jax.numpy as jnp
 from sao_jax import checkpoint as ckpt_lib
 from sao_jax import config as config_lib
 from sao_jax import distributed, estimates, sharding, startup, storage
-from sao_jax.compression.policy import MemoryPolicy
 from sao_jax.config import Config
 from sao_jax.evaluation import evaluate
 from sao_jax.metrics import MetricsWriter, SilentWriter, peak_memory_mb, write_summary
 from sao_jax.models import hf
-from sao_jax.policy import TextPolicy
 from sao_jax.runners.common import eval_fn, sft_programs
 from sao_jax.runners.compiled import compile_sampler
 from sao_jax.runners.grpo import run_grpo, run_grpo_samplers
-from sao_jax.runners.memory_sao import MemorySAOLearner
-from sao_jax.runners.sao import SAOLearner
+from sao_jax.runners.memory_sao import SAO_LEARNERS
 from sao_jax.runners.sft import run_sft
 from sao_jax.setup import Setup, make_setup
 from sao_jax.startup import enable_compile_cache
 from sao_jax.state import TrainState
-
-# The SAO learner of each kind of policy (their records and batches differ).
-SAO_LEARNERS = {TextPolicy: SAOLearner, MemoryPolicy: MemorySAOLearner}
 
 
 def run_sao_learner(
