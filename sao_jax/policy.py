@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import flax.linen as nn
 import jax
@@ -30,6 +30,7 @@ from sao_jax.rollout import Trajectory, sao_sampling
 from sao_jax.state import TrainState
 
 
+@runtime_checkable
 class Policy(Protocol):
   """A kind of policy. Nothing here is jitted: `runners.compiled` jits `sample` (params, then
   `sample_inputs` arrays split over the batch axis, then the rng; keyword arguments
