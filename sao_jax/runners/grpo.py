@@ -15,7 +15,6 @@ from sao_jax import interrupt
 from sao_jax.batches import MemoryBatch, RLBatch
 from sao_jax.compression.policy import MemoryPolicy
 from sao_jax.compression.rollout import ExpertEpisodes, trajectories_to_batch
-from sao_jax.learner import make_rl_update
 from sao_jax.metrics import MetricsWriter, peak_memory_mb
 from sao_jax.packing import encode_prompts
 from sao_jax.policy import TextPolicy
@@ -137,7 +136,10 @@ class MemoryGroups:
     return {}
 
 
-# What a GRPO round of each kind of policy samples, trains on and reports.
+# What a GRPO round of each kind of policy samples, trains on and reports: built with
+# (setup, programs, rows per round); `sample(params, task indices, key, rng)` -> the batch
+# (setting `t_sampled`), `updated()` after its update, `row(ts, t_end)` -> the step's own log
+# entries, `summary(trajectories, wall seconds)` -> the phase summary's.
 GROUPS = {TextPolicy: TextGroups, MemoryPolicy: MemoryGroups}
 
 
@@ -239,9 +241,9 @@ class SyncGRPOLearner(SAOLearner):
     """Prompts are drawn uniformly: no priorities."""
 
   def make_programs(self):
-    rl = self.cfg.rl
+    s = self.s
     return programs_for(
-      self.s, rl.optim, lambda m, tx: make_rl_update(m, tx, rl), with_ref=self.with_ref
+      s, s.cfg.rl.optim, lambda _, tx: s.policy.grpo_update(tx, s.cfg), with_ref=self.with_ref
     )
 
   def batch_rows(self) -> int:
