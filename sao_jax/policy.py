@@ -37,23 +37,7 @@ class Policy(Protocol):
   max_new_tokens, eos_id, pad_id, temperature, greedy) and the state `init_state_fn` builds.
   """
 
-  sample_inputs: int
-  # What this kind's update makers take first (`make_*_update(learner_model, tx, ...)`).
-  learner_model: Any
-
-  def trainable(self, tx) -> Any:
-    """`tx` restricted to the parameters this policy trains."""
-
-  def sft_update(self, tx, cfg: Config) -> Callable:
-    """update(state, batch) -> (state, metrics): supervised training on expert steps."""
-
-  def grpo_update(self, tx, cfg: Config) -> Callable:
-    """update(state, batch) -> (state, metrics): one synchronous GRPO(N=rl.group_size) step."""
-
-  def sft_batches(self, s, batch_size: int) -> Callable[[np.random.Generator], tuple[Any, int]]:
-    """rng -> (the supervised batch of `batch_size` random training tasks of setup `s`, its
-    target tokens), the draws taken from rng."""
-
+  # State -----------------------------------------------------------------------------
   def param_shapes(self) -> Any:
     """The params as logically annotated (boxed) shapes and dtypes: nothing computed."""
 
@@ -62,6 +46,12 @@ class Policy(Protocol):
   ) -> Callable[[jax.Array], TrainState]:
     """rng -> TrainState with boxed params (a reference copy with `with_ref`, SAO's task
     tracker over `num_tasks` tasks when > 0)."""
+
+  def trainable(self, tx) -> Any:
+    """`tx` restricted to the parameters this policy trains."""
+
+  # Sampler ---------------------------------------------------------------------------
+  sample_inputs: int  # arrays `sample` takes between params and the rng
 
   def sample(self, params, *inputs, **kw) -> sampling.SampleOutput:
     """One step of every slot: (params, *inputs, rng) -> SampleOutput."""
@@ -85,6 +75,20 @@ class Policy(Protocol):
 
   def episode_metrics(self, s, episodes: list) -> dict[str, float]:
     """What held-out evaluation reports of greedy episodes besides their accuracy."""
+
+  # Learner ---------------------------------------------------------------------------
+  # What this kind's update makers take first (`make_*_update(learner_model, tx, ...)`).
+  learner_model: Any
+
+  def sft_batches(self, s, batch_size: int) -> Callable[[np.random.Generator], tuple[Any, int]]:
+    """rng -> (the supervised batch of `batch_size` random training tasks of setup `s`, its
+    target tokens), the draws taken from rng."""
+
+  def sft_update(self, tx, cfg: Config) -> Callable:
+    """update(state, batch) -> (state, metrics): supervised training on expert steps."""
+
+  def grpo_update(self, tx, cfg: Config) -> Callable:
+    """update(state, batch) -> (state, metrics): one synchronous GRPO(N=rl.group_size) step."""
 
 
 def param_shapes(model: nn.Module, length: int = 1):
