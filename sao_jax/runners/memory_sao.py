@@ -4,8 +4,8 @@ The sampler processes, transport, buffer, journal, snapshots, shadows, rollbacks
 and metrics of `runners.sao.SAOLearner`; what differs is the unit of data:
 
 - a sampler plays whole long-horizon episodes, one per task, `sampler_slots` side by side
-  with the host loop of inline GRPO (`compression.rollout.sample_long_horizon`, called from
-  `runners.sampler_proc`), under one policy version per episode, and ships each as a
+  as inline GRPO does (`MemoryPolicy.play`, called from `runners.sampler_proc`), under one
+  policy version per episode, and ships each as a
   LONG_TRAJECTORY record (`LongTrajectory.arrays`: steps, behaviour log-probs, final INT8 bank
   and graveyard; `transport.records`);
 - the learner checks a record against the shapes it is compiled for (`LongRecordCheck`), and
