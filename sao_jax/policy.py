@@ -23,7 +23,7 @@ from sao_jax import sampling
 from sao_jax.batches import SFTBatch
 from sao_jax.config import Config
 from sao_jax.envs.base import Task
-from sao_jax.learner import init_state_fn, make_rl_update, make_sft_update
+from sao_jax.learner import init_state_fn, make_rl_update, make_sao_update, make_sft_update
 from sao_jax.models import lora
 from sao_jax.packing import left_pad, right_pad
 from sao_jax.rollout import Trajectory, sao_sampling
@@ -90,6 +90,9 @@ class Policy(Protocol):
   def grpo_update(self, tx, cfg: Config) -> Callable:
     """update(state, batch) -> (state, metrics): one synchronous GRPO(N=rl.group_size) step."""
 
+  def sao_update(self, tx, cfg: Config) -> Callable:
+    """update(state, batch) -> (state, metrics): one SAO step on single trajectories."""
+
 
 def param_shapes(model: nn.Module, length: int = 1):
   """The model's parameters as logically annotated (boxed) shapes and dtypes, from an
@@ -131,6 +134,9 @@ class TextPolicy:
 
   def grpo_update(self, tx, cfg: Config):
     return make_rl_update(self.model, tx, cfg.rl)
+
+  def sao_update(self, tx, cfg: Config):
+    return make_sao_update(self.model, tx, cfg.rl, cfg.sao)
 
   def sft_batches(self, s, batch_size: int):
     def next_batch(rng):

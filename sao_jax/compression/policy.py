@@ -54,6 +54,7 @@ from sao_jax.compression.rollout import (
   expert_memory_batch,
   sample_long_horizon,
 )
+from sao_jax.compression.sao_update import make_memory_sao_update
 from sao_jax.config import Config
 from sao_jax.learner import apply_gradients
 from sao_jax.models import KVCache, init_cache
@@ -151,6 +152,10 @@ class MemoryPolicy:
       return batch, int(batch.valid_brt.sum())
 
     return next_batch
+
+  def sao_update(self, tx, cfg: Config):
+    """`compression.sao_update.make_memory_sao_update`."""
+    return make_memory_sao_update(self, tx, cfg.rl, cfg.sao)
 
   def param_shapes(self):
     """The params as logically annotated (boxed) shapes and dtypes: nothing computed."""

@@ -21,7 +21,6 @@ import jax
 import jax.numpy as jnp
 
 from sao_jax.batches import MemorySAOBatch
-from sao_jax.compression.policy import MemoryPolicy
 from sao_jax.config import RLConfig, SAOConfig
 from sao_jax.learner import apply_sao_gradients, sao_row_weights
 from sao_jax.rl import losses as loss_lib
@@ -30,8 +29,9 @@ from sao_jax.rl.losses import masked_mean
 from sao_jax.state import TrainState
 
 
-def make_memory_sao_update(policy: MemoryPolicy, tx, rl: RLConfig, sao: SAOConfig):
-  """update(state, batch: MemorySAOBatch) -> (state, metrics), `state.tracker` a BetaTracker.
+def make_memory_sao_update(policy, tx, rl: RLConfig, sao: SAOConfig):
+  """update(state, batch: MemorySAOBatch) -> (state, metrics) of `policy` (a
+  `compression.policy.MemoryPolicy`, whose `sao_update` this is), `state.tracker` a BetaTracker.
 
   A row is one step of a trajectory b; a graded row (a question) has the step's reward r in
   {0, 1}; ungraded rows carry no reward signal and get no policy loss.

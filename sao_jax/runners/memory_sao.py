@@ -38,7 +38,6 @@ from sao_jax.compression.rollout import (
   LongTrajectory,
   trajectories_to_batch,
 )
-from sao_jax.compression.sao_update import make_memory_sao_update
 from sao_jax.metrics import MetricsWriter
 from sao_jax.policy import TextPolicy
 from sao_jax.runners.common import programs_for
@@ -189,12 +188,15 @@ class MemorySAOLearner(SAOLearner):
     self.bank_stats: dict[str, float] = {}  # bank entries, evictions per trajectory (last batch)
 
   def make_programs(self) -> Programs:
-    rl, sao = self.cfg.rl, self.cfg.sao
+    """The run's policy's SAO update (`Policy.sao_update`): what `SAOLearner.make_programs`
+    would be for any policy kind."""
+    s = self.s
     return programs_for(
-      self.s,
-      rl.optim,
-      lambda policy, tx: make_memory_sao_update(policy, tx, rl, sao),
-      num_tasks=len(self.s.train),
+      s,
+      s.cfg.rl.optim,
+      lambda _, tx: s.policy.sao_update(tx, s.cfg),
+      num_tasks=len(s.train),
+      with_ref=self.with_ref,
     )
 
   @functools.cached_property
