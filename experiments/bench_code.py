@@ -282,7 +282,7 @@ def _busy_pair(s, sft_state, seconds: float, work: pathlib.Path, show: bool) -> 
     w.close()
     if setup is s_free:
       info["exact_match_rate"] = info["accuracy"]
-      info["accuracy"] = evaluate(s, progs.greedy, state.params, batch_divisor=progs.batch_divisor)[
+      info["accuracy"] = evaluate(s, progs, state.params, batch_divisor=progs.batch_divisor)[
         "accuracy"
       ]
     out.append(_arm_summary(info, None))

@@ -15,7 +15,8 @@
 * ``longhorizon``: multi-turn retention dialogues or corridor walks of up to 1,000 steps
   (`sao_jax.envs.longhorizon`); parameters in `task.options` (`LongHorizonOptions`). The
   policy sees a raw window of the last `window` tokens of the episode, and with
-  `compression.enabled` a compressed memory of the earlier steps (`sao_jax.runners.memory`).
+  `compression.enabled` a compressed memory of the earlier steps
+  (`sao_jax.compression.policy.MemoryPolicy`).
 * ``gsm8k``: GSM8K word problems from the user's own copy of the published JSONL files
   (`sao_jax.data.gsm8k_tfds`; `task.options.manual_dir`), rewarded by answer extraction
   (`sao_jax.envs.gsm8k`); `task.num_train` / `task.num_test` cap each split (file order).

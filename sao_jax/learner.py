@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import chex
 import jax
 import jax.numpy as jnp
 import optax
@@ -243,25 +244,36 @@ def apply_sao_gradients(
   )
 
 
-def sao_row_weights(batch: SAOBatch, sao: SAOConfig) -> dict[str, jax.Array]:
-  """Per-row and per-token bookkeeping of an SAO batch, and the step scale.
+def sao_row_weights(
+  traj_b: jax.Array,
+  rows_b: jax.Array,
+  mask_bt: jax.Array,
+  staleness_bt: jax.Array,
+  sao: SAOConfig,
+) -> dict[str, jax.Array]:
+  """Per-row and per-token bookkeeping of an SAO batch of N rows, and the step scale.
 
-  share_b: the row's share of its trajectory (1/S for each of S rows; 0 on padding), so that
-    every trajectory counts once in the batch statistics;
+  traj_b [N] int, the trajectory of each row; rows_b [N] bool, the rows that carry a
+  training signal (a text batch: its valid rows; a memory batch: its graded rows);
+  mask_bt [N, T] bool, their tokens that do; staleness_bt [N, T] int, each token's.
+
+  share_b: the row's share of its trajectory (1/S for each of its S signal rows; 0 on the
+    others), so that every trajectory counts once in the batch statistics;
   fresh_bt: freshness factor 2^(-s/half_life) (decay) or 1 (drop) of each token's staleness,
-    0 beyond max_staleness and on padding;
-  step_scale: the mean of fresh_bt over the batch's tokens, the step size of this update;
+    0 beyond max_staleness and outside mask_bt;
+  step_scale: the mean of fresh_bt over mask_bt, the step size of this update;
   weight_bt: fresh_bt / step_scale, each token's relative weight in the loss (mean 1).
   """
-  rows = batch.row_valid_b.shape[0]
-  valid_f_b = batch.row_valid_b.astype(jnp.float32)
-  steps_b = jax.ops.segment_sum(valid_f_b, batch.traj_b, rows)[batch.traj_b]
+  chex.assert_rank([traj_b, rows_b, mask_bt, staleness_bt], [1, 1, 2, 2])
+  chex.assert_equal_shape([mask_bt, staleness_bt])
+  rows = rows_b.shape[0]
+  valid_f_b = rows_b.astype(jnp.float32)
+  steps_b = jax.ops.segment_sum(valid_f_b, traj_b, rows)[traj_b]
   share_b = valid_f_b / jnp.maximum(steps_b, 1.0)
-  mask_bt = batch.valid_bt & batch.row_valid_b[:, None]
   fresh_bt = jnp.where(
     mask_bt,
     loss_lib.freshness_weights(
-      batch.staleness_bt.reshape(-1), sao.freshness_half_life, sao.max_staleness, sao.staleness_mode
+      staleness_bt.reshape(-1), sao.freshness_half_life, sao.max_staleness, sao.staleness_mode
     ).reshape(mask_bt.shape),
     0.0,
   )
@@ -304,12 +316,12 @@ def make_sao_update(
   verify = sao.verify_drift > 0
 
   def update(state: TrainState, batch: SAOBatch):
-    w = sao_row_weights(batch, sao)
+    mask_bt = batch.valid_bt & batch.row_valid_b[:, None]
+    w = sao_row_weights(batch.traj_b, batch.row_valid_b, mask_bt, batch.staleness_bt, sao)
     head_b = batch.head_b & batch.row_valid_b
     n_traj = jnp.maximum(jnp.sum(head_b), 1)
     per_traj = lambda x_b: jnp.sum(jnp.where(head_b, x_b, 0.0)) / n_traj
     per_share = lambda x_b: jnp.sum(x_b * w["share_b"]) / n_traj
-    mask_bt = batch.valid_bt & batch.row_valid_b[:, None]
     used_bt = mask_bt & (w["weight_bt"] > 0)
     logprobs = lambda params, **kw: completion_logprobs(
       model,

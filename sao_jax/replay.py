@@ -189,8 +189,7 @@ def replay(
   import tqdm
 
   from sao_jax.runners.grpo import SyncGRPOLearner
-  from sao_jax.runners.memory_sao import MemorySAOLearner
-  from sao_jax.runners.sao import SAOLearner
+  from sao_jax.runners.memory_sao import SAO_LEARNERS
   from sao_jax.setup import make_setup
 
   t0 = time.time()
@@ -228,11 +227,7 @@ def replay(
         "needs the run's device count in one process (a multi-process run cannot be replayed)"
       )
   s = make_setup(cfg)
-  cls = SAOLearner
-  if cfg.rl.algorithm == "grpo":
-    cls = SyncGRPOLearner
-  elif cfg.compression.enabled:
-    cls = MemorySAOLearner
+  cls = SyncGRPOLearner if cfg.rl.algorithm == "grpo" else SAO_LEARNERS[type(s.policy)]
   learner = cls.update_side(s)
   state = _start_state(s, learner, workdir)
   # Read-only: replay never edits the run (a writer's manager would create the directory and

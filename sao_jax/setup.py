@@ -14,6 +14,7 @@ from sao_jax.config import Config, ConfigError
 from sao_jax.envs.base import Task
 from sao_jax.models import hf, make_model
 from sao_jax.models.transformer import TransformerLM
+from sao_jax.policy import Policy, TextPolicy
 from sao_jax.rl import advantages, losses, trackers  # noqa: F401  (fill the registries)
 from sao_jax.rl.advantages import GROUP_ESTIMATORS
 from sao_jax.rl.registry import ADVANTAGES, LOSSES
@@ -35,6 +36,12 @@ class Setup:
   target_len: int
   max_steps: int  # environment steps per episode (1: single-turn tasks)
   memory: MemoryPolicy | None = None  # the policy with compressed memory (compression.enabled)
+
+  @property
+  def policy(self) -> Policy:
+    """The run's policy: the one with compressed memory, else the text policy of `model`.
+    The one place that tells the two kinds apart."""
+    return self.memory if self.memory is not None else TextPolicy(self.model, self.prompt_len)
 
 
 def validate(cfg: Config) -> TaskFamily:
@@ -84,8 +91,8 @@ def _check_hf_init(cfg: Config) -> None:
 
 def _check_memory_rl(cfg: Config) -> None:
   """What the RL phase of the policy with compressed memory honours: GRPO sampled in the
-  learner process (`runners.memory`: one epoch, group-normalised advantages, the clipped
-  surrogate with a token mean, no KL term), or SAO in sampler processes
+  learner process (`runners.grpo.MemoryGroups`: one epoch, group-normalised advantages, the
+  clipped surrogate with a token mean, no KL term), or SAO in sampler processes
   (`runners.memory_sao`: whole episodes per sampler call, the tracker baseline, one epoch,
   a token mean, no KL term, one learner process, no poisoned records)."""
   rl = cfg.rl

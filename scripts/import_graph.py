@@ -38,6 +38,7 @@ LAYERS: dict[str, int] = {
   "sao_jax.rollout": 2,
   "sao_jax.evaluation": 2,
   "sao_jax.setup": 2,
+  "sao_jax.policy": 2,
   "sao_jax.tasks": 2,
   "sao_jax.families": 2,
   "sao_jax.checkpoint": 2,

@@ -22,7 +22,7 @@ from sao_jax.config import (
 from sao_jax.envs.longhorizon import LongHorizonEnv, LongHorizonSpec, make_split
 from sao_jax.learner import make_optimizer
 from sao_jax.models.transformer import TransformerLM
-from sao_jax.runners.compiled import compile_memory_programs
+from sao_jax.runners.compiled import compile_programs
 from sao_jax.tokenizer import CharTokenizer
 
 TOK = CharTokenizer()
@@ -128,7 +128,7 @@ def _sampled(model_cfg, comp, spec, n_tasks=3):
   (the shipped banks and graveyards, and the sampler's log-probs)."""
   policy = MemoryPolicy(TransformerLM(model_cfg), Compressor(comp, TOK.vocab_size))
   tx = make_optimizer(OptimConfig(lr=1e-3, warmup_steps=1))
-  progs = compile_memory_programs(
+  progs = compile_programs(
     Config(model=model_cfg, compression=comp),
     policy,
     tx,

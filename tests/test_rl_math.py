@@ -46,6 +46,14 @@ class RLMathTest(chex.TestCase):
       )
       np.testing.assert_array_equal(fn(r, jnp.zeros(6, bool)), np.zeros(6))
 
+  def test_a_mask_of_another_shape_is_refused(self):
+    r = jnp.zeros(4)
+    for name in ("group_norm", "group_center"):
+      with pytest.raises(AssertionError):
+        advantages.ADVANTAGES.get(name)(r, valid_g=jnp.ones(3, bool))
+      with pytest.raises(AssertionError):
+        advantages.grouped(name, r, 2, jnp.ones(6, bool))
+
   def test_grouped_refuses_an_estimator_that_is_not_one_of_groups(self):
     with pytest.raises(ValueError, match="not a group estimator"):
       advantages.grouped("spo_tracker", jnp.zeros(4), 2)

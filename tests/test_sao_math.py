@@ -23,7 +23,7 @@ from sao_jax.config import (
   SAOConfig,
 )
 from sao_jax.envs.base import StepResult, Task
-from sao_jax.learner import make_optimizer, make_sao_update
+from sao_jax.learner import make_optimizer, make_sao_update, sao_row_weights
 from sao_jax.models.transformer import TransformerLM
 from sao_jax.rl import trackers
 from sao_jax.rollout import sao_sampling
@@ -368,3 +368,31 @@ def test_forged_log_probs_take_no_part_in_the_update():
     np.testing.assert_allclose(np.asarray(x, np.float64), np.asarray(y, np.float64), atol=1e-6)
   _, mc = progs.update(_copy(state), progs.shard_batch(dataclasses.replace(batch, logp_bt=true)))
   assert not np.asarray(mc["unverified_b"]).any()
+
+
+def test_row_weights_of_an_episode_batch_are_per_trajectory():
+  """`sao_row_weights` over a memory batch's rows flattened (B trajectories x R rows, the
+  graded ones carrying the signal, one staleness per trajectory), as the memory policy's SAO
+  update calls it: each graded row 1/G_b of its trajectory, freshness the trajectory's."""
+  rng = np.random.default_rng(0)
+  b, r, t = 4, 3, 5
+  graded = rng.random((b, r)) < 0.6
+  graded[0] = False  # a trajectory with no graded row gets no share
+  used = graded[..., None] & (rng.random((b, r, t)) < 0.8)
+  stale = np.asarray([0, 1, 3, 9], np.int32)
+  sao = SAOConfig(staleness_mode="decay", freshness_half_life=2.0, max_staleness=4)
+  w = sao_row_weights(
+    jnp.repeat(jnp.arange(b), r),
+    jnp.asarray(graded.reshape(-1)),
+    jnp.asarray(used.reshape(b * r, t)),
+    jnp.broadcast_to(jnp.asarray(stale)[:, None, None], (b, r, t)).reshape(b * r, t),
+    sao,
+  )
+  share = graded / np.maximum(graded.sum(-1, keepdims=True), 1)
+  np.testing.assert_array_equal(np.asarray(w["share_b"]).reshape(b, r), share.astype(np.float32))
+  fresh_b = np.where(stale <= 4, 2.0 ** (-stale / 2.0), 0.0)
+  fresh = np.where(used, fresh_b[:, None, None], 0.0)
+  np.testing.assert_allclose(np.asarray(w["fresh_bt"]).reshape(b, r, t), fresh, rtol=1e-6)
+  scale = fresh[used].mean()
+  np.testing.assert_allclose(float(w["step_scale"]), scale, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(w["weight_bt"]).reshape(b, r, t), fresh / scale, rtol=1e-6)

@@ -78,7 +78,7 @@ def test_options_are_typed_overridable_and_checked():
 
 
 def test_compression_is_refused_where_the_runners_cannot_honour_it():
-  """GRPO (`runners.memory`) and SAO (`runners.memory_sao`, episodes per call) run with
+  """GRPO (`runners.grpo.MemoryGroups`) and SAO (`runners.memory_sao`, episodes per call) run with
   compressed memory; the RL options neither update implements are refused by name, never run
   without compression."""
   from sao_jax.config import CompressionConfig, ModelConfig, RLConfig

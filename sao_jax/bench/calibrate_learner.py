@@ -265,9 +265,9 @@ def learner_overheads(s, params, run: InProcess, tmp: pathlib.Path) -> dict:
   if n_val:
     val_tasks = s.train[len(s.train) - n_val :]
     up = run.uprogs["sao"]
-    evaluate(s, up.greedy, params, batch_divisor=up.batch_divisor, tasks=val_tasks)
+    evaluate(s, up, params, batch_divisor=up.batch_divisor, tasks=val_tasks)
     t0 = time.perf_counter()
-    evaluate(s, up.greedy, params, batch_divisor=up.batch_divisor, tasks=val_tasks)
+    evaluate(s, up, params, batch_divisor=up.batch_divisor, tasks=val_tasks)
     periodic["sao"].append(
       ["shadow_validation", cfg.recovery.shadow_every, time.perf_counter() - t0]
     )

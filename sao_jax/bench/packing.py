@@ -46,7 +46,7 @@ def padded_vs_packed(
   from sao_jax import seqpack
   from sao_jax.batches import RLBatch, SAOBatch
   from sao_jax.learner import make_rl_update, make_sao_update
-  from sao_jax.runners.common import sft_batch
+  from sao_jax.policy import sft_batch
   from sao_jax.setup import make_setup
 
   s = make_setup(cfg)

@@ -31,17 +31,37 @@ from __future__ import annotations
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from sao_jax import sampling
 from sao_jax.batches import MemoryBatch
 from sao_jax.compression import quant, salience, temporal
 from sao_jax.compression.encoder import reconstruction_loss
-from sao_jax.compression.memory import Compressor, Graveyard, Stream, graveyard
+from sao_jax.compression.memory import (
+  Bank,
+  Compressor,
+  Graveyard,
+  Stream,
+  bank_nbytes,
+  graveyard,
+  graveyard_nbytes,
+)
+from sao_jax.compression.rollout import (
+  BANK_KEYS,
+  FILLER_ROWS,
+  ExpertEpisodes,
+  LongTrajectory,
+  expert_memory_batch,
+  sample_long_horizon,
+)
+from sao_jax.compression.sao_update import make_memory_sao_update
+from sao_jax.config import Config
 from sao_jax.learner import apply_gradients
 from sao_jax.models import KVCache, init_cache
 from sao_jax.models.transformer import TransformerLM
 from sao_jax.rl import advantages as adv_lib
 from sao_jax.rl import losses as loss_lib
+from sao_jax.rl import trackers
 from sao_jax.state import TrainState
 
 
@@ -87,8 +107,66 @@ class MemoryPolicy:
     policy = self.model.init(r1, tokens, tokens, mask, memory)["params"]
     return {"policy": policy, **self.comp.init(r2)}
 
-  def init_state_fn(self, tx):
-    """rng -> TrainState of these params (the policy's logically annotated) and `tx`."""
+  @property
+  def learner_model(self) -> MemoryPolicy:
+    """Its updates need the compressor as well as the transformer: the policy itself."""
+    return self
+
+  def trainable(self, tx):
+    """Every parameter trains, the compressor's with the transformer's."""
+    return tx
+
+  def sft_update(self, tx, cfg: Config):
+    """`make_memory_update` of mode "sft"."""
+    return make_memory_update(self, tx, mode="sft", temperature=cfg.rl.temperature)
+
+  def grpo_update(self, tx, cfg: Config):
+    """`make_memory_update` of mode "rl", advantages within each task's group."""
+    rl = cfg.rl
+    return make_memory_update(
+      self,
+      tx,
+      mode="rl",
+      temperature=rl.temperature,
+      clip_eps=rl.clip_eps,
+      is_cap=cfg.sao.is_cap,
+      group_size=rl.group_size,
+      advantage=rl.advantage,
+    )
+
+  def sft_batches(self, s, batch_size: int):
+    """Expert episodes of random training tasks (`compression.rollout.ExpertEpisodes`), their
+    graded steps and FILLER_ROWS ungraded ones as rows (R sized from the first episodes)."""
+    experts = ExpertEpisodes(s)
+    rows = min(s.max_steps, experts.max_graded() + FILLER_ROWS)
+
+    def next_batch(rng):
+      picked = [experts.get(int(i)) for i in rng.integers(0, len(s.train), batch_size)]
+      batch = expert_memory_batch(
+        [p[0] for p in picked],
+        [p[1] for p in picked],
+        steps=s.max_steps,
+        rows=rows,
+        seed=int(rng.integers(2**31)),
+      )
+      return batch, int(batch.valid_brt.sum())
+
+    return next_batch
+
+  def sao_update(self, tx, cfg: Config):
+    """`compression.sao_update.make_memory_sao_update`."""
+    return make_memory_sao_update(self, tx, cfg.rl, cfg.sao)
+
+  def param_shapes(self):
+    """The params as logically annotated (boxed) shapes and dtypes: nothing computed."""
+    return jax.eval_shape(self.init, jax.random.key(0))
+
+  def init_state_fn(self, tx, *, with_ref: bool = False, num_tasks: int = 0):
+    """rng -> TrainState of these params (the policy's logically annotated) and `tx`, with
+    SAO's task tracker over `num_tasks` tasks when > 0. No reference policy: no update of
+    this policy has a KL term (`sao_jax.setup` refuses rl.kl_coef > 0)."""
+    if with_ref:
+      raise ValueError("the policy with compressed memory keeps no reference policy")
 
     def init(rng):
       init_rng, state_rng = jax.random.split(rng)
@@ -98,6 +176,7 @@ class MemoryPolicy:
         params=params,
         opt_state=tx.init(params),
         rng=state_rng,
+        tracker=trackers.init_beta_tracker(num_tasks) if num_tasks else None,
         lr_scale=jnp.ones((), jnp.float32),
         nonfinite=jnp.zeros((), jnp.int32),
       )
@@ -108,6 +187,71 @@ class MemoryPolicy:
     return jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), self.comp.empty_stream())
 
   # Sampler -------------------------------------------------------------------------------
+  sample_inputs = 3  # streams, prompt_bp, prompt_valid_bp
+
+  def play(
+    self,
+    s,
+    progs,
+    params,
+    tasks,
+    indices,
+    *,
+    slots,
+    rng,
+    greedy=False,
+    version=0,
+    lineage=-1,
+  ) -> list[LongTrajectory]:
+    """Whole episodes, every slot compressing its own in-graph after each step
+    (`compression.rollout.sample_long_horizon`); the caller ships them under `version`."""
+    c = s.cfg.compression
+    return sample_long_horizon(
+      progs.greedy if greedy else progs.sample,
+      progs.compress,
+      progs.empty_streams(slots),
+      params,
+      [s.family.make_env(s.tok) for _ in tasks],
+      tasks,
+      s.tok,
+      slots=slots,
+      window=c.window,
+      step_len=c.step_len,
+      rng=rng,
+    )
+
+  def episode_metrics(self, s, episodes: list[LongTrajectory]) -> dict[str, float]:
+    """What the compression benchmark reports of greedy episodes:
+
+    retention: fraction of graded steps answered right (over all questions; on retention
+    dialogues whose questions come n+ turns after their fact, the retention at n turns), with
+    its binomial standard error `retention_stderr` over `questions`;
+    kept_steps_mean: bank entries per episode; episodes_with_evictions;
+    bytes_*: mean bytes per episode of its context, uncompressed (float32 token embeddings at
+    the model width) and after each stage: stage 1 (every step's vectors, float32), stage 2
+    (kept steps only), stage 3 (the bank as shipped: INT8 vectors, scales, step index), and
+    bytes_graveyard: the evicted entries shipped next to the bank for exact replay."""
+    c, trajs = s.cfg.compression, episodes
+    graded = np.concatenate([t.rewards[t.graded] for t in trajs])
+    retention = float(graded.mean()) if len(graded) else 0.0
+    kept = np.asarray([t.bank["entries"] for t in trajs], np.float64)
+    steps = np.asarray([len(t.rewards) for t in trajs], np.float64)
+    per_entry = c.vectors_per_step * c.dim
+    stage3 = [bank_nbytes(Bank(**{k: t.bank[k] for k in BANK_KEYS})) for t in trajs]
+    gone = [graveyard_nbytes(t.bank["gone_vec_ged"]) for t in trajs]
+    return {
+      "retention": retention,
+      "questions": len(graded),
+      "retention_stderr": float(np.sqrt(retention * (1 - retention) / max(len(graded), 1))),
+      "kept_steps_mean": float(kept.mean()),
+      "episodes_with_evictions": int(sum(t.bank["evicted"] > 0 for t in trajs)),
+      "bytes_full_context": float(np.mean([t.tokens_total for t in trajs]) * s.cfg.model.width * 4),
+      "bytes_stage1": float(steps.mean() * per_entry * 4),
+      "bytes_stage2": float(kept.mean() * per_entry * 4),
+      "bytes_stage3": float(np.mean(stage3)),
+      "bytes_graveyard": float(np.mean(gone)),
+    }
+
   def sample(self, params, streams: Stream, prompt_bp, prompt_valid_bp, rng, **kw):
     mem, mvalid, _ = jax.vmap(self.comp.visible_memory)(streams.bank, streams.step)
     return sampling.sample(

@@ -70,6 +70,10 @@ class LongTrajectory:
   tokens_total: int = 0  # tokens of the whole episode (BOS, observations, actions)
 
   @property
+  def total_reward(self) -> float:
+    return float(self.rewards.sum())
+
+  @property
   def accuracy(self) -> float:
     return float(self.rewards[self.graded].mean()) if self.graded.any() else 0.0
 
@@ -418,6 +422,45 @@ def expert_memory_batch(
   up = n_filler / np.maximum(filler.sum(1), 1)
   w_br = np.where(batch.graded_br, w_br, w_br * up[:, None]) * batch.row_valid_br
   return batch.replace(row_weight_br=w_br.astype(np.float32))
+
+
+# Ungraded rows per episode in the supervised phase, besides every graded one: the filler
+# steps ("ok" after chit-chat) are easy, and a sample of them weighed up keeps the objective
+# while the rows stay few (the encoder and LSTM still see every step).
+FILLER_ROWS = 4
+# Expert episodes that size the rows per episode (R = their most graded steps + FILLER_ROWS).
+SIZING_EPISODES = 64
+
+
+class ExpertEpisodes:
+  """The training tasks' expert episodes in the sampler's layout, played once through the
+  environment (the family's `sft_examples` give each step's action and weight) of setup
+  `s`."""
+
+  def __init__(self, s):  # a `sao_jax.setup.Setup`
+    self.s = s
+    self._cache: dict[int, tuple[LongTrajectory, np.ndarray]] = {}
+
+  def get(self, i: int) -> tuple[LongTrajectory, np.ndarray]:
+    if i not in self._cache:
+      s, c = self.s, self.s.cfg.compression
+      task = s.train[i]
+      examples = s.family.sft_examples(task, s.tok, c.window)
+      traj = expert_trajectory(
+        s.family.make_env(s.tok),
+        task,
+        [e.target for e in examples],
+        s.tok,
+        window=c.window,
+        step_len=c.step_len,
+        completion_len=s.target_len,
+      )
+      self._cache[i] = traj, np.asarray([e.weight for e in examples], np.float32)
+    return self._cache[i]
+
+  def max_graded(self) -> int:
+    n = min(SIZING_EPISODES, len(self.s.train))
+    return max(int(self.get(i)[0].graded.sum()) for i in range(n))
 
 
 def script(task: Task, tok: Tokenizer) -> tuple[list[list[int]], list[list[int]], dict]:

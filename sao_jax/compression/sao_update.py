@@ -21,48 +21,17 @@ import jax
 import jax.numpy as jnp
 
 from sao_jax.batches import MemorySAOBatch
-from sao_jax.compression.policy import MemoryPolicy
 from sao_jax.config import RLConfig, SAOConfig
-from sao_jax.learner import apply_sao_gradients
+from sao_jax.learner import apply_sao_gradients, sao_row_weights
 from sao_jax.rl import losses as loss_lib
 from sao_jax.rl import trackers
 from sao_jax.rl.losses import masked_mean
 from sao_jax.state import TrainState
 
 
-def memory_sao_weights(batch: MemorySAOBatch, sao: SAOConfig) -> dict[str, jax.Array]:
-  """Per-row and per-token bookkeeping of a batch (B trajectories, R rows each, T tokens).
-
-  used_brt: the tokens that carry a training signal (valid tokens of graded valid rows);
-  share_br: each graded row's share of its trajectory (1/G_b for G_b graded rows), so that
-    every trajectory counts once in the batch statistics, as in `learner.sao_row_weights`;
-  fresh_brt: the freshness factor of the trajectory's staleness on its used tokens
-    (`losses.freshness_weights`: 2^(-s/half_life) or 1, 0 beyond max_staleness);
-  step_scale: the mean of fresh_brt over used tokens (the update's step size);
-  weight_brt: fresh_brt / step_scale (mean 1).
-  """
-  m = batch.memory
-  graded_br = m.graded_br & m.row_valid_br
-  used_brt = m.valid_brt & graded_br[..., None]
-  n_graded_b = jnp.sum(graded_br, -1, keepdims=True)
-  share_br = graded_br / jnp.maximum(n_graded_b, 1).astype(jnp.float32)
-  fresh_b = loss_lib.freshness_weights(
-    batch.staleness_b, sao.freshness_half_life, sao.max_staleness, sao.staleness_mode
-  )
-  fresh_brt = jnp.where(used_brt, fresh_b[:, None, None], 0.0)
-  step_scale = masked_mean(fresh_brt, used_brt)
-  return {
-    "graded_br": graded_br,
-    "used_brt": used_brt,
-    "share_br": share_br,
-    "fresh_brt": fresh_brt,
-    "step_scale": step_scale,
-    "weight_brt": fresh_brt / jnp.maximum(step_scale, 1e-12),
-  }
-
-
-def make_memory_sao_update(policy: MemoryPolicy, tx, rl: RLConfig, sao: SAOConfig):
-  """update(state, batch: MemorySAOBatch) -> (state, metrics), `state.tracker` a BetaTracker.
+def make_memory_sao_update(policy, tx, rl: RLConfig, sao: SAOConfig):
+  """update(state, batch: MemorySAOBatch) -> (state, metrics) of `policy` (a
+  `compression.policy.MemoryPolicy`, whose `sao_update` this is), `state.tracker` a BetaTracker.
 
   A row is one step of a trajectory b; a graded row (a question) has the step's reward r in
   {0, 1}; ungraded rows carry no reward signal and get no policy loss.
@@ -75,7 +44,8 @@ def make_memory_sao_update(policy: MemoryPolicy, tx, rl: RLConfig, sao: SAOConfi
   2. Decoupled PPO (`losses.decoupled_ppo_loss`, sao.is_cap, sao.is_level) with pi_prox the
      parameters of this forward pass (rl.ppo_epochs = 1: the trust-region ratio is 1), a token
      mean over the graded rows' tokens, each token weighted by its freshness relative to the
-     batch mean; the step is scaled by that mean (`memory_sao_weights`).
+     batch mean; the step is scaled by that mean (`learner.sao_row_weights` over the graded
+     rows, a trajectory's staleness on each of its tokens).
   3. + compression.recon_coef * the encoder's reconstruction loss + compression.predict_coef
      * the LSTM's prediction loss, as in `make_memory_update`.
   4. The tracker absorbs the accuracies with SPO's forgetting factor from the drift
@@ -86,8 +56,26 @@ def make_memory_sao_update(policy: MemoryPolicy, tx, rl: RLConfig, sao: SAOConfi
 
   def update(state: TrainState, batch: MemorySAOBatch):
     m = batch.memory
-    w = memory_sao_weights(batch, sao)
     b, r = m.row_valid_br.shape
+    graded_br = m.graded_br & m.row_valid_br
+    used_brt = m.valid_brt & graded_br[..., None]
+    # (`learner.sao_row_weights` over the rows flattened; a trajectory's staleness on each of
+    # its tokens)
+    flat = sao_row_weights(
+      jnp.repeat(jnp.arange(b), r),
+      graded_br.reshape(-1),
+      used_brt.reshape(b * r, -1),
+      jnp.broadcast_to(batch.staleness_b[:, None, None], used_brt.shape).reshape(b * r, -1),
+      sao,
+    )
+    w = {
+      "graded_br": graded_br,
+      "used_brt": used_brt,
+      "share_br": flat["share_b"].reshape(b, r),
+      "fresh_brt": flat["fresh_bt"].reshape(used_brt.shape),
+      "step_scale": flat["step_scale"],
+      "weight_brt": flat["weight_bt"].reshape(used_brt.shape),
+    }
     traj_valid_b = jnp.any(m.row_valid_br, -1)
     n_traj = jnp.maximum(jnp.sum(traj_valid_b), 1)
     per_traj = lambda x_b: jnp.sum(jnp.where(traj_valid_b, x_b, 0.0)) / n_traj  # noqa: E731

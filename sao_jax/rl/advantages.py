@@ -32,6 +32,7 @@ def group_norm_advantage(
   if valid_g is None:
     centered_g = rewards_g - jnp.mean(rewards_g)
     return centered_g / (jnp.std(rewards_g) + eps)
+  chex.assert_equal_shape([rewards_g, valid_g])
   centered_g = rewards_g - _masked_mean(rewards_g, valid_g)
   std = jnp.sqrt(_masked_mean(jnp.square(centered_g), valid_g))
   return jnp.where(valid_g, centered_g / (std + eps), 0.0)
@@ -48,6 +49,7 @@ def group_center_advantage(rewards_g: jax.Array, valid_g: jax.Array | None = Non
   chex.assert_rank(rewards_g, 1)
   if valid_g is None:
     return rewards_g - jnp.mean(rewards_g)
+  chex.assert_equal_shape([rewards_g, valid_g])
   return jnp.where(valid_g, rewards_g - _masked_mean(rewards_g, valid_g), 0.0)
 
 
@@ -62,6 +64,8 @@ def grouped(
   valid_b [B] bool (optional): entries that take part in their group's statistics; the others
   get advantage 0."""
   chex.assert_rank(rewards_b, 1)
+  if valid_b is not None:
+    chex.assert_equal_shape([rewards_b, valid_b])
   if name not in GROUP_ESTIMATORS:
     raise ValueError(f"advantage {name!r} is not a group estimator; known: {GROUP_ESTIMATORS}")
   fn = ADVANTAGES.get(name)

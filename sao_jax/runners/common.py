@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import pathlib
 import time
 from collections.abc import Callable
@@ -11,16 +12,19 @@ import jax
 import numpy as np
 
 from sao_jax import checkpoint as ckpt_lib
-from sao_jax import distributed, interrupt, stats
-from sao_jax.batches import SFTBatch
+from sao_jax import distributed, interrupt, sharding, stats
 from sao_jax.config import Config, OptimConfig
 from sao_jax.envs.base import Task
 from sao_jax.evaluation import evaluate
 from sao_jax.learner import make_optimizer
 from sao_jax.metrics import MetricsWriter, peak_memory_mb
-from sao_jax.models import lora
-from sao_jax.packing import left_pad, right_pad
-from sao_jax.runners.compiled import Programs, compile_programs
+from sao_jax.runners.compiled import (
+  Programs,
+  SamplerPrograms,
+  compile_learner,
+  compile_sampler,
+  programs_of,
+)
 from sao_jax.setup import Setup
 from sao_jax.state import TrainState
 
@@ -131,60 +135,47 @@ def programs_for(
   mesh=None,
   num_tasks: int = 0,
 ) -> Programs:
-  """The phase's learner (init, update) and sampler (sample, greedy) programs. With LoRA
-  adapters (model.lora_rank > 0) only the adapters train."""
-  tx = make_optimizer(optim)
-  if s.cfg.model.lora_rank:
-    tx = lora.freeze_base(tx)
-  return compile_programs(
+  """The phase's learner (init, `update_maker(s.policy.learner_model, tx)`) and sampler
+  programs of the run's policy; the sampler is compiled once per run and shared by its
+  phases where the policy is the same object (`shared_sampler`)."""
+  policy = s.policy
+  mesh = mesh or sharding.make_mesh(s.cfg.mesh)
+  tx = policy.trainable(make_optimizer(optim))
+  learner = compile_learner(
     s.cfg,
-    s.model,
+    policy,
     tx,
-    update_maker(s.model, tx),
+    update_maker(policy.learner_model, tx),
     with_ref=with_ref,
-    prompt_len=s.prompt_len,
-    max_new_tokens=s.cfg.rl.max_new_tokens,
-    temperature=s.cfg.rl.temperature,
-    eos_id=s.tok.eos_id,
-    pad_id=s.tok.pad_id,
     mesh=mesh,
     num_tasks=num_tasks,
+  )
+  return programs_of(learner, shared_sampler(s.cfg, policy, s.tok.eos_id, s.tok.pad_id, mesh))
+
+
+def sft_programs(s: Setup) -> Programs:
+  """`programs_for` the supervised phase: the run's policy's SFT update."""
+  return programs_for(s, s.cfg.sft.optim, lambda _, tx: s.policy.sft_update(tx, s.cfg))
+
+
+@functools.lru_cache(maxsize=2)
+def shared_sampler(cfg: Config, policy, eos_id: int, pad_id: int, mesh=None) -> SamplerPrograms:
+  """`policy`'s sampler programs, compiled once for every phase of a run that uses it."""
+  return compile_sampler(
+    cfg,
+    policy,
+    max_new_tokens=cfg.rl.max_new_tokens,
+    temperature=cfg.rl.temperature,
+    eos_id=eos_id,
+    pad_id=pad_id,
+    mesh=mesh,
   )
 
 
 def eval_fn(s: Setup, progs: Programs, tasks: list[Task] | None = None):
-  """params -> held-out accuracy dict (on `tasks`, default the test split's first
-  eval.num_problems)."""
-  return lambda params: evaluate(
-    s, progs.greedy, params, batch_divisor=progs.batch_divisor, tasks=tasks
-  )
-
-
-def sft_batch(
-  s: Setup, tasks: list[Task], rng: np.random.Generator, rows: int, target_len: int
-) -> SFTBatch:
-  """One teacher-forced row per task. A multi-step task contributes one of its steps, drawn
-  with probability proportional to the step's weight (so that in expectation the loss is
-  the weighted one); a one-step task its only row."""
-  contexts, targets = [], []
-  for task in tasks:
-    examples = s.family.sft_examples(task, s.tok, s.prompt_len)
-    if len(examples) > 1:
-      w = np.asarray([e.weight for e in examples], np.float64)
-      ex = examples[rng.choice(len(examples), p=w / w.sum())]
-    else:
-      ex = examples[0]
-    contexts.append(ex.context)
-    targets.append(ex.target)
-  prompt, pvalid = left_pad(contexts, s.prompt_len, s.tok.pad_id)
-  target, tvalid = right_pad(targets, target_len, s.tok.pad_id)
-  return SFTBatch(
-    prompt_bp=prompt,
-    prompt_valid_bp=pvalid,
-    tokens_bt=target,
-    valid_bt=tvalid,
-    weight_b=np.ones(rows, np.float32),
-  )
+  """params -> held-out metrics dict (`evaluation.evaluate`, on `tasks`, default the test
+  split's first eval.num_problems)."""
+  return lambda params: evaluate(s, progs, params, batch_divisor=progs.batch_divisor, tasks=tasks)
 
 
 def phase_manager(cfg: Config, workdir: pathlib.Path, name: str):

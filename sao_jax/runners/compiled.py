@@ -14,11 +14,12 @@ from typing import Any
 import flax.linen as nn
 import jax
 
-from sao_jax import distributed, sampling, seqpack, sharding
+from sao_jax import distributed, seqpack, sharding
 from sao_jax import slots as slots_lib
+from sao_jax.compression.policy import MemoryPolicy
 from sao_jax.config import Config, ConfigError
-from sao_jax.learner import init_state_fn
 from sao_jax.models.transformer import TransformerLM
+from sao_jax.policy import as_policy
 from sao_jax.state import TrainState, tree_digest
 
 
@@ -63,7 +64,7 @@ class SamplerPrograms:
   decode: Callable | None = None  # (params, slots, version, rng, min_done) -> slots
   refresh: Callable | None = None  # (params, slots) -> slots, caches under new params
   empty_slots: Callable | None = None  # () -> an empty slot state
-  # The policy with compressed memory (`compile_memory_sampler`): sample and greedy take
+  # The policy with compressed memory (`compile_sampler` of a MemoryPolicy): sample and greedy take
   # (params, streams, prompt, prompt_valid, rng), and compress runs the three stages on the
   # step each slot just took: (params, streams, seg, seg_valid, reward, boundary, last,
   # active) -> streams; empty_streams(n) the streams of n slots, sharded as compress returns
@@ -103,23 +104,22 @@ def _with_rules(fn, rules):
 
 def compile_learner(
   cfg: Config,
-  model: TransformerLM | None,
+  policy,
   tx,
   update_fn,
   *,
-  with_ref: bool,
-  prompt_len: int,
+  with_ref: bool = False,
+  prompt_len: int | None = None,
   mesh: jax.sharding.Mesh | None = None,
   num_tasks: int = 0,
-  init_fn: Callable | None = None,
 ) -> LearnerPrograms:
-  """init and update (state donated) with the state sharded by the logical-axis rules and
-  every batch field split over the batch axis. `init_fn` (rng -> TrainState with logically
-  annotated params) replaces the model's own (`learner.init_state_fn`), e.g. for the policy
-  with compressed memory."""
+  """init and update (state donated) of `policy` (a `sao_jax.policy.Policy`, or a model: the
+  text policy on `prompt_len`-token contexts) with the state sharded by the logical-axis rules
+  and every batch field split over the batch axis."""
+  policy = as_policy(policy, prompt_len)
   mesh = mesh or sharding.make_mesh(cfg.mesh)
   rules = cfg.mesh.rules
-  init_boxed = init_fn or init_state_fn(model, tx, prompt_len, with_ref, num_tasks)
+  init_boxed = policy.init_state_fn(tx, with_ref=with_ref, num_tasks=num_tasks)
   abstract = jax.eval_shape(init_boxed, jax.random.key(0))
   state_sh = sharding.logical_shardings(abstract, mesh, rules)
   batch_sh = sharding.batch_sharding(mesh, rules)
@@ -153,84 +153,88 @@ def make_packer(cfg: Config, mesh: jax.sharding.Mesh) -> seqpack.Packer:
   return seqpack.Packer(bucket, cfg.learner.pack_factor)
 
 
-def param_shapes(model, length: int = 1):
-  """The model's parameters as logically annotated (boxed) shapes and dtypes, from an
-  abstract init on `length` tokens (the parameters do not depend on it): nothing computed."""
-  tokens = jax.ShapeDtypeStruct((1, length), jax.numpy.int32)
-  mask = jax.ShapeDtypeStruct((1, length, length), jax.numpy.bool_)
-  memory = None
-  if model.cfg.memory_slots:
-    memory = jax.ShapeDtypeStruct(
-      (1, 0, model.cfg.memory_dim or model.cfg.width), jax.numpy.float32
-    )
-  return jax.eval_shape(
-    lambda rng, t, m, mem: model.init(rng, t, t, m, mem)["params"],
-    jax.random.key(0),
-    tokens,
-    mask,
-    memory,
-  )
-
-
 def compile_sampler(
   cfg: Config,
-  model: TransformerLM,
+  policy,
   *,
-  prompt_len: int,
+  prompt_len: int | None = None,
   max_new_tokens: int,
   temperature: float,
   eos_id: int,
   pad_id: int,
   mesh: jax.sharding.Mesh | None = None,
 ) -> SamplerPrograms:
-  """sample and greedy over a batch of rows, params sharded like the learner's."""
+  """sample and greedy of `policy` (a `sao_jax.policy.Policy`, or a model: the text policy on
+  `prompt_len`-token contexts) over a batch of rows, params sharded like the learner's. The
+  policy with compressed memory also gets compress, which runs all three stages (encoder,
+  LSTM filter, INT8) in one call, and empty_streams; with an append-only, all-visible bank
+  the cached sample and greedy too. Streams are split over the batch axis."""
+  policy = as_policy(policy, prompt_len)
   mesh = mesh or sharding.make_mesh(cfg.mesh)
   rules = cfg.mesh.rules
-  boxed = param_shapes(model, prompt_len)
+  boxed = policy.param_shapes()
   params_sh = sharding.logical_shardings(boxed, mesh, rules)
   batch_sh = sharding.batch_sharding(mesh, rules)
   repl = sharding.replicated(mesh)
 
-  def sampler(greedy):
+  def sampler(method, greedy, n_batch=policy.sample_inputs):
+    """`method` jitted: params, then `n_batch` batch-split arguments, then the rng."""
     fn = functools.partial(
-      sampling.sample,
-      model,
+      method,
       max_new_tokens=max_new_tokens,
       eos_id=eos_id,
       pad_id=pad_id,
       temperature=temperature,
       greedy=greedy,
     )
-    return _across_processes(
-      jax.jit(
-        _with_rules(fn, rules),
-        in_shardings=(params_sh, batch_sh, batch_sh, repl),
-        out_shardings=batch_sh,
-      ),
-      batch_sh,
+    return jax.jit(
+      _with_rules(fn, rules),
+      in_shardings=(params_sh,) + (batch_sh,) * n_batch + (repl,),
+      out_shardings=batch_sh,
     )
 
-  return SamplerPrograms(
+  progs = SamplerPrograms(
     mesh=mesh,
     params_sharding=params_sh,
     abstract_params=nn.meta.unbox(boxed),
-    sample=sampler(False),
-    greedy=sampler(True),
+    sample=_across_processes(sampler(policy.sample, False), batch_sh),
+    greedy=_across_processes(sampler(policy.sample, True), batch_sh),
     batch_divisor=sharding.batch_divisor(mesh, rules),
+  )
+  if not isinstance(policy, MemoryPolicy):
+    return progs
+  if policy.shares_bank():
+    progs = dataclasses.replace(
+      progs,
+      sample_cached=sampler(policy.sample_cached, False, 4),
+      greedy_cached=sampler(policy.sample_cached, True, 4),
+      empty_memory_cache=jax.jit(
+        policy.empty_memory_cache, static_argnums=0, out_shardings=batch_sh
+      ),
+    )
+  return dataclasses.replace(
+    progs,
+    compress=jax.jit(
+      _with_rules(policy.compress, rules),
+      in_shardings=(params_sh,) + (batch_sh,) * 7,
+      out_shardings=batch_sh,
+    ),
+    empty_streams=jax.jit(policy.empty_streams, static_argnums=0, out_shardings=batch_sh),
   )
 
 
 def _across_processes(sample, batch_sh):
-  """With several processes, `sample(params, prompt, prompt_valid, rng)` as callers use it in
-  one: host prompt arrays (the same in every process; each feeds its own rows) in, the whole
-  output on the host out (gathered: every process must make the same call)."""
+  """With several processes, `sample(params, *inputs, rng)` as callers use it in one: host
+  input arrays (the same in every process; each feeds its own rows) in, the whole output on
+  the host out (gathered: every process must make the same call)."""
   if jax.process_count() == 1:
     return sample
 
   @functools.wraps(sample)
-  def wrapped(params, prompt, prompt_valid, rng):
-    prompt, prompt_valid = sharding.put_batch((prompt, prompt_valid), batch_sh)
-    return distributed.host_value(sample(params, prompt, prompt_valid, rng))
+  def wrapped(params, *inputs_and_rng):
+    *inputs, rng = inputs_and_rng
+    inputs = sharding.put_batch(tuple(inputs), batch_sh)
+    return distributed.host_value(sample(params, *inputs, rng))
 
   return wrapped
 
@@ -290,12 +294,12 @@ def compile_slots(
 
 def compile_programs(
   cfg: Config,
-  model: TransformerLM,
+  policy,
   tx,
   update_fn,
   *,
-  with_ref: bool,
-  prompt_len: int,
+  with_ref: bool = False,
+  prompt_len: int | None = None,
   max_new_tokens: int,
   temperature: float,
   eos_id: int,
@@ -303,122 +307,13 @@ def compile_programs(
   mesh: jax.sharding.Mesh | None = None,
   num_tasks: int = 0,
 ) -> Programs:
+  """Learner (`compile_learner`) and sampler (`compile_sampler`) of `policy` on one mesh."""
+  policy = as_policy(policy, prompt_len)
   mesh = mesh or sharding.make_mesh(cfg.mesh)
   learner = compile_learner(
-    cfg,
-    model,
-    tx,
-    update_fn,
-    with_ref=with_ref,
-    prompt_len=prompt_len,
-    mesh=mesh,
-    num_tasks=num_tasks,
+    cfg, policy, tx, update_fn, with_ref=with_ref, mesh=mesh, num_tasks=num_tasks
   )
   smp = compile_sampler(
-    cfg,
-    model,
-    prompt_len=prompt_len,
-    max_new_tokens=max_new_tokens,
-    temperature=temperature,
-    eos_id=eos_id,
-    pad_id=pad_id,
-    mesh=mesh,
-  )
-  return Programs(
-    **{f.name: getattr(learner, f.name) for f in dataclasses.fields(learner)},
-    sample=smp.sample,
-    greedy=smp.greedy,
-  )
-
-
-def compile_memory_sampler(
-  cfg: Config,
-  policy,
-  *,
-  max_new_tokens: int,
-  temperature: float,
-  eos_id: int,
-  pad_id: int,
-  mesh: jax.sharding.Mesh | None = None,
-) -> SamplerPrograms:
-  """`compile_sampler` for a `compression.policy.MemoryPolicy`: sample and greedy condition
-  on the slots' banks, and compress runs all three stages (encoder, LSTM filter, INT8) in one
-  jitted call. Params sharded like the learner's, streams split over the batch axis."""
-  mesh = mesh or sharding.make_mesh(cfg.mesh)
-  rules = cfg.mesh.rules
-  boxed = jax.eval_shape(policy.init, jax.random.key(0))
-  params_sh = sharding.logical_shardings(boxed, mesh, rules)
-  batch_sh = sharding.batch_sharding(mesh, rules)
-  repl = sharding.replicated(mesh)
-
-  def sampler(method, greedy, n_batch=3):
-    """`method` jitted: params, then `n_batch` batch-split arguments, then the rng."""
-    fn = functools.partial(
-      method,
-      max_new_tokens=max_new_tokens,
-      eos_id=eos_id,
-      pad_id=pad_id,
-      temperature=temperature,
-      greedy=greedy,
-    )
-    return jax.jit(
-      _with_rules(fn, rules),
-      in_shardings=(params_sh,) + (batch_sh,) * n_batch + (repl,),
-      out_shardings=batch_sh,
-    )
-
-  cached = {}
-  if policy.shares_bank():
-    cached = dict(
-      sample_cached=sampler(policy.sample_cached, False, 4),
-      greedy_cached=sampler(policy.sample_cached, True, 4),
-      empty_memory_cache=jax.jit(
-        policy.empty_memory_cache, static_argnums=0, out_shardings=batch_sh
-      ),
-    )
-  return SamplerPrograms(
-    **cached,
-    mesh=mesh,
-    params_sharding=params_sh,
-    abstract_params=nn.meta.unbox(boxed),
-    sample=sampler(policy.sample, False),
-    greedy=sampler(policy.sample, True),
-    batch_divisor=sharding.batch_divisor(mesh, rules),
-    compress=jax.jit(
-      _with_rules(policy.compress, rules),
-      in_shardings=(params_sh,) + (batch_sh,) * 7,
-      out_shardings=batch_sh,
-    ),
-    empty_streams=jax.jit(policy.empty_streams, static_argnums=0, out_shardings=batch_sh),
-  )
-
-
-def compile_memory_programs(
-  cfg: Config,
-  policy,
-  tx,
-  update_fn,
-  *,
-  max_new_tokens: int,
-  temperature: float,
-  eos_id: int,
-  pad_id: int,
-  mesh: jax.sharding.Mesh | None = None,
-) -> Programs:
-  """Learner (`compile_learner` with the policy's state) and sampler
-  (`compile_memory_sampler`) of the policy with compressed memory."""
-  mesh = mesh or sharding.make_mesh(cfg.mesh)
-  learner = compile_learner(
-    cfg,
-    None,
-    tx,
-    update_fn,
-    with_ref=False,
-    prompt_len=0,
-    mesh=mesh,
-    init_fn=policy.init_state_fn(tx),
-  )
-  smp = compile_memory_sampler(
     cfg,
     policy,
     max_new_tokens=max_new_tokens,
@@ -427,13 +322,13 @@ def compile_memory_programs(
     pad_id=pad_id,
     mesh=mesh,
   )
+  return programs_of(learner, smp)
+
+
+def programs_of(learner: LearnerPrograms, smp: SamplerPrograms) -> Programs:
+  """One `Programs` of a learner and a sampler compiled on the same mesh."""
+  own = {f.name for f in dataclasses.fields(LearnerPrograms)}
   return Programs(
     **{f.name: getattr(learner, f.name) for f in dataclasses.fields(learner)},
-    sample=smp.sample,
-    greedy=smp.greedy,
-    compress=smp.compress,
-    empty_streams=smp.empty_streams,
-    sample_cached=smp.sample_cached,
-    greedy_cached=smp.greedy_cached,
-    empty_memory_cache=smp.empty_memory_cache,
+    **{f.name: getattr(smp, f.name) for f in dataclasses.fields(Programs) if f.name not in own},
   )

@@ -38,7 +38,7 @@ from safetensors.numpy import save_file
 from sao_jax import checkpoint as ckpt_lib
 from sao_jax import config as config_lib
 from sao_jax.models import hf, make_model
-from sao_jax.runners.compiled import param_shapes
+from sao_jax.policy import param_shapes
 from sao_jax.tokenizer import get_tokenizer, save_for_hf
 
 REFERENCE_FILE = "sao_jax_reference.npz"

@@ -34,9 +34,8 @@ from sao_jax.learner import make_optimizer
 from sao_jax.models.transformer import TransformerLM
 from sao_jax.packing import round_up
 from sao_jax.runners.compiled import (
-  compile_memory_programs,
-  compile_memory_sampler,
   compile_programs,
+  compile_sampler,
 )
 from sao_jax.tokenizer import CharTokenizer
 
@@ -108,7 +107,7 @@ def build(
   model = TransformerLM(model_cfg(cfg, memory, full_len))
   if memory:
     policy = MemoryPolicy(model, Compressor(cfg.compression, TOK.vocab_size))
-    progs = compile_memory_programs(
+    progs = compile_programs(
       cfg,
       policy,
       tx,
@@ -314,7 +313,7 @@ def growing_greedy(cfg: Config, progs, bucket: int = VISIBLE_BUCKET):
         model=dataclasses.replace(cfg.model, memory_slots=b * c.vectors_per_step),
       )
       policy = MemoryPolicy(TransformerLM(model_cfg(bcfg, True)), Compressor(cb, TOK.vocab_size))
-      programs[b] = compile_memory_sampler(
+      programs[b] = compile_sampler(
         bcfg,
         policy,
         max_new_tokens=MAX_NEW,

@@ -4,8 +4,8 @@ The sampler processes, transport, buffer, journal, snapshots, shadows, rollbacks
 and metrics of `runners.sao.SAOLearner`; what differs is the unit of data:
 
 - a sampler plays whole long-horizon episodes, one per task, `sampler_slots` side by side
-  with the host loop of inline GRPO (`compression.rollout.sample_long_horizon`, called from
-  `runners.sampler_proc`), under one policy version per episode, and ships each as a
+  as inline GRPO does (`MemoryPolicy.play`, called from `runners.sampler_proc`), under one
+  policy version per episode, and ships each as a
   LONG_TRAJECTORY record (`LongTrajectory.arrays`: steps, behaviour log-probs, final INT8 bank
   and graveyard; `transport.records`);
 - the learner checks a record against the shapes it is compiled for (`LongRecordCheck`), and
@@ -13,7 +13,7 @@ and metrics of `runners.sao.SAOLearner`; what differs is the unit of data:
   `compression.rollout.trajectories_to_batch`: the graded steps are the rows); the update is
   `compression.sao_update.make_memory_sao_update` (tracker baseline per question, decoupled
   PPO with is_cap, freshness, exact replay of every row's memory);
-- held-out evaluation and shadow validation are `runners.memory.memory_eval_fn`.
+- held-out evaluation and shadow validation are `evaluation.evaluate`'s, as for text.
 
 What it cannot do is refused by `sao_jax.setup` (`_check_memory_rl`).
 """
@@ -28,23 +28,22 @@ import numpy as np
 
 from sao_jax.batches import MemorySAOBatch
 from sao_jax.buffer import Item, record_age
+from sao_jax.compression.policy import MemoryPolicy
 from sao_jax.compression.rollout import (
   BANK_KEYS,
   GRAVE_KEYS,
   LAYOUT,
   STEP_KEYS,
+  ExpertEpisodes,
   LongTrajectory,
   trajectories_to_batch,
 )
-from sao_jax.compression.sao_update import make_memory_sao_update
-from sao_jax.learner import make_optimizer
 from sao_jax.metrics import MetricsWriter
-from sao_jax.rl import trackers
-from sao_jax.runners.compiled import Programs, compile_learner
-from sao_jax.runners.memory import ExpertEpisodes, memory_eval_fn, memory_sampler
+from sao_jax.policy import TextPolicy
+from sao_jax.runners.common import programs_for
+from sao_jax.runners.compiled import Programs
 from sao_jax.runners.sao import SAOLearner, poisoned
 from sao_jax.setup import Setup
-from sao_jax.state import TrainState
 from sao_jax.transport import records
 
 
@@ -191,33 +190,16 @@ class MemorySAOLearner(SAOLearner):
     )
 
   def make_programs(self) -> Programs:
-    s, rl = self.s, self.cfg.rl
-    tx = make_optimizer(rl.optim)
-    init_policy = s.memory.init_state_fn(tx)
-
-    def init(rng):  # the policy's state plus SAO's tracker over the training tasks
-      return init_policy(rng).replace(tracker=trackers.init_beta_tracker(len(s.train)))
-
-    learner = compile_learner(
-      self.cfg,
-      None,
-      tx,
-      make_memory_sao_update(s.memory, tx, rl, self.cfg.sao),
-      with_ref=False,
-      prompt_len=0,
-      init_fn=init,
+    """The run's policy's SAO update (`Policy.sao_update`): what `SAOLearner.make_programs`
+    would be for any policy kind."""
+    s = self.s
+    return programs_for(
+      s,
+      s.cfg.rl.optim,
+      lambda _, tx: s.policy.sao_update(tx, s.cfg),
+      num_tasks=len(s.train),
+      with_ref=self.with_ref,
     )
-    smp = memory_sampler(self.cfg, s.memory, s.tok.eos_id, s.tok.pad_id)
-    return Programs(
-      **{f.name: getattr(learner, f.name) for f in dataclasses.fields(learner)},
-      sample=smp.sample,
-      greedy=smp.greedy,
-      compress=smp.compress,
-      empty_streams=smp.empty_streams,
-    )
-
-  def make_eval_fn(self, tasks=None):
-    return memory_eval_fn(self.s, self.progs, tasks=tasks)
 
   @functools.cached_property
   def graded_rows(self) -> int:
@@ -252,17 +234,5 @@ class MemorySAOLearner(SAOLearner):
     return dict(super()._row(metrics, staleness, tu, t_done, val_acc), **self.bank_stats)
 
 
-def run_memory_sao(
-  s: Setup,
-  writer: MetricsWriter,
-  state: TrainState,
-  workdir: pathlib.Path,
-  *,
-  max_seconds: float | None = None,
-  eval_every: float = 0.0,
-) -> tuple:
-  """`run_sao` for the policy with compressed memory (`MemorySAOLearner`); resumes the same
-  way from `workdir/checkpoints/rl` and the journal."""
-  learner = MemorySAOLearner(s, writer, workdir, max_seconds=max_seconds, eval_every=eval_every)
-  state, info = learner.run(state)
-  return state, learner.progs, info
+# The SAO learner of each kind of policy (their records and batches differ).
+SAO_LEARNERS = {TextPolicy: SAOLearner, MemoryPolicy: MemorySAOLearner}

@@ -21,42 +21,45 @@ from sao_jax import checkpoint as ckpt_lib
 from sao_jax import config as config_lib
 from sao_jax import distributed, estimates, sharding, startup, storage
 from sao_jax.config import Config
-from sao_jax.evaluation import evaluate, evaluate_memory
-from sao_jax.learner import make_sft_update
+from sao_jax.evaluation import evaluate
 from sao_jax.metrics import MetricsWriter, SilentWriter, peak_memory_mb, write_summary
 from sao_jax.models import hf
-from sao_jax.runners.common import eval_fn, programs_for
-from sao_jax.runners.compiled import compile_memory_sampler, compile_sampler
+from sao_jax.runners.common import eval_fn, sft_programs
+from sao_jax.runners.compiled import compile_sampler
 from sao_jax.runners.grpo import run_grpo, run_grpo_samplers
-from sao_jax.runners.memory import memory_eval_fn, memory_programs, run_memory_grpo, run_memory_sft
-from sao_jax.runners.memory_sao import run_memory_sao
-from sao_jax.runners.sao import run_sao
+from sao_jax.runners.memory_sao import SAO_LEARNERS
 from sao_jax.runners.sft import run_sft
 from sao_jax.setup import Setup, make_setup
 from sao_jax.startup import enable_compile_cache
 from sao_jax.state import TrainState
 
-# (rl.algorithm, in sampler processes?, compressed memory?) -> the phase that runs it:
+
+def run_sao_learner(
+  s: Setup,
+  writer: MetricsWriter,
+  state: TrainState,
+  workdir: pathlib.Path,
+  *,
+  max_seconds: float | None = None,
+  eval_every: float = 0.0,
+) -> tuple:
+  """`rl.algorithm='sao'`: the SAO learner of the run's policy; resumes by itself from
+  `workdir/checkpoints/rl` and the journal."""
+  learner = SAO_LEARNERS[type(s.policy)](
+    s, writer, workdir, max_seconds=max_seconds, eval_every=eval_every
+  )
+  state, info = learner.run(state)
+  return state, learner.progs, info
+
+
+# (rl.algorithm, in sampler processes?) -> the RL phase, for either kind of policy:
 # (setup, writer, start state, workdir, *, eval_every) -> (state, programs, summary).
-# `sao_jax.setup.validate` refuses the combinations missing here.
+# `sao_jax.setup.validate` refuses the combinations missing here and what a policy cannot do.
 RL_PHASES = {
-  ("grpo", False, False): run_grpo,
-  ("grpo", True, False): run_grpo_samplers,
-  ("sao", True, False): run_sao,
-  ("grpo", False, True): run_memory_grpo,
-  ("sao", True, True): run_memory_sao,
+  ("grpo", False): run_grpo,
+  ("grpo", True): run_grpo_samplers,
+  ("sao", True): run_sao_learner,
 }
-SFT_PHASES = {False: run_sft, True: run_memory_sft}
-
-
-def _sft_programs(s: Setup):
-  if s.memory is not None:
-    return memory_programs(s, s.cfg.sft.optim, mode="sft")
-  return programs_for(s, s.cfg.sft.optim, make_sft_update)
-
-
-def _eval_fn(s: Setup, progs):
-  return memory_eval_fn(s, progs) if s.memory is not None else eval_fn(s, progs)
 
 
 def restore_init(s: Setup, path: str) -> TrainState:
@@ -69,7 +72,7 @@ def restore_init(s: Setup, path: str) -> TrainState:
     params = hf.load_params(path, s.model.cfg, mesh=mesh, rules=s.cfg.mesh.rules, rng=rng)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=None, rng=rng)
   directory = ckpt_lib.checkpoint_dir(pathlib.Path(path))
-  progs = _sft_programs(s)
+  progs = sft_programs(s)
   like = progs.init(jax.random.key(0))
   params, _, _ = ckpt_lib.restore_params(directory, like.params)
   return like.replace(params=params)
@@ -200,9 +203,7 @@ def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True)
       summary["sft"] = progress["sft"]
       startup.mark("restore_init")
     elif cfg.sft.steps or cfg.sft.max_seconds:
-      state, progs, info = SFT_PHASES[cfg.compression.enabled](
-        s, writer, state, workdir, eval_every=cfg.eval.every_seconds
-      )
+      state, progs, info = run_sft(s, writer, state, workdir, eval_every=cfg.eval.every_seconds)
       summary["sft"] = info
       writer.write(info["steps"], _eval_row(info), phase="sft_eval", advance=0)
       if primary:
@@ -211,8 +212,8 @@ def run(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = True)
       raise config_lib.ConfigError("nothing to train from: set sft.steps/max_seconds or init_from")
     if cfg.rl.steps or cfg.rl.max_seconds:
       if "sft" not in summary:
-        summary["start"] = _eval_fn(s, _sft_programs(s))(state.params)
-      rl_phase = RL_PHASES[cfg.rl.algorithm, cfg.rl.uses_samplers, cfg.compression.enabled]
+        summary["start"] = eval_fn(s, sft_programs(s))(state.params)
+      rl_phase = RL_PHASES[cfg.rl.algorithm, cfg.rl.uses_samplers]
       state, progs, info = rl_phase(s, writer, state, workdir, eval_every=cfg.eval.every_seconds)
       summary["rl"] = info
       writer.write(info["steps"], _eval_row(info), phase="rl_eval", advance=0)
@@ -244,33 +245,18 @@ def eval_workdir(
     if new.model != cfg.model or new.tokenizer != cfg.tokenizer:
       raise config_lib.ConfigError("eval overrides may not change the checkpoint's model")
     s = make_setup(new)
-    cfg = new
-    if s.memory is not None:
-      progs = compile_memory_sampler(
-        cfg,
-        s.memory,
-        max_new_tokens=cfg.rl.max_new_tokens,
-        temperature=cfg.rl.temperature,
-        eos_id=s.tok.eos_id,
-        pad_id=s.tok.pad_id,
-      )
-    else:
-      progs = compile_sampler(
-        cfg,
-        s.model,
-        prompt_len=s.prompt_len,
-        max_new_tokens=cfg.rl.max_new_tokens,
-        temperature=cfg.rl.temperature,
-        eos_id=s.tok.eos_id,
-        pad_id=s.tok.pad_id,
-      )
+    progs = compile_sampler(
+      new,
+      s.policy,
+      max_new_tokens=new.rl.max_new_tokens,
+      temperature=new.rl.temperature,
+      eos_id=s.tok.eos_id,
+      pad_id=s.tok.pad_id,
+    )
     built.update(s=s, progs=progs)
     return progs.abstract_params
 
   params, step, _, skipped = ckpt_lib.restore_params_readable(directory, like_for)
   s, progs = built["s"], built["progs"]
-  if s.memory is not None:
-    result = evaluate_memory(s, progs, params, batch_divisor=progs.batch_divisor, num=num)
-  else:
-    result = evaluate(s, progs.greedy, params, batch_divisor=progs.batch_divisor, num=num)
+  result = evaluate(s, progs, params, batch_divisor=progs.batch_divisor, num=num)
   return dict(result, checkpoint=str(directory), step=step, skipped=skipped)

@@ -85,7 +85,7 @@ def _run(spec: SamplerSpec, end, stop, drain=None) -> None:
 
   from sao_jax import config as config_lib
   from sao_jax.config import MeshConfig
-  from sao_jax.runners.compiled import compile_memory_sampler, compile_sampler, compile_slots
+  from sao_jax.runners.compiled import compile_sampler, compile_slots
   from sao_jax.setup import make_setup
   from sao_jax.sharding import make_mesh
   from sao_jax.startup import enable_compile_cache
@@ -101,10 +101,7 @@ def _run(spec: SamplerSpec, end, stop, drain=None) -> None:
     eos_id=s.tok.eos_id,
     pad_id=s.tok.pad_id,
   )
-  if s.memory is not None:  # the policy with compressed memory: its params and programs
-    progs = compile_memory_sampler(cfg, s.memory, mesh=mesh, **kw)
-  else:
-    progs = compile_sampler(cfg, s.model, mesh=mesh, prompt_len=s.prompt_len, **kw)
+  progs = compile_sampler(cfg, s.policy, mesh=mesh, **kw)
   sub = ParamSubscriber(spec.param_dir, key=spec.key)
   parent = multiprocessing.parent_process()
   poisoner = None
@@ -141,9 +138,7 @@ def _run(spec: SamplerSpec, end, stop, drain=None) -> None:
   def draining() -> bool:
     return drain is not None and drain.is_set() and learner_alive()
 
-  if s.memory is not None:
-    _run_memory(spec, cfg, s, progs, poll, alive, end, out)
-  elif cfg.sao.continuous:
+  if cfg.sao.continuous:  # (text policies only: `sao_jax.setup` refuses it with memory)
     progs = compile_slots(
       cfg, s.model, progs, slots=cfg.sao.sampler_slots, prompt_len=s.prompt_len, **kw
     )
@@ -185,6 +180,16 @@ class _Outbox:
       out = self.poisoner(*out[0])
     for arrays, m, version in out:
       self._put(records.RecordKind.TRAJECTORY, version, arrays, m)
+
+  def send_episode(self, traj, task_index: int, version: int, t_end: float, lineage: int):
+    """An episode of either policy as its record kind (a text `Trajectory` carries its own
+    task, version, lineage and end time)."""
+    from sao_jax.rollout import Trajectory
+
+    if isinstance(traj, Trajectory):
+      self.send(traj)
+    else:
+      self.send_long(traj, task_index, version, t_end, lineage)
 
   def send_long(self, traj, task_index: int, version: int, t_end: float, lineage: int) -> None:
     """A `LongTrajectory` of the policy with compressed memory (bank and graveyard
@@ -254,74 +259,33 @@ def _calls(slots: int, held: _Held, alive, end, sample) -> None:
 
 
 def _run_batches(spec, cfg, s, progs, poll, alive, end, out) -> None:
-  """Calls of `sampler_slots` tasks, each decoded until its slowest slot is done."""
+  """Calls of `sampler_slots` tasks, each decoded until its slowest slot is done
+  (`Policy.play`: a whole episode per slot, one policy version throughout), then sent."""
   import jax
 
-  from sao_jax.rollout import sao_sampling
-
   key = jax.random.key(spec.seed)
+  slots = cfg.sao.sampler_slots
 
   def sample(held, indices):
     nonlocal key
-    tasks = [s.train[i] for i in indices]
-    envs = [s.family.make_env(s.tok) for _ in tasks]
     key, sub_key = jax.random.split(key)
-    return sao_sampling(
-      progs.sample,
+    tasks = [s.train[i] for i in indices]
+    return s.policy.play(
+      s,
+      progs,
       held.params,
-      envs,
       tasks,
       indices,
-      s.tok,
-      slots=cfg.sao.sampler_slots,
-      prompt_len=s.prompt_len,
-      max_steps=s.max_steps,
-      rng=sub_key,
-      policy_version=held.version,
-      step_many=s.family.step_many,
-      lineage=held.lineage,
-    )
-
-  for _, _, trajs in _calls(cfg.sao.sampler_slots, _Held(poll), alive, end, sample):
-    for traj in trajs:
-      out.send(traj)
-    end.ack_tasks()
-
-
-def _run_memory(spec, cfg, s, progs, poll, alive, end, out) -> None:
-  """The policy with compressed memory: calls of up to `sampler_slots` tasks, each a whole
-  episode per slot played by `compression.rollout.sample_long_horizon` (the host loop of
-  inline GRPO) with one policy version throughout, then sent with its bank and graveyard."""
-  import jax
-
-  from sao_jax.compression.rollout import sample_long_horizon
-
-  c, slots = cfg.compression, cfg.sao.sampler_slots
-  streams = progs.empty_streams(slots)
-  key = jax.random.key(spec.seed)
-
-  def sample(held, indices):
-    nonlocal key
-    tasks = [s.train[i] for i in indices]
-    key, sub_key = jax.random.split(key)
-    return sample_long_horizon(
-      progs.sample,
-      progs.compress,
-      streams,
-      held.params,
-      [s.family.make_env(s.tok) for _ in tasks],
-      tasks,
-      s.tok,
       slots=slots,
-      window=c.window,
-      step_len=c.step_len,
       rng=sub_key,
+      version=held.version,
+      lineage=held.lineage,
     )
 
   for held, indices, trajs in _calls(slots, _Held(poll), alive, end, sample):
     t_end = time.time()
     for i, traj in zip(indices, trajs, strict=True):
-      out.send_long(traj, i, held.version, t_end, held.lineage)
+      out.send_episode(traj, i, held.version, t_end, held.lineage)
     end.ack_tasks()
 
 

@@ -1,5 +1,6 @@
 """The supervised warm start: teacher-forced cross-entropy on the task family's worked
-solutions."""
+solutions (text) or expert episodes (compressed memory: plus the compressor's losses), the
+batches and the update the run's policy's (`Policy.sft_batches`, `Policy.sft_update`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import jax
 import numpy as np
 
 from sao_jax import checkpoint as ckpt_lib
-from sao_jax.learner import make_sft_update
 from sao_jax.metrics import MetricsWriter
 from sao_jax.packing import round_up
 from sao_jax.runners.common import (
@@ -23,9 +23,8 @@ from sao_jax.runners.common import (
   log_step,
   phase_manager,
   phase_meta,
-  programs_for,
   resume_phase,
-  sft_batch,
+  sft_programs,
   supervised_row,
 )
 from sao_jax.runners.compiled import Programs
@@ -59,13 +58,13 @@ def run_sft(
   cfg = s.cfg
   steps = cfg.sft.steps if steps is None else steps
   max_seconds = cfg.sft.max_seconds if max_seconds is None else max_seconds
-  progs = programs_for(s, cfg.sft.optim, make_sft_update)
+  progs = sft_programs(s)
   fresh = progs.init(jax.random.key(cfg.seed))
   if state is not None:
     state = copy_tree(state) if keep_opt_state else fresh.replace(params=copy_tree(state.params))
   else:
     state = fresh
-  bs = round_up(cfg.sft.batch_size, progs.batch_divisor)
+  next_batch = s.policy.sft_batches(s, round_up(cfg.sft.batch_size, progs.batch_divisor))
   rng = np.random.default_rng((cfg.seed, 1, zlib.crc32(tag.encode())))
   clock = PhaseClock(
     steps,
@@ -89,11 +88,10 @@ def run_sft(
 
   while clock.running(step):
     ts = time.time()
-    tasks = [s.train[i] for i in rng.integers(0, len(s.train), bs)]
-    batch = sft_batch(s, tasks, rng, bs, s.target_len)
+    batch, n_tokens = next_batch(rng)
     state, metrics = progs.update(state, progs.shard_batch(batch))
     step += 1
-    tokens += int(batch.valid_bt.sum())
+    tokens += n_tokens
     ckpt_lib.save(mngr, state, cfg, meta())
     row = supervised_row(cfg, step, metrics, ts, tokens, clock)
     log_step(writer, clock, cfg, step, state.params, row, tag)
