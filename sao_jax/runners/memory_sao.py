@@ -40,8 +40,6 @@ from sao_jax.compression.rollout import (
 )
 from sao_jax.metrics import MetricsWriter
 from sao_jax.policy import TextPolicy
-from sao_jax.runners.common import programs_for
-from sao_jax.runners.compiled import Programs
 from sao_jax.runners.sao import SAOLearner, poisoned
 from sao_jax.setup import Setup
 from sao_jax.transport import records
@@ -187,18 +185,6 @@ class MemorySAOLearner(SAOLearner):
       dim=c.dim,
       quantized=c.quantize,
       num_tasks=self.n_sample,
-    )
-
-  def make_programs(self) -> Programs:
-    """The run's policy's SAO update (`Policy.sao_update`): what `SAOLearner.make_programs`
-    would be for any policy kind."""
-    s = self.s
-    return programs_for(
-      s,
-      s.cfg.rl.optim,
-      lambda _, tx: s.policy.sao_update(tx, s.cfg),
-      num_tasks=len(s.train),
-      with_ref=self.with_ref,
     )
 
   @functools.cached_property

@@ -41,7 +41,6 @@ from sao_jax import config as config_lib
 from sao_jax import distributed, recovery, startup, storage
 from sao_jax.batches import SAOBatch
 from sao_jax.buffer import Item, batch_rows
-from sao_jax.learner import make_sao_update
 from sao_jax.lineage import LineageLog, LineageTree
 from sao_jax.metrics import MetricsWriter
 from sao_jax.packing import round_up
@@ -146,12 +145,13 @@ class SAOLearner:
 
   # What a subclass changes ---------------------------------------------------------------------
   def make_programs(self):
-    rl, sao = self.cfg.rl, self.cfg.sao
+    """The run's policy's SAO update (`Policy.sao_update`), whichever kind it is."""
+    s = self.s
     return programs_for(
-      self.s,
-      rl.optim,
-      lambda m, tx: make_sao_update(m, tx, rl, sao),
-      num_tasks=len(self.s.train),
+      s,
+      s.cfg.rl.optim,
+      lambda _, tx: s.policy.sao_update(tx, s.cfg),
+      num_tasks=len(s.train),
       with_ref=self.with_ref,
     )
 
