@@ -51,7 +51,7 @@ import time
 
 from sao_jax import interrupt, recovery
 from sao_jax.config import load_config
-from sao_jax.procs import kill_and_wait
+from sao_jax.procs import kill_and_wait, train_argv
 from sao_jax.results_file import ResultFile, config_file_id
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -71,19 +71,7 @@ class Run:
     config: str = CONFIG,
   ):
     self.workdir, self.log_path = workdir, log_path
-    self.cmd = [
-      sys.executable,
-      "-m",
-      "sao_jax.cli",
-      "train",
-      "--config",
-      config,
-      "--workdir",
-      str(workdir),
-      "--no-progress",
-    ]
-    for o in overrides:
-      self.cmd += ["--set", o]
+    self.cmd = train_argv(config, workdir, overrides)
     self.proc: subprocess.Popen | None = None
     self.env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
 
