@@ -33,7 +33,7 @@ from sao_jax.runners.common import (
 )
 from sao_jax.runners.compiled import Programs
 from sao_jax.runners.learner_parts.intake import Intake
-from sao_jax.runners.sao import SAOLearner
+from sao_jax.runners.sao import SAOLearner, run_sao
 from sao_jax.setup import Setup
 from sao_jax.state import TrainState, copy_tree
 
@@ -302,6 +302,12 @@ def run_grpo_samplers(
   eval_every: float = 0.0,
 ) -> tuple:
   """`rl.algorithm='grpo'` with `rl.sampling='samplers'` (see SyncGRPOLearner)."""
-  learner = SyncGRPOLearner(s, writer, workdir, max_seconds=max_seconds, eval_every=eval_every)
-  state, info = learner.run(state)
-  return state, learner.progs, info
+  return run_sao(
+    s,
+    writer,
+    state,
+    workdir,
+    max_seconds=max_seconds,
+    eval_every=eval_every,
+    learner_cls=SyncGRPOLearner,
+  )

@@ -28,6 +28,7 @@ from sao_jax.runners.common import eval_fn, sft_programs
 from sao_jax.runners.compiled import compile_sampler
 from sao_jax.runners.grpo import run_grpo, run_grpo_samplers
 from sao_jax.runners.memory_sao import SAO_LEARNERS
+from sao_jax.runners.sao import run_sao
 from sao_jax.runners.sft import run_sft
 from sao_jax.setup import Setup, make_setup
 from sao_jax.startup import enable_compile_cache
@@ -45,11 +46,15 @@ def run_sao_learner(
 ) -> tuple:
   """`rl.algorithm='sao'`: the SAO learner of the run's policy; resumes by itself from
   `workdir/checkpoints/rl` and the journal."""
-  learner = SAO_LEARNERS[type(s.policy)](
-    s, writer, workdir, max_seconds=max_seconds, eval_every=eval_every
+  return run_sao(
+    s,
+    writer,
+    state,
+    workdir,
+    max_seconds=max_seconds,
+    eval_every=eval_every,
+    learner_cls=SAO_LEARNERS[type(s.policy)],
   )
-  state, info = learner.run(state)
-  return state, learner.progs, info
 
 
 # (rl.algorithm, in sampler processes?) -> the RL phase, for either kind of policy:

@@ -509,12 +509,16 @@ def run_sao(
   *,
   max_seconds: float | None = None,
   eval_every: float = 0.0,
+  learner_cls: type | None = None,
 ) -> tuple:
-  """Asynchronous single-trajectory training from `state`'s params; returns (state,
-  programs, summary) like the other phases. Resumes by itself when
+  """Asynchronous single-trajectory training from `state`'s params by `learner_cls`
+  (default SAOLearner; a subclass for another policy kind, or synchronous GRPO through the
+  samplers); returns (state, programs, summary) like the other phases. Resumes by itself when
   `workdir/checkpoints/rl` holds a snapshot (see sao_jax.recovery): state, clock, counters
   and stream positions come back from the newest readable snapshot, and the records
   consumed after it are replayed from the journal before new ones."""
-  learner = SAOLearner(s, writer, workdir, max_seconds=max_seconds, eval_every=eval_every)
+  learner = (learner_cls or SAOLearner)(
+    s, writer, workdir, max_seconds=max_seconds, eval_every=eval_every
+  )
   state, info = learner.run(state)
   return state, learner.progs, info
