@@ -183,8 +183,11 @@ def table(folders: list[str]) -> None:
         lost = max(a["audit"]["lost"] for a in got)
         twice = max(a["audit"]["applied_twice"] for a in got)
         print(f"{arm:26s}" + "".join(f"{c:>22s}" for c in cells) + f"   {lost:4d} {twice:5d}")
-      for arm in [a for a in arms if a.startswith("killed")]:
-        for ctrl in [a for a in arms if a.startswith("uninterrupted")]:
+      for arm in [a for a in arms if a.startswith("killed")]:  # vs uninterrupted, and a
+        # variant of the killed arm vs the paired series' killed arm (killed - killed_fit)
+        ctrls = [a for a in arms if a.startswith("uninterrupted")]
+        ctrls += [a for a in arms if arm == "killed" and a.startswith("killed_")]
+        for ctrl in ctrls:
           pairs = [d["arms"] for d in docs if arm in d["arms"] and ctrl in d["arms"]]
           diff = stats.seed_stats([p[arm]["accuracy"] - p[ctrl]["accuracy"] for p in pairs])
           print(
