@@ -47,12 +47,13 @@ def workdir_of(doc: dict, arm: str, root: pathlib.Path) -> pathlib.Path:
   return runs / f"sft{doc['sft_steps']}_seed{doc['seed']}" / arm / "run"
 
 
-def kept_rows(workdir: pathlib.Path) -> list[dict]:
-  """The update rows of the lineage the run ended with, by step: a step's last row written
-  (a later incarnation that re-took a step replaced the earlier one's)."""
+def kept_rows(workdir: pathlib.Path, final_step: int) -> list[dict]:
+  """The update rows of the lineage the run ended with (at `final_step`), by step: a step's
+  last row written (a later incarnation that re-took a step replaced the earlier one's);
+  steps past the end were taken by an incarnation whose updates were all discarded."""
   by_step: dict[int, dict] = {}
   for r in read_jsonl(workdir / "metrics.jsonl"):
-    if r.get("phase") == "rl" and "loss" in r:
+    if r.get("phase") == "rl" and "loss" in r and int(r["step"]) <= final_step:
       by_step[int(r["step"])] = r
   return [by_step[s] for s in sorted(by_step)]
 
@@ -97,7 +98,7 @@ def main(argv=None) -> int:
       work = workdir_of(doc, arm, pathlib.Path(args.root))
       if not (work / "metrics.jsonl").exists():
         raise SystemExit(f"{path}: the {arm} run's workdir {work} is gone")
-      rows[arm] = kept_rows(work)
+      rows[arm] = kept_rows(work, doc["arms"][arm]["final_step"])
     n = int(rows["killed"][-1]["step"])
     steps = range(n - WINDOW + 1, n + 1)  # the killed run's last kept steps
     arms = {arm: arm_numbers(rs, steps) for arm, rs in rows.items()}
