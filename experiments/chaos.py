@@ -151,15 +151,22 @@ def kill_at(run: Run, target: str, rng: random.Random, wait_s: float) -> str:
 
 
 def audit_kafka(bootstrap: str, workdir: pathlib.Path, partitions: int) -> dict:
+  from sao_jax import config as config_lib
+  from sao_jax.transport import kafka_security
   from sao_jax.transport.kafka import committed_offsets, topic_record_ids
 
   run_id = (workdir / "run_id").read_text().strip()
   topic = f"sao.{run_id}.trajectories"
-  on_topic = topic_record_ids(bootstrap, topic, partitions)
-  committed = committed_offsets(bootstrap, f"sao.{run_id}.learner", topic, partitions)
+  cfg = config_lib.from_dict(config_lib.upgrade(json.loads((workdir / "config.json").read_text())))
+  security = kafka_security.from_config(cfg.transport)  # (a TLS / SASL broker: the run's own)
+  on_topic = topic_record_ids(bootstrap, topic, partitions, security=security)
+  committed = committed_offsets(
+    bootstrap, f"sao.{run_id}.learner", topic, partitions, security=security
+  )
   # Records the learner's door rejected (sao_jax.admission) went to the dead-letter topic,
   # flushed before any offset past them was committed: accounted for, not lost.
-  rejected = {rid for _, _, rid in topic_record_ids(bootstrap, f"sao.{run_id}.dead-letter", 1)}
+  dead = topic_record_ids(bootstrap, f"sao.{run_id}.dead-letter", 1, security=security)
+  rejected = {rid for _, _, rid in dead}
   rejected.discard(None)
   rows = recovery.Ledger(workdir / "ledger.jsonl").rows()
   applied = collections.Counter(i for r in rows for i in r["applied"])

@@ -608,11 +608,16 @@ class KafkaSamplerEnd:
 
 
 def topic_record_ids(
-  bootstrap: str, topic: str, partitions: int, quiet_polls: int = 10
+  bootstrap: str,
+  topic: str,
+  partitions: int,
+  quiet_polls: int = 10,
+  security: dict | None = None,
 ) -> list[tuple[int, int, int | None]]:
   """(partition, offset, record id) of every record on `topic`, read from the broker by a
   consumer of its own (no group): what was produced, independent of any learner. A record
-  that does not decode has id None."""
+  that does not decode has id None. `security`: `kafka_security.settings(...)` of a TLS or
+  SASL broker (the passwords are read from the environment, as for a run's clients)."""
   from kafka import KafkaConsumer, TopicPartition
 
   c = KafkaConsumer(
@@ -621,6 +626,7 @@ def topic_record_ids(
     auto_offset_reset="earliest",
     fetch_max_wait_ms=25,
     **_CLIENT,
+    **kafka_security.with_secrets(security or {}),
   )
   c.assign([TopicPartition(topic, p) for p in range(partitions)])
   out, quiet = [], 0
@@ -641,12 +647,19 @@ def topic_record_ids(
   return out
 
 
-def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
-  """The consumer group's committed offset per partition of `topic` (0 where none)."""
+def committed_offsets(
+  bootstrap: str, group: str, topic: str, partitions: int, security: dict | None = None
+) -> dict[int, int]:
+  """The consumer group's committed offset per partition of `topic` (0 where none);
+  `security` as for `topic_record_ids`."""
   from kafka import KafkaConsumer, TopicPartition
 
   c = KafkaConsumer(
-    bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False, **_CLIENT
+    bootstrap_servers=bootstrap,
+    group_id=group,
+    enable_auto_commit=False,
+    **_CLIENT,
+    **kafka_security.with_secrets(security or {}),
   )
   try:
     return {p: c.committed(TopicPartition(topic, p)) or 0 for p in range(partitions)}
