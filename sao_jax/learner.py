@@ -212,6 +212,10 @@ def make_rl_update(
       grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params)
     metrics["adv_abs"] = jnp.mean(jnp.abs(adv_b))
     metrics["reward"] = jnp.mean(batch.rewards_b)
+    # Groups whose rows all scored the same carry no signal (every advantage 0): the share
+    # of the step's prompts that taught nothing (all failed, or all solved).
+    r_g = batch.rewards_b.reshape(-1, cfg.group_size)
+    metrics["groups_flat"] = jnp.mean(jnp.all(r_g == r_g[:, :1], axis=1).astype(jnp.float32))
     return apply_gradients(state, tx, grads, metrics)
 
   return update
