@@ -157,7 +157,7 @@ def audit_kafka(bootstrap: str, workdir: pathlib.Path, partitions: int) -> dict:
 
   run_id = (workdir / "run_id").read_text().strip()
   topic = f"sao.{run_id}.trajectories"
-  cfg = config_lib.from_dict(config_lib.upgrade(json.loads((workdir / "config.json").read_text())))
+  cfg = config_lib.read_saved(workdir / "config.json")
   security = kafka_security.from_config(cfg.transport)  # (a TLS / SASL broker: the run's own)
   on_topic = topic_record_ids(bootstrap, topic, partitions, security=security)
   committed = committed_offsets(

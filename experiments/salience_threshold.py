@@ -104,7 +104,7 @@ def main(argv=None) -> dict:
     _, meta = ckpt.read_meta(where, args.steps)
     if not meta.get("config"):
       raise SystemExit(f"{where} step {args.steps}: no resolved configuration in its metadata")
-    cfg = config_lib.from_dict(config_lib.upgrade(meta["config"]))
+    cfg = config_lib.from_saved(meta["config"])
     if cfg.compression.salience != "learned":
       raise SystemExit(f"{where}: trained without the learned salience head (nothing to set)")
     like = L.build(cfg, True, mode="sft")[0].init(jax.random.key(0))  # the parameters' shapes

@@ -1096,6 +1096,18 @@ def from_dict(d: dict, cls=Config):
   return cls(**kwargs)
 
 
+def from_saved(d: dict) -> Config:
+  """A config saved by any version of this code (a checkpoint's metadata, a results file, a
+  workdir's config.json, read back from JSON): `upgrade`d to today's schema, then rebuilt;
+  keys unknown today fail by name."""
+  return from_dict(upgrade(d))
+
+
+def read_saved(path) -> Config:
+  """`from_saved` of a JSON file, e.g. a workdir's config.json."""
+  return from_saved(json.loads(pathlib.Path(path).read_text()))
+
+
 def _freeze(v):
   if isinstance(v, list):
     return tuple(_freeze(x) for x in v)

@@ -119,7 +119,7 @@ def load_run(workdir: pathlib.Path) -> tuple[config_lib.Config, list[dict]]:
   path = workdir / "config.json"
   if not path.exists():
     raise ReplayError(f"{workdir} holds no config.json: not a `sao-jax train` workdir")
-  cfg = config_lib.from_dict(config_lib.upgrade(json.loads(path.read_text())))
+  cfg = config_lib.read_saved(path)
   if not cfg.rl.uses_samplers:
     raise ReplayError(
       f"{workdir} is a synchronous in-process run (rl.algorithm={cfg.rl.algorithm!r}, "

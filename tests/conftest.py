@@ -3,6 +3,8 @@ real workdir (metrics.jsonl, summary.json, checkpoints), and training it is the 
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 import pathlib
 import subprocess
@@ -79,6 +81,23 @@ train_cmd = procs.train_argv
 @pytest.fixture(scope="session")
 def repo_root() -> pathlib.Path:
   return REPO_ROOT
+
+
+@functools.cache
+def load_script(relpath: str):
+  """A script of the repository (e.g. "experiments/rl_vs_sft.py", not a package module)
+  imported as a module, once per process, to test its functions."""
+  path = REPO_ROOT / relpath
+  spec = importlib.util.spec_from_file_location(path.stem, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.fixture(scope="session")
+def experiment():
+  """`experiment("rl_vs_sft")`: experiments/rl_vs_sft.py imported as a module."""
+  return lambda name: load_script(f"experiments/{name}.py")
 
 
 @pytest.fixture(scope="session")

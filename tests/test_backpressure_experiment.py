@@ -3,20 +3,14 @@ anything runs (the experiment itself is minutes of training: run by hand, not he
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
 
 @pytest.fixture(scope="module")
-def bp(repo_root):
-  spec = importlib.util.spec_from_file_location(
-    "backpressure", repo_root / "experiments" / "backpressure.py"
-  )
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+def bp(experiment):
+  return experiment("backpressure")
 
 
 def test_arm_metrics_shares_and_staleness(bp, tmp_path):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
@@ -15,13 +14,8 @@ TOK = CharTokenizer()
 
 
 @pytest.fixture(scope="module")
-def bench(repo_root):
-  spec = importlib.util.spec_from_file_location(
-    "bench_code", repo_root / "experiments" / "bench_code.py"
-  )
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+def bench(experiment):
+  return experiment("bench_code")
 
 
 def test_free_family_is_the_code_tasks_scored_by_exact_match_without_a_sandbox(bench):

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
 
 @pytest.mark.slow
-def test_bench_sandbox_quick(tmp_path, repo_root):
-  spec = importlib.util.spec_from_file_location(
-    "bench_sandbox", repo_root / "experiments" / "bench_sandbox.py"
-  )
-  bench = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(bench)
+def test_bench_sandbox_quick(tmp_path, experiment):
+  bench = experiment("bench_sandbox")
   out = tmp_path / "bench.json"
   bench.main(["--quick", "--out", str(out)])
   r = json.loads(out.read_text())

@@ -6,7 +6,6 @@ and deferred held-out evaluation. (Its end-to-end runs are the benchmark itself:
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -21,13 +20,8 @@ from sao_jax.runners.common import PhaseClock
 
 
 @pytest.fixture(scope="module")
-def bench(repo_root):
-  spec = importlib.util.spec_from_file_location(
-    "bench_sync_vs_async", repo_root / "experiments" / "bench_sync_vs_async.py"
-  )
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+def bench(experiment):
+  return experiment("bench_sync_vs_async")
 
 
 def test_time_to_target_is_interpolated_between_evaluations():

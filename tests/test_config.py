@@ -141,6 +141,19 @@ def test_moved_keys_are_refused_by_name_and_old_configs_read_back():
   old = C.to_dict(cfg)
   old["sao"].update(num_samplers=3, quarantine_rate=0.25, sampler_threads=0)
   del old["samplers"]
-  assert C.from_dict(C.upgrade(json.loads(json.dumps(old)))) == cfg
+  assert C.from_saved(json.loads(json.dumps(old))) == cfg
   assert set(C.MOVED.values()) <= set(C.config_keys())
   assert not set(C.MOVED) & set(C.config_keys())
+
+
+def test_read_saved_reads_an_old_workdir_config_and_refuses_unknown_keys(tmp_path):
+  """A workdir's config.json from before a field existed reads back with the field at its
+  default; one with a key this code does not know is refused by name."""
+  cfg = C.apply_overrides(C.Config(), ["rl.optim.lr=0.0003"])
+  old = C.to_dict(cfg)
+  del old["samplers"]["quarantine_rate"]
+  (tmp_path / "config.json").write_text(json.dumps(old))
+  assert C.read_saved(tmp_path / "config.json") == cfg
+  (tmp_path / "bad.json").write_text(json.dumps(dict(old, gone=1)))
+  with pytest.raises(C.ConfigError, match="unknown config key 'gone'"):
+    C.read_saved(tmp_path / "bad.json")

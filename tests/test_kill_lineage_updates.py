@@ -3,20 +3,14 @@ restarts cost, read from a metrics file written by several incarnations."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
 
 @pytest.fixture(scope="module")
-def ku(repo_root):
-  spec = importlib.util.spec_from_file_location(
-    "kill_lineage_updates", repo_root / "experiments" / "kill_lineage_updates.py"
-  )
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+def ku(experiment):
+  return experiment("kill_lineage_updates")
 
 
 def _rows(incarnation: str, steps, t0: float, startup: float):

@@ -1,20 +1,14 @@
 """The package's layering: no import cycle, no import from a higher layer, and every module
 imports on its own in dependency order."""
 
-import importlib.util
 import subprocess
 import sys
 
-from conftest import REPO_ROOT, subprocess_env
+from conftest import REPO_ROOT, load_script, subprocess_env
 
 
 def _graph_module():
-  spec = importlib.util.spec_from_file_location(
-    "import_graph", REPO_ROOT / "scripts" / "import_graph.py"
-  )
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_script("scripts/import_graph.py")
 
 
 def test_no_cycles_and_no_upward_imports():

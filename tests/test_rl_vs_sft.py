@@ -4,19 +4,12 @@ train` processes and `eval_workdir`, tested where they live.)"""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 
 @pytest.fixture(scope="module")
-def exp(repo_root):
-  spec = importlib.util.spec_from_file_location(
-    "rl_vs_sft", repo_root / "experiments" / "rl_vs_sft.py"
-  )
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+def exp(experiment):
+  return experiment("rl_vs_sft")
 
 
 def _run(sft, cont, grpo, sao, clean, ops3=(0.1, 0.1, 0.2, 0.3, 0.1)):

@@ -1,7 +1,6 @@
 """experiments/sensitivity_report.py on a sweep directory written here (no training): the
 target, seconds to target, collapse detection and the per-point statistics."""
 
-import importlib.util
 import json
 import math
 
@@ -9,13 +8,8 @@ import pytest
 
 
 @pytest.fixture
-def mod(repo_root):
-  spec = importlib.util.spec_from_file_location(
-    "sensitivity_report", repo_root / "experiments" / "sensitivity_report.py"
-  )
-  m = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(m)
-  return m
+def mod(experiment):
+  return experiment("sensitivity_report")
 
 
 def _sweep_dir(tmp_path):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
@@ -11,13 +10,8 @@ from sao_jax.bench import arith_report
 
 
 @pytest.fixture(scope="module")
-def arith(repo_root):
-  spec = importlib.util.spec_from_file_location(
-    "sft_grpo_arith", repo_root / "experiments" / "sft_grpo_arith.py"
-  )
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+def arith(experiment):
+  return experiment("sft_grpo_arith")
 
 
 def _run(seed: int, sft: float, grpo: float, ctrl: float) -> dict:

@@ -68,7 +68,7 @@ def eval_humaneval_workdir(
 
   def like_for(meta: dict):
     """Everything the snapshot's config decides, built once; the params to restore onto."""
-    cfg = config_lib.from_dict(config_lib.upgrade(meta["config"]))
+    cfg = config_lib.from_saved(meta["config"])
     tok = get_tokenizer(cfg.tokenizer)
     problems = humaneval.load_problems()[:num_problems]
     encoded = []

@@ -101,7 +101,7 @@ def export_workdir(
   built: dict[str, Any] = {}
 
   def like_for(meta: dict):
-    cfg = config_lib.from_dict(config_lib.upgrade(meta["config"]))
+    cfg = config_lib.from_saved(meta["config"])
     if cfg.compression.enabled:
       raise config_lib.ConfigError(
         "compression.enabled: the compressed-memory policy (encoder, LSTM filter, memory "

@@ -100,7 +100,7 @@ def _check_resume(cfg: Config, workdir: pathlib.Path) -> dict | None:
   ):
     return None
   try:  # keys added to the code since (absent from the file) take their defaults: upgrade
-    old_cfg = config_lib.from_dict(config_lib.upgrade(json.loads(old_path.read_text())))
+    old_cfg = config_lib.read_saved(old_path)
   except (config_lib.ConfigError, TypeError, ValueError) as err:
     raise config_lib.ConfigError(
       f"{workdir} holds a run whose config.json this code cannot read ({err}); pass a new --workdir"
@@ -245,7 +245,7 @@ def eval_workdir(
   built: dict[str, Any] = {}
 
   def like_for(meta: dict):
-    cfg = config_lib.from_dict(config_lib.upgrade(meta["config"]))
+    cfg = config_lib.from_saved(meta["config"])
     new = config_lib.apply_overrides(cfg, list(overrides))
     if new.model != cfg.model or new.tokenizer != cfg.tokenizer:
       raise config_lib.ConfigError("eval overrides may not change the checkpoint's model")
