@@ -188,8 +188,7 @@ def replay(
   to OUT/replay.json, default WORKDIR/replay/)."""
   import tqdm
 
-  from sao_jax.runners.grpo import SyncGRPOLearner
-  from sao_jax.runners.memory_sao import SAO_LEARNERS
+  from sao_jax.runners.memory_sao import learner_class
   from sao_jax.setup import make_setup
 
   t0 = time.time()
@@ -227,8 +226,7 @@ def replay(
         "needs the run's device count in one process (a multi-process run cannot be replayed)"
       )
   s = make_setup(cfg)
-  cls = SyncGRPOLearner if cfg.rl.algorithm == "grpo" else SAO_LEARNERS[type(s.policy)]
-  learner = cls.update_side(s)
+  learner = learner_class(cfg.rl.algorithm, s.policy).update_side(s)
   state = _start_state(s, learner, workdir)
   # Read-only: replay never edits the run (a writer's manager would create the directory and
   # clean up the run's unfinished snapshots).

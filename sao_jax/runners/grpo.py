@@ -33,7 +33,7 @@ from sao_jax.runners.common import (
 )
 from sao_jax.runners.compiled import Programs
 from sao_jax.runners.learner_parts.intake import Intake
-from sao_jax.runners.sao import SAOLearner, run_sao
+from sao_jax.runners.sao import SAOLearner
 from sao_jax.setup import Setup
 from sao_jax.state import TrainState, copy_tree
 
@@ -290,24 +290,3 @@ class SyncGRPOLearner(SAOLearner):
       rewards_b=np.asarray([it.rec.meta["reward"] for it in items], np.float32),
     )
     return batch, np.zeros(len(items), np.int64)
-
-
-def run_grpo_samplers(
-  s: Setup,
-  writer: MetricsWriter,
-  state: TrainState,
-  workdir: pathlib.Path,
-  *,
-  max_seconds: float | None = None,
-  eval_every: float = 0.0,
-) -> tuple:
-  """`rl.algorithm='grpo'` with `rl.sampling='samplers'` (see SyncGRPOLearner)."""
-  return run_sao(
-    s,
-    writer,
-    state,
-    workdir,
-    max_seconds=max_seconds,
-    eval_every=eval_every,
-    learner_cls=SyncGRPOLearner,
-  )

@@ -40,6 +40,7 @@ from sao_jax.compression.rollout import (
 )
 from sao_jax.metrics import MetricsWriter
 from sao_jax.policy import TextPolicy
+from sao_jax.runners.grpo import SyncGRPOLearner
 from sao_jax.runners.sao import SAOLearner, poisoned
 from sao_jax.setup import Setup
 from sao_jax.transport import records
@@ -222,3 +223,9 @@ class MemorySAOLearner(SAOLearner):
 
 # The SAO learner of each kind of policy (their records and batches differ).
 SAO_LEARNERS = {TextPolicy: SAOLearner, MemoryPolicy: MemorySAOLearner}
+
+
+def learner_class(algorithm: str, policy) -> type:
+  """The learner of an RL phase that samples in sampler processes: synchronous GRPO through
+  the samplers (`rl.algorithm='grpo'`), or the SAO learner of the policy's kind."""
+  return SyncGRPOLearner if algorithm == "grpo" else SAO_LEARNERS[type(policy)]

@@ -26,8 +26,8 @@ from sao_jax.metrics import MetricsWriter, SilentWriter, peak_memory_mb, write_s
 from sao_jax.models import hf
 from sao_jax.runners.common import eval_fn, sft_programs
 from sao_jax.runners.compiled import compile_sampler
-from sao_jax.runners.grpo import run_grpo, run_grpo_samplers
-from sao_jax.runners.memory_sao import SAO_LEARNERS
+from sao_jax.runners.grpo import run_grpo
+from sao_jax.runners.memory_sao import learner_class
 from sao_jax.runners.sao import run_sao
 from sao_jax.runners.sft import run_sft
 from sao_jax.setup import Setup, make_setup
@@ -35,7 +35,7 @@ from sao_jax.startup import enable_compile_cache
 from sao_jax.state import TrainState
 
 
-def run_sao_learner(
+def run_in_samplers(
   s: Setup,
   writer: MetricsWriter,
   state: TrainState,
@@ -44,8 +44,9 @@ def run_sao_learner(
   max_seconds: float | None = None,
   eval_every: float = 0.0,
 ) -> tuple:
-  """`rl.algorithm='sao'`: the SAO learner of the run's policy; resumes by itself from
-  `workdir/checkpoints/rl` and the journal."""
+  """An RL phase sampled in sampler processes (`run_sao`) by the learner of `rl.algorithm` and
+  the run's policy (`learner_class`); resumes by itself from `workdir/checkpoints/rl` and the
+  journal."""
   return run_sao(
     s,
     writer,
@@ -53,7 +54,7 @@ def run_sao_learner(
     workdir,
     max_seconds=max_seconds,
     eval_every=eval_every,
-    learner_cls=SAO_LEARNERS[type(s.policy)],
+    learner_cls=learner_class(s.cfg.rl.algorithm, s.policy),
   )
 
 
@@ -62,8 +63,8 @@ def run_sao_learner(
 # `sao_jax.setup.validate` refuses the combinations missing here and what a policy cannot do.
 RL_PHASES = {
   ("grpo", False): run_grpo,
-  ("grpo", True): run_grpo_samplers,
-  ("sao", True): run_sao_learner,
+  ("grpo", True): run_in_samplers,
+  ("sao", True): run_in_samplers,
 }
 
 

@@ -11,7 +11,7 @@ The learner loop mirrors `sao_jax.runners.sao.SAOLearner` (top up tasks to a tar
 while a batch is short, take the next `batch_size` fresh records, drop those older than
 `max_staleness` versions, update, publish every `param_sync_every` updates),
 `sao_jax.runners.grpo.run_grpo` (sample the whole batch in the learner, wait for all,
-update) and `run_grpo_samplers` (the same through sampler processes). A continuous sampler
+update) and `SyncGRPOLearner` (the same through sampler processes). A continuous sampler
 mirrors `sao_jax.rollout.ContinuousSampler` in a sampler process: take new weights (and,
 with completions in flight, refresh their caches), refill free slots, one decode call until
 `refill_rows` completions end, step their environments, send. Metrics are defined as the
