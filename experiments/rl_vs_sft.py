@@ -8,10 +8,17 @@ win: imperfect demonstrations and test problems outside the demonstrations' dist
   python experiments/rl_vs_sft.py --setting flawed --variant tiny --seconds 10 --seeds 1
   python experiments/rl_vs_sft.py --setting ood --arm-set sao:rl.optim.lr=3e-4  # tuned values
 
-Settings (on top of --config, default experiments/configs/sao_arith.py):
-  flawed  the demonstrations come from a teacher who reads the subtraction verbs of
-          --misreads (default "gave") as additions (task.options.teacher_misreads: a
-          systematic error, so imitation learns it); rewards and the test split are true.
+  python experiments/rl_vs_sft.py --setting clean --config experiments/configs/code.py
+  python experiments/rl_vs_sft.py --setting flawed --config experiments/configs/code.py \\
+      --misreads add
+
+Settings (on top of --config, default experiments/configs/sao_arith.py; any task family):
+  clean   the config as it is (perfect, in-distribution demonstrations).
+  flawed  the demonstrations come from a teacher who misreads the words of --misreads the
+          same way every time (task.options.teacher_misreads: a systematic error, so
+          imitation learns it; arithmetic, default "gave": subtraction verbs read as
+          additions; code: a stage of envs.code.CODE_MISREADS); rewards and the test split
+          are true.
           A reference arm, `sft_clean`, trains the same SFT start and continuation on clean
           demonstrations, so each seed measures the gap the flaw opens (clean minus flawed
           continued SFT) and how much of it RL recovers: (RL - continued SFT) / gap.
@@ -30,6 +37,13 @@ accuracy on a grid of --eval-points deferred evaluations per arm (the curve), th
 parameters on every test split of the setting. Per arm and split: mean ± s.e. over seeds;
 per seed the paired difference to continued SFT, summarised the same way.
 
+Equal wall-clock is the headline; equal samples sits beside it: each arm's curve against
+the training samples it consumed (demonstrations for SFT, trajectories for RL; every update
+is logged), read per seed at the fewest samples any of continued SFT, GRPO and SAO reached.
+Each RL arm's diagnosis (sao_jax.bench.rl_vs_sft.diagnosis): batch reward, reward sparsity
+(share of zero-reward trajectories; share of batches with nothing but zeros), GRPO's share
+of groups with no signal, mean |advantage|, and the batch reward against updates.
+
 Writes OUT/results.json (command, commit, machine, resolved config, every run) and
 OUT/accuracy_vs_time.png; prints the table. Workdirs go to --workdir.
 """
@@ -43,8 +57,19 @@ import time
 
 import numpy as np
 
+from sao_jax import config as config_lib
 from sao_jax import stats
-from sao_jax.bench.rl_vs_sft import setting_overrides, splits_for
+from sao_jax.bench.rl_vs_sft import (
+  DIAGNOSIS,
+  SETTINGS,
+  accuracy_at,
+  diagnosis,
+  samples_at,
+  setting_overrides,
+  splits_for,
+  training_samples,
+)
+from sao_jax.metrics import read_jsonl
 from sao_jax.procs import run_train
 from sao_jax.results_file import ResultFile
 from sao_jax.setup import make_setup
@@ -63,7 +88,7 @@ LABELS = {
 
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-  p.add_argument("--setting", required=True, choices=("flawed", "ood"))
+  p.add_argument("--setting", required=True, choices=SETTINGS)
   p.add_argument("--misreads", default="gave", help="flawed: verbs the teacher misreads")
   p.add_argument("--config", default=str(HERE / "configs" / "sao_arith.py"))
   p.add_argument("--variant", default="default")
@@ -150,6 +175,7 @@ def one_seed(config, sets, arm_sets, seed, arms, splits, work, args, every) -> d
   run["order"] = order
   for arm in order:
     timing = [f"eval.every_seconds={every}", "eval.deferred=True", "rl.steps=0", "sft.steps=0"]
+    timing.append("log_every=1")  # (every update's row: samples and diagnosis exact)
     timing.append("rl.sampling=inline")
     if arm in ("sft_continued", "sft_clean"):
       phase = [f"sft.max_seconds={args.seconds}", "rl.max_seconds=0"]
@@ -163,9 +189,11 @@ def one_seed(config, sets, arm_sets, seed, arms, splits, work, args, every) -> d
       work / arm,
       [*common, *extra, f"init_from={start}", *timing, *phase, *arm_sets[arm]],
     )
-    info = summary["sft" if arm in ("sft_continued", "sft_clean") else "rl"]
-    info = {k: v for k, v in info.items() if k != "length_hist"}
+    phase = "sft" if arm in ("sft_continued", "sft_clean") else "rl"
+    info = {k: v for k, v in summary[phase].items() if k != "length_hist"}
     info.update(splits=_score(work / arm, splits), peak_tree_pss_mb=mem["pss_peak_mb"])
+    start_acc = run["sft_clean_start" if arm == "sft_clean" else "sft"]["accuracy"]
+    info.update(_samples(work / arm, phase, info, start_acc))
     run[arm] = info
     print(
       f"seed {seed}: {arm} {info['steps']} steps in {info['seconds']:.0f} s, "
@@ -173,6 +201,44 @@ def one_seed(config, sets, arm_sets, seed, arms, splits, work, args, every) -> d
       flush=True,
     )
   return run
+
+
+def _samples(workdir: pathlib.Path, phase: str, info: dict, start_acc: float) -> dict:
+  """An arm's training samples, its curve against them (from the SFT start's accuracy at 0
+  to its final one) and, for RL, its diagnosis."""
+  rows = read_jsonl(workdir / "metrics.jsonl")
+  steps, cum = training_samples(rows, config_lib.read_saved(workdir / "config.json"), phase)
+  curve = [[0.0, start_acc]] + [
+    [samples_at(steps, cum, st), acc] for _, st, acc in info["eval_curve"] if st > 0
+  ]
+  total = samples_at(steps, cum, info["steps"])
+  if curve[-1][0] < total:
+    curve.append([total, info["splits"]["test"]])
+  out = {"samples": total, "sample_curve": curve}
+  if phase == "rl":
+    out["diagnosis"] = diagnosis(rows)
+  return out
+
+
+def equal_samples(runs: list[dict], arms: list[str]) -> dict | None:
+  """Test accuracy per arm at the fewest samples any of continued SFT, GRPO and SAO reached
+  (per seed), with the paired differences; None where a run lacks a sample curve."""
+  main = [a for a in ARMS if a in arms]
+  if not all("sample_curve" in r.get(a, {}) for r in runs for a in main):
+    return None
+  for r in runs:
+    n = min(r[a]["samples"] for a in main)
+    r["equal_samples"] = {"samples": n}
+    for a in main:
+      xs, accs = zip(*r[a]["sample_curve"], strict=True)
+      r["equal_samples"][a] = accuracy_at(xs, accs, n)
+  out = {k: stats.summarize([r["equal_samples"][k] for r in runs]) for k in ["samples", *main]}
+  pairs = [("grpo", "sft_continued"), ("sao", "sft_continued"), ("sao", "grpo")]
+  for a, b in pairs:
+    if a in main and b in main:
+      diffs = [r["equal_samples"][a] - r["equal_samples"][b] for r in runs]
+      out[f"{a}_minus_{b}"] = stats.summarize(diffs)
+  return out
 
 
 def summarize(runs: list[dict], arms: list[str], splits: list[str]) -> dict:
@@ -190,6 +256,13 @@ def summarize(runs: list[dict], arms: list[str], splits: list[str]) -> dict:
     s: stats.summarize([r["sao"]["splits"][s] - r["grpo"]["splits"][s] for r in runs])
     for s in splits
   }
+  out["equal_samples"] = equal_samples(runs, arms)
+  for arm in ("grpo", "sao"):
+    if all("diagnosis" in r.get(arm, {}) for r in runs):
+      diag = [r[arm]["diagnosis"] for r in runs]
+      out.setdefault("diagnosis", {})[arm] = {
+        k: stats.summarize([d.get(k) for d in diag]) for k in DIAGNOSIS
+      }
   if "sft_clean" in arms:
     gaps = [r["sft_clean"]["splits"]["test"] - r["sft_continued"]["splits"]["test"] for r in runs]
     out["flaw_gap"] = stats.summarize(gaps)
@@ -215,6 +288,23 @@ def print_table(r: dict):
   for key in ("grpo_minus_sft_continued", "sao_minus_grpo", "sao_minus_sft_continued"):
     cells = [stats.fmt(sm[key][s], "{:+.1f}", 100) for s in splits]
     print(f"{key + ' (points)':44s}" + "".join(f"{c:>18s}" for c in cells))
+  eq = sm.get("equal_samples")
+  if eq:
+    n = stats.fmt(eq["samples"], "{:.0f}")
+    print(f"\nat equal samples (per seed the fewest any arm reached: {n})")
+    for key in ("sft_continued", "grpo", "sao"):
+      if key in eq:
+        print(f"{LABELS[key]:44s}{stats.fmt(eq[key], '{:.1f}', 100):>18s}")
+    for key in ("grpo_minus_sft_continued", "sao_minus_sft_continued", "sao_minus_grpo"):
+      if key in eq:
+        print(f"{key + ' (points)':44s}{stats.fmt(eq[key], '{:+.1f}', 100):>18s}")
+  for arm, d in sm.get("diagnosis", {}).items():
+    print(
+      f"{LABELS[arm]} batches: reward {stats.fmt(d['reward'], '{:.3f}')}, zero-reward "
+      f"trajectories {stats.fmt(d['reward_zero_frac'], '{:.1%}')}, all-zero batches "
+      f"{stats.fmt(d['all_zero_batch'], '{:.1%}')}, flat groups "
+      f"{stats.fmt(d['groups_flat'], '{:.1%}')}, |advantage| {stats.fmt(d['adv_abs'], '{:.3f}')}"
+    )
   if "flaw_gap" in sm:
     print(
       f"flaw rate {r['teacher_flaw_rate']:.1%}; gap (clean - flawed continued SFT) "
@@ -231,24 +321,27 @@ def plot(r: dict, path: pathlib.Path):
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  fig, ax = plt.subplots(figsize=(6, 4))
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
   colors = {"sft_continued": "tab:gray", "grpo": "tab:blue", "sao": "tab:orange"}
   colors["sft_clean"] = "tab:green"
-  for arm, color in colors.items():
-    curves = [run[arm]["eval_curve"] for run in r["runs"] if arm in run]
-    if not curves:
-      continue
-    for c in curves:
-      ax.plot([x[0] for x in c], [100 * x[2] for x in c], color=color, alpha=0.3, lw=1)
-    n = min(len(c) for c in curves)
-    t = np.mean([[x[0] for x in c[:n]] for c in curves], axis=0)
-    acc = np.mean([[100 * x[2] for x in c[:n]] for c in curves], axis=0)
-    ax.plot(t, acc, color=color, lw=2, label=f"{LABELS[arm]} (mean of {len(curves)})")
-  ax.axhline(100 * r["summary"]["sft"]["test"]["mean"], color="k", ls="--", label="SFT start")
-  ax.set_xlabel("training seconds after the SFT start")
-  ax.set_ylabel("held-out greedy accuracy (%)")
-  ax.set_title(f"RL against continued SFT: {r['setting']}", fontsize=9)
-  ax.legend(fontsize=7)
+  views = (("eval_curve", 0, 2, "training seconds after the SFT start"),)
+  views += (("sample_curve", 0, 1, "training samples (demonstrations / trajectories)"),)
+  for ax, (key, xi, yi, xlabel) in zip(axes, views, strict=True):
+    for arm, color in colors.items():
+      curves = [run[arm][key] for run in r["runs"] if key in run.get(arm, {})]
+      if not curves:
+        continue
+      for c in curves:
+        ax.plot([x[xi] for x in c], [100 * x[yi] for x in c], color=color, alpha=0.3, lw=1)
+      n = min(len(c) for c in curves)
+      t = np.mean([[x[xi] for x in c[:n]] for c in curves], axis=0)
+      acc = np.mean([[100 * x[yi] for x in c[:n]] for c in curves], axis=0)
+      ax.plot(t, acc, color=color, lw=2, label=f"{LABELS[arm]} (mean of {len(curves)})")
+    ax.axhline(100 * r["summary"]["sft"]["test"]["mean"], color="k", ls="--", label="SFT start")
+    ax.set_xlabel(xlabel)
+  axes[0].set_ylabel("held-out greedy accuracy (%)")
+  axes[0].set_title(f"RL against continued SFT: {r['setting']}", fontsize=9)
+  axes[0].legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)

@@ -216,6 +216,9 @@ def make_rl_update(
     # of the step's prompts that taught nothing (all failed, or all solved).
     r_g = batch.rewards_b.reshape(-1, cfg.group_size)
     metrics["groups_flat"] = jnp.mean(jnp.all(r_g == r_g[:, :1], axis=1).astype(jnp.float32))
+    # Reward sparsity: the share of the step's rows that earned nothing (a batch where it is
+    # 1 teaches nothing at all).
+    metrics["reward_zero_frac"] = jnp.mean((batch.rewards_b == 0).astype(jnp.float32))
     return apply_gradients(state, tx, grads, metrics)
 
   return update
@@ -418,6 +421,7 @@ def make_sao_update(
       "pg_loss": first["pg_loss"],
       "value_loss": first["value_loss"],
       "reward": per_traj(batch.rewards_b),
+      "reward_zero_frac": per_traj((batch.rewards_b == 0).astype(jnp.float32)),
       "adv_abs": per_share(jnp.abs(first["adv_b"])),
       "adv_neg_frac": per_share((first["adv_b"] < 0).astype(jnp.float32)),
       "value_mean": per_share(first["values_b"]),

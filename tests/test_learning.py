@@ -64,6 +64,7 @@ def test_grpo_learns_a_bandit():
     assert np.isfinite(metrics["loss"])
     flat = np.mean([len(set(g)) == 1 for g in rewards.reshape(-1, 8)])  # no-signal groups
     assert float(metrics["groups_flat"]) == pytest.approx(flat)
+    assert float(metrics["reward_zero_frac"]) == pytest.approx(np.mean(rewards == 0))
   assert np.mean(rates[:3]) < 0.3
   assert np.mean(rates[-5:]) > 0.8, rates
 

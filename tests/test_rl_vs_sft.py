@@ -45,6 +45,8 @@ def test_settings_name_what_they_change(repo_root):
   assert sets == ["task.options.teacher_misreads=('gave', 'used')", "seed=3"]
   assert dict(cfg.task.options)["teacher_misreads"] == ("gave", "used") and cfg.seed == 3
   assert splits_for("flawed", cfg) == {"test": []}
+  sets, cfg = setting_overrides("clean", [], config, "tiny", ["seed=3"])
+  assert sets == ["seed=3"] and cfg.seed == 3 and splits_for("clean", cfg) == {"test": []}
   sets, cfg = setting_overrides("ood", [], config, "tiny")
   assert sets[0] == "task.n_ops_mix=(1, 2)" and sets[-1] == f"model.max_len={cfg.model.max_len}"
   splits = splits_for("ood", cfg)
@@ -54,3 +56,86 @@ def test_settings_name_what_they_change(repo_root):
   setting_overrides("ood", [], config, "default")
   with pytest.raises(ValueError, match="unknown setting"):
     setting_overrides("noisy", [], config, "tiny")
+
+
+def test_training_samples_count_demonstrations_and_trajectories():
+  """SFT counts sft.batch_size demonstrations an update; GRPO prompts x group size; SAO the
+  trajectories its learner counted; a row logged every k updates stands for all k."""
+  from sao_jax.bench.rl_vs_sft import samples_at, training_samples
+  from sao_jax.config import Config, apply_overrides
+
+  cfg = apply_overrides(Config(), ["sft.batch_size=4", "rl.prompts_per_step=2", "rl.group_size=3"])
+  sft = [{"phase": "sft", "step": s} for s in (1, 2, 3)] + [{"phase": "sft_eval", "step": 3}]
+  steps, cum = training_samples(sft, cfg, "sft")
+  assert steps.tolist() == [1, 2, 3] and cum.tolist() == [4, 8, 12]
+  grpo = [{"phase": "rl", "step": s} for s in (10, 20)]  # log_every=10
+  assert training_samples(grpo, cfg, "rl")[1].tolist() == [60, 120]
+  sao = [
+    {"phase": "rl", "step": 1, "trajectories": 5},
+    {"phase": "rl", "step": 2, "trajectories": 7},
+  ]
+  steps, cum = training_samples(sao, cfg, "rl")
+  assert cum.tolist() == [5, 12]
+  assert samples_at(steps, cum, 0) == 0 and samples_at(steps, cum, 1.5) == pytest.approx(8.5)
+
+
+def test_accuracy_at_equal_samples_and_the_diagnosis(exp):
+  from sao_jax.bench.rl_vs_sft import accuracy_at, diagnosis
+
+  assert accuracy_at([0, 10, 20], [0.1, 0.3, 0.5], 15) == pytest.approx(0.4)
+  assert accuracy_at([0, 10], [0.1, 0.3], 11) is None  # never past the curve's end
+  curves = {
+    "sft_continued": [[0, 0.5], [100, 0.6]],  # 100 demonstrations
+    "grpo": [[0, 0.5], [40, 0.7]],  # the fewest: 40
+    "sao": [[0, 0.5], [80, 0.9]],
+  }
+  run = {a: {"samples": c[-1][0], "sample_curve": c} for a, c in curves.items()}
+  eq = exp.equal_samples([run], ["sft_continued", "grpo", "sao", "sft_clean"])
+  assert run["equal_samples"]["samples"] == 40
+  assert eq["sft_continued"]["mean"] == pytest.approx(0.54)
+  assert eq["sao"]["mean"] == pytest.approx(0.7) and eq["grpo"]["mean"] == pytest.approx(0.7)
+  assert eq["sao_minus_grpo"]["mean"] == pytest.approx(0.0)
+  assert eq["grpo_minus_sft_continued"]["mean"] == pytest.approx(0.16)
+  assert exp.equal_samples([{"grpo": {}}], ["grpo"]) is None  # runs without curves
+  rows = [
+    {
+      "phase": "rl",
+      "step": 1,
+      "reward": 0.0,
+      "reward_zero_frac": 1.0,
+      "groups_flat": 1.0,
+      "adv_abs": 0.0,
+    },
+    {
+      "phase": "rl",
+      "step": 2,
+      "reward": 0.5,
+      "reward_zero_frac": 0.5,
+      "groups_flat": 0.5,
+      "adv_abs": 0.4,
+    },
+    {"phase": "rl_eval", "step": 2, "accuracy": 0.3},
+  ]
+  d = diagnosis(rows)
+  assert d["batches"] == 2 and d["all_zero_batch"] == pytest.approx(0.5)
+  assert d["reward_zero_frac"] == pytest.approx(0.75) and d["adv_abs"] == pytest.approx(0.2)
+  assert d["curve"] == [[1, 0.0, 1.0], [2, 0.5, 0.5]]
+  sao_rows = [{k: v for k, v in r.items() if k != "groups_flat"} for r in rows]
+  assert "groups_flat" not in diagnosis(sao_rows)  # (GRPO's only)
+
+
+def test_tuning_sweeps_build_every_variant(repo_root, monkeypatch):
+  """Every (setting, arm) variant of the tuning sweeps builds, on the setting the comparison
+  trains (the code settings on the code family's config)."""
+  from conftest import load_script
+
+  monkeypatch.chdir(repo_root)
+  mod = load_script("experiments/sweeps/rl_vs_sft_tuning.py")
+  for variant in mod.VARIANTS:
+    assert mod.get_sweep(variant).name == f"rl_vs_sft_{variant}"
+  code = mod.get_sweep("code-flawed_grpo")
+  assert code.config == "experiments/configs/code.py:default"
+  assert "task.options.teacher_misreads=('add',)" in code.fixed
+  assert mod.get_sweep("code-clean_sao").fixed == ("rl.steps=0",)
+  with pytest.raises(ValueError, match="unknown variant"):
+    mod.get_sweep("noisy_grpo")

@@ -2,17 +2,20 @@
 the comparison's own setting and budget (the config's SFT start, then 240 s of the arm), on
 seeds 100 and 101, disjoint from the comparison's 0..2. A variant per (setting, arm):
 
-  {flawed,ood}_{sft_continued,grpo,sao}
-    flawed: the teacher misreads "gave" (18 % of demonstrations flawed; the ρ = 0.2 setting;
-      the ρ ≈ 0.35 setting, "gave,used", runs with the values chosen here);
-    ood: 1-2 operations, operands up to 9 (sao_jax.bench.rl_vs_sft);
+  {flawed,ood,code-clean,code-flawed}_{sft_continued,grpo,sao}
+    flawed: arithmetic, the teacher misreads "gave" (18 % of demonstrations flawed; the
+      ρ = 0.2 setting; the ρ ≈ 0.35 setting, "gave,used", runs with the values chosen here);
+    ood: arithmetic, 1-2 operations, operands up to 9 (sao_jax.bench.rl_vs_sft);
+    code-clean: the code family (experiments/configs/code.py) as it is;
+    code-flawed: the code family, the teacher misreads "add" (writes k subtracted);
     sft_continued: sft.optim.lr in 1e-4, 3e-4, 1e-3, 3e-3 (the config's SFT uses 1e-3);
     grpo, sao: rl.optim.lr in 3e-5, 1e-4, 3e-4, 1e-3 (the config's RL uses 1e-4).
 
 Each trial starts from its seed's one shared SFT run (`Sweep.shared_sft`; SFT is
 deterministic on the CPU) and trains its arm for 240 s (`Sweep.trial_fixed`): continued SFT
 on the same (flawed) demonstrations, GRPO(N=8) sampling in the learner, or SAO. It is scored
-on the held-out accuracy of the setting's in-distribution test split at the end (never on
+on the held-out accuracy (code: mean pass rate) of the setting's in-distribution test split
+at the end (never on
 an out-of-distribution split: those stay unseen until the comparison). The rule that picks
 each arm's value, fixed before any trial ran: the point with the highest mean of its two
 seeds; where the sweep cannot tell it from the config's own value (their 95 % Welch interval
@@ -31,9 +34,14 @@ import itertools
 from sao_jax.bench.rl_vs_sft import setting_overrides
 from sao_jax.sweep import Choice, Sweep
 
-CONFIG = "experiments/configs/sao_arith.py"
+ARITH, CODE = "experiments/configs/sao_arith.py", "experiments/configs/code.py"
 SECONDS = 240.0
-SETTINGS = {"flawed": ["gave"], "ood": []}  # setting -> misreads
+SETTINGS = {  # variant's setting -> (config, rl_vs_sft setting, misreads)
+  "flawed": (ARITH, "flawed", ["gave"]),
+  "ood": (ARITH, "ood", []),
+  "code-clean": (CODE, "clean", []),
+  "code-flawed": (CODE, "flawed", ["add"]),
+}
 ARMS = {  # arm -> (axis key, values, what the trial trains after the start, metric)
   "sft_continued": (
     "sft.optim.lr",
@@ -62,10 +70,11 @@ def get_sweep(variant: str = "flawed_sao") -> Sweep:
   if setting not in SETTINGS or arm not in ARMS:
     raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
   key, values, trial_fixed, metric = ARMS[arm]
-  sets, _ = setting_overrides(setting, SETTINGS[setting], CONFIG, "default")
+  config, kind, misreads = SETTINGS[setting]
+  sets, _ = setting_overrides(kind, misreads, config, "default")
   return Sweep(
     name=f"rl_vs_sft_{variant}",
-    config=f"{CONFIG}:default",
+    config=f"{config}:default",
     strategy="grid",
     axes=(Choice(key, values),),
     seeds=2,

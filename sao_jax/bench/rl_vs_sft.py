@@ -2,9 +2,12 @@
 config, shared by the comparison and the sweeps that tune its arms
 (experiments/sweeps/rl_vs_sft_tuning.py), so both train exactly the same setting:
 
-  flawed  demonstrations from a teacher who reads the subtraction verbs of `misreads` as
-          additions (task.options.teacher_misreads: a systematic error); rewards and the
-          test split are true.
+  clean   the config as it is: perfect, in-distribution demonstrations (the code family's
+          comparison, and the control the other two settings depart from).
+  flawed  demonstrations from a teacher who misreads the words of `misreads` the same way
+          every time (task.options.teacher_misreads: a systematic error; arithmetic reads
+          subtraction verbs as additions, code misreads a stage); rewards and the test split
+          are true.
   ood     everything trains on 1-2 operations with operands up to 9, with 100 test problems
           (50 of each: 1-operation problems number only 126, and a train split must be
           left); the out-of-distribution test splits, each scored on all it holds: 3
@@ -17,10 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from sao_jax.config import Config, apply_overrides
 from sao_jax.setup import load_config, make_setup
 
-SETTINGS = ("flawed", "ood")
+SETTINGS = ("clean", "flawed", "ood")
 OOD_TRAIN = ["task.n_ops_mix=(1, 2)", "task.num_test=100", "eval.num_problems=100"]
 _SPLIT = ["task.num_test=500"]  # (then eval.num_problems: all the split keeps)
 
@@ -43,6 +48,8 @@ def setting_overrides(
   """The setting's overrides (then `extra`) of `config:variant`, and the config they make."""
   if setting not in SETTINGS:
     raise ValueError(f"unknown setting {setting!r}; known: {', '.join(SETTINGS)}")
+  if setting == "clean":
+    return list(extra), load_config(config, variant, list(extra))
   if setting == "flawed":
     sets = [f"task.options.teacher_misreads={tuple(misreads)!r}", *extra]
     return sets, load_config(config, variant, sets)
@@ -82,3 +89,64 @@ def _roomy(cfg: Config) -> Config:
     model=dataclasses.replace(cfg.model, max_len=4096),
     rl=dataclasses.replace(cfg.rl, max_new_tokens=1024),
   )
+
+
+def training_samples(rows: list[dict], cfg: Config, phase: str) -> tuple[np.ndarray, np.ndarray]:
+  """(steps, the training samples consumed up to each) of one arm's metric rows of `phase`:
+  demonstrations for "sft" (sft.batch_size an update), trajectories for "rl" (a row's
+  `trajectories` where the learner counts them, SAO; else prompts_per_step x group_size,
+  GRPO). Every update is counted exactly when the run logged each (log_every=1); otherwise a
+  logged row stands for the updates since the one before it."""
+  steps, cum, total, last = [], [], 0.0, 0
+  for r in sorted((r for r in rows if r.get("phase") == phase), key=lambda r: r["step"]):
+    if r["step"] <= last:
+      continue
+    if phase == "sft":
+      per = cfg.sft.batch_size
+    else:
+      per = r.get("trajectories", cfg.rl.prompts_per_step * cfg.rl.group_size)
+    total += float(per) * (r["step"] - last)
+    last = r["step"]
+    steps.append(last)
+    cum.append(total)
+  return np.asarray(steps, np.int64), np.asarray(cum, np.float64)
+
+
+def samples_at(steps: np.ndarray, cum: np.ndarray, step: float) -> float:
+  """Training samples consumed after `step` updates (0 at step 0, linear between rows)."""
+  return float(np.interp(step, np.r_[0, steps], np.r_[0.0, cum]))
+
+
+def accuracy_at(xs, accs, x: float) -> float | None:
+  """Held-out accuracy at `x` (seconds or samples) on a curve of (x, accuracy) points,
+  linear between them; None past the curve's end (no extrapolation)."""
+  xs, accs = np.asarray(xs, np.float64), np.asarray(accs, np.float64)
+  if not len(xs) or x > xs[-1] + 1e-9:
+    return None
+  return float(np.interp(x, xs, accs))
+
+
+DIAGNOSIS = ("reward", "reward_zero_frac", "all_zero_batch", "groups_flat", "adv_abs")
+
+
+def diagnosis(rows: list[dict], points: int = 60) -> dict:
+  """Why an RL arm learns or does not, from its update rows (phase "rl"): the mean batch
+  reward; reward sparsity (the share of a batch's trajectories that earned 0, and the share
+  of batches where every one did: those teach nothing); the share of GRPO groups whose
+  rewards were all equal (no signal; GRPO only); the mean |advantage|; and the batch reward
+  against updates (`curve`: at most `points` rows of [step, reward, reward_zero_frac]).
+  Keys a run did not log are left out."""
+  upd = [r for r in rows if r.get("phase") == "rl" and "reward" in r]
+  upd.sort(key=lambda r: r["step"])
+  values: dict[str, list[float]] = {k: [] for k in DIAGNOSIS}
+  for r in upd:
+    if "reward_zero_frac" in r:
+      values["all_zero_batch"].append(float(r["reward_zero_frac"] >= 1.0 - 1e-9))
+    for k in DIAGNOSIS:
+      if k in r:
+        values[k].append(float(r[k]))
+  out: dict = {"batches": len(upd)}
+  out.update({k: float(np.mean(v)) for k, v in values.items() if v})
+  keep = upd[:: max(1, -(-len(upd) // points))]
+  out["curve"] = [[r["step"], r["reward"], r.get("reward_zero_frac")] for r in keep]
+  return out
