@@ -315,34 +315,14 @@ def print_table(r: dict):
 
 
 def plot(r: dict, path: pathlib.Path):
-  """In-distribution held-out accuracy against training seconds: seeds thin, mean bold."""
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-  colors = {"sft_continued": "tab:gray", "grpo": "tab:blue", "sao": "tab:orange"}
-  colors["sft_clean"] = "tab:green"
-  views = (("eval_curve", 0, 2, "training seconds after the SFT start"),)
-  views += (("sample_curve", 0, 1, "training samples (demonstrations / trajectories)"),)
-  for ax, (key, xi, yi, xlabel) in zip(axes, views, strict=True):
-    for arm, color in colors.items():
-      curves = [run[arm][key] for run in r["runs"] if key in run.get(arm, {})]
-      if not curves:
-        continue
-      for c in curves:
-        ax.plot([x[xi] for x in c], [100 * x[yi] for x in c], color=color, alpha=0.3, lw=1)
-      n = min(len(c) for c in curves)
-      t = np.mean([[x[xi] for x in c[:n]] for c in curves], axis=0)
-      acc = np.mean([[100 * x[yi] for x in c[:n]] for c in curves], axis=0)
-      ax.plot(t, acc, color=color, lw=2, label=f"{LABELS[arm]} (mean of {len(curves)})")
-    ax.axhline(100 * r["summary"]["sft"]["test"]["mean"], color="k", ls="--", label="SFT start")
-    ax.set_xlabel(xlabel)
-  axes[0].set_ylabel("held-out greedy accuracy (%)")
-  axes[0].set_title(f"RL against continued SFT: {r['setting']}", fontsize=9)
-  axes[0].legend(fontsize=7)
-  fig.tight_layout()
+  from sao_jax.analysis.plots import plot_rl_vs_sft
+
+  fig = plot_rl_vs_sft(r)
   fig.savefig(path, dpi=120)
   plt.close(fig)
 

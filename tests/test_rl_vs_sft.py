@@ -139,3 +139,33 @@ def test_tuning_sweeps_build_every_variant(repo_root, monkeypatch):
   assert mod.get_sweep("code-clean_sao").fixed == ("rl.steps=0",)
   with pytest.raises(ValueError, match="unknown variant"):
     mod.get_sweep("noisy_grpo")
+
+
+def test_notebook_plot_finds_results_by_family_and_draws_both_views(tmp_path):
+  import json
+
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  from sao_jax.analysis.plots import plot_rl_vs_sft, rl_vs_sft_results
+
+  arm = {"eval_curve": [[10.0, 5, 0.5], [20.0, 9, 0.6]], "sample_curve": [[0, 0.4], [90, 0.6]]}
+  doc = {
+    "config": {"task": {"family": "code"}},
+    "setting": "clean",
+    "runs": [{"sft_continued": arm, "grpo": arm, "sao": arm}],
+    "summary": {"sft": {"test": {"mean": 0.4}}},
+  }
+  (tmp_path / "rl_vs_sft" / "code_clean").mkdir(parents=True)
+  (tmp_path / "rl_vs_sft" / "code_clean" / "results.json").write_text(json.dumps(doc))
+  (tmp_path / "rl_vs_sft" / "broken").mkdir()
+  (tmp_path / "rl_vs_sft" / "broken" / "results.json").write_text("{not json")
+  assert [n for n, _ in rl_vs_sft_results(tmp_path, family="code")] == ["rl_vs_sft/code_clean"]
+  assert rl_vs_sft_results(tmp_path, family="arithmetic") == []
+  fig = plot_rl_vs_sft(doc)
+  left, right = fig.axes
+  assert len(left.lines) == 7 and len(right.lines) == 7  # 3 arms x (seed + mean) + start
+  assert list(right.lines[0].get_xdata()) == [0, 90]
+  plt.close(fig)

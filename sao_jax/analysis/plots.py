@@ -133,3 +133,62 @@ def plot_lengths(results_root, columns: int = 2):
   fig.suptitle("Completion lengths: what each arm generated against the task's solutions")
   fig.tight_layout()
   return fig
+
+
+RL_VS_SFT_ARMS = {  # arm -> (label, colour)
+  "sft_continued": ("continued SFT", "tab:gray"),
+  "grpo": ("GRPO(N=8)", "tab:blue"),
+  "sao": ("SAO", "tab:orange"),
+  "sft_clean": ("SFT on clean demonstrations (reference)", "tab:green"),
+}
+
+
+def rl_vs_sft_results(results_root, family: str | None = None) -> list[tuple[str, dict]]:
+  """(name, results document) of every experiments/rl_vs_sft.py result under
+  `results_root`/rl_vs_sft, sorted by path; only those of task family `family` if given."""
+  import json
+  import pathlib
+
+  root = pathlib.Path(results_root)
+  found = []
+  for path in sorted(root.glob("rl_vs_sft/**/results.json")):
+    try:
+      doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+      continue
+    fam = ((doc.get("config") or {}).get("task") or {}).get("family")
+    if "runs" in doc and (family is None or fam == family):
+      found.append((str(path.parent.relative_to(root)), doc))
+  return found
+
+
+def plot_rl_vs_sft(doc: dict, title: str | None = None):
+  """One experiments/rl_vs_sft.py result: in-distribution held-out accuracy against training
+  seconds after the SFT start (left) and against training samples, demonstrations or
+  trajectories (right); each seed thin, the mean over seeds bold, the SFT start dashed.
+  Returns the matplotlib figure."""
+  import matplotlib.pyplot as plt
+  import numpy as np
+
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+  views = (("eval_curve", 0, 2, "training seconds after the SFT start"),)
+  views += (("sample_curve", 0, 1, "training samples (demonstrations / trajectories)"),)
+  for ax, (key, xi, yi, xlabel) in zip(axes, views, strict=True):
+    for arm, (label, color) in RL_VS_SFT_ARMS.items():
+      curves = [run[arm][key] for run in doc["runs"] if key in run.get(arm, {})]
+      if not curves:
+        continue
+      for c in curves:
+        ax.plot([x[xi] for x in c], [100 * x[yi] for x in c], color=color, alpha=0.3, lw=1)
+      n = min(len(c) for c in curves)
+      x = np.mean([[p[xi] for p in c[:n]] for c in curves], axis=0)
+      acc = np.mean([[100 * p[yi] for p in c[:n]] for c in curves], axis=0)
+      ax.plot(x, acc, color=color, lw=2, label=f"{label} (mean of {len(curves)})")
+    start = doc["summary"]["sft"]["test"]["mean"]
+    ax.axhline(100 * start, color="k", ls="--", label="SFT start")
+    ax.set_xlabel(xlabel)
+  axes[0].set_ylabel("held-out greedy accuracy (%)")
+  axes[0].set_title(title or f"RL against continued SFT: {doc.get('setting')}", fontsize=9)
+  axes[0].legend(fontsize=7)
+  fig.tight_layout()
+  return fig
