@@ -60,7 +60,8 @@ def test_settings_name_what_they_change(repo_root):
 
 def test_training_samples_count_demonstrations_and_trajectories():
   """SFT counts sft.batch_size demonstrations an update; GRPO prompts x group size; SAO the
-  trajectories its learner counted; a row logged every k updates stands for all k."""
+  running count of trajectories its learner consumed; a row logged every k updates stands
+  for all k."""
   from sao_jax.bench.rl_vs_sft import samples_at, training_samples
   from sao_jax.config import Config, apply_overrides
 
@@ -72,8 +73,9 @@ def test_training_samples_count_demonstrations_and_trajectories():
   assert training_samples(grpo, cfg, "rl")[1].tolist() == [60, 120]
   sao = [
     {"phase": "rl", "step": 1, "trajectories": 5},
-    {"phase": "rl", "step": 2, "trajectories": 7},
+    {"phase": "rl", "step": 2, "trajectories": 12},
   ]
+  sao.append({"phase": "rl_event", "step": 2, "trajectories": 99})
   steps, cum = training_samples(sao, cfg, "rl")
   assert cum.tolist() == [5, 12]
   assert samples_at(steps, cum, 0) == 0 and samples_at(steps, cum, 1.5) == pytest.approx(8.5)

@@ -93,19 +93,20 @@ def _roomy(cfg: Config) -> Config:
 
 def training_samples(rows: list[dict], cfg: Config, phase: str) -> tuple[np.ndarray, np.ndarray]:
   """(steps, the training samples consumed up to each) of one arm's metric rows of `phase`:
-  demonstrations for "sft" (sft.batch_size an update), trajectories for "rl" (a row's
-  `trajectories` where the learner counts them, SAO; else prompts_per_step x group_size,
-  GRPO). Every update is counted exactly when the run logged each (log_every=1); otherwise a
-  logged row stands for the updates since the one before it."""
+  demonstrations for "sft" (sft.batch_size an update), trajectories for "rl": a learner that
+  samples through sampler processes (SAO) writes its running count of consumed trajectories
+  in each row (`trajectories`), taken as it is; synchronous GRPO in the learner trains
+  prompts_per_step x group_size an update. Exact when every update was logged
+  (log_every=1); otherwise a logged row stands for the updates since the one before it."""
   steps, cum, total, last = [], [], 0.0, 0
   for r in sorted((r for r in rows if r.get("phase") == phase), key=lambda r: r["step"]):
     if r["step"] <= last:
       continue
-    if phase == "sft":
-      per = cfg.sft.batch_size
+    if phase == "rl" and "trajectories" in r:
+      total = float(r["trajectories"])
     else:
-      per = r.get("trajectories", cfg.rl.prompts_per_step * cfg.rl.group_size)
-    total += float(per) * (r["step"] - last)
+      per = cfg.sft.batch_size if phase == "sft" else cfg.rl.prompts_per_step * cfg.rl.group_size
+      total += float(per) * (r["step"] - last)
     last = r["step"]
     steps.append(last)
     cum.append(total)
