@@ -38,11 +38,12 @@ parameters on every test split of the setting. Per arm and split: mean ± s.e. o
 per seed the paired difference to continued SFT, summarised the same way.
 
 Equal wall-clock is the headline; equal samples sits beside it: each arm's curve against
-the training samples it consumed (demonstrations for SFT, trajectories for RL; every update
-is logged), read per seed at the fewest samples any of continued SFT, GRPO and SAO reached.
-Each RL arm's diagnosis (sao_jax.bench.rl_vs_sft.diagnosis): batch reward, reward sparsity
-(share of zero-reward trajectories; share of batches with nothing but zeros), GRPO's share
-of groups with no signal, mean |advantage|, and the batch reward against updates.
+the training samples it consumed (demonstrations for SFT, trajectories for RL), read per
+seed at the fewest samples any of continued SFT, GRPO and SAO reached. Each RL arm's
+diagnosis (sao_jax.bench.rl_vs_sft.diagnosis) over its logged updates (every log_every-th,
+as in any run: logging more often would slow the arms): batch reward, reward sparsity (share
+of zero-reward trajectories; share of batches with nothing but zeros), GRPO's share of
+groups with no signal, mean |advantage|, and the batch reward against updates.
 
 Writes OUT/results.json (command, commit, machine, resolved config, every run) and
 OUT/accuracy_vs_time.png; prints the table. Workdirs go to --workdir.
@@ -175,7 +176,6 @@ def one_seed(config, sets, arm_sets, seed, arms, splits, work, args, every) -> d
   run["order"] = order
   for arm in order:
     timing = [f"eval.every_seconds={every}", "eval.deferred=True", "rl.steps=0", "sft.steps=0"]
-    timing.append("log_every=1")  # (every update's row: samples and diagnosis exact)
     timing.append("rl.sampling=inline")
     if arm in ("sft_continued", "sft_clean"):
       phase = [f"sft.max_seconds={args.seconds}", "rl.max_seconds=0"]

@@ -131,7 +131,8 @@ DIAGNOSIS = ("reward", "reward_zero_frac", "all_zero_batch", "groups_flat", "adv
 
 
 def diagnosis(rows: list[dict], points: int = 60) -> dict:
-  """Why an RL arm learns or does not, from its update rows (phase "rl"): the mean batch
+  """Why an RL arm learns or does not, from its logged update rows (phase "rl"; every
+  log_every-th update, a sample of its batches): the mean batch
   reward; reward sparsity (the share of a batch's trajectories that earned 0, and the share
   of batches where every one did: those teach nothing); the share of GRPO groups whose
   rewards were all equal (no signal; GRPO only); the mean |advantage|; and the batch reward
