@@ -79,6 +79,7 @@ def test_training_samples_count_demonstrations_and_trajectories():
   steps, cum = training_samples(sao, cfg, "rl")
   assert cum.tolist() == [5, 12]
   assert samples_at(steps, cum, 0) == 0 and samples_at(steps, cum, 1.5) == pytest.approx(8.5)
+  assert samples_at(steps, cum, 3) == pytest.approx(18)  # past the last row: 6 an update
 
 
 def test_accuracy_at_equal_samples_and_the_diagnosis(exp):

@@ -114,7 +114,10 @@ def training_samples(rows: list[dict], cfg: Config, phase: str) -> tuple[np.ndar
 
 
 def samples_at(steps: np.ndarray, cum: np.ndarray, step: float) -> float:
-  """Training samples consumed after `step` updates (0 at step 0, linear between rows)."""
+  """Training samples consumed after `step` updates: 0 at step 0, linear between logged rows,
+  and past the last logged row at the run's mean samples per update (the updates after it)."""
+  if len(steps) and step > steps[-1]:
+    return float(cum[-1] + cum[-1] / steps[-1] * (step - steps[-1]))
   return float(np.interp(step, np.r_[0, steps], np.r_[0.0, cum]))
 
 
