@@ -304,6 +304,7 @@ def print_table(r: dict):
       f"trajectories {stats.fmt(d['reward_zero_frac'], '{:.1%}')}, all-zero batches "
       f"{stats.fmt(d['all_zero_batch'], '{:.1%}')}, flat groups "
       f"{stats.fmt(d['groups_flat'], '{:.1%}')}, |advantage| {stats.fmt(d['adv_abs'], '{:.3f}')}"
+      f" (negative {stats.fmt(d['adv_neg_frac'], '{:.1%}')})"
     )
   if "flaw_gap" in sm:
     print(

@@ -130,7 +130,14 @@ def accuracy_at(xs, accs, x: float) -> float | None:
   return float(np.interp(x, xs, accs))
 
 
-DIAGNOSIS = ("reward", "reward_zero_frac", "all_zero_batch", "groups_flat", "adv_abs")
+DIAGNOSIS = (
+  "reward",
+  "reward_zero_frac",
+  "all_zero_batch",
+  "groups_flat",
+  "adv_abs",
+  "adv_neg_frac",
+)
 
 
 def diagnosis(rows: list[dict], points: int = 60) -> dict:
@@ -138,8 +145,10 @@ def diagnosis(rows: list[dict], points: int = 60) -> dict:
   log_every-th update, a sample of its batches): the mean batch
   reward; reward sparsity (the share of a batch's trajectories that earned 0, and the share
   of batches where every one did: those teach nothing); the share of GRPO groups whose
-  rewards were all equal (no signal; GRPO only); the mean |advantage|; and the batch reward
-  against updates (`curve`: at most `points` rows of [step, reward, reward_zero_frac]).
+  rewards were all equal (no signal; GRPO only); the mean |advantage| and, for SAO, the share
+  of negative advantages (its baseline is the task tracker's value, so a batch where every
+  trajectory failed pushes each one down, where GRPO's flat group gives 0); and the batch
+  reward against updates (`curve`: at most `points` rows of [step, reward, reward_zero_frac]).
   Keys a run did not log are left out."""
   upd = [r for r in rows if r.get("phase") == "rl" and "reward" in r]
   upd.sort(key=lambda r: r["step"])
