@@ -271,8 +271,9 @@ class Sweep:
   trial_timeout_s: a trial running longer is stopped and recorded as failed (0: no limit).
   shared_sft: every trial of one seed starts from one SFT run of that seed (the base config
     with the fixed overrides and the seed, RL off), trained once into DIR/sft/seed<s> before
-    the seed's first trial; the trials run with sft.steps=0 and init_from its final SFT
-    snapshot, and report its summary's "sft" as their own. SFT is deterministic on a CPU,
+    the seed's first trial (sft.steps / sft.max_seconds in `fixed` set its budget); the trials
+    run with sft.steps=0 and init_from its final SFT snapshot, and report its summary's "sft"
+    as their own. SFT is deterministic on a CPU,
     so this is the same start as each trial training its own, minus the repeats; the axes
     must not touch what SFT depends on (only rl.*, sao.*, samplers.*, transport.*).
   trial_fixed: overrides of the trials alone, after the shared start's (shared_sft only).
@@ -331,11 +332,10 @@ class Sweep:
       free = SFT_FREE + (("sft.",) if trial_keys & {"sft.steps", "sft.max_seconds"} else ())
       bad = [k for k in keys if not k.startswith(free)]
       _check(not bad, f"sweep.shared_sft: axes {bad} may change the SFT start (only {free})")
+      # (fixed's sft.steps / sft.max_seconds shape the shared start alone: the trials run
+      # with sft.steps=0 after them)
       fixed_keys = [pair.partition("=")[0].strip() for pair in self.fixed]
-      _check(
-        not {"init_from", "sft.steps", "sft.max_seconds"} & set(fixed_keys),
-        "sweep.shared_sft sets init_from and sft.steps itself: do not fix them",
-      )
+      _check("init_from" not in fixed_keys, "sweep.shared_sft sets init_from itself: do not fix it")
     _check(self.seeds >= 1, "sweep.seeds must be >= 1")
     _check(self.first_seed >= 0, "sweep.first_seed must be >= 0")
     _check(

@@ -109,7 +109,7 @@ def test_seed_stats_values():
     (lambda: {"pruning": Pruning(kind="hyper")}, "pruning.kind"),
     (lambda: {"report": ("status",)}, "clash with the table's own columns"),
     (lambda: {"shared_sft": True, "axes": (Choice("sft.steps", (1, 2)),)}, "change the SFT"),
-    (lambda: {"shared_sft": True, "fixed": ("init_from='x'",)}, "do not fix them"),
+    (lambda: {"shared_sft": True, "fixed": ("init_from='x'",)}, "do not fix it"),
     (lambda: {"trial_fixed": ("sft.max_seconds=5",)}, "for shared_sft sweeps"),
     (lambda: {"shared_sft": True, "trial_fixed": ("init_from='x'",)}, "cannot set init_from"),
     (lambda: {"shared_sft": True, "trial_fixed": ("rl.optim.lr=1",)}, "both trial_fixed and"),
@@ -741,3 +741,12 @@ def test_resume_repairs_a_point_cut_short(tmp_path, repo_root, monkeypatch):
   p0 = [r for r in rows if r["point"] == 0]
   assert {r["rl.optim.lr"] for r in p0} == {cut.params["rl.optim.lr"]}
   assert [r["trial"] for r in p0 if r["seed"] == 0] == [cut.number]
+
+
+def test_shared_sft_start_budget_from_fixed(tmp_path):
+  """fixed may set the shared start's SFT budget (e.g. a start trained to its plateau); the
+  trials still run with sft.steps=0 from it."""
+  s = _sweep(shared_sft=True, fixed=("sft.steps=7",))
+  o = trial_overrides(s, {"rl.optim.lr": 0.1}, 0, tmp_path)
+  cfg = config_lib.apply_overrides(config_lib.Config(), [x for x in o if "init_from" not in x])
+  assert o[0] == "sft.steps=7" and cfg.sft.steps == 0
