@@ -60,6 +60,7 @@ import numpy as np
 
 from sao_jax import config as config_lib
 from sao_jax import stats
+from sao_jax.bench.arith_report import plateau_gain, plateau_summary
 from sao_jax.bench.rl_vs_sft import (
   DIAGNOSIS,
   SETTINGS,
@@ -99,9 +100,18 @@ def main(argv=None) -> dict:
   p.add_argument("--seeds", type=int, default=3)
   p.add_argument("--first-seed", type=int, default=0)
   p.add_argument("--eval-points", type=int, default=12, help="deferred evaluations per arm")
+  p.add_argument(
+    "--start-eval-every",
+    type=float,
+    default=0.0,
+    help="seconds between held-out evaluations of the SFT starts (0: none), for their "
+    "plateau measure (e.g. --set sft.steps=1500 --start-eval-every 40)",
+  )
   p.add_argument("--out", default=None, help="default results/rl_vs_sft_<setting>")
   p.add_argument("--workdir", default=None, help="default runs/rl_vs_sft_<setting>")
   args = p.parse_args(argv)
+  if args.start_eval_every < 0:
+    raise SystemExit("--start-eval-every must be >= 0")
   if args.seeds < 1 or args.first_seed < 0 or args.eval_points < 1 or args.seconds <= 0:
     raise SystemExit("--seeds, --eval-points and --seconds must be positive")
   arms = [*ARMS, *(["sft_clean"] if args.setting == "flawed" else [])]
@@ -160,18 +170,28 @@ def _score(workdir: pathlib.Path, splits: dict[str, list[str]]) -> dict[str, flo
   return {name: eval_workdir(workdir, None, sets)["accuracy"] for name, sets in splits.items()}
 
 
+def _start(config, workdir, sets, eval_every: float) -> dict:
+  """An SFT start (`sao-jax train` with no RL); with `eval_every` seconds, its held-out curve
+  (deferred evaluations) and its plateau measure, the last-third gain."""
+  timing = [f"eval.every_seconds={eval_every}", "eval.deferred=True"] if eval_every else []
+  summary, _ = run_train(config, workdir, [*sets, "rl.steps=0", "rl.max_seconds=0", *timing])
+  info = summary["sft"]
+  curve = info.pop("eval_curve", None)
+  if eval_every:
+    info.update(curve=curve, plateau=plateau_gain(curve, info["num_problems"]))
+  return info
+
+
 def one_seed(config, sets, arm_sets, seed, arms, splits, work, args, every) -> dict:
   work.mkdir(parents=True, exist_ok=True)
   common = [*sets, f"seed={seed}"]
   starts = {"sft": work / "start"}
-  summary, _ = run_train(config, starts["sft"], [*common, "rl.steps=0", "rl.max_seconds=0"])
-  run: dict = {"seed": seed, "sft": {**summary["sft"], "splits": _score(starts["sft"], splits)}}
-  run["sft"].pop("eval_curve", None)
+  info = _start(config, starts["sft"], common, args.start_eval_every)
+  run: dict = {"seed": seed, "sft": {**info, "splits": _score(starts["sft"], splits)}}
   if "sft_clean" in arms:  # the same SFT start on clean demonstrations
     starts["sft_clean"] = work / "start_clean"
-    clean = [*common, "task.options.teacher_misreads=()", "rl.steps=0", "rl.max_seconds=0"]
-    summary, _ = run_train(config, starts["sft_clean"], clean)
-    run["sft_clean_start"] = {"accuracy": summary["sft"]["accuracy"]}
+    clean = [*common, "task.options.teacher_misreads=()"]
+    run["sft_clean_start"] = _start(config, starts["sft_clean"], clean, args.start_eval_every)
   order = [str(a) for a in np.random.default_rng((seed, 23)).permutation(arms)]
   run["order"] = order
   for arm in order:
@@ -257,6 +277,10 @@ def summarize(runs: list[dict], arms: list[str], splits: list[str]) -> dict:
     for s in splits
   }
   out["equal_samples"] = equal_samples(runs, arms)
+  if all("plateau" in r["sft"] for r in runs):  # the starts' plateau measure
+    out["plateau"] = plateau_summary(runs)
+    if all("plateau" in r.get("sft_clean_start", {}) for r in runs):
+      out["plateau_clean"] = plateau_summary([{"sft": r["sft_clean_start"]} for r in runs])
   for arm in ("grpo", "sao"):
     if all("diagnosis" in r.get(arm, {}) for r in runs):
       diag = [r[arm]["diagnosis"] for r in runs]
@@ -306,6 +330,10 @@ def print_table(r: dict):
       f"{stats.fmt(d['groups_flat'], '{:.1%}')}, |advantage| {stats.fmt(d['adv_abs'], '{:.3f}')}"
       f" (negative {stats.fmt(d['adv_neg_frac'], '{:.1%}')})"
     )
+  for key, what in (("plateau", "SFT start"), ("plateau_clean", "clean SFT start")):
+    if key in sm:
+      g, verdict = sm[key]["last_third_gain_points"], sm[key]["plateaued"]
+      print(f"{what}: last-third gain {stats.fmt(g, '{:+.1f}')} points, plateaued: {verdict}")
   if "flaw_gap" in sm:
     print(
       f"flaw rate {r['teacher_flaw_rate']:.1%}; gap (clean - flawed continued SFT) "

@@ -30,6 +30,12 @@ def test_gap_recovery_and_paired_differences(exp):
   assert sm["flaw_gap"]["values"] == pytest.approx([0.20, 0.20])
   assert sm["grpo_recovered_fraction"]["values"] == pytest.approx([0.5, 0.4])
   assert runs[0]["recovered"]["sao"] == pytest.approx(0.75)
+  assert "plateau" not in sm  # (starts without an evaluation curve)
+  for r, gain in zip(runs, (1.0, -1.0), strict=True):  # --start-eval-every: plateau measures
+    r["sft"]["plateau"] = {"gain_points": gain}
+    r["sft_clean_start"] = {"plateau": {"gain_points": 2 * gain}}
+  sm = exp.summarize(runs, arms, ["test"])
+  assert sm["plateau"]["plateaued"] is True and sm["plateau_clean"]["within_noise"] is True
   # No gap (the flaw did not bite in that seed): no fraction to report, not a division by 0.
   runs = [_run(0.5, 0.6, 0.7, 0.7, 0.6)]
   sm = exp.summarize(runs, arms, ["test"])
@@ -140,6 +146,9 @@ def test_tuning_sweeps_build_every_variant(repo_root, monkeypatch):
   assert code.config == "experiments/configs/code.py:default"
   assert "task.options.teacher_misreads=('add',)" in code.fixed
   assert mod.get_sweep("code-clean_sao").fixed == ("rl.steps=0",)
+  plateau = mod.get_sweep("flawed-plateau_sft_continued")
+  assert plateau.fixed[-2:] == ("sft.steps=1500", "rl.steps=0")
+  assert mod.get_sweep("flawed_sao").fixed[-1] == "rl.steps=0"  # (the half-trained start)
   with pytest.raises(ValueError, match="unknown variant"):
     mod.get_sweep("noisy_grpo")
 

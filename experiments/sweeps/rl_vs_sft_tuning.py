@@ -2,9 +2,11 @@
 the comparison's own setting and budget (the config's SFT start, then 240 s of the arm), on
 seeds 100 and 101, disjoint from the comparison's 0..2. A variant per (setting, arm):
 
-  {flawed,ood,code-clean,code-flawed}_{sft_continued,grpo,sao}
+  {flawed,flawed-plateau,ood,code-clean,code-flawed}_{sft_continued,grpo,sao}
     flawed: arithmetic, the teacher misreads "gave" (18 % of demonstrations flawed; the
       ρ = 0.2 setting; the ρ ≈ 0.35 setting, "gave,used", runs with the values chosen here);
+    flawed-plateau: the same from an SFT start trained to its plateau (1,500 steps, as the
+      plateau setting of experiments/sft_grpo_arith.py), not the half-trained 300;
     ood: arithmetic, 1-2 operations, operands up to 9 (sao_jax.bench.rl_vs_sft);
     code-clean: the code family (experiments/configs/code.py) as it is;
     code-flawed: the code family, the teacher misreads "add" (writes k subtracted);
@@ -36,11 +38,13 @@ from sao_jax.sweep import Choice, Sweep
 
 ARITH, CODE = "experiments/configs/sao_arith.py", "experiments/configs/code.py"
 SECONDS = 240.0
-SETTINGS = {  # variant's setting -> (config, rl_vs_sft setting, misreads)
-  "flawed": (ARITH, "flawed", ["gave"]),
-  "ood": (ARITH, "ood", []),
-  "code-clean": (CODE, "clean", []),
-  "code-flawed": (CODE, "flawed", ["add"]),
+PLATEAU = ["sft.steps=1500"]  # the SFT start trained to its plateau (sft_grpo_arith's)
+SETTINGS = {  # variant's setting -> (config, rl_vs_sft setting, misreads, extra overrides)
+  "flawed": (ARITH, "flawed", ["gave"], []),
+  "flawed-plateau": (ARITH, "flawed", ["gave"], PLATEAU),
+  "ood": (ARITH, "ood", [], []),
+  "code-clean": (CODE, "clean", [], []),
+  "code-flawed": (CODE, "flawed", ["add"], []),
 }
 ARMS = {  # arm -> (axis key, values, what the trial trains after the start, metric)
   "sft_continued": (
@@ -70,8 +74,8 @@ def get_sweep(variant: str = "flawed_sao") -> Sweep:
   if setting not in SETTINGS or arm not in ARMS:
     raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
   key, values, trial_fixed, metric = ARMS[arm]
-  config, kind, misreads = SETTINGS[setting]
-  sets, _ = setting_overrides(kind, misreads, config, "default")
+  config, kind, misreads, extra = SETTINGS[setting]
+  sets, _ = setting_overrides(kind, misreads, config, "default", extra)
   return Sweep(
     name=f"rl_vs_sft_{variant}",
     config=f"{config}:default",
