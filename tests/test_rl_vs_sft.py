@@ -145,7 +145,7 @@ def test_tuning_sweeps_build_every_variant(repo_root, monkeypatch):
   code = mod.get_sweep("code-flawed_grpo")
   assert code.config == "experiments/configs/code.py:default"
   assert "task.options.teacher_misreads=('add',)" in code.fixed
-  assert mod.get_sweep("code-clean_sao").fixed == ("rl.steps=0",)
+  assert mod.get_sweep("code-clean_sao").fixed == ("sft.steps=1500", "rl.steps=0")
   plateau = mod.get_sweep("flawed-plateau_sft_continued")
   assert plateau.fixed[-2:] == ("sft.steps=1500", "rl.steps=0")
   assert mod.get_sweep("flawed_sao").fixed[-1] == "rl.steps=0"  # (the half-trained start)

@@ -8,8 +8,9 @@ seeds 100 and 101, disjoint from the comparison's 0..2. A variant per (setting, 
     flawed-plateau: the same from an SFT start trained to its plateau (1,500 steps, as the
       plateau setting of experiments/sft_grpo_arith.py), not the half-trained 300;
     ood: arithmetic, 1-2 operations, operands up to 9 (sao_jax.bench.rl_vs_sft);
-    code-clean: the code family (experiments/configs/code.py) as it is;
-    code-flawed: the code family, the teacher misreads "add" (writes k subtracted);
+    code-clean: the code family (experiments/configs/code.py), its start trained for 1,500
+      SFT steps (the config's 300 are far from converged);
+    code-flawed: the same, the teacher misreads "add" (writes k subtracted);
     sft_continued: sft.optim.lr in 1e-4, 3e-4, 1e-3, 3e-3 (the config's SFT uses 1e-3);
     grpo, sao: rl.optim.lr in 3e-5, 1e-4, 3e-4, 1e-3 (the config's RL uses 1e-4).
 
@@ -43,8 +44,8 @@ SETTINGS = {  # variant's setting -> (config, rl_vs_sft setting, misreads, extra
   "flawed": (ARITH, "flawed", ["gave"], []),
   "flawed-plateau": (ARITH, "flawed", ["gave"], PLATEAU),
   "ood": (ARITH, "ood", [], []),
-  "code-clean": (CODE, "clean", [], []),
-  "code-flawed": (CODE, "flawed", ["add"], []),
+  "code-clean": (CODE, "clean", [], PLATEAU),
+  "code-flawed": (CODE, "flawed", ["add"], PLATEAU),
 }
 ARMS = {  # arm -> (axis key, values, what the trial trains after the start, metric)
   "sft_continued": (
