@@ -168,7 +168,8 @@ def plot_rl_vs_sft(doc: dict, title: str | None = None):
   trajectories (right); each seed thin, the mean over seeds bold, the SFT start dashed.
   Returns the matplotlib figure."""
   import matplotlib.pyplot as plt
-  import numpy as np
+
+  from sao_jax.bench.figures import seed_curves
 
   fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
   views = (("eval_curve", 0, 2, "training seconds after the SFT start"),)
@@ -176,14 +177,7 @@ def plot_rl_vs_sft(doc: dict, title: str | None = None):
   for ax, (key, xi, yi, xlabel) in zip(axes, views, strict=True):
     for arm, (label, color) in RL_VS_SFT_ARMS.items():
       curves = [run[arm][key] for run in doc["runs"] if key in run.get(arm, {})]
-      if not curves:
-        continue
-      for c in curves:
-        ax.plot([x[xi] for x in c], [100 * x[yi] for x in c], color=color, alpha=0.3, lw=1)
-      n = min(len(c) for c in curves)
-      x = np.mean([[p[xi] for p in c[:n]] for c in curves], axis=0)
-      acc = np.mean([[100 * p[yi] for p in c[:n]] for c in curves], axis=0)
-      ax.plot(x, acc, color=color, lw=2, label=f"{label} (mean of {len(curves)})")
+      seed_curves(ax, curves, color, label, x=xi, y=yi)
     start = doc["summary"]["sft"]["test"]["mean"]
     ax.axhline(100 * start, color="k", ls="--", label="SFT start")
     ax.set_xlabel(xlabel)

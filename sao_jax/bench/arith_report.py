@@ -12,6 +12,7 @@ import sys
 import numpy as np
 
 from sao_jax import stats
+from sao_jax.bench.figures import seed_curves
 
 ARMS = ("sft", "grpo", "sft_continued")
 LABELS = {
@@ -147,12 +148,7 @@ def plot(r: dict, path: pathlib.Path):
   colors = {"grpo": "tab:orange", "sft_continued": "tab:blue"}
   for name, key in (("GRPO(N=8)", "grpo"), ("SFT continued", "sft_continued")):
     curves = [run[key]["eval_curve"] for run in r["runs"]]
-    for c in curves:
-      ax.plot([x[0] for x in c], [100 * x[2] for x in c], color=colors[key], alpha=0.3, lw=1)
-    k = min(len(c) for c in curves)
-    t = np.mean([[x[0] for x in c[:k]] for c in curves], axis=0)
-    acc = np.mean([[100 * x[2] for x in c[:k]] for c in curves], axis=0)
-    ax.plot(t, acc, color=colors[key], marker="o", lw=2, label=f"{name} (mean of {len(curves)})")
+    seed_curves(ax, curves, colors[key], name, marker="o")
   ax.axhline(
     100 * r["summary"]["sft"]["accuracy"]["mean"], color="gray", ls="--", label="SFT (mean)"
   )

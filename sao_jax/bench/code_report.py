@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pathlib
 
-import numpy as np
-
 from sao_jax import stats
+from sao_jax.bench.figures import seed_curves
 
 ARMS = ("sao", "grpo", "sft_continued")
 LABELS = {
@@ -116,20 +115,7 @@ def plot(r: dict, path: pathlib.Path):
   colors = {"sao": "tab:orange", "grpo": "tab:blue", "sft_continued": "tab:green"}
   for arm in ARMS:
     curves = [run[arm]["eval_curve"] for run in r["runs"] if arm in run]
-    if not curves:
-      continue
-    for c in curves:
-      ax.plot([x[0] for x in c], [100 * x[2] for x in c], color=colors[arm], alpha=0.3, lw=1)
-    n = min(len(c) for c in curves)
-    t = np.mean([[x[0] for x in c[:n]] for c in curves], axis=0)
-    acc = np.asarray([[100 * x[2] for x in c[:n]] for c in curves])
-    mean = acc.mean(axis=0)
-    ax.plot(
-      t, mean, color=colors[arm], marker="o", lw=2, label=f"{LABELS[arm]} (mean of {len(curves)})"
-    )
-    if len(curves) > 1:
-      se = acc.std(axis=0, ddof=1) / np.sqrt(len(curves))
-      ax.fill_between(t, mean - se, mean + se, color=colors[arm], alpha=0.15)
+    seed_curves(ax, curves, colors[arm], LABELS[arm], band=True, marker="o")
   ax.axhline(
     100 * r["summary"]["sft"]["pass_rate"]["mean"], color="gray", ls="--", label="SFT start (mean)"
   )

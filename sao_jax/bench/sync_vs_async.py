@@ -10,6 +10,7 @@ import pathlib
 import numpy as np
 
 from sao_jax import stats
+from sao_jax.bench.figures import seed_curves
 
 ARMS = {"grpo": ("grpo", "inline"), "grpo_samplers": ("grpo", "samplers"), "sao": ("sao", "inline")}
 SYNC_ARMS = ("grpo", "grpo_samplers")
@@ -165,14 +166,7 @@ def plot(r: dict, path: pathlib.Path):
   colors = {"grpo": "tab:blue", "grpo_samplers": "tab:green", "sao": "tab:orange"}
   for key, label in ARM_LABELS.items():
     curves = [run[key]["eval_curve"] for run in r["runs"] if key in run]
-    if not curves:
-      continue
-    for c in curves:
-      ax.plot([x[0] for x in c], [100 * x[2] for x in c], color=colors[key], alpha=0.3, lw=1)
-    n = min(len(c) for c in curves)
-    t = np.mean([[x[0] for x in c[:n]] for c in curves], axis=0)
-    acc = np.mean([[100 * x[2] for x in c[:n]] for c in curves], axis=0)
-    ax.plot(t, acc, color=colors[key], lw=2, label=f"{label} (mean of {len(curves)})")
+    seed_curves(ax, curves, colors[key], label)
   ax.set_xlabel("training seconds after the SFT checkpoint")
   ax.set_ylabel("held-out greedy accuracy (%)")
   ax.axhline(
