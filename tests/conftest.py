@@ -33,6 +33,7 @@ os.environ["XLA_FLAGS"] = f"{_TEST_XLA_FLAGS} {_FAKE_DEVICES}"
 
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
+import time  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -81,6 +82,35 @@ train_cmd = procs.train_argv
 @pytest.fixture(scope="session")
 def repo_root() -> pathlib.Path:
   return REPO_ROOT
+
+
+def kill9_when(cmd: list[str], ready, *, timeout_s: float, poll: float = 0.1) -> None:
+  """Starts `cmd` (a `sao-jax train` from the repository root), waits until `ready()` is
+  true, then SIGKILLs that process alone and checks that everything it started (samplers, a
+  local broker) noticed and exited by itself. Fails if the run ends or makes no progress
+  within `timeout_s`; the process never outlives the call."""
+  from sao_jax.procs import kill_and_wait
+
+  proc = subprocess.Popen(
+    cmd,
+    cwd=REPO_ROOT,
+    env=subprocess_env(),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
+  try:
+    deadline = time.time() + timeout_s
+    while not ready():
+      assert proc.poll() is None, proc.communicate()[0][-3000:]
+      assert time.time() < deadline, "no progress"
+      time.sleep(poll)
+    orphans = kill_and_wait(proc, whole_group=False, timeout=30, poll=0.2)
+    assert not orphans, f"orphans left after kill -9: {orphans}"
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
 
 
 @functools.cache

@@ -15,12 +15,12 @@ import time
 
 import numpy as np
 import pytest
-from conftest import subprocess_env, train_cmd
+from conftest import kill9_when, subprocess_env, train_cmd
 
 from sao_jax import checkpoint as ckpt
 from sao_jax import recovery
 from sao_jax.metrics import read_jsonl
-from sao_jax.procs import descendants, kill_and_wait
+from sao_jax.procs import descendants
 
 pytestmark = pytest.mark.slow
 CFG = "experiments/configs/sao_arith.py:tiny"
@@ -60,27 +60,13 @@ def _kill_learner_at(repo_root, workdir, at_step: int, *extra):
   """Starts the run and kill -9s the learner once `at_step` updates are in the ledger and
   two more than its newest snapshot (so that updates after the snapshot, with their metrics
   rows, were done and are redone after the restart, whatever the timing)."""
-  proc = subprocess.Popen(
-    _cmd(workdir, *extra),
-    cwd=repo_root,
-    env=subprocess_env(),
-    stdout=subprocess.PIPE,
-    stderr=subprocess.STDOUT,
-    text=True,
-  )
-  try:
-    deadline = time.time() + 240
-    while _ledger_steps(workdir) < max(at_step, max(_snapshot_steps(workdir), default=0) + 2):
-      assert proc.poll() is None, proc.communicate()[0][-3000:]
-      assert time.time() < deadline, "no progress"
-      time.sleep(0.1)
-    # The samplers and the broker notice that their learner is gone and exit by themselves.
-    orphans = kill_and_wait(proc, whole_group=False, timeout=30, poll=0.2)
-    assert not orphans, "orphans left after kill -9"
-  finally:
-    if proc.poll() is None:
-      proc.kill()
-      proc.wait()
+
+  def ready() -> bool:
+    newest = max(_snapshot_steps(workdir), default=0)
+    return _ledger_steps(workdir) >= max(at_step, newest + 2)
+
+  # (The samplers and the broker notice that their learner is gone and exit by themselves.)
+  kill9_when(_cmd(workdir, *extra), ready, timeout_s=240)
 
 
 def _finish(repo_root, workdir, *extra) -> tuple[dict, str]:

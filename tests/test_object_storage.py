@@ -15,13 +15,12 @@ import time
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from conftest import subprocess_env, train_cmd
+from conftest import kill9_when, subprocess_env, train_cmd
 
 from sao_jax import checkpoint as ckpt
 from sao_jax import config as config_lib
 from sao_jax import recovery, storage
 from sao_jax.metrics import read_jsonl
-from sao_jax.procs import kill_and_wait
 from sao_jax.transport import auth
 from sao_jax.transport.params import ParamPublisher, ParamSubscriber, unflatten
 
@@ -198,29 +197,13 @@ def test_kill_9_and_resume_with_snapshots_and_parameters_only_in_the_bucket(
     *("--set", "recovery.keep_journal=True", "--set", f"storage.url={url}"),
   ]
   ledger = workdir / "ledger.jsonl"
-  proc = subprocess.Popen(
-    cmd,
-    cwd=repo_root,
-    env=subprocess_env(),
-    stdout=subprocess.PIPE,
-    stderr=subprocess.STDOUT,
-    text=True,
-  )
-  try:
-    deadline = time.time() + 300
-    while True:  # a snapshot after step 0 in the bucket, and two updates past it
-      done = ledger.read_text().count("\n") if ledger.exists() else 0
-      committed = [s for s in _committed_steps(url) if s > 0] if done > 8 else []
-      if committed and done >= committed[-1] + 2:
-        break
-      assert proc.poll() is None, proc.communicate()[0][-3000:]
-      assert time.time() < deadline, "no progress"
-      time.sleep(0.2)
-    assert not kill_and_wait(proc, whole_group=False, timeout=30, poll=0.2), "orphans"
-  finally:
-    if proc.poll() is None:
-      proc.kill()
-      proc.wait()
+
+  def ready() -> bool:  # a snapshot after step 0 in the bucket, and two updates past it
+    done = ledger.read_text().count("\n") if ledger.exists() else 0
+    committed = [s for s in _committed_steps(url) if s > 0] if done > 8 else []
+    return bool(committed) and done >= committed[-1] + 2
+
+  kill9_when(cmd, ready, timeout_s=300, poll=0.2)
   killed_at = ledger.read_text().count("\n")
   in_bucket = _committed_steps(url)
   assert not (workdir / "params").exists()  # parameters went only to the bucket
