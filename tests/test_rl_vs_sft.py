@@ -181,3 +181,29 @@ def test_notebook_plot_finds_results_by_family_and_draws_both_views(tmp_path):
   assert len(left.lines) == 7 and len(right.lines) == 7  # 3 arms x (seed + mean) + start
   assert list(right.lines[0].get_xdata()) == [0, 90]
   plt.close(fig)
+
+
+def test_seed_curves_draws_each_seed_and_the_mean(tmp_path):
+  """The benchmarks' shared figure piece: thin seeds, bold mean over the common points, an
+  s.e. band on request; nothing for no curves. (sync_vs_async's figure draws with it.)"""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  from sao_jax.bench import sync_vs_async
+  from sao_jax.bench.figures import seed_curves
+
+  fig, ax = plt.subplots()
+  seed_curves(ax, [], "k", "none")
+  assert not ax.lines
+  curves = [[[0, 1, 0.1], [10, 2, 0.3], [20, 3, 0.5]], [[0, 1, 0.3], [12, 2, 0.5]]]
+  seed_curves(ax, curves, "tab:blue", "GRPO", band=True, marker="o")
+  assert len(ax.lines) == 3 and len(ax.collections) == 1
+  mean = ax.lines[-1]
+  assert list(mean.get_xdata()) == [0, 11] and list(mean.get_ydata()) == pytest.approx([20, 40])
+  assert mean.get_label() == "GRPO (mean of 2)"
+  plt.close(fig)
+  r = {"runs": [{"sao": {"eval_curve": curves[0]}}], "summary": {"sft_accuracy": {"mean": 0.1}}}
+  sync_vs_async.plot(r, tmp_path / "x.png")
+  assert (tmp_path / "x.png").stat().st_size > 0
